@@ -1,0 +1,1 @@
+//! Quantized CPU kernels.
