@@ -1,1 +1,16 @@
-//! Quantized CPU kernels.
+//! Quantized CPU kernels: ggml block formats (dequantize, quantize), dot products of weight rows
+//! with quantized activations (a scalar reference for every format and AVX2/AVX-512 paths chosen
+//! at run time), matrix-times-activations over a thread pool built for per-token work.
+
+pub mod blocks;
+pub mod formats;
+pub mod isa;
+pub mod matmul;
+pub mod pool;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use formats::{ActKind, DotFn, Format, format};
+pub use isa::{Isa, best_dot, simd_dot};
+pub use matmul::{Input, Kernels, MatmulError, Weights};
+pub use pool::ThreadPool;

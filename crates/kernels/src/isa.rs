@@ -1,0 +1,114 @@
+//! Instruction-set selection. One binary serves a mixed cluster, so the SIMD level is detected at
+//! run time (once) rather than fixed at compile time with `target-cpu=native`.
+
+use std::sync::OnceLock;
+
+use gguf::GgmlType;
+
+use crate::formats::{self, DotFn};
+
+/// A SIMD level. Ordered: a higher level is preferred when supported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Portable Rust: the reference every SIMD path is tested against.
+    Scalar,
+    /// AVX2 + FMA + F16C (Haswell, Zen 1 and later).
+    Avx2,
+    /// AVX-512 F/BW/VL/DQ with VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later). CPUs with
+    /// AVX-512 but without VNNI use the AVX2 kernels.
+    Avx512,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Isa> {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.name().eq_ignore_ascii_case(name))
+    }
+
+    /// Whether this CPU can run kernels of this level.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.is_supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512dq")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The best supported level, or the one named by `MOESHARD_ISA` (`scalar`, `avx2`, `avx512`)
+    /// when that is supported — useful to compare paths on one machine.
+    pub fn detect() -> Isa {
+        static CHOSEN: OnceLock<Isa> = OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let best = Isa::ALL
+                .into_iter()
+                .rev()
+                .find(|i| i.is_supported())
+                .unwrap_or(Isa::Scalar);
+            match std::env::var("MOESHARD_ISA")
+                .ok()
+                .as_deref()
+                .and_then(Isa::from_name)
+            {
+                Some(forced) if forced.is_supported() => forced,
+                _ => best,
+            }
+        })
+    }
+
+    /// Every level this CPU supports, lowest first.
+    pub fn supported() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
+    }
+}
+
+/// The SIMD dot product of `dtype` at exactly this level, if this level has one and the CPU
+/// supports it. Scalar always has one for every computable format.
+pub fn simd_dot(isa: Isa, dtype: GgmlType) -> Option<DotFn> {
+    if !isa.is_supported() {
+        return None;
+    }
+    match isa {
+        Isa::Scalar => formats::format(dtype).map(|f| f.dot_scalar),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => crate::x86::avx2::dot(dtype),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => crate::x86::avx512::dot(dtype),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
+    }
+}
+
+/// The fastest dot product for `dtype` at level `isa` or below.
+pub fn best_dot(isa: Isa, dtype: GgmlType) -> Option<DotFn> {
+    Isa::ALL
+        .into_iter()
+        .rev()
+        .filter(|&i| i <= isa)
+        .find_map(|i| simd_dot(i, dtype))
+}
