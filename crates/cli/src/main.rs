@@ -5,7 +5,11 @@ mod inspect;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "moeshard", version, about = "Mixture-of-Experts inference across machines")]
+#[command(
+    name = "moeshard",
+    version,
+    about = "Mixture-of-Experts inference across machines"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

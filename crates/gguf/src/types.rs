@@ -158,7 +158,7 @@ impl GgmlType {
     /// or the byte count overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return None;
         }
         (n / bs).checked_mul(self.type_size() as u64)
@@ -208,7 +208,10 @@ impl GgmlType {
 
     /// Parses a name as printed by [`GgmlType::name`] (case-insensitive).
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
     }
 }
 

@@ -12,5 +12,5 @@ mod x86;
 
 pub use formats::{ActKind, DotFn, Format, format};
 pub use isa::{Isa, best_dot, simd_dot};
-pub use matmul::{Input, Kernels, MatmulError, Weights};
+pub use matmul::{Input, Kernels, MatmulError, MatmulJob, Weights};
 pub use pool::ThreadPool;

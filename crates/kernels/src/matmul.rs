@@ -153,6 +153,15 @@ impl<T> SyncPtr<T> {
     }
 }
 
+/// One matrix product of a batch: `out[t * w.rows + r] = W[r] · acts[t]`.
+pub struct MatmulJob<'a> {
+    pub w: Weights<'a>,
+    /// `n` activation rows, already quantized for `w`'s format.
+    pub acts: &'a [u8],
+    pub n: usize,
+    pub out: &'a mut [f32],
+}
+
 /// Picks kernels once: the dot product of every format at the chosen SIMD level.
 #[derive(Clone, Copy, Debug)]
 pub struct Kernels {
@@ -191,35 +200,126 @@ impl Kernels {
                 ),
             });
         }
-        if out.len() != x.n * w.rows {
-            return Err(MatmulError::Shape {
-                what: "matmul output",
-                detail: format!("needs {}×{} values, got {}", x.n, w.rows, out.len()),
-            });
-        }
         let fmt = formats::format(w.dtype).ok_or(MatmulError::UnsupportedType(w.dtype))?;
-        let dot = self.dot_fn(w.dtype)?;
         let acts = x.quantized(fmt.act, pool);
-        let arb = fmt.act.row_bytes(x.k);
-        let (rows, n, k) = (w.rows, x.n, w.cols);
-        let out_ptr = SyncPtr(out.as_mut_ptr());
-        // Rows per task: enough to amortize the hand-out, small enough to balance threads. Tokens
-        // are the inner loop so a block of weight rows stays in cache while every token uses it.
-        let chunk = if n == 1 {
-            (rows / (pool.n_threads() * 8)).clamp(4, 64)
-        } else {
-            16
-        };
-        pool.for_each_chunk(rows, chunk, |range| {
-            for t in 0..n {
-                let a = &acts[t * arb..(t + 1) * arb];
-                for r in range.clone() {
-                    let v = dot(k, w.row(r), a);
-                    // SAFETY: (t, r) pairs are disjoint across chunks.
-                    unsafe { *out_ptr.get().add(t * rows + r) = v };
+        self.matmul_batch(
+            pool,
+            &mut [MatmulJob {
+                w: *w,
+                acts,
+                n: x.n,
+                out,
+            }],
+        )
+    }
+
+    /// Runs independent matmuls as one parallel region, so small matrices (the experts of one
+    /// decode step, or q/k/v) share a single dispatch and keep every thread busy.
+    /// `acts` of each job must already be in the form its weight format pairs with
+    /// ([`Input::quantized`] with [`crate::format`]`(dtype).act`).
+    pub fn matmul_batch(
+        &self,
+        pool: &ThreadPool,
+        jobs: &mut [MatmulJob],
+    ) -> Result<(), MatmulError> {
+        struct Prepared {
+            dot: DotFn,
+            w_ptr: SyncPtr<u8>,
+            w_row_bytes: usize,
+            rows: usize,
+            k: usize,
+            acts: SyncPtr<u8>,
+            act_row_bytes: usize,
+            n: usize,
+            out: SyncPtr<f32>,
+            chunk: usize,
+            first_task: usize,
+        }
+        let n_threads = pool.n_threads();
+        let total_rows: usize = jobs.iter().map(|j| j.w.rows).sum();
+        let mut prepared = Vec::with_capacity(jobs.len());
+        let mut n_tasks = 0;
+        for job in jobs.iter_mut() {
+            let fmt =
+                formats::format(job.w.dtype).ok_or(MatmulError::UnsupportedType(job.w.dtype))?;
+            let act_row_bytes = fmt.act.row_bytes(job.w.cols);
+            if job.acts.len() != act_row_bytes * job.n {
+                return Err(MatmulError::Shape {
+                    what: "matmul input",
+                    detail: format!(
+                        "{} rows of {} {:?} activations need {} bytes, got {}",
+                        job.n,
+                        job.w.cols,
+                        fmt.act,
+                        act_row_bytes * job.n,
+                        job.acts.len()
+                    ),
+                });
+            }
+            if job.out.len() != job.n * job.w.rows {
+                return Err(MatmulError::Shape {
+                    what: "matmul output",
+                    detail: format!(
+                        "needs {}×{} values, got {}",
+                        job.n,
+                        job.w.rows,
+                        job.out.len()
+                    ),
+                });
+            }
+            // Rows per task: for decode, enough tasks over all jobs for every thread to get
+            // several; for batches, blocks of rows that stay in cache while every token uses them.
+            let chunk = if job.n == 1 {
+                (total_rows / (n_threads * 8)).clamp(8, 256)
+            } else {
+                16
+            };
+            prepared.push(Prepared {
+                dot: self.dot_fn(job.w.dtype)?,
+                w_ptr: SyncPtr(job.w.data.as_ptr() as *mut u8),
+                w_row_bytes: job.w.row_bytes,
+                rows: job.w.rows,
+                k: job.w.cols,
+                acts: SyncPtr(job.acts.as_ptr() as *mut u8),
+                act_row_bytes,
+                n: job.n,
+                out: SyncPtr(job.out.as_mut_ptr()),
+                chunk,
+                first_task: n_tasks,
+            });
+            n_tasks += job.w.rows.div_ceil(chunk);
+        }
+        let run_task = |task: usize| {
+            let j = prepared.partition_point(|p| p.first_task <= task) - 1;
+            let p = &prepared[j];
+            let start = (task - p.first_task) * p.chunk;
+            let end = (start + p.chunk).min(p.rows);
+            for t in 0..p.n {
+                // SAFETY: the pointers come from slices whose lengths were checked above; each
+                // (job, token, row) output is written by exactly one task.
+                let a = unsafe {
+                    std::slice::from_raw_parts(
+                        p.acts.get().add(t * p.act_row_bytes),
+                        p.act_row_bytes,
+                    )
+                };
+                for r in start..end {
+                    let w = unsafe {
+                        std::slice::from_raw_parts(
+                            p.w_ptr.get().add(r * p.w_row_bytes),
+                            p.w_row_bytes,
+                        )
+                    };
+                    let v = (p.dot)(p.k, w, a);
+                    unsafe { *p.out.get().add(t * p.rows + r) = v };
                 }
             }
-        });
+        };
+        if n_tasks == 1 || n_threads == 1 {
+            (0..n_tasks).for_each(run_task);
+        } else {
+            pool.for_each_chunk(n_tasks, 1, |tasks| tasks.for_each(run_task));
+        }
         Ok(())
     }
 }

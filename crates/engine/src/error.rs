@@ -1,0 +1,26 @@
+//! Engine errors: model, tokenizer, template, and executor failures with their context.
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] model::ModelError),
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("context full: {needed} positions needed, the context holds {n_ctx}")]
+    ContextFull { needed: usize, n_ctx: usize },
+    #[error("snapshot: {0}")]
+    Snapshot(String),
+    #[error("{0}")]
+    Executor(String),
+    #[error("I/O on {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

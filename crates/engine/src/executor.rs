@@ -1,0 +1,85 @@
+//! The executor seam: what a session needs from whatever runs the model — a local forward, a
+//! pipeline of stages, or a tensor-parallel group. Frontends never see which one it is.
+
+use model::LogitsWanted;
+
+use crate::error::Result;
+use crate::snapshot::Snapshot;
+
+/// Identifies a session across the executor (and, for a cluster, across nodes).
+pub type SessionId = u64;
+
+/// What a frontend needs to know about the model behind an executor.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ModelInfo {
+    pub name: String,
+    pub arch: String,
+    pub n_vocab: usize,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    /// Context size each session may use.
+    pub n_ctx: usize,
+    /// Hex digest of the model fingerprint.
+    pub fingerprint: String,
+    /// Bytes of weights (all files).
+    pub weight_bytes: u64,
+}
+
+/// New tokens for one session, appended after its cached positions.
+#[derive(Clone, Debug)]
+pub struct EvalRequest<'a> {
+    pub session: SessionId,
+    pub tokens: &'a [u32],
+    pub logits: LogitsWanted,
+}
+
+/// Logits rows for one request: one row (`Last`), one per token (`All`) or none.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EvalResult {
+    pub n_rows: usize,
+    pub n_vocab: usize,
+    pub logits: Vec<f32>,
+}
+
+impl EvalResult {
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.n_vocab..(i + 1) * self.n_vocab]
+    }
+
+    pub fn last(&self) -> Option<&[f32]> {
+        self.n_rows.checked_sub(1).map(|i| self.row(i))
+    }
+}
+
+pub trait Executor: Send {
+    fn info(&self) -> &ModelInfo;
+
+    /// Evaluates a batch: every request's tokens are appended to its session (created empty on
+    /// first use) and its wanted logits returned, in request order. On error no session keeps
+    /// a partial result.
+    fn eval(&mut self, batch: &[EvalRequest]) -> Result<Vec<EvalResult>>;
+
+    /// Keeps the first `n` cached positions of `session` (rewind).
+    fn truncate(&mut self, session: SessionId, n: usize) -> Result<()>;
+
+    /// Cached positions of `session` (0 when unknown).
+    fn session_len(&self, session: SessionId) -> usize;
+
+    fn destroy(&mut self, session: SessionId);
+
+    /// The session's whole state in a form that does not depend on how the model is split.
+    fn snapshot(&mut self, session: SessionId) -> Result<Snapshot>;
+
+    /// Replaces the session's state with a snapshot (of the same model).
+    fn restore(&mut self, session: SessionId, snapshot: &Snapshot) -> Result<()>;
+
+    /// Human-readable description of where the model runs (printed by `bench`, `run --stats`).
+    fn describe(&self) -> String;
+
+    /// Execution statistics as `(name, value)` pairs (expert-cache hits, bytes read, ...).
+    fn stats(&self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
+}

@@ -1,0 +1,18 @@
+//! The engine: sessions (tokens, positions, KV), sampling, tokenizer and chat template, and the
+//! executor seam behind which a session runs locally, as a pipeline or as a tensor-parallel group.
+
+pub mod chat_template;
+pub mod error;
+pub mod executor;
+pub mod local;
+pub mod sampler;
+pub mod session;
+pub mod snapshot;
+pub mod tokenizer;
+
+pub use error::{EngineError, Result};
+pub use executor::{EvalRequest, EvalResult, Executor, ModelInfo, SessionId};
+pub use local::{ExpertMode, LocalExecutor};
+pub use sampler::{Sampler, SamplerConfig};
+pub use session::{Engine, Session};
+pub use snapshot::Snapshot;

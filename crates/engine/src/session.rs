@@ -1,0 +1,133 @@
+//! Sessions over an executor: a session's token history mirrors what the executor has cached,
+//! so a new prompt that extends the history (the next chat turn) only evaluates its new tail.
+
+use model::LogitsWanted;
+
+use crate::error::{EngineError, Result};
+use crate::executor::{EvalRequest, Executor, ModelInfo, SessionId};
+use crate::snapshot::Snapshot;
+
+/// Prompts are evaluated in chunks of this many tokens so one long prompt does not need
+/// activations for all its tokens at once.
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+/// One conversation's state as the engine sees it.
+#[derive(Debug)]
+pub struct Session {
+    pub id: SessionId,
+    /// Every token the executor holds for this session, in order.
+    pub tokens: Vec<u32>,
+    /// Logits after the last token (empty before the first evaluation).
+    pub last_logits: Vec<f32>,
+}
+
+/// Owns an executor and hands out sessions.
+pub struct Engine {
+    exec: Box<dyn Executor>,
+    next_id: SessionId,
+    pub prefill_chunk: usize,
+}
+
+impl Engine {
+    pub fn new(exec: Box<dyn Executor>) -> Engine {
+        Engine {
+            exec,
+            next_id: 1,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+        }
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        self.exec.info()
+    }
+
+    pub fn executor(&self) -> &dyn Executor {
+        self.exec.as_ref()
+    }
+
+    pub fn executor_mut(&mut self) -> &mut dyn Executor {
+        self.exec.as_mut()
+    }
+
+    pub fn new_session(&mut self) -> Session {
+        let id = self.next_id;
+        self.next_id += 1;
+        Session {
+            id,
+            tokens: Vec::new(),
+            last_logits: Vec::new(),
+        }
+    }
+
+    pub fn close(&mut self, s: Session) {
+        self.exec.destroy(s.id);
+    }
+
+    /// Appends `tokens` to the session (chunked) and keeps the logits after the last one.
+    pub fn append(&mut self, s: &mut Session, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        let n_ctx = self.info().n_ctx;
+        if s.tokens.len() + tokens.len() > n_ctx {
+            return Err(EngineError::ContextFull {
+                needed: s.tokens.len() + tokens.len(),
+                n_ctx,
+            });
+        }
+        for chunk in tokens.chunks(self.prefill_chunk.max(1)) {
+            let req = EvalRequest {
+                session: s.id,
+                tokens: chunk,
+                logits: LogitsWanted::Last,
+            };
+            let mut out = self.exec.eval(std::slice::from_ref(&req))?;
+            let r = out
+                .pop()
+                .ok_or_else(|| EngineError::Executor("no result for the request".into()))?;
+            s.tokens.extend_from_slice(chunk);
+            s.last_logits = r.last().map(<[f32]>::to_vec).unwrap_or_default();
+        }
+        Ok(())
+    }
+
+    /// Makes the session's history equal `tokens`, reusing the longest cached common prefix;
+    /// returns how many tokens had to be evaluated. At least the last token is always
+    /// re-evaluated so fresh logits exist.
+    pub fn sync(&mut self, s: &mut Session, tokens: &[u32]) -> Result<usize> {
+        let mut keep = s
+            .tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if keep == tokens.len() && keep > 0 && (keep < s.tokens.len() || s.last_logits.is_empty()) {
+            keep -= 1;
+        }
+        if keep == tokens.len() && keep == s.tokens.len() && !s.last_logits.is_empty() {
+            return Ok(0);
+        }
+        self.exec.truncate(s.id, keep)?;
+        s.tokens.truncate(keep);
+        s.last_logits.clear();
+        self.append(s, &tokens[keep..])?;
+        Ok(tokens.len() - keep)
+    }
+
+    /// Saves the session (tokens, KV of every layer, last logits).
+    pub fn snapshot(&mut self, s: &Session) -> Result<Snapshot> {
+        let mut snap = self.exec.snapshot(s.id)?;
+        snap.tokens = s.tokens.clone();
+        snap.last_logits = s.last_logits.clone();
+        Ok(snap)
+    }
+
+    /// A session restored from a snapshot (possibly made by another topology).
+    pub fn restore(&mut self, snap: &Snapshot) -> Result<Session> {
+        let mut s = self.new_session();
+        self.exec.restore(s.id, snap)?;
+        s.tokens = snap.tokens.clone();
+        s.last_logits = snap.last_logits.clone();
+        Ok(s)
+    }
+}

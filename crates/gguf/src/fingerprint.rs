@@ -1,0 +1,84 @@
+//! Model identity: a SHA-256 over every split's metadata (keys, types, values) and tensor index
+//! (names, types, shapes, data offsets), in split order. Two nodes holding byte-identical model
+//! headers agree on it whatever their paths, so the cluster handshake can reject a peer serving
+//! a different model (or a different quantization or split layout of the same one). Tensor data
+//! is not hashed: reading hundreds of GiB at start-up is not affordable.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+use crate::reader::GgufFile;
+use crate::value::encode_string;
+
+/// Domain separation, bumped if the hashed encoding ever changes.
+const DOMAIN: &[u8] = b"moeshard.gguf.fingerprint.v1\0";
+/// Flush the encoding buffer into the hasher beyond this size (a vocabulary is megabytes).
+const FLUSH_BYTES: usize = 1 << 16;
+
+/// A 256-bit model fingerprint.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The first 8 bytes as a little-endian u64, for logs and compact wire fields.
+    pub fn short(&self) -> u64 {
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&self.0[..8]);
+        u64::from_le_bytes(first)
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    /// Lower-case hex, 64 characters.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({self})")
+    }
+}
+
+/// Hashes the metadata and tensor index of `files`, in order.
+pub(crate) fn fingerprint_files(files: &[GgufFile]) -> Fingerprint {
+    let mut hasher = Sha256::new();
+    let mut buf = Vec::with_capacity(FLUSH_BYTES * 2);
+    buf.extend_from_slice(DOMAIN);
+    buf.extend_from_slice(&(files.len() as u64).to_le_bytes());
+    for file in files {
+        let metadata = file.metadata();
+        buf.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+        for (key, value) in metadata.iter() {
+            encode_string(key, &mut buf);
+            buf.extend_from_slice(&value.value_type().id().to_le_bytes());
+            value.encode(&mut buf);
+            if buf.len() >= FLUSH_BYTES {
+                hasher.update(&buf);
+                buf.clear();
+            }
+        }
+        buf.extend_from_slice(&(file.tensors().len() as u64).to_le_bytes());
+        for tensor in file.tensors() {
+            encode_string(&tensor.name, &mut buf);
+            buf.extend_from_slice(&tensor.dtype.id().to_le_bytes());
+            buf.extend_from_slice(&(tensor.shape.len() as u32).to_le_bytes());
+            for &dim in tensor.shape.iter() {
+                buf.extend_from_slice(&dim.to_le_bytes());
+            }
+            buf.extend_from_slice(&tensor.offset_in_data.to_le_bytes());
+            if buf.len() >= FLUSH_BYTES {
+                hasher.update(&buf);
+                buf.clear();
+            }
+        }
+    }
+    hasher.update(&buf);
+    Fingerprint(hasher.finalize().into())
+}

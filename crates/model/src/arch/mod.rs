@@ -1,0 +1,64 @@
+//! Architectures: each file declares how its layer is composed from the shared blocks in
+//! `crate::blocks`; the registry maps `general.architecture` to that declaration. Adding an
+//! architecture touches its own file and the `REGISTRY` line, nothing else.
+
+mod llama;
+mod olmoe;
+mod qwen2moe;
+mod qwen3moe;
+
+/// How RoPE pairs up the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeKind {
+    /// Consecutive pairs `(x[2i], x[2i+1])` (llama.cpp `LLAMA_ROPE_TYPE_NORM`; the converter
+    /// permutes llama q/k weights into this layout).
+    Norm,
+    /// Halves `(x[i], x[i + d/2])` (`LLAMA_ROPE_TYPE_NEOX`, HF's `rotate_half`).
+    Neox,
+}
+
+/// RMSNorm applied to queries and keys before RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// One weight of `head_dim` shared by every head (Qwen3).
+    PerHead,
+    /// One weight over the whole projection, all heads at once (OLMoE).
+    Whole,
+}
+
+/// Which feed-forward block a layer uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnLayout {
+    /// Every layer routes through experts.
+    Moe,
+    /// A layer is MoE when it has a router (`ffn_gate_inp`), dense otherwise (llama/Mixtral).
+    MoeWhenRouted,
+}
+
+/// What distinguishes one architecture's layer from another's.
+#[derive(Clone, Copy, Debug)]
+pub struct ArchSpec {
+    /// `general.architecture`.
+    pub name: &'static str,
+    pub rope: RopeKind,
+    pub qk_norm: QkNorm,
+    pub ffn: FfnLayout,
+    /// Whether the top-k routing weights are renormalized to sum to 1, unless the file says
+    /// otherwise with `{arch}.expert_weights_norm`.
+    pub norm_topk: bool,
+    /// Whether layers may carry a shared expert with a sigmoid gate (`ffn_*_shexp`).
+    pub shared_expert: bool,
+}
+
+const REGISTRY: [&ArchSpec; 4] = [&llama::SPEC, &qwen3moe::SPEC, &qwen2moe::SPEC, &olmoe::SPEC];
+
+/// The declaration for `general.architecture == name`.
+pub fn lookup(name: &str) -> Option<&'static ArchSpec> {
+    REGISTRY.iter().copied().find(|s| s.name == name)
+}
+
+/// Names of every supported architecture, for error messages.
+pub fn supported() -> Vec<&'static str> {
+    REGISTRY.iter().map(|s| s.name).collect()
+}

@@ -1,0 +1,233 @@
+//! Mixture-of-experts feed-forward: a softmax router picks the top-k experts per token, tokens
+//! are grouped by expert so each expert's weights are read once per batch, and each token's
+//! expert outputs are summed in its top-k order — an order that does not depend on when an
+//! expert became available, so streamed and resident runs give the same bits.
+
+use kernels::{Input, MatmulJob};
+
+use super::{Compute, swiglu};
+use crate::error::{ModelError, Result};
+use crate::experts::{ExpertMatrices, ExpertSource};
+use crate::hparams::MoeParams;
+
+/// The routing decision for a batch of tokens: `k` (expert, weight) slots per token, in
+/// descending router probability.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    pub k: usize,
+    pub experts: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+impl Routing {
+    pub fn n_tokens(&self) -> usize {
+        self.experts.len() / self.k
+    }
+}
+
+/// Softmax over router logits, top-k (ties to the lower expert id), optional renormalization
+/// (with llama.cpp's floor on the sum) and scale.
+pub fn route(logits: &[f32], n_expert: usize, params: &MoeParams) -> Routing {
+    let k = params.n_expert_used;
+    let n = logits.len() / n_expert;
+    let mut experts = Vec::with_capacity(n * k);
+    let mut weights = Vec::with_capacity(n * k);
+    let mut probs = vec![0f32; n_expert];
+    let mut order: Vec<usize> = Vec::with_capacity(n_expert);
+    for row in logits.chunks_exact(n_expert) {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for (p, &l) in probs.iter_mut().zip(row) {
+            *p = (l - max).exp();
+            sum += *p;
+        }
+        for p in probs.iter_mut() {
+            *p /= sum;
+        }
+        order.clear();
+        order.extend(0..n_expert);
+        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        let chosen = &order[..k];
+        let mut wsum = 0f32;
+        for &e in chosen {
+            wsum += probs[e];
+        }
+        let norm = if params.norm_topk {
+            1.0 / wsum.max(6.103_515_6e-5)
+        } else {
+            1.0
+        };
+        for &e in chosen {
+            experts.push(e);
+            let mut w = probs[e];
+            if params.norm_topk {
+                w *= norm;
+            }
+            weights.push(w * params.weights_scale);
+        }
+    }
+    Routing {
+        k,
+        experts,
+        weights,
+    }
+}
+
+/// The tokens (and their slot) each expert serves.
+fn group_by_expert(r: &Routing, n_expert: usize) -> Vec<Vec<usize>> {
+    let mut groups = vec![Vec::new(); n_expert];
+    for (slot, &e) in r.experts.iter().enumerate() {
+        groups[e].push(slot);
+    }
+    groups
+}
+
+/// Routed experts' contribution for `x` (`n × n_embd`): Σ over each token's slots of
+/// `weight · expert(x)`, counting only experts `source` owns (the rest are another rank's).
+pub fn moe_ffn(
+    cx: &Compute,
+    layer: usize,
+    x: &Input,
+    routing: &Routing,
+    n_expert: usize,
+    n_embd: usize,
+    source: &dyn ExpertSource,
+) -> Result<Vec<f32>> {
+    let n = x.n();
+    let groups = group_by_expert(routing, n_expert);
+    let wanted: Vec<usize> = (0..n_expert)
+        .filter(|&e| !groups[e].is_empty() && source.owns(layer, e))
+        .collect();
+    // Per slot output (n_embd each), filled as experts arrive, summed in slot order at the end.
+    let mut slot_out = vec![0f32; routing.experts.len() * n_embd];
+    let mut done = vec![false; routing.experts.len()];
+    let mut sink = |batch: &[(usize, ExpertMatrices<'_>)]| -> Result<()> {
+        run_experts(cx, x, &groups, batch, n_embd, &mut slot_out)?;
+        for (e, _) in batch {
+            for &slot in &groups[*e] {
+                done[slot] = true;
+            }
+        }
+        Ok(())
+    };
+    source.with_experts(layer, &wanted, &mut sink)?;
+    let mut out = vec![0f32; n * n_embd];
+    for t in 0..n {
+        let o = &mut out[t * n_embd..(t + 1) * n_embd];
+        for s in t * routing.k..(t + 1) * routing.k {
+            if !source.owns(layer, routing.experts[s]) {
+                continue;
+            }
+            if !done[s] {
+                return Err(ModelError::Experts(format!(
+                    "layer {layer}: expert {} was never provided",
+                    routing.experts[s]
+                )));
+            }
+            let w = routing.weights[s];
+            for (ov, &yv) in o.iter_mut().zip(&slot_out[s * n_embd..(s + 1) * n_embd]) {
+                *ov += w * yv;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Runs a batch of ready experts: gate and up of all of them in one dispatch, then all downs.
+fn run_experts(
+    cx: &Compute,
+    x: &Input,
+    groups: &[Vec<usize>],
+    batch: &[(usize, ExpertMatrices<'_>)],
+    n_embd: usize,
+    slot_out: &mut [f32],
+) -> Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let k_slots = slot_out.len() / n_embd;
+    let n_tokens = x.n();
+    let slots_per_token = k_slots / n_tokens.max(1);
+    // Gather each expert's token rows from the input quantized once for the gate/up format.
+    let gate_fmt = kernels::format(batch[0].1.gate.dtype)
+        .ok_or(kernels::MatmulError::UnsupportedType(batch[0].1.gate.dtype))?;
+    let acts = x.quantized(gate_fmt.act, &cx.pool);
+    let arb = gate_fmt.act.row_bytes(x.k());
+    let mut gathered: Vec<Vec<u8>> = Vec::with_capacity(batch.len());
+    for (e, m) in batch {
+        if kernels::format(m.gate.dtype).map(|f| f.act) != Some(gate_fmt.act) {
+            return Err(ModelError::Experts(format!(
+                "expert {e}: mixed gate/up formats in one layer"
+            )));
+        }
+        let mut g = Vec::with_capacity(groups[*e].len() * arb);
+        for &slot in &groups[*e] {
+            let t = slot / slots_per_token;
+            g.extend_from_slice(&acts[t * arb..(t + 1) * arb]);
+        }
+        gathered.push(g);
+    }
+    let mut gate_out: Vec<Vec<f32>> = batch
+        .iter()
+        .map(|(e, m)| vec![0f32; groups[*e].len() * m.gate.rows])
+        .collect();
+    let mut up_out: Vec<Vec<f32>> = batch
+        .iter()
+        .map(|(e, m)| vec![0f32; groups[*e].len() * m.up.rows])
+        .collect();
+    {
+        let mut jobs = Vec::with_capacity(2 * batch.len());
+        for (((e, m), g), (go, uo)) in batch
+            .iter()
+            .zip(&gathered)
+            .zip(gate_out.iter_mut().zip(up_out.iter_mut()))
+        {
+            let n = groups[*e].len();
+            jobs.push(MatmulJob {
+                w: m.gate,
+                acts: g,
+                n,
+                out: go,
+            });
+            jobs.push(MatmulJob {
+                w: m.up,
+                acts: g,
+                n,
+                out: uo,
+            });
+        }
+        cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
+    }
+    let mut hidden_inputs = Vec::with_capacity(batch.len());
+    for (((e, m), go), uo) in batch.iter().zip(gate_out.iter_mut()).zip(&up_out) {
+        swiglu(go, uo);
+        let n = groups[*e].len();
+        hidden_inputs.push(Input::new(go, n, m.gate.rows)?);
+    }
+    let mut down_out: Vec<Vec<f32>> = batch
+        .iter()
+        .map(|(e, m)| vec![0f32; groups[*e].len() * m.down.rows])
+        .collect();
+    {
+        let mut jobs = Vec::with_capacity(batch.len());
+        for (((_, m), h), o) in batch.iter().zip(&hidden_inputs).zip(down_out.iter_mut()) {
+            let act = kernels::format(m.down.dtype)
+                .ok_or(kernels::MatmulError::UnsupportedType(m.down.dtype))?
+                .act;
+            jobs.push(MatmulJob {
+                w: m.down,
+                acts: h.quantized(act, &cx.pool),
+                n: h.n(),
+                out: o,
+            });
+        }
+        cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
+    }
+    for ((e, _), o) in batch.iter().zip(&down_out) {
+        for (i, &slot) in groups[*e].iter().enumerate() {
+            slot_out[slot * n_embd..(slot + 1) * n_embd]
+                .copy_from_slice(&o[i * n_embd..(i + 1) * n_embd]);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,401 @@
+//! The one forward path: `forward(layer range, ExpertSource, input, kv, positions)`. A single
+//! node calls it with every layer and the head; a pipeline stage with its range; a
+//! tensor-parallel rank with an expert source that owns a shard and hooks that all-reduce the
+//! partial sums. Streaming only swaps the expert source.
+
+use std::ops::RangeInclusive;
+
+use kernels::Input;
+
+use crate::Model;
+use crate::arch::QkNorm;
+use crate::blocks::Compute;
+use crate::blocks::attention::{AttentionShape, SeqSpan, attend};
+use crate::blocks::ffn::swiglu_ffn;
+use crate::blocks::moe::{moe_ffn, route};
+use crate::blocks::norm::{rms_norm_rows, rms_norm_rows_inplace};
+use crate::blocks::rope::RopeTable;
+use crate::error::{ModelError, Result};
+use crate::experts::ExpertSource;
+use crate::kv::KvCache;
+use crate::weights::Ffn;
+
+/// Which positions of a sequence need logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsWanted {
+    None,
+    Last,
+    All,
+}
+
+/// One sequence of a batch: its cache (new tokens are appended at `kv.len()`) and how many of
+/// the batch's rows are its tokens (consecutive, in batch order).
+pub struct SeqInput<'k> {
+    pub kv: &'k mut KvCache,
+    pub n_tokens: usize,
+    pub logits: LogitsWanted,
+}
+
+/// What enters a stage: token ids (the stage holding layer 0) or hidden states from the
+/// previous stage (`n_tokens × n_embd`).
+#[derive(Clone, Copy, Debug)]
+pub enum StageInput<'a> {
+    Tokens(&'a [u32]),
+    Hidden(&'a [f32]),
+}
+
+/// Logits of selected batch rows.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Logits {
+    /// Batch row of each logits row.
+    pub rows: Vec<usize>,
+    pub n_vocab: usize,
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.n_vocab..(i + 1) * self.n_vocab]
+    }
+}
+
+/// What leaves a stage: logits when it holds the head, else the hidden states of every row.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StageOutput {
+    Hidden(Vec<f32>),
+    Logits(Logits),
+}
+
+/// The two points per layer where tensor-parallel ranks exchange partial sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReducePoint {
+    AttentionOutput,
+    FfnOutput,
+}
+
+/// Observation and collective hooks. The defaults do nothing (a single node).
+pub trait Hooks {
+    /// A named intermediate activation (`layer` is `None` for the embedding and the head).
+    fn observe(&mut self, _layer: Option<usize>, _name: &'static str, _data: &[f32]) {}
+
+    /// Sums `data` across tensor-parallel ranks (in rank order) in place.
+    fn all_reduce(&mut self, _layer: usize, _point: ReducePoint, _data: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// No hooks.
+pub struct NoHooks;
+impl Hooks for NoHooks {}
+
+fn add_rows(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
+}
+
+fn add_into(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+impl Model {
+    /// Runs `layers` (and the output head when `head`) over a batch of sequences.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        cx: &Compute,
+        experts: &dyn ExpertSource,
+        layers: RangeInclusive<usize>,
+        head: bool,
+        input: StageInput,
+        seqs: &mut [SeqInput],
+        hooks: &mut dyn Hooks,
+    ) -> Result<StageOutput> {
+        let n: usize = seqs.iter().map(|s| s.n_tokens).sum();
+        let d = self.hp.n_embd;
+        if *layers.end() >= self.hp.n_layer || layers.start() > layers.end() {
+            return Err(ModelError::Input(format!(
+                "layer range {layers:?} is outside 0..{}",
+                self.hp.n_layer
+            )));
+        }
+        let mut x = match input {
+            StageInput::Tokens(t) => {
+                if *layers.start() != 0 {
+                    return Err(ModelError::Input(
+                        "token input needs a range that starts at layer 0".into(),
+                    ));
+                }
+                if t.len() != n {
+                    return Err(ModelError::Input(format!(
+                        "{} tokens for {n} batch rows",
+                        t.len()
+                    )));
+                }
+                let mut x = vec![0f32; n * d];
+                self.embed(t, &mut x)?;
+                hooks.observe(None, "inp_embd", &x);
+                x
+            }
+            StageInput::Hidden(h) => {
+                if h.len() != n * d {
+                    return Err(ModelError::Input(format!(
+                        "{} hidden values for {n} rows of {d}",
+                        h.len()
+                    )));
+                }
+                h.to_vec()
+            }
+        };
+        let mut pos0 = Vec::with_capacity(seqs.len());
+        for s in seqs.iter_mut() {
+            let p = s.kv.len();
+            s.kv.reserve(p, s.n_tokens)?;
+            pos0.push(p);
+        }
+        let result = self.run_layers(cx, experts, layers, head, &mut x, seqs, &pos0, hooks);
+        if result.is_err() {
+            for (s, &p) in seqs.iter_mut().zip(&pos0) {
+                s.kv.truncate(p);
+            }
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_layers(
+        &self,
+        cx: &Compute,
+        experts: &dyn ExpertSource,
+        layers: RangeInclusive<usize>,
+        head: bool,
+        x: &mut Vec<f32>,
+        seqs: &mut [SeqInput],
+        pos0: &[usize],
+        hooks: &mut dyn Hooks,
+    ) -> Result<StageOutput> {
+        let positions: Vec<usize> = seqs
+            .iter()
+            .zip(pos0)
+            .flat_map(|(s, &p)| p..p + s.n_tokens)
+            .collect();
+        let rope = RopeTable::new(&self.hp.rope, self.rope_freqs.as_deref(), &positions);
+        for il in layers {
+            self.attention_layer(cx, il, x, seqs, pos0, &rope, hooks)?;
+            self.ffn_layer(cx, il, x, experts, hooks)?;
+            hooks.observe(Some(il), "l_out", x);
+        }
+        if !head {
+            return Ok(StageOutput::Hidden(std::mem::take(x)));
+        }
+        let d = self.hp.n_embd;
+        let mut rows = Vec::new();
+        let mut row0 = 0;
+        for s in seqs.iter() {
+            match s.logits {
+                crate::forward::LogitsWanted::None => {}
+                crate::forward::LogitsWanted::Last if s.n_tokens > 0 => {
+                    rows.push(row0 + s.n_tokens - 1)
+                }
+                crate::forward::LogitsWanted::Last => {}
+                crate::forward::LogitsWanted::All => rows.extend(row0..row0 + s.n_tokens),
+            }
+            row0 += s.n_tokens;
+        }
+        let mut h = Vec::with_capacity(rows.len() * d);
+        for &r in &rows {
+            h.extend_from_slice(&x[r * d..(r + 1) * d]);
+        }
+        rms_norm_rows_inplace(&mut h, &self.output_norm, self.hp.rms_eps);
+        hooks.observe(None, "result_norm", &h);
+        let input = Input::new(&h, rows.len(), d)?;
+        let data = cx
+            .project(&input, &[self.output.weights(self.files())])?
+            .pop()
+            .expect("one output");
+        hooks.observe(None, "result_output", &data);
+        Ok(StageOutput::Logits(Logits {
+            rows,
+            n_vocab: self.hp.n_vocab,
+            data,
+        }))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention_layer(
+        &self,
+        cx: &Compute,
+        il: usize,
+        x: &mut [f32],
+        seqs: &mut [SeqInput],
+        pos0: &[usize],
+        rope: &RopeTable,
+        hooks: &mut dyn Hooks,
+    ) -> Result<()> {
+        let hp = &self.hp;
+        let a = &self.layers[il].attn;
+        let files = self.files();
+        let d = hp.n_embd;
+        let n = x.len() / d;
+        let mut h = vec![0f32; n * d];
+        rms_norm_rows(x, &a.norm, hp.rms_eps, &mut h);
+        hooks.observe(Some(il), "attn_norm", &h);
+        let hin = Input::new(&h, n, d)?;
+        let mut qkv = cx.project(
+            &hin,
+            &[a.q.weights(files), a.k.weights(files), a.v.weights(files)],
+        )?;
+        let mut v = qkv.pop().expect("v");
+        let mut k = qkv.pop().expect("k");
+        let mut q = qkv.pop().expect("q");
+        if let Some(b) = &a.q_bias {
+            add_rows(&mut q, b);
+        }
+        if let Some(b) = &a.k_bias {
+            add_rows(&mut k, b);
+        }
+        if let Some(b) = &a.v_bias {
+            add_rows(&mut v, b);
+        }
+        match self.spec.qk_norm {
+            QkNorm::None => {}
+            QkNorm::PerHead | QkNorm::Whole => {
+                let (qn, kn) = (
+                    a.q_norm.as_ref().expect("bound"),
+                    a.k_norm.as_ref().expect("bound"),
+                );
+                rms_norm_rows_inplace(&mut q, qn, hp.rms_eps);
+                rms_norm_rows_inplace(&mut k, kn, hp.rms_eps);
+            }
+        }
+        let (dk, dv) = (hp.head_dim_k, hp.head_dim_v);
+        let q_row = hp.n_head * dk;
+        let k_row = hp.n_head_kv * dk;
+        let v_row = hp.n_head_kv * dv;
+        for t in 0..n {
+            rope.apply(hp.rope.kind, t, &mut q[t * q_row..(t + 1) * q_row], dk);
+            rope.apply(hp.rope.kind, t, &mut k[t * k_row..(t + 1) * k_row], dk);
+        }
+        hooks.observe(Some(il), "Qcur", &q);
+        hooks.observe(Some(il), "Kcur", &k);
+        hooks.observe(Some(il), "Vcur", &v);
+        let mut row = 0;
+        for (s, &p) in seqs.iter_mut().zip(pos0) {
+            for i in 0..s.n_tokens {
+                s.kv.store(
+                    il,
+                    p + i,
+                    &k[row * k_row..(row + 1) * k_row],
+                    &v[row * v_row..(row + 1) * v_row],
+                )?;
+                row += 1;
+            }
+        }
+        let mut spans = Vec::with_capacity(seqs.len());
+        let mut row0 = 0;
+        for (s, &p) in seqs.iter().zip(pos0) {
+            spans.push(SeqSpan {
+                kv: &*s.kv,
+                row0,
+                n_tokens: s.n_tokens,
+                pos0: p,
+            });
+            row0 += s.n_tokens;
+        }
+        let shape = AttentionShape {
+            n_head: hp.n_head,
+            n_kv_head: hp.n_head_kv,
+            head_dim_k: dk,
+            head_dim_v: dv,
+            scale: 1.0 / (dk as f32).sqrt(),
+        };
+        let mut att = vec![0f32; n * hp.n_head * dv];
+        attend(&cx.pool, &cx.kernels, il, &shape, &spans, &q, &mut att)?;
+        hooks.observe(Some(il), "kqv_out", &att);
+        let ain = Input::new(&att, n, hp.n_head * dv)?;
+        let mut o = cx.project(&ain, &[a.o.weights(files)])?.pop().expect("o");
+        hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut o)?;
+        hooks.observe(Some(il), "attn_out", &o);
+        add_into(x, &o);
+        hooks.observe(Some(il), "ffn_inp", x);
+        Ok(())
+    }
+
+    fn ffn_layer(
+        &self,
+        cx: &Compute,
+        il: usize,
+        x: &mut [f32],
+        experts: &dyn ExpertSource,
+        hooks: &mut dyn Hooks,
+    ) -> Result<()> {
+        let hp = &self.hp;
+        let l = &self.layers[il];
+        let files = self.files();
+        let d = hp.n_embd;
+        let n = x.len() / d;
+        let mut h = vec![0f32; n * d];
+        rms_norm_rows(x, &l.ffn_norm, hp.rms_eps, &mut h);
+        hooks.observe(Some(il), "ffn_norm", &h);
+        let hin = Input::new(&h, n, d)?;
+        let mut out = match &l.ffn {
+            Ffn::Dense { gate, up, down } => swiglu_ffn(
+                cx,
+                &hin,
+                gate.weights(files),
+                up.weights(files),
+                down.weights(files),
+            )?,
+            Ffn::Moe {
+                router,
+                experts: tensors,
+                shared,
+            } => {
+                let moe = hp.moe.as_ref().expect("MoE layers have MoE params");
+                let logits = cx
+                    .project(&hin, &[router.weights(files)])?
+                    .pop()
+                    .expect("router");
+                hooks.observe(Some(il), "ffn_moe_logits", &logits);
+                let routing = route(&logits, tensors.gate.n_expert, moe);
+                let mut out = moe_ffn(cx, il, &hin, &routing, tensors.gate.n_expert, d, experts)
+                    .map_err(|e| match e {
+                        ModelError::Matmul(source) => ModelError::Kernel { layer: il, source },
+                        other => other,
+                    })?;
+                hooks.observe(Some(il), "ffn_moe_out", &out);
+                if let Some(sh) = shared {
+                    let mut s = swiglu_ffn(
+                        cx,
+                        &hin,
+                        sh.gate.weights(files),
+                        sh.up.weights(files),
+                        sh.down.weights(files),
+                    )?;
+                    if let Some(g) = &sh.gate_inp {
+                        for (t, row) in s.chunks_exact_mut(d).enumerate() {
+                            let z: f32 = h[t * d..(t + 1) * d]
+                                .iter()
+                                .zip(g)
+                                .map(|(a, b)| a * b)
+                                .sum();
+                            let gate = 1.0 / (1.0 + (-z).exp());
+                            row.iter_mut().for_each(|v| *v *= gate);
+                        }
+                    }
+                    hooks.observe(Some(il), "ffn_shexp", &s);
+                    add_into(&mut out, &s);
+                }
+                out
+            }
+        };
+        hooks.all_reduce(il, ReducePoint::FfnOutput, &mut out)?;
+        hooks.observe(Some(il), "ffn_out", &out);
+        add_into(x, &out);
+        Ok(())
+    }
+}

@@ -1,0 +1,24 @@
+//! Architectures, weight binding, the KV cache, the `ExpertSource` seam, and the one forward
+//! path every execution mode (single node, pipeline stage, tensor-parallel rank, streaming)
+//! runs.
+
+pub mod arch;
+pub mod blocks;
+pub mod error;
+pub mod experts;
+pub mod forward;
+pub mod hparams;
+pub mod kv;
+mod model;
+pub mod names;
+pub mod weights;
+
+pub use blocks::Compute;
+pub use error::{ModelError, Result};
+pub use experts::{ExpertMatrices, ExpertSource, ResidentExperts};
+pub use forward::{
+    Hooks, Logits, LogitsWanted, NoHooks, ReducePoint, SeqInput, StageInput, StageOutput,
+};
+pub use hparams::Hparams;
+pub use kv::{KvCache, KvLayout, KvType};
+pub use model::Model;

@@ -1,0 +1,136 @@
+//! A loaded model: hyperparameters, the architecture's declaration, and every tensor bound to
+//! its typed place. Loading touches only metadata and small vectors; matrices stay in the map
+//! until a forward pass reads them, so a process that runs a slice of the layers only ever
+//! faults in that slice.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use gguf::GgufModel;
+
+use crate::arch::{self, ArchSpec};
+use crate::error::{ModelError, Result};
+use crate::experts::ExpertMatrices;
+use crate::hparams::Hparams;
+use crate::kv::{KvLayout, KvType};
+use crate::names::TensorName;
+use crate::weights::{Binder, Ffn, Layer, Matrix};
+
+pub struct Model {
+    files: Arc<GgufModel>,
+    pub spec: &'static ArchSpec,
+    pub hp: Hparams,
+    pub(crate) token_embd: Matrix,
+    pub(crate) output_norm: Vec<f32>,
+    pub(crate) output: Matrix,
+    pub(crate) rope_freqs: Option<Vec<f32>>,
+    pub(crate) layers: Vec<Layer>,
+}
+
+impl Model {
+    pub fn load(path: impl AsRef<Path>) -> Result<Model> {
+        Model::from_gguf(Arc::new(GgufModel::open(path)?))
+    }
+
+    pub fn from_gguf(files: Arc<GgufModel>) -> Result<Model> {
+        let meta = files.metadata();
+        let arch_name = meta.arch()?;
+        let spec = arch::lookup(arch_name).ok_or_else(|| ModelError::UnsupportedArch {
+            arch: arch_name.to_string(),
+            supported: arch::supported().join(", "),
+        })?;
+        let mut hp = Hparams::from_metadata(meta, spec)?;
+        let b = Binder { files: &files };
+        let token_embd = b.matrix_any_rows(&TensorName::TokenEmbd.weight(0), hp.n_embd)?;
+        hp.n_vocab = token_embd.rows;
+        let output_norm = b.vector(&TensorName::OutputNorm.weight(0), hp.n_embd)?;
+        let output = b
+            .matrix_opt(&TensorName::Output.weight(0), hp.n_embd, hp.n_vocab)?
+            .unwrap_or(token_embd);
+        let rope_freqs = b.vector_opt(&TensorName::RopeFreqs.weight(0), hp.rope.n_rot / 2)?;
+        let layers = (0..hp.n_layer)
+            .map(|il| b.layer(spec, &hp, il))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Model {
+            files,
+            spec,
+            hp,
+            token_embd,
+            output_norm,
+            output,
+            rope_freqs,
+            layers,
+        })
+    }
+
+    pub fn files(&self) -> &GgufModel {
+        &self.files
+    }
+
+    pub fn shared_files(&self) -> Arc<GgufModel> {
+        Arc::clone(&self.files)
+    }
+
+    pub fn layer(&self, il: usize) -> &Layer {
+        &self.layers[il]
+    }
+
+    pub fn n_layer(&self) -> usize {
+        self.hp.n_layer
+    }
+
+    /// Whether layer `il` routes through experts.
+    pub fn is_moe_layer(&self, il: usize) -> bool {
+        matches!(self.layers.get(il).map(|l| &l.ffn), Some(Ffn::Moe { .. }))
+    }
+
+    /// Expert `e` of layer `il`, straight from the map.
+    pub fn expert_weights(&self, il: usize, e: usize) -> Result<ExpertMatrices<'_>> {
+        match &self.layers.get(il).map(|l| &l.ffn) {
+            Some(Ffn::Moe { experts, .. }) if e < experts.gate.n_expert => {
+                let (gate, up) = experts.gate_up(e);
+                Ok(ExpertMatrices {
+                    gate: gate.weights(&self.files),
+                    up: up.weights(&self.files),
+                    down: experts.down.expert(e).weights(&self.files),
+                })
+            }
+            _ => Err(ModelError::Experts(format!("layer {il} has no expert {e}"))),
+        }
+    }
+
+    /// The cache layout for `layers` of this model.
+    pub fn kv_layout(
+        &self,
+        kv_type: KvType,
+        layers: std::ops::RangeInclusive<usize>,
+        n_ctx: usize,
+    ) -> KvLayout {
+        KvLayout {
+            kv_type,
+            layers,
+            n_kv_head: self.hp.n_head_kv,
+            head_dim_k: self.hp.head_dim_k,
+            head_dim_v: self.hp.head_dim_v,
+            n_ctx,
+        }
+    }
+
+    /// Embedding rows of `tokens`, dequantized into `out` (`tokens.len() × n_embd`).
+    pub fn embed(&self, tokens: &[u32], out: &mut [f32]) -> Result<()> {
+        let d = self.hp.n_embd;
+        let w = self.token_embd.weights(&self.files);
+        for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
+            if t as usize >= self.hp.n_vocab {
+                return Err(ModelError::Input(format!(
+                    "token id {t} is outside the vocabulary of {}",
+                    self.hp.n_vocab
+                )));
+            }
+            kernels::formats::dequantize_row(w.dtype, w.row(t as usize), row).ok_or_else(|| {
+                ModelError::Input(format!("embedding type {} cannot be dequantized", w.dtype))
+            })?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,141 @@
+//! The one table of GGUF tensor and metadata names (llama.cpp's `llama-arch.cpp` spelling).
+//! Names are resolved once at load into typed per-layer structs; no name strings after that.
+
+/// A tensor role. Per-layer roles are spelled `blk.{layer}.{base}.{weight|bias}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TensorName {
+    TokenEmbd,
+    OutputNorm,
+    Output,
+    RopeFreqs,
+    AttnNorm,
+    AttnQ,
+    AttnK,
+    AttnV,
+    AttnOut,
+    AttnQNorm,
+    AttnKNorm,
+    FfnNorm,
+    FfnGate,
+    FfnUp,
+    FfnDown,
+    FfnGateInp,
+    FfnGateExps,
+    FfnUpExps,
+    FfnDownExps,
+    FfnGateUpExps,
+    FfnGateInpShexp,
+    FfnGateShexp,
+    FfnUpShexp,
+    FfnDownShexp,
+}
+
+impl TensorName {
+    pub fn base(self) -> &'static str {
+        use TensorName::*;
+        match self {
+            TokenEmbd => "token_embd",
+            OutputNorm => "output_norm",
+            Output => "output",
+            RopeFreqs => "rope_freqs",
+            AttnNorm => "attn_norm",
+            AttnQ => "attn_q",
+            AttnK => "attn_k",
+            AttnV => "attn_v",
+            AttnOut => "attn_output",
+            AttnQNorm => "attn_q_norm",
+            AttnKNorm => "attn_k_norm",
+            FfnNorm => "ffn_norm",
+            FfnGate => "ffn_gate",
+            FfnUp => "ffn_up",
+            FfnDown => "ffn_down",
+            FfnGateInp => "ffn_gate_inp",
+            FfnGateExps => "ffn_gate_exps",
+            FfnUpExps => "ffn_up_exps",
+            FfnDownExps => "ffn_down_exps",
+            FfnGateUpExps => "ffn_gate_up_exps",
+            FfnGateInpShexp => "ffn_gate_inp_shexp",
+            FfnGateShexp => "ffn_gate_shexp",
+            FfnUpShexp => "ffn_up_shexp",
+            FfnDownShexp => "ffn_down_shexp",
+        }
+    }
+
+    pub fn is_per_layer(self) -> bool {
+        !matches!(
+            self,
+            TensorName::TokenEmbd
+                | TensorName::OutputNorm
+                | TensorName::Output
+                | TensorName::RopeFreqs
+        )
+    }
+
+    /// Whether the tensor holds routed experts (what streaming and expert sharding move around).
+    pub fn is_routed_expert(self) -> bool {
+        matches!(
+            self,
+            TensorName::FfnGateExps
+                | TensorName::FfnUpExps
+                | TensorName::FfnDownExps
+                | TensorName::FfnGateUpExps
+        )
+    }
+
+    pub fn weight(self, layer: usize) -> String {
+        self.full(layer, "weight")
+    }
+
+    pub fn bias(self, layer: usize) -> String {
+        self.full(layer, "bias")
+    }
+
+    fn full(self, layer: usize, suffix: &str) -> String {
+        if self.is_per_layer() {
+            format!("blk.{layer}.{}.{suffix}", self.base())
+        } else {
+            format!("{}.{suffix}", self.base())
+        }
+    }
+}
+
+/// Architecture-scoped metadata keys (`{arch}.{suffix}`).
+pub mod keys {
+    pub const BLOCK_COUNT: &str = "block_count";
+    pub const CONTEXT_LENGTH: &str = "context_length";
+    pub const EMBEDDING_LENGTH: &str = "embedding_length";
+    pub const FEED_FORWARD_LENGTH: &str = "feed_forward_length";
+    pub const HEAD_COUNT: &str = "attention.head_count";
+    pub const HEAD_COUNT_KV: &str = "attention.head_count_kv";
+    pub const KEY_LENGTH: &str = "attention.key_length";
+    pub const VALUE_LENGTH: &str = "attention.value_length";
+    pub const RMS_EPS: &str = "attention.layer_norm_rms_epsilon";
+    pub const ROPE_DIMENSION_COUNT: &str = "rope.dimension_count";
+    pub const ROPE_FREQ_BASE: &str = "rope.freq_base";
+    pub const ROPE_SCALING_TYPE: &str = "rope.scaling.type";
+    pub const ROPE_SCALING_FACTOR: &str = "rope.scaling.factor";
+    pub const ROPE_SCALE_LINEAR: &str = "rope.scale_linear";
+    pub const EXPERT_COUNT: &str = "expert_count";
+    pub const EXPERT_USED_COUNT: &str = "expert_used_count";
+    pub const EXPERT_FEED_FORWARD_LENGTH: &str = "expert_feed_forward_length";
+    pub const EXPERT_SHARED_FEED_FORWARD_LENGTH: &str = "expert_shared_feed_forward_length";
+    pub const EXPERT_WEIGHTS_SCALE: &str = "expert_weights_scale";
+    pub const EXPERT_WEIGHTS_NORM: &str = "expert_weights_norm";
+    pub const EXPERT_GATING_FUNC: &str = "expert_gating_func";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_llama_cpp_spelling() {
+        assert_eq!(TensorName::AttnQ.weight(3), "blk.3.attn_q.weight");
+        assert_eq!(TensorName::AttnQ.bias(0), "blk.0.attn_q.bias");
+        assert_eq!(TensorName::TokenEmbd.weight(7), "token_embd.weight");
+        assert_eq!(
+            TensorName::FfnDownExps.weight(1),
+            "blk.1.ffn_down_exps.weight"
+        );
+    }
+}

@@ -1,0 +1,419 @@
+//! Tensors bound to typed per-layer structs at load time. Matrices stay in the GGUF map (a
+//! [`TensorRef`] into it, resolved to bytes when used); small vectors (norms, biases, the shared
+//! expert gate) are dequantized to f32 once.
+
+use gguf::{GgmlType, GgufModel, ModelTensor};
+use kernels::Weights;
+
+use crate::arch::{ArchSpec, FfnLayout, QkNorm};
+use crate::error::{ModelError, Result, bad_tensor};
+use crate::hparams::Hparams;
+use crate::names::TensorName;
+
+/// Where a tensor's bytes are: a range of one split's map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorRef {
+    pub split: usize,
+    /// Absolute byte offset in the split file.
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// A `rows × cols` matrix in the map.
+#[derive(Clone, Copy, Debug)]
+pub struct Matrix {
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: TensorRef,
+}
+
+impl Matrix {
+    pub fn bytes<'m>(&self, files: &'m GgufModel) -> &'m [u8] {
+        let file = &files.splits()[self.data.split];
+        &file.bytes()[self.data.offset as usize..(self.data.offset + self.data.len) as usize]
+    }
+
+    pub fn weights<'m>(&self, files: &'m GgufModel) -> Weights<'m> {
+        Weights::new(self.dtype, self.rows, self.cols, self.bytes(files))
+            .expect("matrix shapes were validated when binding")
+    }
+}
+
+/// `n_expert` matrices of `rows × cols` stacked in one tensor (`ffn_*_exps`), expert-major.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertStack {
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub n_expert: usize,
+    pub data: TensorRef,
+}
+
+impl ExpertStack {
+    pub fn bytes_per_expert(&self) -> u64 {
+        self.data.len / self.n_expert as u64
+    }
+
+    /// Expert `e` as a matrix of its own.
+    pub fn expert(&self, e: usize) -> Matrix {
+        let per = self.bytes_per_expert();
+        Matrix {
+            dtype: self.dtype,
+            rows: self.rows,
+            cols: self.cols,
+            data: TensorRef {
+                split: self.data.split,
+                offset: self.data.offset + e as u64 * per,
+                len: per,
+            },
+        }
+    }
+}
+
+/// The routed experts of one layer: gate, up and down projections.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertTensors {
+    /// `n_ff × n_embd` per expert; absent for architectures without a gate.
+    pub gate: ExpertStack,
+    pub up: ExpertStack,
+    /// `n_embd × n_ff` per expert.
+    pub down: ExpertStack,
+    /// When gate and up are one fused tensor (`ffn_gate_up_exps`): gate rows first.
+    pub fused_gate_up: bool,
+}
+
+impl ExpertTensors {
+    pub fn n_ff(&self) -> usize {
+        self.down.cols
+    }
+
+    /// Bytes of one expert's gate, up and down together.
+    pub fn bytes_per_expert(&self) -> u64 {
+        let gu = if self.fused_gate_up {
+            self.gate.bytes_per_expert()
+        } else {
+            self.gate.bytes_per_expert() + self.up.bytes_per_expert()
+        };
+        gu + self.down.bytes_per_expert()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SharedExpert {
+    /// `sigmoid(x · gate_inp)` scales the shared expert's output.
+    pub gate_inp: Option<Vec<f32>>,
+    pub gate: Matrix,
+    pub up: Matrix,
+    pub down: Matrix,
+}
+
+#[derive(Clone, Debug)]
+pub struct Attention {
+    pub norm: Vec<f32>,
+    pub q: Matrix,
+    pub k: Matrix,
+    pub v: Matrix,
+    pub o: Matrix,
+    pub q_bias: Option<Vec<f32>>,
+    pub k_bias: Option<Vec<f32>>,
+    pub v_bias: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+}
+
+#[derive(Clone, Debug)]
+pub enum Ffn {
+    Dense {
+        gate: Matrix,
+        up: Matrix,
+        down: Matrix,
+    },
+    Moe {
+        router: Matrix,
+        experts: ExpertTensors,
+        shared: Option<SharedExpert>,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Layer {
+    pub attn: Attention,
+    pub ffn_norm: Vec<f32>,
+    pub ffn: Ffn,
+}
+
+/// Resolves names to tensors and checks shapes.
+pub(crate) struct Binder<'m> {
+    pub files: &'m GgufModel,
+}
+
+impl<'m> Binder<'m> {
+    fn get(&self, name: &str) -> Option<ModelTensor<'m>> {
+        self.files.tensor(name)
+    }
+
+    fn require(&self, name: &str) -> Result<ModelTensor<'m>> {
+        self.get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+    }
+
+    fn tref(t: &ModelTensor<'m>) -> TensorRef {
+        TensorRef {
+            split: t.split,
+            offset: t.info.file_offset,
+            len: t.info.n_bytes,
+        }
+    }
+
+    fn check_computable(name: &str, dtype: GgmlType) -> Result<()> {
+        if kernels::format(dtype).is_none() {
+            return Err(bad_tensor(
+                name,
+                format!("type {dtype} has no compute kernel"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A 2-D tensor of `rows` rows of `cols` (GGUF `ne = [cols, rows]`).
+    pub fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Matrix> {
+        let t = self.require(name)?;
+        self.matrix_of(name, &t, cols, rows)
+    }
+
+    pub fn matrix_opt(&self, name: &str, cols: usize, rows: usize) -> Result<Option<Matrix>> {
+        self.get(name)
+            .map(|t| self.matrix_of(name, &t, cols, rows))
+            .transpose()
+    }
+
+    fn matrix_of(
+        &self,
+        name: &str,
+        t: &ModelTensor<'m>,
+        cols: usize,
+        rows: usize,
+    ) -> Result<Matrix> {
+        let dims = t.info.shape.dims();
+        let (c, r) = (dims[0] as usize, dims.get(1).copied().unwrap_or(1) as usize);
+        if dims.len() > 2 || c != cols || r != rows {
+            return Err(bad_tensor(
+                name,
+                format!("shape {:?}, expected [{cols}, {rows}]", dims),
+            ));
+        }
+        Self::check_computable(name, t.info.dtype)?;
+        Ok(Matrix {
+            dtype: t.info.dtype,
+            rows,
+            cols,
+            data: Self::tref(t),
+        })
+    }
+
+    /// A 2-D tensor whose row count is read from the file (vocabulary size, n_ff).
+    pub fn matrix_any_rows(&self, name: &str, cols: usize) -> Result<Matrix> {
+        let t = self.require(name)?;
+        let dims = t.info.shape.dims();
+        if dims.len() > 2 || dims[0] as usize != cols {
+            return Err(bad_tensor(
+                name,
+                format!("shape {:?}, expected [{cols}, *]", dims),
+            ));
+        }
+        self.matrix_of(name, &t, cols, dims.get(1).copied().unwrap_or(1) as usize)
+    }
+
+    pub fn stack(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: Option<usize>,
+        n_expert: usize,
+    ) -> Result<ExpertStack> {
+        let t = self.require(name)?;
+        let dims = t.info.shape.dims();
+        let ok = dims.len() == 3
+            && dims[0] as usize == cols
+            && rows.is_none_or(|r| dims[1] as usize == r)
+            && dims[2] as usize == n_expert;
+        if !ok {
+            let r = rows.map_or("*".to_string(), |r| r.to_string());
+            return Err(bad_tensor(
+                name,
+                format!("shape {:?}, expected [{cols}, {r}, {n_expert}]", dims),
+            ));
+        }
+        Self::check_computable(name, t.info.dtype)?;
+        Ok(ExpertStack {
+            dtype: t.info.dtype,
+            rows: dims[1] as usize,
+            cols,
+            n_expert,
+            data: Self::tref(&t),
+        })
+    }
+
+    /// A 1-D tensor of `len` values, dequantized.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let t = self.require(name)?;
+        self.vector_of(name, &t, len)
+    }
+
+    pub fn vector_opt(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
+        self.get(name)
+            .map(|t| self.vector_of(name, &t, len))
+            .transpose()
+    }
+
+    fn vector_of(&self, name: &str, t: &ModelTensor<'m>, len: usize) -> Result<Vec<f32>> {
+        let n = t.info.n_elements() as usize;
+        if n != len || t.info.shape.dims().iter().filter(|&&d| d != 1).count() > 1 {
+            return Err(bad_tensor(
+                name,
+                format!("shape {:?}, expected {len} values", t.info.shape.dims()),
+            ));
+        }
+        let mut out = vec![0f32; len];
+        kernels::formats::dequantize_row(t.info.dtype, t.data(), &mut out).ok_or_else(|| {
+            bad_tensor(name, format!("type {} cannot be dequantized", t.info.dtype))
+        })?;
+        Ok(out)
+    }
+
+    pub fn layer(&self, spec: &ArchSpec, hp: &Hparams, il: usize) -> Result<Layer> {
+        use TensorName as T;
+        let n_embd = hp.n_embd;
+        let q_dim = hp.n_head * hp.head_dim_k;
+        let k_dim = hp.n_head_kv * hp.head_dim_k;
+        let v_dim = hp.n_head_kv * hp.head_dim_v;
+        let (q_norm, k_norm) = match spec.qk_norm {
+            QkNorm::None => (None, None),
+            QkNorm::PerHead => (
+                Some(self.vector(&T::AttnQNorm.weight(il), hp.head_dim_k)?),
+                Some(self.vector(&T::AttnKNorm.weight(il), hp.head_dim_k)?),
+            ),
+            QkNorm::Whole => (
+                Some(self.vector(&T::AttnQNorm.weight(il), q_dim)?),
+                Some(self.vector(&T::AttnKNorm.weight(il), k_dim)?),
+            ),
+        };
+        let attn = Attention {
+            norm: self.vector(&T::AttnNorm.weight(il), n_embd)?,
+            q: self.matrix(&T::AttnQ.weight(il), n_embd, q_dim)?,
+            k: self.matrix(&T::AttnK.weight(il), n_embd, k_dim)?,
+            v: self.matrix(&T::AttnV.weight(il), n_embd, v_dim)?,
+            o: self.matrix(&T::AttnOut.weight(il), hp.n_head * hp.head_dim_v, n_embd)?,
+            q_bias: self.vector_opt(&T::AttnQ.bias(il), q_dim)?,
+            k_bias: self.vector_opt(&T::AttnK.bias(il), k_dim)?,
+            v_bias: self.vector_opt(&T::AttnV.bias(il), v_dim)?,
+            q_norm,
+            k_norm,
+        };
+        let routed = match spec.ffn {
+            FfnLayout::Moe => true,
+            FfnLayout::MoeWhenRouted => self.get(&T::FfnGateInp.weight(il)).is_some(),
+        };
+        let ffn = if routed {
+            let moe = hp.moe.as_ref().ok_or_else(|| ModelError::BadMetadata {
+                key: format!("{}.expert_count", spec.name),
+                detail: format!("layer {il} has experts but the file declares none"),
+            })?;
+            let n_expert = moe.n_expert;
+            let router = self.matrix(&T::FfnGateInp.weight(il), n_embd, n_expert)?;
+            // The down projection's row length is the expert FFN width; read it from there.
+            let n_ff = self.require(&T::FfnDownExps.weight(il))?.info.shape.dims()[0] as usize;
+            let down = self.stack(&T::FfnDownExps.weight(il), n_ff, Some(n_embd), n_expert)?;
+            let experts = if self.get(&T::FfnGateUpExps.weight(il)).is_some() {
+                let gate_up = self.stack(
+                    &T::FfnGateUpExps.weight(il),
+                    n_embd,
+                    Some(2 * n_ff),
+                    n_expert,
+                )?;
+                let half = ExpertStack {
+                    rows: n_ff,
+                    ..gate_up
+                };
+                ExpertTensors {
+                    gate: half,
+                    up: half,
+                    down,
+                    fused_gate_up: true,
+                }
+            } else {
+                ExpertTensors {
+                    gate: self.stack(&T::FfnGateExps.weight(il), n_embd, Some(n_ff), n_expert)?,
+                    up: self.stack(&T::FfnUpExps.weight(il), n_embd, Some(n_ff), n_expert)?,
+                    down,
+                    fused_gate_up: false,
+                }
+            };
+            let shared = if spec.shared_expert && self.get(&T::FfnUpShexp.weight(il)).is_some() {
+                let up = self.matrix_any_rows(&T::FfnUpShexp.weight(il), n_embd)?;
+                let n_ff_sh = up.rows;
+                Some(SharedExpert {
+                    gate_inp: self.vector_opt(&T::FfnGateInpShexp.weight(il), n_embd)?,
+                    gate: self.matrix(&T::FfnGateShexp.weight(il), n_embd, n_ff_sh)?,
+                    up,
+                    down: self.matrix(&T::FfnDownShexp.weight(il), n_ff_sh, n_embd)?,
+                })
+            } else {
+                None
+            };
+            Ffn::Moe {
+                router,
+                experts,
+                shared,
+            }
+        } else {
+            let up = self.matrix_any_rows(&T::FfnUp.weight(il), n_embd)?;
+            let n_ff = up.rows;
+            Ffn::Dense {
+                gate: self.matrix(&T::FfnGate.weight(il), n_embd, n_ff)?,
+                up,
+                down: self.matrix(&T::FfnDown.weight(il), n_ff, n_embd)?,
+            }
+        };
+        Ok(Layer {
+            attn,
+            ffn_norm: self.vector(&T::FfnNorm.weight(il), n_embd)?,
+            ffn,
+        })
+    }
+}
+
+impl ExpertTensors {
+    /// Gate and up of expert `e` (for a fused tensor, the two halves of its rows).
+    pub fn gate_up(&self, e: usize) -> (Matrix, Matrix) {
+        if self.fused_gate_up {
+            let both = ExpertStack {
+                rows: 2 * self.gate.rows,
+                ..self.gate
+            }
+            .expert(e);
+            let half = both.data.len / 2;
+            let gate = Matrix {
+                rows: self.gate.rows,
+                data: TensorRef {
+                    len: half,
+                    ..both.data
+                },
+                ..both
+            };
+            let up = Matrix {
+                rows: self.gate.rows,
+                data: TensorRef {
+                    offset: both.data.offset + half,
+                    len: half,
+                    ..both.data
+                },
+                ..both
+            };
+            (gate, up)
+        } else {
+            (self.gate.expert(e), self.up.expert(e))
+        }
+    }
+}
