@@ -1,15 +1,21 @@
 //! The `moeshard` command line.
 
+mod chat;
+mod cluster_args;
+mod common;
 mod inspect;
+mod logits;
+mod npy;
+mod perplexity;
+mod run;
+mod sampling;
+mod upcycle;
+mod worker;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "moeshard",
-    version,
-    about = "Mixture-of-Experts inference across machines"
-)]
+#[command(name = "moeshard", version, about = "Mixture-of-Experts inference across machines")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -17,11 +23,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Complete a prompt, streaming the output.
+    Run(run::RunArgs),
+    /// Interactive multi-turn chat.
+    Chat(chat::ChatArgs),
+    /// Perplexity over a text file (llama-perplexity's method).
+    Perplexity(perplexity::PerplexityArgs),
+    /// Write the logits of every position as a NumPy array.
+    Logits(logits::LogitsArgs),
+    /// Serve a layer range of a pipeline for a coordinator.
+    Worker(worker::WorkerArgs),
     /// Print a GGUF file's architecture, hyperparameters, tokenizer and tensor table.
     Inspect(inspect::InspectArgs),
+    /// Turn a dense llama GGUF into an equivalent Mixtral-style MoE GGUF (a test of the MoE path).
+    Upcycle(upcycle::UpcycleArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("MOESHARD_LOG")
@@ -30,7 +48,20 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    match cli.command {
-        Command::Inspect(args) => inspect::run(&args),
+    let result = match cli.command {
+        Command::Run(a) => run::run(&a),
+        Command::Chat(a) => chat::run(&a),
+        Command::Perplexity(a) => perplexity::run(&a),
+        Command::Logits(a) => logits::run(&a),
+        Command::Worker(a) => worker::run(&a),
+        Command::Inspect(a) => inspect::run(&a),
+        Command::Upcycle(a) => upcycle::run(&a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }

@@ -4,6 +4,7 @@
 pub mod chat_template;
 pub mod error;
 pub mod executor;
+pub mod generate;
 pub mod local;
 pub mod sampler;
 pub mod session;

@@ -181,3 +181,50 @@ pub fn q3k_scales(raw: &[u8; 12]) -> [i8; 16] {
     }
     out
 }
+
+/// Byte offsets of the f16 scale fields (`d`, and `m`/`dmin` where present) within one block of
+/// `t`; every dequantized value is linear in them. Empty for unscaled or non-f16-scaled types.
+pub fn f16_scale_fields(t: gguf::GgmlType) -> &'static [usize] {
+    use gguf::GgmlType as T;
+    match t {
+        T::Q4_0 | T::Q5_0 | T::Q8_0 => &[0],
+        T::Q4_1 | T::Q5_1 => &[0, 2],
+        T::Q2K => &[80, 82],
+        T::Q3K => &[108],
+        T::Q4K | T::Q5K => &[0, 2],
+        T::Q6K => &[208],
+        _ => &[],
+    }
+}
+
+/// Multiplies every value of a row of `t` by `factor`, a power of two, by scaling the block
+/// scales (exact unless a scale overflows f16). `None` for types without such scales.
+pub fn scale_row_pow2(t: gguf::GgmlType, row: &mut [u8], factor: f32) -> Option<()> {
+    use gguf::GgmlType as T;
+    match t {
+        T::F32 => {
+            for c in row.chunks_exact_mut(4) {
+                let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * factor;
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        T::F16 => {
+            for c in row.chunks_exact_mut(2) {
+                c.copy_from_slice(&f16_to_bytes(f16_bytes([c[0], c[1]]) * factor));
+            }
+        }
+        _ => {
+            let fields = f16_scale_fields(t);
+            if fields.is_empty() {
+                return None;
+            }
+            for block in row.chunks_exact_mut(t.type_size()) {
+                for &o in fields {
+                    let v = f16_bytes([block[o], block[o + 1]]) * factor;
+                    block[o..o + 2].copy_from_slice(&f16_to_bytes(v));
+                }
+            }
+        }
+    }
+    Some(())
+}

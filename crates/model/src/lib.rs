@@ -21,4 +21,4 @@ pub use forward::{
 };
 pub use hparams::Hparams;
 pub use kv::{KvCache, KvLayout, KvType};
-pub use model::Model;
+pub use model::{Model, WeightSelection};

@@ -134,3 +134,73 @@ impl Model {
         Ok(())
     }
 }
+
+/// Which tensors a process reads: its layer range, and the embeddings / head / routed experts
+/// depending on its role.
+#[derive(Clone, Debug)]
+pub struct WeightSelection {
+    pub layers: std::ops::RangeInclusive<usize>,
+    pub embeddings: bool,
+    pub head: bool,
+    /// Routed experts (false under SSD streaming, where they are read on demand).
+    pub experts: bool,
+}
+
+impl Model {
+    /// Byte ranges of the tensors in `sel`, merged where adjacent, in file order.
+    pub fn weight_ranges(&self, sel: &WeightSelection) -> Vec<crate::weights::TensorRef> {
+        use crate::weights::TensorRef;
+        let mut refs: Vec<TensorRef> = Vec::new();
+        let tied = self.output.data == self.token_embd.data;
+        let names = self.files().tensors().filter_map(|t| {
+            let name = t.info.name.as_str();
+            let layer = name
+                .strip_prefix("blk.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|n| n.parse::<usize>().ok());
+            let keep = match layer {
+                Some(il) => {
+                    let routed = name.contains("_exps.");
+                    sel.layers.contains(&il) && (sel.experts || !routed)
+                }
+                None => {
+                    (sel.embeddings && name.starts_with("token_embd"))
+                        || (sel.head && name.starts_with("output"))
+                        || (sel.head && tied && name.starts_with("token_embd"))
+                        || name.starts_with("rope_freqs")
+                }
+            };
+            keep.then(|| TensorRef { split: t.split, offset: t.info.file_offset, len: t.info.n_bytes })
+        });
+        refs.extend(names);
+        refs.sort_by_key(|r| (r.split, r.offset));
+        let mut merged: Vec<TensorRef> = Vec::with_capacity(refs.len());
+        for r in refs {
+            match merged.last_mut() {
+                Some(m) if m.split == r.split && m.offset + m.len >= r.offset => {
+                    m.len = m.len.max(r.offset + r.len - m.offset);
+                }
+                _ => merged.push(r),
+            }
+        }
+        merged
+    }
+
+    /// Faults in the pages of `ranges` (so the first token is not paying for disk reads),
+    /// reporting bytes done through `progress`.
+    pub fn warm(&self, ranges: &[crate::weights::TensorRef], mut progress: impl FnMut(u64)) {
+        const PAGE: usize = 4096;
+        for r in ranges {
+            let bytes = &self.files().splits()[r.split].bytes()[r.offset as usize..(r.offset + r.len) as usize];
+            let mut sum = 0u8;
+            for chunk in bytes.chunks(1 << 20) {
+                for p in (0..chunk.len()).step_by(PAGE) {
+                    // SAFETY: an in-bounds read of mapped memory; volatile so it is not elided.
+                    sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(chunk.as_ptr().add(p)) });
+                }
+                progress(chunk.len() as u64);
+            }
+            std::hint::black_box(sum);
+        }
+    }
+}

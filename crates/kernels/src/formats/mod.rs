@@ -6,6 +6,8 @@ pub mod float;
 pub mod kquants;
 pub mod legacy;
 pub mod mxfp4;
+pub mod quantize_k;
+pub mod quantize_legacy;
 
 use gguf::GgmlType;
 
@@ -103,19 +105,19 @@ pub fn format(dtype: GgmlType) -> Option<Format> {
             ActKind::Q8_0,
             legacy::dequantize_q4_1,
             legacy::dot_q4_1,
-            None,
+            Some(quantize_legacy::quantize_q4_1),
         ),
         T::Q5_0 => f(
             ActKind::Q8_0,
             legacy::dequantize_q5_0,
             legacy::dot_q5_0,
-            None,
+            Some(quantize_legacy::quantize_q5_0),
         ),
         T::Q5_1 => f(
             ActKind::Q8_0,
             legacy::dequantize_q5_1,
             legacy::dot_q5_1,
-            None,
+            Some(quantize_legacy::quantize_q5_1),
         ),
         T::Q8_0 => f(
             ActKind::Q8_0,
@@ -133,31 +135,31 @@ pub fn format(dtype: GgmlType) -> Option<Format> {
             ActKind::Q8K,
             kquants::dequantize_q2_k,
             kquants::dot_q2_k,
-            None,
+            Some(quantize_k::quantize_q2_k),
         ),
         T::Q3K => f(
             ActKind::Q8K,
             kquants::dequantize_q3_k,
             kquants::dot_q3_k,
-            None,
+            Some(quantize_k::quantize_q3_k),
         ),
         T::Q4K => f(
             ActKind::Q8K,
             kquants::dequantize_q4_k,
             kquants::dot_q4_k,
-            None,
+            Some(quantize_k::quantize_q4_k),
         ),
         T::Q5K => f(
             ActKind::Q8K,
             kquants::dequantize_q5_k,
             kquants::dot_q5_k,
-            None,
+            Some(quantize_k::quantize_q5_k),
         ),
         T::Q6K => f(
             ActKind::Q8K,
             kquants::dequantize_q6_k,
             kquants::dot_q6_k,
-            None,
+            Some(quantize_k::quantize_q6_k),
         ),
         T::Q8K => f(
             ActKind::Q8K,

@@ -3,6 +3,7 @@
 
 pub mod avx2;
 pub mod avx512;
+mod scales;
 
 /// Wraps a `#[target_feature]` kernel `fn(usize, &[u8], &[u8]) -> f32` into a plain `DotFn`.
 /// The wrapper checks the slice lengths, because the kernels read through raw pointers.
@@ -25,3 +26,24 @@ macro_rules! dot_wrapper {
     };
 }
 pub(crate) use dot_wrapper;
+
+/// `2^(e-128)` for every E8M0 exponent byte: half the MXFP4 block scale, as
+/// [`crate::blocks::e8m0_to_f32_half`] computes it (the table stores doubled E2M1 values). A
+/// table lookup is one load, where the bit manipulation needs a branch for the subnormal cases.
+pub(crate) static E8M0_HALF: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        let bits: u32 = if e < 2 {
+            0x0020_0000 << e
+        } else {
+            ((e as u32) - 1) << 23
+        };
+        t[e] = f32::from_bits(bits);
+        e += 1;
+    }
+    t
+};
+
+/// `|KVALUES_MXFP4|`: magnitudes of the doubled E2M1 values; the sign is nibble bit 3.
+pub(crate) const KVALUES_MXFP4_ABS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12];

@@ -1,4 +1,8 @@
 //! AVX2 + FMA + F16C kernels (256-bit). One block of 32 or one K-quant group per register.
+//!
+//! f16 scales are converted from broadcast words (`vpbroadcastw` + `vcvtph2ps`): converting a
+//! scalar with `_mm_cvtsi32_si128` compiles to `vpinsrw` into whatever register is free, often
+//! the accumulator, which chains every block's conversion behind the previous block's FMA.
 
 mod float;
 mod kquants;
@@ -17,9 +21,18 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
         T::F32 => float::dot_f32,
         T::F16 => float::dot_f16,
         T::Bf16 => float::dot_bf16,
+        T::Q4_0 => legacy::dot_q4_0,
+        T::Q4_1 => legacy::dot_q4_1,
+        T::Q5_0 => legacy::dot_q5_0,
+        T::Q5_1 => legacy::dot_q5_1,
         T::Q8_0 => legacy::dot_q8_0,
+        T::Mxfp4 => legacy::dot_mxfp4,
+        T::Q2K => kquants::dot_q2_k,
+        T::Q3K => kquants::dot_q3_k,
         T::Q4K => kquants::dot_q4_k,
+        T::Q5K => kquants::dot_q5_k,
         T::Q6K => kquants::dot_q6_k,
+        T::Q8K => kquants::dot_q8_k,
         _ => return None,
     })
 }
@@ -28,35 +41,52 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
 #[target_feature(enable = "avx2,fma")]
 fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    hsum_ps128(s)
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn hsum_ps128(s: __m128) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
 }
 
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn f16_to_f32(b: [u8; 2]) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(
-        _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
-    ))
-}
-
-/// 32 signed bytes times 32 signed bytes, summed in pairs of pairs: 8 lanes of i32.
+/// The sum of 8 lanes of i32.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn mul_sum_i8_pairs(x: __m256i, y: __m256i) -> __m256i {
+fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The f16 at `p` as f32 (converted from a broadcast, which depends on no other register).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16_scalar(p: *const u8) -> f32 {
+    let v = _mm_set1_epi16(unsafe { (p as *const i16).read_unaligned() });
+    _mm_cvtss_f32(_mm_cvtph_ps(v))
+}
+
+/// The f16 at `p` as f32 in all 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn bcast_f16(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(unsafe { (p as *const i16).read_unaligned() }))
+}
+
+/// 32 signed bytes times 32 signed bytes, summed in pairs of pairs: 8 lanes of i32. `x` may hold
+/// -128 (its magnitude is read as unsigned); `y` must not (its sign is flipped).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn mul_sum_i8_pairs(x: __m256i, y: __m256i, ones: __m256i) -> __m256i {
     let ax = _mm256_sign_epi8(x, x);
     let sy = _mm256_sign_epi8(y, x);
-    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones)
 }
 
 #[inline]
 unsafe fn load256(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+#[inline]
+unsafe fn load128(p: *const u8) -> __m128i {
+    unsafe { _mm_loadu_si128(p as *const __m128i) }
 }

@@ -1,0 +1,82 @@
+//! `moeshard chat`: an interactive multi-turn chat. The conversation is re-rendered with the
+//! model's chat template each turn; the engine keeps the KV cache of the common prefix, so a
+//! turn only evaluates what is new.
+
+use std::io::{BufRead, Write};
+
+use anyhow::Context;
+use engine::chat_template::{ChatMessage, ChatTemplate};
+use engine::generate::{GenerateOptions, generate};
+use engine::tokenizer::Tokenizer;
+use engine::Sampler;
+
+use crate::common::{self, ModelArgs};
+use crate::sampling::SamplingArgs;
+
+#[derive(clap::Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A system message to start the conversation with.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Maximum tokens per reply.
+    #[arg(short = 'n', long, default_value_t = 512)]
+    pub n_predict: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
+    let (model, mut engine) = common::open(&args.model)?;
+    let meta = model.files().metadata();
+    let tokenizer = Tokenizer::from_metadata(meta).context("building the tokenizer")?;
+    let template = match ChatTemplate::from_metadata(meta).context("reading the chat template")? {
+        Some(t) => t,
+        None => {
+            eprintln!("(the model has no chat template; using ChatML)");
+            let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
+            ChatTemplate::chatml(text(tokenizer.bos()), text(tokenizer.eos()))
+        }
+    };
+    let mut sampler = Sampler::new(args.sampling.config());
+    let mut session = engine.new_session();
+    let mut messages = Vec::new();
+    if let Some(s) = &args.system {
+        messages.push(ChatMessage::new("system", s.clone()));
+    }
+    eprintln!("chatting with {} — empty line or Ctrl-D to quit", engine.info().name);
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        eprint!("> ");
+        std::io::stderr().flush()?;
+        let Some(line) = lines.next() else { break };
+        let line = line?;
+        if line.trim().is_empty() {
+            break;
+        }
+        messages.push(ChatMessage::new("user", line));
+        let rendered = template.render(&messages, true, &Default::default())?;
+        let starts_with_bos = !template.bos_token().is_empty() && rendered.starts_with(template.bos_token());
+        let prompt = tokenizer.encode(&rendered, !starts_with_bos, true);
+        let opts = GenerateOptions { max_tokens: args.n_predict, stop: Vec::new(), ignore_eos: false };
+        let mut reply = String::new();
+        let mut out = std::io::stdout().lock();
+        let stats = generate(&mut engine, &mut session, &tokenizer, &mut sampler, &prompt, &opts, &mut |text| {
+            reply.push_str(text);
+            write!(out, "{text}").and_then(|_| out.flush()).is_ok()
+        })?;
+        writeln!(out)?;
+        eprintln!(
+            "[{} new prompt tokens ({} reused) at {:.1} t/s, {} tokens at {:.1} t/s]",
+            stats.prompt_evaluated,
+            stats.prompt_tokens - stats.prompt_evaluated,
+            stats.prompt_tps(),
+            stats.generated_tokens,
+            stats.generation_tps()
+        );
+        messages.push(ChatMessage::new("assistant", reply));
+    }
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! Flags that make a model-running command the coordinator of a pipeline. Parsed here; the
+//! executor they select is built in `common::build_engine`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use cluster::activation::ActFormat;
+use cluster::pipeline::PipelineConfig;
+use cluster::wire::{AuthMode, ClusterKey};
+
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ClusterArgs {
+    /// Run only layers A:B here as the coordinator of a pipeline (A must be 0); workers serve
+    /// the rest and register at --listen.
+    #[arg(long)]
+    pub layers: Option<String>,
+    /// Where pipeline workers register (host:port).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Seconds to wait for a complete route (at start and after a failure).
+    #[arg(long, default_value_t = 60.0)]
+    pub route_wait: f64,
+    /// Prompt tokens per pipelined prefill chunk.
+    #[arg(long, default_value_t = 256)]
+    pub dist_prefill_chunk: usize,
+    /// Prefill chunks in flight at once (1 disables overlap).
+    #[arg(long, default_value_t = 4)]
+    pub dist_prefill_window: usize,
+    /// Bits per activation on the wire: 32 (exact), 16 (bf16) or 8 (e4m3 + row scale).
+    #[arg(long, default_value_t = 32)]
+    pub dist_activation_bits: u32,
+    /// Replay every prefill and require bit-identical logits.
+    #[arg(long)]
+    pub dist_replay_check: bool,
+    /// File holding the cluster key (or set MOESHARD_CLUSTER_KEY).
+    #[arg(long)]
+    pub cluster_key_file: Option<PathBuf>,
+    /// Allow links without a key (loopback only).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Print per-hop timing of every chunk and token.
+    #[arg(long)]
+    pub debug: bool,
+}
+
+pub fn auth_mode(key_file: Option<&std::path::Path>, insecure: bool) -> anyhow::Result<AuthMode> {
+    let key = ClusterKey::from_flag_or_env(key_file)?;
+    Ok(AuthMode::from_flags(key, insecure)?)
+}
+
+impl ClusterArgs {
+    pub fn is_pipeline(&self) -> bool {
+        self.layers.is_some() || self.listen.is_some()
+    }
+
+    pub fn pipeline_config(&self) -> anyhow::Result<PipelineConfig> {
+        let Some(listen) = self.listen.clone() else { bail!("--layers needs --listen HOST:PORT for the workers") };
+        let act = ActFormat::from_bits(self.dist_activation_bits)
+            .with_context(|| format!("--dist-activation-bits {}: use 32, 16 or 8", self.dist_activation_bits))?;
+        if self.dist_prefill_chunk == 0 || self.dist_prefill_window == 0 {
+            bail!("--dist-prefill-chunk and --dist-prefill-window must be at least 1");
+        }
+        Ok(PipelineConfig {
+            listen,
+            auth: auth_mode(self.cluster_key_file.as_deref(), self.insecure)?,
+            route_wait: Duration::from_secs_f64(self.route_wait.max(0.0)),
+            chunk: self.dist_prefill_chunk,
+            window: self.dist_prefill_window,
+            act,
+            replay_check: self.dist_replay_check,
+            debug: self.debug,
+        })
+    }
+}

@@ -1,0 +1,70 @@
+//! `moeshard run`: complete one prompt, streaming the text, then report prompt and generation
+//! speed.
+
+use std::io::Write;
+
+use anyhow::Context;
+use engine::generate::{GenerateOptions, generate};
+use engine::tokenizer::Tokenizer;
+use engine::Sampler;
+
+use crate::common::{self, ModelArgs};
+use crate::sampling::SamplingArgs;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt.
+    #[arg(short = 'p', long)]
+    pub prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub n_predict: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print execution statistics (route, expert cache, seed) at the end.
+    #[arg(long)]
+    pub stats: bool,
+}
+
+pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let (model, mut engine) = common::open(&args.model)?;
+    let tokenizer = Tokenizer::from_metadata(model.files().metadata()).context("building the tokenizer")?;
+    let prompt = tokenizer.encode(&args.prompt, true, true);
+    anyhow::ensure!(!prompt.is_empty(), "the prompt tokenizes to nothing");
+    let cfg = args.sampling.config();
+    let seed = cfg.seed;
+    let mut sampler = Sampler::new(cfg);
+    let mut session = engine.new_session();
+    let opts = GenerateOptions { max_tokens: args.n_predict, stop: Vec::new(), ignore_eos: args.ignore_eos };
+    let mut out = std::io::stdout().lock();
+    write!(out, "{}", args.prompt)?;
+    out.flush()?;
+    let stats = generate(&mut engine, &mut session, &tokenizer, &mut sampler, &prompt, &opts, &mut |text| {
+        let ok = write!(out, "{text}").and_then(|_| out.flush()).is_ok();
+        ok
+    })?;
+    writeln!(out)?;
+    eprintln!(
+        "\nprompt: {} tokens in {:.2} s ({:.1} t/s) | generation: {} tokens in {:.2} s ({:.1} t/s) | {:?}",
+        stats.prompt_evaluated,
+        stats.prompt_secs,
+        stats.prompt_tps(),
+        stats.generated_tokens,
+        stats.generation_secs,
+        stats.generation_tps(),
+        stats.finish
+    );
+    if args.stats {
+        eprintln!("executor: {}", engine.executor().describe());
+        eprintln!("seed: {seed}");
+        for (k, v) in engine.executor().stats() {
+            eprintln!("{k}: {v}");
+        }
+    }
+    Ok(())
+}

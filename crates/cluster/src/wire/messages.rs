@@ -1,0 +1,60 @@
+//! Control messages of the handshake and of session management.
+
+use serde::{Deserialize, Serialize};
+
+/// What the connecting side is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Role {
+    /// A pipeline stage holding layers `first..=last` (and the output head when `head`).
+    Stage { first: u32, last: u32, head: bool },
+    /// The upstream end of a stage-to-stage data link.
+    Hop,
+    /// A tensor-parallel rank (`rank` as requested; `None` lets the coordinator assign one).
+    Rank { rank: Option<u32>, expert_weight: f32 },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol: u16,
+    /// The sender's build (crate version); a different build is logged, not refused.
+    pub build: String,
+    pub role: Role,
+    /// Model fingerprint (hex) — peers must run the same model.
+    pub fingerprint: String,
+    pub n_ctx: u32,
+    /// `host:port` where the sender accepts stage-to-stage links.
+    pub listen: Option<String>,
+    pub nonce: [u8; 32],
+    /// The sender runs without a cluster key (`--insecure`).
+    pub keyless: bool,
+}
+
+/// The server's answer to a hello: its nonce and its proof of the key.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Challenge {
+    pub nonce: [u8; 32],
+    pub mac: Vec<u8>,
+    pub build: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Proof {
+    pub mac: Vec<u8>,
+}
+
+/// Accepted: what the server tells the newcomer.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Welcome {
+    pub message: String,
+    /// For tensor-parallel ranks: the assigned rank.
+    pub rank: Option<u32>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Reject {
+    pub reason: String,
+}
+
+pub fn build_id() -> String {
+    concat!("moeshard ", env!("CARGO_PKG_VERSION")).to_string()
+}
