@@ -15,8 +15,8 @@ use crate::sampling::SamplingArgs;
 pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The prompt.
-    #[arg(short = 'p', long)]
+    /// The prompt (appended to the restored conversation with --load-snapshot).
+    #[arg(short = 'p', long, default_value = "")]
     pub prompt: String,
     /// Tokens to generate.
     #[arg(short = 'n', long, default_value_t = 128)]
@@ -29,17 +29,31 @@ pub struct RunArgs {
     /// Print execution statistics (route, expert cache, seed) at the end.
     #[arg(long)]
     pub stats: bool,
+    /// Save the session (tokens, KV of every layer, last logits) to this file at the end.
+    #[arg(long)]
+    pub save_snapshot: Option<std::path::PathBuf>,
+    /// Start from a saved session (made by any split of the same model).
+    #[arg(long)]
+    pub load_snapshot: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let (model, mut engine) = common::open(&args.model)?;
     let tokenizer = Tokenizer::from_metadata(model.files().metadata()).context("building the tokenizer")?;
-    let prompt = tokenizer.encode(&args.prompt, true, true);
+    let (mut session, prompt) = match &args.load_snapshot {
+        Some(path) => {
+            let snap = engine::Snapshot::load(path)?;
+            let session = engine.restore(&snap).with_context(|| format!("restoring {}", path.display()))?;
+            let mut prompt = snap.tokens.clone();
+            prompt.extend(tokenizer.encode(&args.prompt, false, true));
+            (session, prompt)
+        }
+        None => (engine.new_session(), tokenizer.encode(&args.prompt, true, true)),
+    };
     anyhow::ensure!(!prompt.is_empty(), "the prompt tokenizes to nothing");
     let cfg = args.sampling.config();
     let seed = cfg.seed;
     let mut sampler = Sampler::new(cfg);
-    let mut session = engine.new_session();
     let opts = GenerateOptions { max_tokens: args.n_predict, stop: Vec::new(), ignore_eos: args.ignore_eos };
     let mut out = std::io::stdout().lock();
     write!(out, "{}", args.prompt)?;
@@ -49,6 +63,11 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         ok
     })?;
     writeln!(out)?;
+    if let Some(path) = &args.save_snapshot {
+        let snap = engine.snapshot(&session)?;
+        snap.save(path)?;
+        eprintln!("saved the session ({} tokens) to {}", snap.tokens.len(), path.display());
+    }
     eprintln!(
         "\nprompt: {} tokens in {:.2} s ({:.1} t/s) | generation: {} tokens in {:.2} s ({:.1} t/s) | {:?}",
         stats.prompt_evaluated,
