@@ -7,6 +7,7 @@ mod inspect;
 mod logits;
 mod npy;
 mod perplexity;
+mod quantize;
 mod run;
 mod sampling;
 mod upcycle;
@@ -35,6 +36,8 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Print a GGUF file's architecture, hyperparameters, tokenizer and tensor table.
     Inspect(inspect::InspectArgs),
+    /// Rewrite a GGUF with its matrices in another block format.
+    Quantize(quantize::QuantizeArgs),
     /// Turn a dense llama GGUF into an equivalent Mixtral-style MoE GGUF (a test of the MoE path).
     Upcycle(upcycle::UpcycleArgs),
 }
@@ -56,6 +59,7 @@ fn main() -> std::process::ExitCode {
         Command::Worker(a) => worker::run(&a),
         Command::Inspect(a) => inspect::run(&a),
         Command::Upcycle(a) => upcycle::run(&a),
+        Command::Quantize(a) => quantize::run(&a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
