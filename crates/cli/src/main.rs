@@ -10,6 +10,7 @@ mod perplexity;
 mod quantize;
 mod run;
 mod sampling;
+mod synth;
 mod upcycle;
 mod worker;
 
@@ -36,6 +37,8 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Print a GGUF file's architecture, hyperparameters, tokenizer and tensor table.
     Inspect(inspect::InspectArgs),
+    /// Write a random-weight GGUF with a real model's shapes and quant mix.
+    Synth(synth::SynthArgs),
     /// Rewrite a GGUF with its matrices in another block format.
     Quantize(quantize::QuantizeArgs),
     /// Turn a dense llama GGUF into an equivalent Mixtral-style MoE GGUF (a test of the MoE path).
@@ -60,6 +63,7 @@ fn main() -> std::process::ExitCode {
         Command::Inspect(a) => inspect::run(&a),
         Command::Upcycle(a) => upcycle::run(&a),
         Command::Quantize(a) => quantize::run(&a),
+        Command::Synth(a) => synth::run(&a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

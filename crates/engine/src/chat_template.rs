@@ -114,17 +114,19 @@ impl ChatTemplate {
         else {
             return Ok(None);
         };
+        // A missing, negative or out-of-range id leaves the string empty, as llama.cpp does.
         let token_text = |key: &'static str| -> Result<String, ChatTemplateError> {
-            let Some(id) = metadata.get_u32(key).map_err(meta_err(key))? else {
+            let Some(id) = metadata
+                .get(key)
+                .and_then(|v| v.as_integer())
+                .and_then(|i| usize::try_from(i).ok())
+            else {
                 return Ok(String::new());
             };
             let tokens = metadata
                 .str_array(TOKENS_KEY)
                 .map_err(meta_err(TOKENS_KEY))?;
-            Ok(tokens
-                .get(id as usize)
-                .map(str::to_string)
-                .unwrap_or_default())
+            Ok(tokens.get(id).map(str::to_string).unwrap_or_default())
         };
         let bos = token_text(BOS_ID_KEY)?;
         let eos = token_text(EOS_ID_KEY)?;

@@ -212,6 +212,16 @@ pub fn generate(
     })
 }
 
+impl Detokenizer for crate::tokenizer::Tokenizer {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.token_to_piece(id).to_vec()
+    }
+
+    fn is_end_of_generation(&self, id: u32) -> bool {
+        self.is_eog(id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,15 +248,5 @@ mod tests {
         let mut m = StopMatcher { stops: &stops, held: String::new() };
         assert_eq!(m.push("a\n"), ("a".to_string(), false));
         assert_eq!(m.push("b"), ("\nb".to_string(), false));
-    }
-}
-
-impl Detokenizer for crate::tokenizer::Tokenizer {
-    fn token_bytes(&self, id: u32) -> Vec<u8> {
-        self.token_to_piece(id).to_vec()
-    }
-
-    fn is_end_of_generation(&self, id: u32) -> bool {
-        self.is_eog(id)
     }
 }

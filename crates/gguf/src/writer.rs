@@ -29,7 +29,10 @@ struct PendingTensor<'data> {
     name: String,
     dtype: GgmlType,
     shape: Shape,
+    /// Empty for a tensor declared with [`GgufWriter::declare_tensor`].
     data: Cow<'data, [u8]>,
+    len: u64,
+    lazy: bool,
 }
 
 /// Collects metadata and tensors, then writes them as one GGUF file. Tensor data may be
@@ -142,9 +145,65 @@ impl<'data> GgufWriter<'data> {
             name,
             dtype,
             shape,
+            len: expected,
             data,
+            lazy: false,
         });
         Ok(())
+    }
+
+    /// Declares a tensor whose bytes are produced while writing, by
+    /// [`GgufWriter::write_streaming`] — for files too large to hold in memory.
+    pub fn declare_tensor(&mut self, name: impl Into<String>, dtype: GgmlType, shape: &[u64]) -> Result<()> {
+        let name = name.into();
+        if self.tensor_names.contains(&name) {
+            return Err(GgufError::DuplicateTensorName { tensor: name });
+        }
+        let invalid = |reason: String| GgufError::InvalidTensor { tensor: name.clone(), reason };
+        let shape = Shape::new(shape).ok_or_else(|| invalid(format!("{} dimensions (must be 1..={MAX_DIMS})", shape.len())))?;
+        let len = tensor_n_bytes(dtype, &shape).map_err(|p| match p {
+            ShapeProblem::Overflow => invalid(format!("{dtype} {shape} overflows u64")),
+            ShapeProblem::RowNotWholeBlocks => invalid(format!("row length {} is not a multiple of the {dtype} block size", shape[0])),
+        })?;
+        self.tensor_names.insert(name.clone());
+        self.tensors.push(PendingTensor { name, dtype, shape, data: Cow::Borrowed(&[]), len, lazy: true });
+        Ok(())
+    }
+
+    /// Writes the file to `path`, asking `fill(name, dtype, shape, out)` for the bytes of every
+    /// declared tensor in order (it must produce exactly the tensor's size).
+    pub fn write_streaming(
+        &self,
+        path: impl AsRef<Path>,
+        mut fill: impl FnMut(&str, GgmlType, &[u64], &mut Vec<u8>),
+    ) -> Result<u64> {
+        let path = path.as_ref();
+        let io = |e| GgufError::io(path, e);
+        let file = File::create(path).map_err(io)?;
+        let mut out = BufWriter::with_capacity(1 << 22, file);
+        let alignment = self.alignment();
+        let header = self.encode_header(alignment);
+        out.write_all(&header).map_err(io)?;
+        let mut written = header.len() as u64;
+        let mut buf = Vec::new();
+        for tensor in &self.tensors {
+            let data: &[u8] = if tensor.lazy {
+                buf.clear();
+                fill(&tensor.name, tensor.dtype, &tensor.shape, &mut buf);
+                if buf.len() as u64 != tensor.len {
+                    return Err(GgufError::TensorDataSize { tensor: tensor.name.clone(), expected: tensor.len, actual: buf.len() as u64 });
+                }
+                &buf
+            } else {
+                &tensor.data
+            };
+            out.write_all(data).map_err(io)?;
+            let padding = tensor.len.next_multiple_of(alignment) - tensor.len;
+            write_zeros(&mut out, padding).map_err(io)?;
+            written += tensor.len + padding;
+        }
+        out.flush().map_err(io)?;
+        Ok(written)
     }
 
     pub fn tensor_count(&self) -> usize {
@@ -153,6 +212,12 @@ impl<'data> GgufWriter<'data> {
 
     /// Writes the file to `out`; returns the number of bytes written.
     pub fn write_to<W: Write>(&self, mut out: W) -> Result<u64> {
+        if let Some(t) = self.tensors.iter().find(|t| t.lazy) {
+            return Err(GgufError::InvalidTensor {
+                tensor: t.name.clone(),
+                reason: "declared without data: write it with write_streaming".into(),
+            });
+        }
         let alignment = self.alignment();
         let header = self.encode_header(alignment);
         out.write_all(&header).map_err(GgufError::Write)?;
@@ -200,7 +265,7 @@ impl<'data> GgufWriter<'data> {
             }
             out.extend_from_slice(&tensor.dtype.id().to_le_bytes());
             out.extend_from_slice(&offset_in_data.to_le_bytes());
-            offset_in_data += (tensor.data.len() as u64).next_multiple_of(alignment);
+            offset_in_data += tensor.len.next_multiple_of(alignment);
         }
         let data_start = (out.len() as u64).next_multiple_of(alignment);
         out.resize(data_start as usize, 0);

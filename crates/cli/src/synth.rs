@@ -1,0 +1,265 @@
+//! `moeshard synth`: random-weight GGUF files with real model shapes and a llama.cpp
+//! Q4_K_M-like quant mix, for benchmarks at sizes no fixture could have. Fast: a pool of random
+//! rows is quantized once per (type, row length) and tiled; the file is streamed to disk.
+//! llama.cpp can load the result too (it carries a byte-level BPE vocabulary).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use gguf::{GgmlType, GgufWriter, Value};
+
+#[derive(clap::Args)]
+pub struct SynthArgs {
+    /// qwen3-30b-a3b, olmoe-7b-a1b or small-2b.
+    #[arg(long)]
+    pub preset: String,
+    /// Output GGUF.
+    pub output: PathBuf,
+    /// Seed of the random rows.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// Shapes of a synthetic MoE model.
+#[derive(Clone, Debug)]
+pub struct Preset {
+    pub name: &'static str,
+    pub arch: &'static str,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub n_ff_exp: usize,
+    pub n_vocab: usize,
+    pub n_ctx: usize,
+}
+
+pub const PRESETS: [Preset; 3] = [
+    Preset {
+        name: "qwen3-30b-a3b",
+        arch: "qwen3moe",
+        n_layer: 48,
+        n_embd: 2048,
+        n_head: 32,
+        n_head_kv: 4,
+        head_dim: 128,
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ff_exp: 768,
+        n_vocab: 151_936,
+        n_ctx: 40_960,
+    },
+    Preset {
+        name: "olmoe-7b-a1b",
+        arch: "olmoe",
+        n_layer: 16,
+        n_embd: 2048,
+        n_head: 16,
+        n_head_kv: 16,
+        head_dim: 128,
+        n_expert: 64,
+        n_expert_used: 8,
+        n_ff_exp: 1024,
+        n_vocab: 50_304,
+        n_ctx: 4096,
+    },
+    Preset {
+        name: "small-2b",
+        arch: "qwen3moe",
+        n_layer: 8,
+        n_embd: 1024,
+        n_head: 16,
+        n_head_kv: 4,
+        head_dim: 64,
+        n_expert: 32,
+        n_expert_used: 4,
+        n_ff_exp: 512,
+        n_vocab: 151_936,
+        n_ctx: 32_768,
+    },
+];
+
+/// SplitMix64.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn normal(&mut self) -> f32 {
+        // Box–Muller.
+        let u1 = ((self.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        let u2 = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+    }
+}
+
+/// Quantized random rows, tiled into tensors.
+struct RowPool {
+    rows: Vec<Vec<u8>>,
+}
+
+const POOL_ROWS: usize = 64;
+
+impl RowPool {
+    fn new(rng: &mut Rng, dtype: GgmlType, row_len: usize, std: f32) -> anyhow::Result<RowPool> {
+        let quantize = kernels::format(dtype).and_then(|f| f.quantize).with_context(|| format!("no quantizer for {dtype}"))?;
+        let rb = dtype.row_bytes(row_len as u64).with_context(|| format!("{row_len} is not whole {dtype} blocks"))? as usize;
+        let rows = (0..POOL_ROWS)
+            .map(|_| {
+                let v: Vec<f32> = (0..row_len).map(|_| rng.normal() * std).collect();
+                let mut q = vec![0u8; rb];
+                quantize(&v, &mut q);
+                q
+            })
+            .collect();
+        Ok(RowPool { rows })
+    }
+}
+
+struct TensorPlan {
+    name: String,
+    dtype: GgmlType,
+    shape: Vec<u64>,
+    /// Standard deviation of the values (a constant row when zero: norms of 1.0).
+    std: f32,
+}
+
+fn plan(p: &Preset) -> Vec<TensorPlan> {
+    use GgmlType::{F32, Q4K, Q6K};
+    let (d, hd) = (p.n_embd as u64, p.head_dim as u64);
+    let (q, kv) = (p.n_head as u64 * hd, p.n_head_kv as u64 * hd);
+    let (e, ff) = (p.n_expert as u64, p.n_ff_exp as u64);
+    let t = |name: String, dtype, shape: Vec<u64>, std| TensorPlan { name, dtype, shape, std };
+    let mut v = vec![t("token_embd.weight".into(), Q4K, vec![d, p.n_vocab as u64], 1.0)];
+    for i in 0..p.n_layer {
+        let b = |s: &str| format!("blk.{i}.{s}.weight");
+        v.push(t(b("attn_norm"), F32, vec![d], 0.0));
+        v.push(t(b("attn_q"), Q4K, vec![d, q], 0.02));
+        v.push(t(b("attn_k"), Q4K, vec![d, kv], 0.02));
+        v.push(t(b("attn_v"), Q6K, vec![d, kv], 0.02));
+        v.push(t(b("attn_output"), Q4K, vec![q, d], 0.02));
+        match p.arch {
+            "olmoe" => {
+                v.push(t(b("attn_q_norm"), F32, vec![q], 0.0));
+                v.push(t(b("attn_k_norm"), F32, vec![kv], 0.0));
+            }
+            _ => {
+                v.push(t(b("attn_q_norm"), F32, vec![hd], 0.0));
+                v.push(t(b("attn_k_norm"), F32, vec![hd], 0.0));
+            }
+        }
+        v.push(t(b("ffn_norm"), F32, vec![d], 0.0));
+        v.push(t(b("ffn_gate_inp"), F32, vec![d, e], 0.1));
+        v.push(t(b("ffn_gate_exps"), Q4K, vec![d, ff, e], 0.02));
+        v.push(t(b("ffn_up_exps"), Q4K, vec![d, ff, e], 0.02));
+        v.push(t(b("ffn_down_exps"), Q6K, vec![ff, d, e], 0.02));
+    }
+    v.push(t("output_norm.weight".into(), F32, vec![d], 0.0));
+    v.push(t("output.weight".into(), Q6K, vec![d, p.n_vocab as u64], 0.02));
+    v
+}
+
+/// A byte-level BPE vocabulary: the 256 byte symbols, placeholders, and an end-of-text token.
+fn vocabulary(n_vocab: usize) -> (Vec<String>, Vec<i32>) {
+    let mut byte_chars = Vec::with_capacity(256);
+    let mut extra = 0u32;
+    for b in 0u32..256 {
+        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        byte_chars.push(if printable {
+            char::from_u32(b).expect("valid")
+        } else {
+            extra += 1;
+            char::from_u32(255 + extra).expect("valid")
+        });
+    }
+    let mut tokens: Vec<String> = byte_chars.iter().map(|c| c.to_string()).collect();
+    let mut types = vec![1i32; 256];
+    while tokens.len() < n_vocab - 1 {
+        tokens.push(format!("<synth_{}>", tokens.len()));
+        types.push(1);
+    }
+    tokens.push("<|endoftext|>".into());
+    types.push(3);
+    (tokens, types)
+}
+
+pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
+    let Some(p) = PRESETS.iter().find(|p| p.name == args.preset) else {
+        bail!("unknown preset {:?}; presets: {}", args.preset, PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(", "));
+    };
+    let t0 = std::time::Instant::now();
+    let mut w = GgufWriter::new();
+    let a = p.arch;
+    let u = |v: usize| Value::U32(v as u32);
+    w.add_metadata("general.architecture", a)?;
+    w.add_metadata("general.name", format!("moeshard synth {}", p.name))?;
+    w.add_metadata("general.file_type", Value::U32(15))?; // MOSTLY_Q4_K_M
+    w.add_metadata("general.quantization_version", Value::U32(2))?;
+    w.add_metadata(format!("{a}.block_count"), u(p.n_layer))?;
+    w.add_metadata(format!("{a}.context_length"), u(p.n_ctx))?;
+    w.add_metadata(format!("{a}.embedding_length"), u(p.n_embd))?;
+    w.add_metadata(format!("{a}.feed_forward_length"), u(p.n_ff_exp * p.n_expert_used))?;
+    w.add_metadata(format!("{a}.expert_feed_forward_length"), u(p.n_ff_exp))?;
+    w.add_metadata(format!("{a}.attention.head_count"), u(p.n_head))?;
+    w.add_metadata(format!("{a}.attention.head_count_kv"), u(p.n_head_kv))?;
+    w.add_metadata(format!("{a}.attention.key_length"), u(p.head_dim))?;
+    w.add_metadata(format!("{a}.attention.value_length"), u(p.head_dim))?;
+    w.add_metadata(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6))?;
+    w.add_metadata(format!("{a}.rope.freq_base"), Value::F32(1_000_000.0))?;
+    w.add_metadata(format!("{a}.expert_count"), u(p.n_expert))?;
+    w.add_metadata(format!("{a}.expert_used_count"), u(p.n_expert_used))?;
+    let (tokens, types) = vocabulary(p.n_vocab);
+    w.add_metadata("tokenizer.ggml.model", "gpt2")?;
+    w.add_metadata("tokenizer.ggml.pre", "qwen2")?;
+    w.add_metadata("tokenizer.ggml.tokens", tokens)?;
+    w.add_metadata("tokenizer.ggml.token_type", types)?;
+    w.add_metadata("tokenizer.ggml.merges", Vec::<String>::new())?;
+    w.add_metadata("tokenizer.ggml.eos_token_id", u(p.n_vocab - 1))?;
+    w.add_metadata("tokenizer.ggml.bos_token_id", u(p.n_vocab - 1))?;
+    w.add_metadata("tokenizer.ggml.add_bos_token", Value::Bool(false))?;
+    let plans = plan(p);
+    for t in &plans {
+        w.declare_tensor(t.name.clone(), t.dtype, &t.shape)?;
+    }
+    let mut rng = Rng(args.seed);
+    let mut pools: std::collections::HashMap<(GgmlType, u64, u32), RowPool> = std::collections::HashMap::new();
+    for t in &plans {
+        let key = (t.dtype, t.shape[0], t.std.to_bits());
+        if !pools.contains_key(&key) {
+            pools.insert(key, RowPool::new(&mut rng, t.dtype, t.shape[0] as usize, t.std)?);
+        }
+    }
+    let by_name: std::collections::HashMap<&str, &TensorPlan> = plans.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut mixer = Rng(args.seed ^ 0x5eed);
+    let bytes = w.write_streaming(&args.output, |name, dtype, shape, out| {
+        let t = by_name[name];
+        let rows: u64 = shape[1..].iter().product();
+        if t.std == 0.0 {
+            // Norm weights of one.
+            for _ in 0..rows * shape[0] {
+                out.extend_from_slice(&1.0f32.to_le_bytes());
+            }
+            return;
+        }
+        let pool = &pools[&(dtype, shape[0], t.std.to_bits())];
+        out.reserve((rows as usize) * pool.rows[0].len());
+        for _ in 0..rows {
+            out.extend_from_slice(&pool.rows[(mixer.next() % POOL_ROWS as u64) as usize]);
+        }
+    })?;
+    eprintln!(
+        "wrote {} ({}: {:.2} GiB) in {:.1} s",
+        args.output.display(),
+        p.name,
+        bytes as f64 / (1u64 << 30) as f64,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
