@@ -37,6 +37,8 @@ pub struct ModelArgs {
     pub no_warm: bool,
     #[command(flatten)]
     pub cluster: crate::cluster_args::ClusterArgs,
+    #[command(flatten)]
+    pub streaming: crate::streaming_args::StreamingArgs,
 }
 
 pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
@@ -119,22 +121,31 @@ pub fn local_layers(args: &ModelArgs, model: &Model) -> anyhow::Result<(std::ops
 
 /// What this process reads of the model, for warming.
 pub fn selection(args: &ModelArgs, model_layers: usize) -> Option<WeightSelection> {
-    let r = args.cluster.layers.as_ref()?;
-    let (layers, head) = cluster::stage::parse_range(r, model_layers).ok()?;
-    Some(WeightSelection { layers, embeddings: true, head, experts: true })
+    let (layers, head) = match &args.cluster.layers {
+        Some(r) => cluster::stage::parse_range(r, model_layers).ok()?,
+        None => (0..=model_layers.checked_sub(1)?, true),
+    };
+    Some(WeightSelection { layers, embeddings: true, head, experts: !args.streaming.ssd_streaming })
 }
 
 /// The engine for these flags: local, or the coordinator of a pipeline.
 pub fn build_engine(args: &ModelArgs, model: Arc<Model>) -> anyhow::Result<Engine> {
     let n_ctx = context_size(args, &model);
     let compute = Compute::new(args.threads);
+    let experts = args.streaming.expert_source(&model)?;
     if args.cluster.is_pipeline() {
         let (layers, head) = local_layers(args, &model)?;
-        let stage = cluster::stage::StageRuntime::new(model, compute, layers, head, args.kv_type, n_ctx);
+        let mut stage = cluster::stage::StageRuntime::new(model, compute, layers, head, args.kv_type, n_ctx);
+        if let Some(e) = experts {
+            stage = stage.with_experts(e);
+        }
         let exec = cluster::pipeline::PipelineExecutor::new(stage, args.cluster.pipeline_config()?)?;
         return Ok(Engine::new(Box::new(exec)));
     }
-    let exec = LocalExecutor::new(model, compute, args.kv_type, n_ctx);
+    let mut exec = LocalExecutor::new(model, compute, args.kv_type, n_ctx);
+    if let Some(e) = experts {
+        exec = exec.with_experts(engine::ExpertMode::Custom(e));
+    }
     Ok(Engine::new(Box::new(exec)))
 }
 

@@ -10,6 +10,8 @@ mod perplexity;
 mod quantize;
 mod run;
 mod sampling;
+mod serve;
+mod streaming_args;
 mod synth;
 mod upcycle;
 mod worker;
@@ -29,6 +31,8 @@ enum Command {
     Run(run::RunArgs),
     /// Interactive multi-turn chat.
     Chat(chat::ChatArgs),
+    /// OpenAI-compatible HTTP server.
+    Serve(serve::ServeArgs),
     /// Perplexity over a text file (llama-perplexity's method).
     Perplexity(perplexity::PerplexityArgs),
     /// Write the logits of every position as a NumPy array.
@@ -57,6 +61,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Run(a) => run::run(&a),
         Command::Chat(a) => chat::run(&a),
+        Command::Serve(a) => serve::run(&a),
         Command::Perplexity(a) => perplexity::run(&a),
         Command::Logits(a) => logits::run(&a),
         Command::Worker(a) => worker::run(&a),
