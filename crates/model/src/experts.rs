@@ -35,6 +35,13 @@ pub trait ExpertSource: Sync {
 
     /// A hint that `experts` of `layer` will probably be needed soon.
     fn prefetch(&self, _layer: usize, _experts: &[usize]) {}
+
+    /// Whether the forward path should run the next layer's router on the current hidden state
+    /// and pass its choice to [`ExpertSource::prefetch`] (worth a small matmul when experts come
+    /// from disk; not when they are resident).
+    fn lookahead(&self) -> bool {
+        false
+    }
 }
 
 /// Every expert, straight from the model's map.

@@ -325,6 +325,27 @@ impl Model {
         Ok(())
     }
 
+    /// Runs layer `il + 1`'s router on the current residual stream and asks the expert source to
+    /// prefetch what it picks, so reads overlap this layer's experts and the next attention.
+    fn prefetch_next_layer(&self, cx: &Compute, il: usize, x: &[f32], experts: &dyn ExpertSource) -> Result<()> {
+        let next = il + 1;
+        let Some(Ffn::Moe { router, experts: tensors, .. }) = self.layers.get(next).map(|l| &l.ffn) else {
+            return Ok(());
+        };
+        let (d, moe) = (self.hp.n_embd, self.hp.moe.as_ref().expect("MoE layers have MoE params"));
+        let n = x.len() / d;
+        let mut h = vec![0f32; n * d];
+        rms_norm_rows(x, &self.layers[next].ffn_norm, self.hp.rms_eps, &mut h);
+        let hin = Input::new(&h, n, d)?;
+        let logits = cx.project(&hin, &[router.weights(self.files())])?.pop().expect("router");
+        let routing = route(&logits, tensors.gate.n_expert, moe);
+        let mut wanted: Vec<usize> = routing.experts.iter().copied().filter(|&e| experts.owns(next, e)).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        experts.prefetch(next, &wanted);
+        Ok(())
+    }
+
     fn ffn_layer(
         &self,
         cx: &Compute,
@@ -362,6 +383,9 @@ impl Model {
                     .expect("router");
                 hooks.observe(Some(il), "ffn_moe_logits", &logits);
                 let routing = route(&logits, tensors.gate.n_expert, moe);
+                if experts.lookahead() {
+                    self.prefetch_next_layer(cx, il, x, experts)?;
+                }
                 let mut out = moe_ffn(cx, il, &hin, &routing, tensors.gate.n_expert, d, experts)
                     .map_err(|e| match e {
                         ModelError::Matmul(source) => ModelError::Kernel { layer: il, source },
