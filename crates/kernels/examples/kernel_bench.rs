@@ -27,20 +27,18 @@ fn random_weights(t: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
         s ^= s << 17;
         *b = s as u8;
     }
-    // Make every f16 scale field small and finite: overwrite bytes that may hold scales with a
-    // safe pattern. For the formats here the scale sits at offset 0 (Q8_0, Q4_K) or 208 (Q6_K);
-    // MXFP4's exponent at offset 0 must not be huge.
+    // Make every f16 scale field small and finite (random bits could be NaN or inf); MXFP4's
+    // exponent must not be huge either.
     let ts = t.type_size();
     let safe = half::f16::from_f32(0.01).to_bits().to_le_bytes();
     for block in data.chunks_exact_mut(ts) {
+        for &o in kernels::blocks::f16_scale_fields(t) {
+            block[o..o + 2].copy_from_slice(&safe);
+        }
         match t {
-            GgmlType::Q6K => block[208..210].copy_from_slice(&safe),
             GgmlType::Mxfp4 => block[0] = 120,
-            GgmlType::Q4K | GgmlType::Q5K => {
-                block[0..2].copy_from_slice(&safe);
-                block[2..4].copy_from_slice(&safe);
-            }
-            _ => block[0..2].copy_from_slice(&safe),
+            GgmlType::Q8K => block[..4].copy_from_slice(&0.01f32.to_le_bytes()),
+            _ => {}
         }
     }
     data

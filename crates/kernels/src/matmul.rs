@@ -27,6 +27,8 @@ pub struct Weights<'a> {
     pub cols: usize,
     pub data: &'a [u8],
     row_bytes: usize,
+    /// Bytes from one row's start to the next (larger than `row_bytes` for a column slice).
+    row_stride: usize,
 }
 
 impl<'a> Weights<'a> {
@@ -58,6 +60,7 @@ impl<'a> Weights<'a> {
             cols,
             data,
             row_bytes,
+            row_stride: row_bytes,
         })
     }
 
@@ -65,19 +68,44 @@ impl<'a> Weights<'a> {
         self.row_bytes
     }
 
+    pub fn row_stride(&self) -> usize {
+        self.row_stride
+    }
+
     pub fn row(&self, r: usize) -> &'a [u8] {
-        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+        &self.data[r * self.row_stride..r * self.row_stride + self.row_bytes]
     }
 
     /// Rows `range` as a matrix of their own (an expert's slice of a fused tensor, a head split).
     pub fn rows_slice(&self, range: std::ops::Range<usize>) -> Weights<'a> {
+        let end = if range.is_empty() { range.start * self.row_stride } else { (range.end - 1) * self.row_stride + self.row_bytes };
         Weights {
             dtype: self.dtype,
             rows: range.len(),
             cols: self.cols,
-            data: &self.data[range.start * self.row_bytes..range.end * self.row_bytes],
+            data: &self.data[range.start * self.row_stride..end],
             row_bytes: self.row_bytes,
+            row_stride: self.row_stride,
         }
+    }
+
+    /// Columns `range` of every row (a tensor-parallel split of an input dimension), or `None`
+    /// when the bounds are not whole blocks of the format.
+    pub fn cols_slice(&self, range: std::ops::Range<usize>) -> Option<Weights<'a>> {
+        if range.end > self.cols || range.is_empty() {
+            return None;
+        }
+        let start = self.dtype.row_bytes(range.start as u64)? as usize;
+        let len = self.dtype.row_bytes(range.len() as u64)? as usize;
+        let end = if self.rows == 0 { start } else { (self.rows - 1) * self.row_stride + start + len };
+        Some(Weights {
+            dtype: self.dtype,
+            rows: self.rows,
+            cols: range.len(),
+            data: &self.data[start..end],
+            row_bytes: len,
+            row_stride: self.row_stride,
+        })
     }
 }
 
@@ -226,6 +254,7 @@ impl Kernels {
             dot: DotFn,
             w_ptr: SyncPtr<u8>,
             w_row_bytes: usize,
+            w_stride: usize,
             rows: usize,
             k: usize,
             acts: SyncPtr<u8>,
@@ -278,6 +307,7 @@ impl Kernels {
                 dot: self.dot_fn(job.w.dtype)?,
                 w_ptr: SyncPtr(job.w.data.as_ptr() as *mut u8),
                 w_row_bytes: job.w.row_bytes,
+                w_stride: job.w.row_stride,
                 rows: job.w.rows,
                 k: job.w.cols,
                 acts: SyncPtr(job.acts.as_ptr() as *mut u8),
@@ -306,7 +336,7 @@ impl Kernels {
                 for r in start..end {
                     let w = unsafe {
                         std::slice::from_raw_parts(
-                            p.w_ptr.get().add(r * p.w_row_bytes),
+                            p.w_ptr.get().add(r * p.w_stride),
                             p.w_row_bytes,
                         )
                     };

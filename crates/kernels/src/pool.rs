@@ -167,7 +167,7 @@ fn worker_loop(shared: &Shared, tid: usize) {
                 return;
             }
             spins += 1;
-            if spins % 256 == 0 && spin_start.elapsed() > SPIN {
+            if spins.is_multiple_of(256) && spin_start.elapsed() > SPIN {
                 let mut guard = shared.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
                 while shared.generation.load(Ordering::Acquire) == seen
                     && !shared.stop.load(Ordering::Relaxed)

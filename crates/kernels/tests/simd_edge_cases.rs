@@ -10,22 +10,27 @@ use gguf::GgmlType;
 use kernels::blocks::f16_to_bytes;
 use kernels::{ActKind, Isa, format, simd_dot};
 
-/// Byte ranges of a block of `t` that hold scales rather than packed quants (kept from the
-/// random row so that the scales stay finite and small).
-fn scale_fields(t: GgmlType) -> &'static [std::ops::Range<usize>] {
+/// Byte ranges `(start, end)` of a block of `t` that hold scales rather than packed quants
+/// (kept from the random row so that the scales stay finite and small).
+fn scale_fields(t: GgmlType) -> &'static [(usize, usize)] {
     use GgmlType as T;
     match t {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 => &[0..2],
-        T::Q4_1 | T::Q5_1 => &[0..4],
-        T::Q2K => &[80..84],
-        T::Q3K => &[108..110],
-        T::Q4K | T::Q5K => &[0..4],
-        T::Q6K => &[208..210],
-        T::Q8K => &[0..4, 260..292],
-        T::Mxfp4 => &[0..1],
+        T::Q4_0 | T::Q5_0 | T::Q8_0 => &[(0, 2)],
+        T::Q4_1 | T::Q5_1 => &[(0, 4)],
+        T::Q2K => &[(80, 84)],
+        T::Q3K => &[(108, 110)],
+        T::Q4K | T::Q5K => &[(0, 4)],
+        T::Q6K => &[(208, 210)],
+        T::Q8K => &[(0, 4), (260, 292)],
+        T::Mxfp4 => &[(0, 1)],
         _ => &[],
     }
 }
+
+/// An activation pattern: quant of element i.
+type ActPattern = (&'static str, fn(usize) -> i8);
+/// Byte range of a block and the value to fill it with.
+type Fill = (std::ops::Range<usize>, u8);
 
 /// A weight row whose every quant byte is `fill`.
 fn filled_row(rng: &mut Rng, t: GgmlType, n: usize, fill: u8) -> Vec<u8> {
@@ -33,8 +38,8 @@ fn filled_row(rng: &mut Rng, t: GgmlType, n: usize, fill: u8) -> Vec<u8> {
     let ts = t.type_size();
     for block in row.chunks_exact_mut(ts) {
         let mut keep = vec![false; ts];
-        for r in scale_fields(t) {
-            keep[r.clone()].iter_mut().for_each(|k| *k = true);
+        for &(start, end) in scale_fields(t) {
+            keep[start..end].iter_mut().for_each(|k| *k = true);
         }
         for (b, k) in block.iter_mut().zip(&keep) {
             if !k {
@@ -132,7 +137,7 @@ fn extreme_quants_do_not_saturate() {
                 continue;
             }
             let n = 7 * t.block_size();
-            let patterns: [(&str, fn(usize) -> i8); 4] = [
+            let patterns: [ActPattern; 4] = [
                 ("+127", |_| 127),
                 ("-127", |_| -127),
                 ("alternating", |i| if i % 2 == 0 { 127 } else { -127 }),
@@ -158,7 +163,7 @@ fn offset_formats_with_zero_weights_give_zero() {
     let mut rng = Rng::new(5);
     let n = 5 * 256;
     // (type, byte range, fill): Q3_K hmask set and low bits 0 is 0; Q6_K 0x0 | 0b10 << 4 is 32.
-    let cases: [(GgmlType, [(std::ops::Range<usize>, u8); 2]); 2] = [
+    let cases: [(GgmlType, [Fill; 2]); 2] = [
         (GgmlType::Q3K, [(0..32, 0xFF), (32..96, 0x00)]),
         (GgmlType::Q6K, [(0..128, 0x00), (128..192, 0xAA)]),
     ];

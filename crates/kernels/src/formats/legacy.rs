@@ -77,8 +77,8 @@ pub fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
         .zip(dst.chunks_exact_mut(QK8_0))
     {
         let d = f16_bytes(b.d);
-        for j in 0..32 {
-            y[j] = b.qs[j] as f32 * d;
+        for (v, &q) in y.iter_mut().zip(&b.qs) {
+            *v = q as f32 * d;
         }
     }
 }

@@ -3,6 +3,8 @@
 
 pub mod avx2;
 pub mod avx512;
+mod blocks32;
+mod kq256;
 mod scales;
 
 /// Wraps a `#[target_feature]` kernel `fn(usize, &[u8], &[u8]) -> f32` into a plain `DotFn`.

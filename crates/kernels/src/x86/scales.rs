@@ -47,7 +47,9 @@ pub(crate) fn unpack_q3k(v: __m128i) -> __m128i {
     );
     let t = _mm_shuffle_epi8(
         v,
-        _mm_setr_epi8(10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13),
+        _mm_setr_epi8(
+            10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13,
+        ),
     );
     let t = _mm_and_si128(
         _mm_srlv_epi32(t, _mm_set_epi32(6, 4, 2, 0)),

@@ -1,16 +1,21 @@
-//! 32-element formats against Q8_0 activations: one block per 256-bit register.
+//! 32-element formats against Q8_0 activations: one block per 256-bit register, in the shared
+//! loop of `crate::x86::blocks32`.
 //!
 //! The 16 bytes of packed nibbles become 32 bytes, low nibbles first: the element order of the
 //! Q8_0 block they pair with. Quants stay unsigned (0..16 or 0..32) for `vpmaddubsw`; the offset
-//! of Q4_0/Q5_0 is removed as `offset·Σy`, and the min of Q4_1/Q5_1 multiplies the exact `Σy`.
-//! Pair sums stay far from i16 saturation: |q|·|y| ≤ 31·127 per product.
+//! of Q4_0/Q5_0 is removed as `offset·Σy` from the same pair sums, and the min of Q4_1/Q5_1
+//! multiplies the exact `Σy`. Q8_0 and MXFP4 (table lookup with `vpshufb`) are signed: the
+//! weight's magnitude times the activation with the weight's sign. No `vpmaddubsw` pair sum can
+//! saturate: at most 2·31·127 for the unsigned quants, 2·128·127 = 32512 for signed weights
+//! (activations from our quantizer never hold -128, whose negation would overflow).
 
 use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
-use super::{bcast_f16, hsum_ps, load128, load256, mul_sum_i8_pairs};
+use super::{bcast_f16, load128, load256, mul_sum_i8_pairs};
 use crate::blocks::*;
+use crate::x86::blocks32::{e8m0x8, f16x8, sum_blocks};
 use crate::x86::{E8M0_HALF, dot_wrapper};
 
 dot_wrapper!(pub dot_q4_0 => dot_q4_0_impl, GgmlType::Q4_0, GgmlType::Q8_0);
@@ -19,33 +24,6 @@ dot_wrapper!(pub dot_q5_0 => dot_q5_0_impl, GgmlType::Q5_0, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q5_1 => dot_q5_1_impl, GgmlType::Q5_1, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q8_0 => dot_q8_0_impl, GgmlType::Q8_0, GgmlType::Q8_0);
 dot_wrapper!(pub dot_mxfp4 => dot_mxfp4_impl, GgmlType::Mxfp4, GgmlType::Q8_0);
-
-/// Σ over the blocks of `$body`, which yields one block's `(i32 lanes, f32 scale)` from `$x`
-/// (weights) and `$y` (activations). Two accumulators alternate so that consecutive FMAs do not
-/// wait on each other.
-macro_rules! sum_blocks {
-    ($wty:ty, $n:expr, $w:expr, $a:expr, |$x:ident, $y:ident| $body:expr) => {{
-        let nb = $n / 32;
-        let w: &[$wty] = &bytemuck::cast_slice($w)[..nb];
-        let a: &[BlockQ8_0] = &bytemuck::cast_slice($a)[..nb];
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
-        for (xs, ys) in w.chunks_exact(2).zip(a.chunks_exact(2)) {
-            let ($x, $y) = (&xs[0], &ys[0]);
-            let (s, d): (__m256i, __m256) = $body;
-            acc0 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc0);
-            let ($x, $y) = (&xs[1], &ys[1]);
-            let (s, d): (__m256i, __m256) = $body;
-            acc1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc1);
-        }
-        if nb % 2 == 1 {
-            let ($x, $y) = (&w[nb - 1], &a[nb - 1]);
-            let (s, d): (__m256i, __m256) = $body;
-            acc0 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc0);
-        }
-        hsum_ps(_mm256_add_ps(acc0, acc1))
-    }};
-}
 
 /// 16 bytes of packed nibbles as 32 bytes: the low nibbles, then the high nibbles.
 #[inline]
@@ -69,7 +47,12 @@ impl FifthBits {
     #[inline]
     #[target_feature(enable = "avx2")]
     fn new() -> FifthBits {
-        let spread = _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303);
+        let spread = _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        );
         FifthBits {
             spread,
             others: _mm256_set1_epi64x(!0x8040_2010_0804_0201u64 as i64),
@@ -89,36 +72,32 @@ impl FifthBits {
     }
 }
 
-/// `Σ q·y − offset·Σy` over one block as 8 lanes, for unsigned quants `q` and `offset` = `k·1`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn offset_dot(q: __m256i, y: __m256i, offset: __m256i, ones: __m256i) -> __m256i {
-    let p = _mm256_sub_epi16(
-        _mm256_maddubs_epi16(q, y),
-        _mm256_maddubs_epi16(offset, y),
-    );
-    _mm256_madd_epi16(p, ones)
-}
-
-/// `Σ q·y` and `Σ y` interleaved: even lanes carry parts of the first, odd lanes of the second,
-/// to be scaled by `[d·dy, m·dy, ...]` in one FMA.
+/// `Σ q·y` (even lanes) and `Σ y` (odd lanes) over one block, for unsigned quants `q`: scaled
+/// by `[d·dy, m·dy, ...]` in one FMA.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn dot_and_sum(q: __m256i, y: __m256i, k1: __m256i, ones: __m256i) -> __m256i {
     let qy = _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones);
     let sy = _mm256_madd_epi16(_mm256_maddubs_epi16(k1, y), ones);
-    _mm256_add_epi32(
-        _mm256_unpacklo_epi32(qy, sy),
-        _mm256_unpackhi_epi32(qy, sy),
-    )
+    _mm256_add_epi32(_mm256_unpacklo_epi32(qy, sy), _mm256_unpackhi_epi32(qy, sy))
 }
 
 /// `[d·dy, m·dy]` repeated, from the adjacent f16 pair `d, m` at `dm` and the f16 `dy`.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn scale_and_min(dm: *const u8, dy: *const u8) -> __m256 {
-    let dm = _mm256_cvtph_ps(_mm_set1_epi32(unsafe { (dm as *const i32).read_unaligned() }));
+    let dm = _mm256_cvtph_ps(_mm_set1_epi32(unsafe {
+        (dm as *const i32).read_unaligned()
+    }));
     _mm256_mul_ps(dm, unsafe { bcast_f16(dy) })
+}
+
+/// `Σ q·y − k·Σy` over one block as 8 lanes, for unsigned quants `q` and `offset = [k; 32]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn offset_dot(q: __m256i, y: __m256i, offset: __m256i, ones: __m256i) -> __m256i {
+    let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(offset, y));
+    _mm256_madd_epi16(p, ones)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -126,11 +105,17 @@ unsafe fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let k8 = _mm256_set1_epi8(8);
     let ones = _mm256_set1_epi16(1);
-    sum_blocks!(BlockQ4_0, n, w, a, |x, y| unsafe {
-        let q = nibbles(x.qs.as_ptr(), m4);
-        let s = offset_dot(q, load256(y.qs.as_ptr() as *const u8), k8, ones);
-        (s, _mm256_mul_ps(bcast_f16(x.d.as_ptr()), bcast_f16(y.d.as_ptr())))
-    })
+    sum_blocks!(BlockQ4_0, n, w, a,
+        scales8: |xs, ys| {
+            let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
+            (d, d)
+        },
+        scales1: |x, y| unsafe { _mm256_mul_ps(bcast_f16(x.d.as_ptr()), bcast_f16(y.d.as_ptr())) },
+        body: |x, y| unsafe {
+            let q = nibbles(x.qs.as_ptr(), m4);
+            offset_dot(q, load256(y.qs.as_ptr() as *const u8), k8, ones)
+        },
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -138,11 +123,17 @@ unsafe fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     let ones = _mm256_set1_epi16(1);
-    sum_blocks!(BlockQ4_1, n, w, a, |x, y| unsafe {
-        let q = nibbles(x.qs.as_ptr(), m4);
-        let s = dot_and_sum(q, load256(y.qs.as_ptr() as *const u8), k1, ones);
-        (s, scale_and_min(x.d.as_ptr(), y.d.as_ptr()))
-    })
+    sum_blocks!(BlockQ4_1, n, w, a,
+        scales8: |xs, ys| {
+            let dy = f16x8(ys, |b| b.d);
+            (_mm256_mul_ps(f16x8(xs, |b| b.d), dy), _mm256_mul_ps(f16x8(xs, |b| b.m), dy))
+        },
+        scales1: |x, y| unsafe { scale_and_min(x as *const BlockQ4_1 as *const u8, y.d.as_ptr()) },
+        body: |x, y| unsafe {
+            let q = nibbles(x.qs.as_ptr(), m4);
+            dot_and_sum(q, load256(y.qs.as_ptr() as *const u8), k1, ones)
+        },
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -150,11 +141,17 @@ unsafe fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let fifth = FifthBits::new();
-    sum_blocks!(BlockQ5_0, n, w, a, |x, y| unsafe {
-        let q = fifth.quants(&x.qh, &x.qs, m4);
-        let s = offset_dot(q, load256(y.qs.as_ptr() as *const u8), fifth.k16, ones);
-        (s, _mm256_mul_ps(bcast_f16(x.d.as_ptr()), bcast_f16(y.d.as_ptr())))
-    })
+    sum_blocks!(BlockQ5_0, n, w, a,
+        scales8: |xs, ys| {
+            let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
+            (d, d)
+        },
+        scales1: |x, y| unsafe { _mm256_mul_ps(bcast_f16(x.d.as_ptr()), bcast_f16(y.d.as_ptr())) },
+        body: |x, y| unsafe {
+            let q = fifth.quants(&x.qh, &x.qs, m4);
+            offset_dot(q, load256(y.qs.as_ptr() as *const u8), fifth.k16, ones)
+        },
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -163,24 +160,34 @@ unsafe fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let k1 = _mm256_set1_epi8(1);
     let ones = _mm256_set1_epi16(1);
     let fifth = FifthBits::new();
-    sum_blocks!(BlockQ5_1, n, w, a, |x, y| unsafe {
-        let q = fifth.quants(&x.qh, &x.qs, m4);
-        let s = dot_and_sum(q, load256(y.qs.as_ptr() as *const u8), k1, ones);
-        (s, scale_and_min(x.d.as_ptr(), y.d.as_ptr()))
-    })
+    sum_blocks!(BlockQ5_1, n, w, a,
+        scales8: |xs, ys| {
+            let dy = f16x8(ys, |b| b.d);
+            (_mm256_mul_ps(f16x8(xs, |b| b.d), dy), _mm256_mul_ps(f16x8(xs, |b| b.m), dy))
+        },
+        scales1: |x, y| unsafe { scale_and_min(x as *const BlockQ5_1 as *const u8, y.d.as_ptr()) },
+        body: |x, y| unsafe {
+            let q = fifth.quants(&x.qh, &x.qs, m4);
+            dot_and_sum(q, load256(y.qs.as_ptr() as *const u8), k1, ones)
+        },
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let ones = _mm256_set1_epi16(1);
-    sum_blocks!(BlockQ8_0, n, w, a, |x, y| unsafe {
-        let s = mul_sum_i8_pairs(
-            load256(x.qs.as_ptr() as *const u8),
-            load256(y.qs.as_ptr() as *const u8),
-            ones,
-        );
-        (s, _mm256_mul_ps(bcast_f16(x.d.as_ptr()), bcast_f16(y.d.as_ptr())))
-    })
+    sum_blocks!(BlockQ8_0, n, w, a,
+        scales8: |xs, ys| {
+            let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
+            (d, d)
+        },
+        scales1: |x, y| unsafe { _mm256_mul_ps(bcast_f16(x.d.as_ptr()), bcast_f16(y.d.as_ptr())) },
+        body: |x, y| unsafe {
+            let qx = load256(x.qs.as_ptr() as *const u8);
+            let qy = load256(y.qs.as_ptr() as *const u8);
+            mul_sum_i8_pairs(qx, qy, ones)
+        },
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -188,10 +195,19 @@ unsafe fn dot_mxfp4_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     // SAFETY (load): the table is 16 bytes.
-    let table = _mm256_broadcastsi128_si256(unsafe { load128(KVALUES_MXFP4.as_ptr() as *const u8) });
-    sum_blocks!(BlockMxfp4, n, w, a, |x, y| unsafe {
-        let v = _mm256_shuffle_epi8(table, nibbles(x.qs.as_ptr(), m4));
-        let s = mul_sum_i8_pairs(v, load256(y.qs.as_ptr() as *const u8), ones);
-        (s, _mm256_mul_ps(_mm256_set1_ps(E8M0_HALF[x.e as usize]), bcast_f16(y.d.as_ptr())))
-    })
+    let table =
+        _mm256_broadcastsi128_si256(unsafe { load128(KVALUES_MXFP4.as_ptr() as *const u8) });
+    sum_blocks!(BlockMxfp4, n, w, a,
+        scales8: |xs, ys| {
+            let d = _mm256_mul_ps(e8m0x8(xs), f16x8(ys, |b| b.d));
+            (d, d)
+        },
+        scales1: |x, y| unsafe {
+            _mm256_mul_ps(_mm256_set1_ps(E8M0_HALF[x.e as usize]), bcast_f16(y.d.as_ptr()))
+        },
+        body: |x, y| unsafe {
+            let v = _mm256_shuffle_epi8(table, nibbles(x.qs.as_ptr(), m4));
+            mul_sum_i8_pairs(v, load256(y.qs.as_ptr() as *const u8), ones)
+        },
+    )
 }

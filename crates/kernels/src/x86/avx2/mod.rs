@@ -39,7 +39,7 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn hsum_ps(v: __m256) -> f32 {
+pub(crate) fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -49,7 +49,7 @@ fn hsum_ps(v: __m256) -> f32 {
 /// The sum of 8 lanes of i32.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum_epi32(v: __m256i) -> i32 {
+pub(crate) fn hsum_epi32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
@@ -59,7 +59,7 @@ fn hsum_epi32(v: __m256i) -> i32 {
 /// The f16 at `p` as f32 (converted from a broadcast, which depends on no other register).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn f16_scalar(p: *const u8) -> f32 {
+pub(crate) unsafe fn f16_scalar(p: *const u8) -> f32 {
     let v = _mm_set1_epi16(unsafe { (p as *const i16).read_unaligned() });
     _mm_cvtss_f32(_mm_cvtph_ps(v))
 }
@@ -67,8 +67,10 @@ unsafe fn f16_scalar(p: *const u8) -> f32 {
 /// The f16 at `p` as f32 in all 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn bcast_f16(p: *const u8) -> __m256 {
-    _mm256_cvtph_ps(_mm_set1_epi16(unsafe { (p as *const i16).read_unaligned() }))
+pub(crate) unsafe fn bcast_f16(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(unsafe {
+        (p as *const i16).read_unaligned()
+    }))
 }
 
 /// 32 signed bytes times 32 signed bytes, summed in pairs of pairs: 8 lanes of i32. `x` may hold
@@ -82,11 +84,11 @@ fn mul_sum_i8_pairs(x: __m256i, y: __m256i, ones: __m256i) -> __m256i {
 }
 
 #[inline]
-unsafe fn load256(p: *const u8) -> __m256i {
+pub(crate) unsafe fn load256(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
 
 #[inline]
-unsafe fn load128(p: *const u8) -> __m128i {
+pub(crate) unsafe fn load128(p: *const u8) -> __m128i {
     unsafe { _mm_loadu_si128(p as *const __m128i) }
 }

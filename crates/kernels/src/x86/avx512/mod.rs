@@ -1,12 +1,13 @@
-//! AVX-512 (F/BW/VL/DQ + VNNI) kernels (512-bit): two 32-element blocks or groups per register,
-//! signed byte products with `vpdpbusd` (the weight's sign moved onto the activation, or the
-//! weight kept unsigned and its offset removed through activation sums) and 16-bit products
-//! scaled and accumulated with `vpdpwssd`.
+//! AVX-512 (F/BW/VL/DQ + VNNI) kernels: signed byte products with `vpdpbusd` (the weight's sign
+//! moved onto the activation under a mask, or unsigned quants with the offset removed through
+//! activation sums), 16-bit products scaled and accumulated with `vpdpwssd`, byte masks for
+//! fifth bits and signs.
 //!
-//! Zen 4 runs a 512-bit operation as two 256-bit halves, so the gain over AVX2 comes from
-//! needing fewer instructions (masks, `vpdpbusd`/`vpdpwssd` fusing two steps, variable 16-bit
-//! shifts), not from width. f16 scales are converted from broadcast words; see `super::avx2`
-//! for why not from scalars.
+//! Zen 4 runs a 512-bit operation as two 256-bit halves, so width itself gains nothing; what
+//! gains is needing fewer instructions. Most quantized kernels here therefore work on 256-bit
+//! registers with the AVX-512VL forms of VNNI and masks, which measured faster than assembling
+//! 512-bit registers from two blocks or groups (see `legacy` and `kquants`); F32/F16/BF16 and
+//! Q8_K, which need no assembly, use 512 bits.
 
 mod float;
 mod kquants;
@@ -41,27 +42,6 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
     })
 }
 
-/// The f16 at `p0` as f32 in lanes 0..8 and the one at `p1` in lanes 8..16.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,f16c")]
-unsafe fn f16_pair(p0: *const u8, p1: *const u8) -> __m512 {
-    let (a, b) = unsafe {
-        (
-            (p0 as *const i16).read_unaligned(),
-            (p1 as *const i16).read_unaligned(),
-        )
-    };
-    _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a)))
-}
-
-/// The f16 at `p` as f32 (converted from a broadcast, which depends on no other register).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn f16_scalar(p: *const u8) -> f32 {
-    let v = _mm_set1_epi16(unsafe { (p as *const i16).read_unaligned() });
-    _mm_cvtss_f32(_mm_cvtph_ps(v))
-}
-
 #[inline]
 unsafe fn load512(p: *const u8) -> __m512i {
     unsafe { _mm512_loadu_si512(p as *const __m512i) }
@@ -75,18 +55,4 @@ unsafe fn load256(p: *const u8) -> __m256i {
 #[inline]
 unsafe fn load128(p: *const u8) -> __m128i {
     unsafe { _mm_loadu_si128(p as *const __m128i) }
-}
-
-/// `[lo | hi]` from two 32-byte loads.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn load2x256(lo: *const u8, hi: *const u8) -> __m512i {
-    unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load256(lo)), load256(hi)) }
-}
-
-/// 32 bytes at `p` in both halves.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn bcast256(p: *const u8) -> __m512i {
-    _mm512_broadcast_i64x4(unsafe { load256(p) })
 }
