@@ -39,9 +39,21 @@ pub struct ClusterArgs {
     /// Allow links without a key (loopback only).
     #[arg(long)]
     pub insecure: bool,
-    /// Print per-hop timing of every chunk and token.
+    /// Print per-hop timing of every chunk and token (pipeline) or step (tensor parallel).
     #[arg(long)]
     pub debug: bool,
+    /// Run as a tensor-parallel group (this process is rank 0; workers join at --listen).
+    #[arg(long)]
+    pub tensor_parallel: bool,
+    /// Ranks in the tensor-parallel group, this one included.
+    #[arg(long, default_value_t = 2)]
+    pub tp_size: usize,
+    /// Relative expert shares per rank, e.g. `2,1` (default: equal).
+    #[arg(long, value_delimiter = ',')]
+    pub expert_weights: Vec<f32>,
+    /// Seconds a rank may take to send a partial sum before the step fails.
+    #[arg(long, default_value_t = 30.0)]
+    pub tp_timeout: f64,
 }
 
 pub fn auth_mode(key_file: Option<&std::path::Path>, insecure: bool) -> anyhow::Result<AuthMode> {
@@ -51,7 +63,27 @@ pub fn auth_mode(key_file: Option<&std::path::Path>, insecure: bool) -> anyhow::
 
 impl ClusterArgs {
     pub fn is_pipeline(&self) -> bool {
-        self.layers.is_some() || self.listen.is_some()
+        !self.tensor_parallel && (self.layers.is_some() || self.listen.is_some())
+    }
+
+    pub fn tp_config(&self) -> anyhow::Result<cluster::tp::TpConfig> {
+        let Some(listen) = self.listen.clone() else { bail!("--tensor-parallel needs --listen HOST:PORT for the ranks") };
+        if self.layers.is_some() {
+            bail!("--layers and --tensor-parallel cannot be combined: every rank runs every layer");
+        }
+        let host = listen.rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_else(|| "127.0.0.1".into());
+        Ok(cluster::tp::TpConfig {
+            listen,
+            data_listen: format!("{host}:0"),
+            auth: auth_mode(self.cluster_key_file.as_deref(), self.insecure)?,
+            n_ranks: self.tp_size.max(1),
+            expert_weights: self.expert_weights.clone(),
+            route_wait: Duration::from_secs_f64(self.route_wait.max(0.0)),
+            tp_timeout: Duration::from_secs_f64(self.tp_timeout.max(0.1)),
+            chunk: self.dist_prefill_chunk.max(1),
+            debug: self.debug,
+            experts: None,
+        })
     }
 
     pub fn pipeline_config(&self) -> anyhow::Result<PipelineConfig> {

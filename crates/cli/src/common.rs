@@ -121,6 +121,10 @@ pub fn local_layers(args: &ModelArgs, model: &Model) -> anyhow::Result<(std::ops
 
 /// What this process reads of the model, for warming.
 pub fn selection(args: &ModelArgs, model_layers: usize) -> Option<WeightSelection> {
+    if args.cluster.tensor_parallel {
+        // Each rank faults in only its own experts, on first use.
+        return Some(WeightSelection { layers: 0..=model_layers.checked_sub(1)?, embeddings: true, head: true, experts: false });
+    }
     let (layers, head) = match &args.cluster.layers {
         Some(r) => cluster::stage::parse_range(r, model_layers).ok()?,
         None => (0..=model_layers.checked_sub(1)?, true),
@@ -132,6 +136,14 @@ pub fn selection(args: &ModelArgs, model_layers: usize) -> Option<WeightSelectio
 pub fn build_engine(args: &ModelArgs, model: Arc<Model>) -> anyhow::Result<Engine> {
     let n_ctx = context_size(args, &model);
     let compute = Compute::new(args.threads);
+    if args.cluster.tensor_parallel {
+        // Rank 0's share: a fresh instance (cheap: a map and the small vectors) to shard.
+        let fresh = Model::load(args.model_path()).with_context(|| format!("loading {}", args.model_path().display()))?;
+        let cfg = args.cluster.tp_config()?;
+        anyhow::ensure!(!args.streaming.ssd_streaming, "--ssd-streaming with --tensor-parallel is wired after the streaming source lands");
+        let exec = cluster::tp::TpExecutor::new(fresh, args.threads, args.kv_type, n_ctx, cfg)?;
+        return Ok(Engine::new(Box::new(exec)));
+    }
     let experts = args.streaming.expert_source(&model)?;
     if args.cluster.is_pipeline() {
         let (layers, head) = local_layers(args, &model)?;

@@ -33,19 +33,3 @@ pub fn write_i32(path: &Path, shape: &[usize], data: &[i32]) -> anyhow::Result<(
     let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
     write_npy(path, "<i4", shape, &bytes)
 }
-
-/// Reads an `.npy` of little-endian f32 values: (shape, data).
-pub fn read_f32(path: &Path) -> anyhow::Result<(Vec<usize>, Vec<f32>)> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    anyhow::ensure!(bytes.len() >= 10 && &bytes[..6] == b"\x93NUMPY", "{}: not an .npy file", path.display());
-    let (hlen, start) = match bytes[6] {
-        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        _ => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
-    };
-    let header = std::str::from_utf8(&bytes[start..start + hlen])?;
-    anyhow::ensure!(header.contains("'<f4'"), "{}: only little-endian f32 is supported ({header})", path.display());
-    let shape_str = header.split("'shape': (").nth(1).and_then(|s| s.split(')').next()).unwrap_or("");
-    let shape: Vec<usize> = shape_str.split(',').filter_map(|s| s.trim().parse().ok()).collect();
-    let data = bytes[start + hlen..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    Ok((shape, data))
-}

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use cluster::pipeline::{WorkerConfig, run_worker};
+use cluster::tp::{TpWorkerConfig, run_tp_worker};
 use cluster::stage::{StageRuntime, parse_range};
 use model::{Compute, WeightSelection};
 
@@ -25,9 +26,15 @@ pub struct WorkerArgs {
     /// Stop trying to reach the coordinator after this many seconds (0: retry forever).
     #[arg(long, default_value_t = 0.0)]
     pub give_up: f64,
+    /// Ask for this tensor-parallel rank (default: the lowest free one).
+    #[arg(long)]
+    pub rank: Option<u32>,
 }
 
 pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
+    if args.model.cluster.tensor_parallel {
+        return run_rank(args);
+    }
     let Some(range) = args.model.cluster.layers.clone() else {
         anyhow::bail!("a worker needs --layers A:B or A:output");
     };
@@ -48,4 +55,32 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         give_up_after: (args.give_up > 0.0).then(|| Duration::from_secs_f64(args.give_up)),
     };
     run_worker(stage, cfg)
+}
+
+/// A tensor-parallel rank.
+fn run_rank(args: &WorkerArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.model.cluster.layers.is_none(), "--layers and --tensor-parallel cannot be combined");
+    let path = args.model.model_path();
+    let probe = common::load_model(&args.model, |m| {
+        Some(WeightSelection { layers: 0..=m.n_layer() - 1, embeddings: true, head: true, experts: false })
+    })?;
+    let n_ctx = common::context_size(&args.model, &probe);
+    drop(probe);
+    let c = &args.model.cluster;
+    let cfg = TpWorkerConfig {
+        coordinator: args.coordinator.clone(),
+        data_listen: args.data_listen.clone(),
+        advertise: args.advertise.clone(),
+        auth: auth_mode(c.cluster_key_file.as_deref(), c.insecure)?,
+        rank: args.rank,
+        expert_weight: 1.0,
+        retry: Duration::from_millis(500),
+        give_up_after: (args.give_up > 0.0).then(|| Duration::from_secs_f64(args.give_up)),
+        tp_timeout: Duration::from_secs_f64(c.tp_timeout.max(0.1)),
+        threads: args.model.threads,
+        kv_type: args.model.kv_type,
+        n_ctx,
+        experts: None,
+    };
+    run_tp_worker(|| Ok(model::Model::load(&path)?), cfg)
 }

@@ -5,4 +5,5 @@ pub mod activation;
 pub mod hash;
 pub mod pipeline;
 pub mod stage;
+pub mod tp;
 pub mod wire;

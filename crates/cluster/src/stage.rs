@@ -127,6 +127,17 @@ impl StageRuntime {
     /// Runs a work item: checks each sequence's hash, rewinds to `pos0`, runs the layers (and
     /// the head). On error nothing is left half-applied.
     pub fn run(&mut self, seqs: &[SeqWork], tokens: &[u32], input: StageInput) -> Result<StageOutput, StageError> {
+        self.run_with_hooks(seqs, tokens, input, &mut NoHooks)
+    }
+
+    /// [`StageRuntime::run`] with hooks (a tensor-parallel rank's all-reduce).
+    pub fn run_with_hooks(
+        &mut self,
+        seqs: &[SeqWork],
+        tokens: &[u32],
+        input: StageInput,
+        hooks: &mut dyn model::Hooks,
+    ) -> Result<StageOutput, StageError> {
         let stage = self.label();
         let mut offset = 0usize;
         let mut taken: Vec<(u64, StageSession)> = Vec::with_capacity(seqs.len());
@@ -168,7 +179,7 @@ impl StageRuntime {
                     }
                 };
                 self.model
-                    .forward(&self.compute, source, self.layers.clone(), self.head, input, &mut inputs, &mut NoHooks)
+                    .forward(&self.compute, source, self.layers.clone(), self.head, input, &mut inputs, hooks)
                     .map_err(|source| StageError::Model { stage: stage.clone(), source })
             }
         };

@@ -241,6 +241,83 @@ impl Kernels {
         )
     }
 
+    /// The smallest column chunk at which a dot product of `w`'s format with its activations
+    /// can be cut: a multiple of both block sizes and of `floor`.
+    pub fn reduction_chunk(dtype: GgmlType, floor: usize) -> Option<usize> {
+        let act = formats::format(dtype)?.act.ggml_type().block_size();
+        let gcd = |mut a: usize, mut b: usize| {
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            a
+        };
+        let lcm = |a: usize, b: usize| a / gcd(a, b) * b;
+        Some(lcm(lcm(dtype.block_size(), act), floor.max(1)))
+    }
+
+    /// `out[t * w.rows + r] = Σ_c W[r, chunk c] · x[t, chunk c]`: each chunk's dot in f32, the
+    /// chunks added in f64. Such a sum does not depend on how chunks are grouped, so a
+    /// tensor-parallel rank computing some of the chunks and an all-reduce in f64 reproduce the
+    /// single node's result bit for bit. `chunk` must be a multiple of
+    /// [`Kernels::reduction_chunk`]`(w.dtype, 1)`.
+    pub fn matmul_chunked(
+        &self,
+        pool: &ThreadPool,
+        w: &Weights,
+        x: &Input,
+        chunk: usize,
+        out: &mut [f64],
+    ) -> Result<(), MatmulError> {
+        let fmt = formats::format(w.dtype).ok_or(MatmulError::UnsupportedType(w.dtype))?;
+        let unit = Self::reduction_chunk(w.dtype, 1).expect("format known");
+        if x.k != w.cols || chunk == 0 || !chunk.is_multiple_of(unit) || out.len() != x.n * w.rows {
+            return Err(MatmulError::Shape {
+                what: "chunked matmul",
+                detail: format!(
+                    "{}×{} weights, input of {} columns, chunk {chunk} (unit {unit}), output {}",
+                    w.rows,
+                    w.cols,
+                    x.k,
+                    out.len()
+                ),
+            });
+        }
+        let dot = self.dot_fn(w.dtype)?;
+        let acts = x.quantized(fmt.act, pool);
+        let arb = fmt.act.row_bytes(x.k);
+        let chunks: Vec<(usize, usize, usize, usize)> = (0..w.cols)
+            .step_by(chunk)
+            .map(|c0| {
+                let len = chunk.min(w.cols - c0);
+                (
+                    len,
+                    w.dtype.row_bytes(c0 as u64).expect("aligned") as usize,
+                    fmt.act.row_bytes(c0),
+                    fmt.act.row_bytes(len),
+                )
+            })
+            .collect();
+        let (rows, n) = (w.rows, x.n);
+        let out_ptr = SyncPtr(out.as_mut_ptr());
+        let row_chunk = if n == 1 { (rows / (pool.n_threads() * 8)).clamp(4, 64) } else { 16 };
+        pool.for_each_chunk(rows, row_chunk, |range| {
+            for t in 0..n {
+                let a = &acts[t * arb..(t + 1) * arb];
+                for r in range.clone() {
+                    let row = w.row(r);
+                    let mut acc = 0f64;
+                    for &(len, wo, ao, alen) in &chunks {
+                        let wlen = w.dtype.row_bytes(len as u64).expect("aligned") as usize;
+                        acc += dot(len, &row[wo..wo + wlen], &a[ao..ao + alen]) as f64;
+                    }
+                    // SAFETY: (t, r) pairs are disjoint across tasks.
+                    unsafe { *out_ptr.get().add(t * rows + r) = acc };
+                }
+            }
+        });
+        Ok(())
+    }
+
     /// Runs independent matmuls as one parallel region, so small matrices (the experts of one
     /// decode step, or q/k/v) share a single dispatch and keep every thread busy.
     /// `acts` of each job must already be in the form its weight format pairs with

@@ -73,3 +73,26 @@ impl ExpertSource for ResidentExperts<'_> {
         sink(&batch)
     }
 }
+
+/// Resident experts of which this process computes only `owned` (a tensor-parallel rank's
+/// share); the other experts' pages are never touched, so they never count in its memory.
+pub struct OwnedResidentExperts {
+    model: std::sync::Arc<Model>,
+    owned: Vec<bool>,
+}
+
+impl OwnedResidentExperts {
+    pub fn new(model: std::sync::Arc<Model>, owned: Vec<bool>) -> Self {
+        OwnedResidentExperts { model, owned }
+    }
+}
+
+impl ExpertSource for OwnedResidentExperts {
+    fn owns(&self, _layer: usize, expert: usize) -> bool {
+        self.owned.get(expert).copied().unwrap_or(false)
+    }
+
+    fn with_experts(&self, layer: usize, experts: &[usize], sink: &mut ExpertSink<'_>) -> Result<()> {
+        ResidentExperts::new(&self.model).with_experts(layer, experts, sink)
+    }
+}

@@ -49,7 +49,10 @@ pub enum StageInput<'a> {
 pub struct Logits {
     /// Batch row of each logits row.
     pub rows: Vec<usize>,
+    /// Values per row: the whole vocabulary, or a tensor-parallel rank's slice of it.
     pub n_vocab: usize,
+    /// First vocabulary id of the rows' values (non-zero on tensor-parallel ranks but the first).
+    pub vocab_offset: usize,
     pub data: Vec<f32>,
 }
 
@@ -78,8 +81,10 @@ pub trait Hooks {
     /// A named intermediate activation (`layer` is `None` for the embedding and the head).
     fn observe(&mut self, _layer: Option<usize>, _name: &'static str, _data: &[f32]) {}
 
-    /// Sums `data` across tensor-parallel ranks (in rank order) in place.
-    fn all_reduce(&mut self, _layer: usize, _point: ReducePoint, _data: &mut [f32]) -> Result<()> {
+    /// Sums `data` across tensor-parallel ranks in place. Partial sums travel and add in f64,
+    /// where adding a handful of f32-derived values is exact, so the result does not depend on
+    /// how the work was split.
+    fn all_reduce(&mut self, _layer: usize, _point: ReducePoint, _data: &mut [f64]) -> Result<()> {
         Ok(())
     }
 }
@@ -96,9 +101,17 @@ fn add_rows(x: &mut [f32], bias: &[f32]) {
     }
 }
 
-fn add_into(x: &mut [f32], y: &[f32]) {
+fn add_into(x: &mut [f64], y: &[f64]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
+    }
+}
+
+/// Adds a block's output (an exact, split-independent f64 sum) to the residual stream in f32,
+/// as llama.cpp does.
+fn add_residual(x: &mut [f32], y: &[f64]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += *b as f32;
     }
 }
 
@@ -197,12 +210,10 @@ impl Model {
         let mut row0 = 0;
         for s in seqs.iter() {
             match s.logits {
-                crate::forward::LogitsWanted::None => {}
-                crate::forward::LogitsWanted::Last if s.n_tokens > 0 => {
-                    rows.push(row0 + s.n_tokens - 1)
-                }
-                crate::forward::LogitsWanted::Last => {}
-                crate::forward::LogitsWanted::All => rows.extend(row0..row0 + s.n_tokens),
+                LogitsWanted::None => {}
+                LogitsWanted::Last if s.n_tokens > 0 => rows.push(row0 + s.n_tokens - 1),
+                LogitsWanted::Last => {}
+                LogitsWanted::All => rows.extend(row0..row0 + s.n_tokens),
             }
             row0 += s.n_tokens;
         }
@@ -213,18 +224,21 @@ impl Model {
         rms_norm_rows_inplace(&mut h, &self.output_norm, self.hp.rms_eps);
         hooks.observe(None, "result_norm", &h);
         let input = Input::new(&h, rows.len(), d)?;
-        let data = cx
-            .project(&input, &[self.output.weights(self.files())])?
-            .pop()
-            .expect("one output");
+        // A tensor-parallel rank computes its slice of the vocabulary.
+        let vocab = self.shard.vocab.clone();
+        let out_w = self.output.weights(self.files()).rows_slice(vocab.clone());
+        let data = cx.project(&input, &[out_w])?.pop().expect("one output");
         hooks.observe(None, "result_output", &data);
         Ok(StageOutput::Logits(Logits {
             rows,
-            n_vocab: self.hp.n_vocab,
+            n_vocab: vocab.len(),
+            vocab_offset: vocab.start,
             data,
         }))
     }
 
+    /// Attention: q/k/v of this rank's heads (all of them unless split), RoPE, KV append, causal
+    /// attention, output projection (a partial sum over the heads when split).
     #[allow(clippy::too_many_arguments)]
     fn attention_layer(
         &self,
@@ -239,43 +253,50 @@ impl Model {
         let hp = &self.hp;
         let a = &self.layers[il].attn;
         let files = self.files();
+        let sh = &self.shard;
         let d = hp.n_embd;
         let n = x.len() / d;
+        let (dk, dv) = (hp.head_dim_k, hp.head_dim_v);
+        let (heads, kv_heads) = (sh.heads.clone(), sh.kv_heads.clone());
+        let (nh, nkv) = (heads.len(), kv_heads.len());
+        let q_rows = heads.start * dk..heads.end * dk;
+        let k_rows = kv_heads.start * dk..kv_heads.end * dk;
+        let v_rows = kv_heads.start * dv..kv_heads.end * dv;
+
         let mut h = vec![0f32; n * d];
         rms_norm_rows(x, &a.norm, hp.rms_eps, &mut h);
         hooks.observe(Some(il), "attn_norm", &h);
         let hin = Input::new(&h, n, d)?;
         let mut qkv = cx.project(
             &hin,
-            &[a.q.weights(files), a.k.weights(files), a.v.weights(files)],
+            &[
+                a.q.weights(files).rows_slice(q_rows.clone()),
+                a.k.weights(files).rows_slice(k_rows.clone()),
+                a.v.weights(files).rows_slice(v_rows.clone()),
+            ],
         )?;
         let mut v = qkv.pop().expect("v");
         let mut k = qkv.pop().expect("k");
         let mut q = qkv.pop().expect("q");
         if let Some(b) = &a.q_bias {
-            add_rows(&mut q, b);
+            add_rows(&mut q, &b[q_rows]);
         }
         if let Some(b) = &a.k_bias {
-            add_rows(&mut k, b);
+            add_rows(&mut k, &b[k_rows]);
         }
         if let Some(b) = &a.v_bias {
-            add_rows(&mut v, b);
+            add_rows(&mut v, &b[v_rows]);
         }
         match self.spec.qk_norm {
             QkNorm::None => {}
             QkNorm::PerHead | QkNorm::Whole => {
-                let (qn, kn) = (
-                    a.q_norm.as_ref().expect("bound"),
-                    a.k_norm.as_ref().expect("bound"),
-                );
+                let qn = a.q_norm.as_ref().expect("bound with the architecture");
+                let kn = a.k_norm.as_ref().expect("bound with the architecture");
                 rms_norm_rows_inplace(&mut q, qn, hp.rms_eps);
                 rms_norm_rows_inplace(&mut k, kn, hp.rms_eps);
             }
         }
-        let (dk, dv) = (hp.head_dim_k, hp.head_dim_v);
-        let q_row = hp.n_head * dk;
-        let k_row = hp.n_head_kv * dk;
-        let v_row = hp.n_head_kv * dv;
+        let (q_row, k_row, v_row) = (nh * dk, nkv * dk, nkv * dv);
         for t in 0..n {
             rope.apply(hp.rope.kind, t, &mut q[t * q_row..(t + 1) * q_row], dk);
             rope.apply(hp.rope.kind, t, &mut k[t * k_row..(t + 1) * k_row], dk);
@@ -307,45 +328,108 @@ impl Model {
             row0 += s.n_tokens;
         }
         let shape = AttentionShape {
-            n_head: hp.n_head,
-            n_kv_head: hp.n_head_kv,
+            n_head: nh,
+            n_kv_head: nkv,
             head_dim_k: dk,
             head_dim_v: dv,
             scale: 1.0 / (dk as f32).sqrt(),
         };
-        let mut att = vec![0f32; n * hp.n_head * dv];
+        let mut att = vec![0f32; n * nh * dv];
         attend(&cx.pool, &cx.kernels, il, &shape, &spans, &q, &mut att)?;
         hooks.observe(Some(il), "kqv_out", &att);
-        let ain = Input::new(&att, n, hp.n_head * dv)?;
-        let mut o = cx.project(&ain, &[a.o.weights(files)])?.pop().expect("o");
-        hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut o)?;
-        hooks.observe(Some(il), "attn_out", &o);
-        add_into(x, &o);
+        let ain = Input::new(&att, n, nh * dv)?;
+        let o_w = a.o.weights(files);
+        let o_w = if sh.attention_split {
+            o_w.cols_slice(heads.start * dv..heads.end * dv)
+                .expect("a head split is block-aligned (checked by Shard::new)")
+        } else {
+            o_w
+        };
+        let mut o = vec![0f64; n * d];
+        cx.kernels.matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut o)?;
+        if sh.attention_split {
+            hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut o)?;
+        }
+        add_residual(x, &o);
         hooks.observe(Some(il), "ffn_inp", x);
         Ok(())
     }
 
+    /// Reduction chunk of the attention output projection: whole heads, whole blocks.
+    fn o_chunk(&self) -> usize {
+        crate::shard::o_chunk(self.layers[0].attn.o.dtype, self.hp.head_dim_v)
+    }
+
+    /// A SwiGLU FFN, split by columns across tensor-parallel ranks (partial sums); when the
+    /// split does not align, rank 0 computes it whole and the others contribute zeros.
+    fn split_swiglu(
+        &self,
+        cx: &Compute,
+        x: &Input,
+        gate: &crate::weights::Matrix,
+        up: &crate::weights::Matrix,
+        down: &crate::weights::Matrix,
+    ) -> Result<Vec<f64>> {
+        let files = self.files();
+        let (g, u, dn) = (gate.weights(files), up.weights(files), down.weights(files));
+        let chunk = crate::shard::ffn_chunk(down.dtype, gate.rows);
+        match self.shard.ffn_cols(gate.rows, chunk) {
+            Some(cols) if cols.len() == gate.rows => swiglu_ffn(cx, x, g, u, dn, chunk),
+            Some(cols) if cols.is_empty() => Ok(vec![0f64; x.n() * down.rows]),
+            Some(cols) => {
+                let dn = dn.cols_slice(cols.clone()).expect("aligned by Shard::ffn_cols");
+                swiglu_ffn(cx, x, g.rows_slice(cols.clone()), u.rows_slice(cols), dn, chunk)
+            }
+            None if self.shard.rank == 0 => swiglu_ffn(cx, x, g, u, dn, chunk),
+            None => Ok(vec![0f64; x.n() * down.rows]),
+        }
+    }
+
     /// Runs layer `il + 1`'s router on the current residual stream and asks the expert source to
     /// prefetch what it picks, so reads overlap this layer's experts and the next attention.
-    fn prefetch_next_layer(&self, cx: &Compute, il: usize, x: &[f32], experts: &dyn ExpertSource) -> Result<()> {
+    fn prefetch_next_layer(
+        &self,
+        cx: &Compute,
+        il: usize,
+        x: &[f32],
+        experts: &dyn ExpertSource,
+    ) -> Result<()> {
         let next = il + 1;
-        let Some(Ffn::Moe { router, experts: tensors, .. }) = self.layers.get(next).map(|l| &l.ffn) else {
+        let Some(Ffn::Moe {
+            router,
+            experts: tensors,
+            ..
+        }) = self.layers.get(next).map(|l| &l.ffn)
+        else {
             return Ok(());
         };
-        let (d, moe) = (self.hp.n_embd, self.hp.moe.as_ref().expect("MoE layers have MoE params"));
+        let (d, moe) = (
+            self.hp.n_embd,
+            self.hp.moe.as_ref().expect("MoE layers have MoE params"),
+        );
         let n = x.len() / d;
         let mut h = vec![0f32; n * d];
         rms_norm_rows(x, &self.layers[next].ffn_norm, self.hp.rms_eps, &mut h);
         let hin = Input::new(&h, n, d)?;
-        let logits = cx.project(&hin, &[router.weights(self.files())])?.pop().expect("router");
+        let logits = cx
+            .project(&hin, &[router.weights(self.files())])?
+            .pop()
+            .expect("router");
         let routing = route(&logits, tensors.gate.n_expert, moe);
-        let mut wanted: Vec<usize> = routing.experts.iter().copied().filter(|&e| experts.owns(next, e)).collect();
+        let mut wanted: Vec<usize> = routing
+            .experts
+            .iter()
+            .copied()
+            .filter(|&e| experts.owns(next, e))
+            .collect();
         wanted.sort_unstable();
         wanted.dedup();
         experts.prefetch(next, &wanted);
         Ok(())
     }
 
+    /// The feed-forward block: dense SwiGLU, or routed experts (this rank's) plus the shared
+    /// expert; one all-reduce of the combined partial sum when tensor-parallel.
     fn ffn_layer(
         &self,
         cx: &Compute,
@@ -356,7 +440,6 @@ impl Model {
     ) -> Result<()> {
         let hp = &self.hp;
         let l = &self.layers[il];
-        let files = self.files();
         let d = hp.n_embd;
         let n = x.len() / d;
         let mut h = vec![0f32; n * d];
@@ -364,13 +447,7 @@ impl Model {
         hooks.observe(Some(il), "ffn_norm", &h);
         let hin = Input::new(&h, n, d)?;
         let mut out = match &l.ffn {
-            Ffn::Dense { gate, up, down } => swiglu_ffn(
-                cx,
-                &hin,
-                gate.weights(files),
-                up.weights(files),
-                down.weights(files),
-            )?,
+            Ffn::Dense { gate, up, down } => self.split_swiglu(cx, &hin, gate, up, down)?,
             Ffn::Moe {
                 router,
                 experts: tensors,
@@ -378,7 +455,7 @@ impl Model {
             } => {
                 let moe = hp.moe.as_ref().expect("MoE layers have MoE params");
                 let logits = cx
-                    .project(&hin, &[router.weights(files)])?
+                    .project(&hin, &[router.weights(self.files())])?
                     .pop()
                     .expect("router");
                 hooks.observe(Some(il), "ffn_moe_logits", &logits);
@@ -391,35 +468,32 @@ impl Model {
                         ModelError::Matmul(source) => ModelError::Kernel { layer: il, source },
                         other => other,
                     })?;
-                hooks.observe(Some(il), "ffn_moe_out", &out);
+
                 if let Some(sh) = shared {
-                    let mut s = swiglu_ffn(
-                        cx,
-                        &hin,
-                        sh.gate.weights(files),
-                        sh.up.weights(files),
-                        sh.down.weights(files),
-                    )?;
+                    let mut s = self.split_swiglu(cx, &hin, &sh.gate, &sh.up, &sh.down)?;
                     if let Some(g) = &sh.gate_inp {
+                        // The gate scales each token's whole output, so it distributes over
+                        // the ranks' partial sums.
                         for (t, row) in s.chunks_exact_mut(d).enumerate() {
                             let z: f32 = h[t * d..(t + 1) * d]
                                 .iter()
                                 .zip(g)
                                 .map(|(a, b)| a * b)
                                 .sum();
-                            let gate = 1.0 / (1.0 + (-z).exp());
+                            let gate = (1.0 / (1.0 + (-z).exp())) as f64;
                             row.iter_mut().for_each(|v| *v *= gate);
                         }
                     }
-                    hooks.observe(Some(il), "ffn_shexp", &s);
+
                     add_into(&mut out, &s);
                 }
                 out
             }
         };
-        hooks.all_reduce(il, ReducePoint::FfnOutput, &mut out)?;
-        hooks.observe(Some(il), "ffn_out", &out);
-        add_into(x, &out);
+        if self.shard.is_split() {
+            hooks.all_reduce(il, ReducePoint::FfnOutput, &mut out)?;
+        }
+        add_residual(x, &out);
         Ok(())
     }
 }

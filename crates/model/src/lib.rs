@@ -11,14 +11,16 @@ pub mod hparams;
 pub mod kv;
 mod model;
 pub mod names;
+pub mod shard;
 pub mod weights;
 
 pub use blocks::Compute;
 pub use error::{ModelError, Result};
-pub use experts::{ExpertMatrices, ExpertSource, ResidentExperts};
+pub use experts::{ExpertMatrices, ExpertSource, OwnedResidentExperts, ResidentExperts};
 pub use forward::{
     Hooks, Logits, LogitsWanted, NoHooks, ReducePoint, SeqInput, StageInput, StageOutput,
 };
 pub use hparams::Hparams;
 pub use kv::{KvCache, KvLayout, KvType};
 pub use model::{Model, WeightSelection};
+pub use shard::Shard;

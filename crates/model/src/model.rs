@@ -25,6 +25,7 @@ pub struct Model {
     pub(crate) output: Matrix,
     pub(crate) rope_freqs: Option<Vec<f32>>,
     pub(crate) layers: Vec<Layer>,
+    pub(crate) shard: crate::shard::Shard,
 }
 
 impl Model {
@@ -51,6 +52,7 @@ impl Model {
         let layers = (0..hp.n_layer)
             .map(|il| b.layer(spec, &hp, il))
             .collect::<Result<Vec<_>>>()?;
+        let shard = crate::shard::Shard::full(&hp);
         Ok(Model {
             files,
             spec,
@@ -60,7 +62,20 @@ impl Model {
             output,
             rope_freqs,
             layers,
+            shard,
         })
+    }
+
+    /// This process's tensor-parallel share (everything unless set).
+    pub fn shard(&self) -> &crate::shard::Shard {
+        &self.shard
+    }
+
+    /// Makes this model instance a tensor-parallel rank: `rank` of `n_ranks`. Call before
+    /// creating KV caches (they hold only this rank's kv heads).
+    pub fn set_tensor_parallel(&mut self, rank: usize, n_ranks: usize) {
+        let o_dtype = self.layers.first().map(|l| l.attn.o.dtype).unwrap_or(gguf::GgmlType::F32);
+        self.shard = crate::shard::Shard::new(&self.hp, self.spec.qk_norm, o_dtype, rank, n_ranks);
     }
 
     pub fn files(&self) -> &GgufModel {
@@ -109,7 +124,7 @@ impl Model {
         KvLayout {
             kv_type,
             layers,
-            n_kv_head: self.hp.n_head_kv,
+            n_kv_head: self.shard.kv_heads.len(),
             head_dim_k: self.hp.head_dim_k,
             head_dim_v: self.hp.head_dim_v,
             n_ctx,

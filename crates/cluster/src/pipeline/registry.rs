@@ -130,7 +130,7 @@ impl Registry {
         let accepted = wire::accept(stream, auth, |h| {
             let r = self.check(h)?;
             range = Some(r);
-            Ok(Welcome { message: format!("serving layers {}", range_label(&(r.0..=r.1), r.2)), rank: None })
+            Ok(Welcome { message: format!("serving layers {}", range_label(&(r.0..=r.1), r.2)), ..Default::default() })
         });
         let (conn, mut reader, hello) = match accepted {
             Ok(x) => x,

@@ -251,7 +251,7 @@ fn accept_upstream(listener: TcpListener, auth: AuthMode, shared: Arc<Shared>, j
         let Ok(stream) = stream else { continue };
         let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
         let accepted = wire::accept(stream, &auth, |h| match h.role {
-            Role::Hop => Ok(wire::Welcome { message: format!("stage {}", shared.label), rank: None }),
+            Role::Hop => Ok(wire::Welcome { message: format!("stage {}", shared.label), ..Default::default() }),
             _ => Err("this port only takes the upstream data link of a pipeline".into()),
         });
         let (conn, reader, _) = match accepted {

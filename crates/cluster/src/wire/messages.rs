@@ -48,6 +48,8 @@ pub struct Welcome {
     pub message: String,
     /// For tensor-parallel ranks: the assigned rank.
     pub rank: Option<u32>,
+    /// For tensor-parallel ranks: the number of ranks in the group.
+    pub group_size: Option<u32>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -178,6 +178,23 @@ pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// Q8_0 for activations as llama.cpp's CPU backend makes them (`quantize_row_q8_0` on x86):
+/// the inverse scale is `127 / amax` and values round half to even. The weights' reference
+/// quantizer ([`quantize_q8_0`]) divides by `amax / 127` and rounds half away from zero; using
+/// llama.cpp's runtime form here keeps our activations equal to the ones it computes with.
+pub fn quantize_q8_0_activations(src: &[f32], dst: &mut [u8]) {
+    let dst: &mut [BlockQ8_0] = bytemuck::cast_slice_mut(dst);
+    for (x, y) in src.chunks_exact(QK8_0).zip(dst) {
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        y.d = f16_to_bytes(d);
+        for (q, v) in y.qs.iter_mut().zip(x) {
+            *q = (v * id).round_ties_even() as i8;
+        }
+    }
+}
+
 /// ggml's `quantize_row_q4_0_ref` (used to make test weights).
 pub fn quantize_q4_0(src: &[f32], dst: &mut [u8]) {
     let dst: &mut [BlockQ4_0] = bytemuck::cast_slice_mut(dst);

@@ -42,7 +42,7 @@ impl ActKind {
     pub fn quantize_row(self, src: &[f32], dst: &mut [u8]) {
         match self {
             ActKind::F32 => float::quantize_f32(src, dst),
-            ActKind::Q8_0 => legacy::quantize_q8_0(src, dst),
+            ActKind::Q8_0 => legacy::quantize_q8_0_activations(src, dst),
             ActKind::Q8K => kquants::quantize_q8_k(src, dst),
         }
     }

@@ -84,6 +84,7 @@ fn group_by_expert(r: &Routing, n_expert: usize) -> Vec<Vec<usize>> {
 
 /// Routed experts' contribution for `x` (`n × n_embd`): Σ over each token's slots of
 /// `weight · expert(x)`, counting only experts `source` owns (the rest are another rank's).
+/// The sum is accumulated in f64, so which rank adds which slots does not change the result.
 pub fn moe_ffn(
     cx: &Compute,
     layer: usize,
@@ -92,7 +93,7 @@ pub fn moe_ffn(
     n_expert: usize,
     n_embd: usize,
     source: &dyn ExpertSource,
-) -> Result<Vec<f32>> {
+) -> Result<Vec<f64>> {
     let n = x.n();
     let groups = group_by_expert(routing, n_expert);
     let wanted: Vec<usize> = (0..n_expert)
@@ -111,7 +112,7 @@ pub fn moe_ffn(
         Ok(())
     };
     source.with_experts(layer, &wanted, &mut sink)?;
-    let mut out = vec![0f32; n * n_embd];
+    let mut out = vec![0f64; n * n_embd];
     for t in 0..n {
         let o = &mut out[t * n_embd..(t + 1) * n_embd];
         for s in t * routing.k..(t + 1) * routing.k {
@@ -124,9 +125,9 @@ pub fn moe_ffn(
                     routing.experts[s]
                 )));
             }
-            let w = routing.weights[s];
+            let w = routing.weights[s] as f64;
             for (ov, &yv) in o.iter_mut().zip(&slot_out[s * n_embd..(s + 1) * n_embd]) {
-                *ov += w * yv;
+                *ov += w * yv as f64;
             }
         }
     }

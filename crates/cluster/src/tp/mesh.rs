@@ -1,0 +1,189 @@
+//! The data mesh of a tensor-parallel group: one authenticated connection between every pair
+//! of ranks, a reader thread per peer, and the all-reduce. Every rank sends its partial sum to
+//! every other rank and adds all of them in rank order, so every rank ends with the same bits
+//! after one network hop. Partials travel as f64: the forward path keeps reductions in f64 so
+//! that the split does not change the result.
+
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use crate::wire::messages::build_id;
+use crate::wire::{self, AuthMode, Connection, Frame, Hello, Kind, Role, WireError};
+
+/// One peer of the mesh.
+struct Peer {
+    rank: usize,
+    conn: Connection,
+    frames: Receiver<Result<Frame, WireError>>,
+}
+
+pub struct Mesh {
+    pub rank: usize,
+    pub n_ranks: usize,
+    pub epoch: u64,
+    peers: Vec<Peer>,
+    timeout: Duration,
+    /// Exchanges done and time spent in them (for telemetry).
+    pub exchanges: u64,
+    pub exchange_time: Duration,
+}
+
+fn spawn_reader(mut reader: wire::ConnectionReader) -> Receiver<Result<Frame, WireError>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("tp-mesh-reader".into())
+        .spawn(move || {
+            loop {
+                let r = reader.recv();
+                let stop = r.is_err();
+                if tx.send(r).is_err() || stop {
+                    return;
+                }
+            }
+        })
+        .expect("spawning a mesh reader");
+    rx
+}
+
+fn hello(rank: usize, epoch: u64) -> Hello {
+    Hello {
+        protocol: wire::PROTOCOL_VERSION,
+        build: build_id(),
+        role: Role::Rank { rank: Some(rank as u32), expert_weight: 0.0 },
+        fingerprint: format!("mesh-epoch-{epoch}"),
+        n_ctx: 0,
+        listen: None,
+        nonce: [0; 32],
+        keyless: false,
+    }
+}
+
+impl Mesh {
+    /// Connects rank `rank` to every other rank of `peers` (data addresses by rank): it dials
+    /// lower ranks and accepts higher ones on `listener`.
+    pub fn connect(
+        rank: usize,
+        peers: &[String],
+        epoch: u64,
+        listener: &TcpListener,
+        auth: &AuthMode,
+        timeout: Duration,
+    ) -> Result<Mesh, String> {
+        let n = peers.len();
+        let mut out: Vec<Peer> = Vec::with_capacity(n.saturating_sub(1));
+        for (r, addr) in peers.iter().enumerate().take(rank) {
+            let sock = addr
+                .to_socket_addrs()
+                .map_err(|e| format!("rank {r} at {addr}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("rank {r}: {addr} resolves to no address"))?;
+            let stream = TcpStream::connect_timeout(&sock, Duration::from_secs(5)).map_err(|e| format!("connecting rank {r} at {addr}: {e}"))?;
+            let (conn, reader, _) = wire::connect(stream, auth, hello(rank, epoch)).map_err(|e| format!("rank {r} at {addr}: {e}"))?;
+            out.push(Peer { rank: r, conn, frames: spawn_reader(reader) });
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        while out.len() < n - 1 {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+                    let want = format!("mesh-epoch-{epoch}");
+                    let accepted = wire::accept(stream, auth, |h| match h.role {
+                        Role::Rank { rank: Some(r), .. } if (r as usize) > rank && (r as usize) < n && h.fingerprint == want => {
+                            Ok(wire::Welcome::default())
+                        }
+                        _ => Err(format!("not a rank of mesh epoch {epoch} above rank {rank}")),
+                    });
+                    match accepted {
+                        Ok((conn, reader, h)) => {
+                            let Role::Rank { rank: Some(r), .. } = h.role else { unreachable!("checked") };
+                            out.push(Peer { rank: r as usize, conn, frames: spawn_reader(reader) });
+                        }
+                        Err(e) => tracing::warn!("rank {rank}: refused a mesh link: {e}"),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() > deadline {
+                        listener.set_nonblocking(false).ok();
+                        return Err(format!("rank {rank}: only {} of {} mesh links within 30 s", out.len(), n - 1));
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        listener.set_nonblocking(false).map_err(|e| e.to_string())?;
+        out.sort_by_key(|p| p.rank);
+        Ok(Mesh { rank, n_ranks: n, epoch, peers: out, timeout, exchanges: 0, exchange_time: Duration::ZERO })
+    }
+
+    /// Sums `data` across all ranks in rank order, in place. `tag` identifies the exchange
+    /// (step, layer, point) so a rank out of step is caught.
+    pub fn all_reduce(&mut self, tag: u64, data: &mut [f64]) -> Result<(), String> {
+        if self.n_ranks <= 1 {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let payload: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let frame = Frame::new(Kind::TpExchange, tag, payload);
+        for p in &self.peers {
+            p.conn.send(&frame).map_err(|e| format!("sending to rank {}: {e}", p.rank))?;
+        }
+        let mut partials: Vec<Option<Vec<f64>>> = vec![None; self.n_ranks];
+        for p in &self.peers {
+            let f = match p.frames.recv_timeout(self.timeout) {
+                Ok(Ok(f)) => f,
+                Ok(Err(e)) => return Err(format!("rank {} link: {e}", p.rank)),
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(format!("rank {} sent no partial sum within {:?} (--tp-timeout)", p.rank, self.timeout));
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err(format!("rank {} link closed", p.rank)),
+            };
+            if f.kind != Kind::TpExchange || f.request_id != tag || f.payload.len() != data.len() * 8 {
+                return Err(format!("rank {} is out of step (exchange {tag:#x}, got {:#x})", p.rank, f.request_id));
+            }
+            partials[p.rank] = Some(f.payload.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect());
+        }
+        partials[self.rank] = Some(data.to_vec());
+        let mut parts = partials.into_iter().map(|p| p.expect("every rank present"));
+        let mut acc = parts.next().expect("at least one rank");
+        for p in parts {
+            for (a, b) in acc.iter_mut().zip(&p) {
+                *a += b;
+            }
+        }
+        data.copy_from_slice(&acc);
+        self.exchanges += 1;
+        self.exchange_time += t0.elapsed();
+        Ok(())
+    }
+
+    pub fn shutdown(&self) {
+        for p in &self.peers {
+            p.conn.shutdown();
+        }
+    }
+}
+
+/// `model::Hooks` that all-reduce over a mesh; exchanges are tagged with the step, the layer and
+/// the point.
+pub struct MeshHooks<'a> {
+    pub mesh: &'a mut Mesh,
+    pub step: u64,
+    pub error: Option<String>,
+}
+
+impl model::Hooks for MeshHooks<'_> {
+    fn all_reduce(&mut self, layer: usize, point: model::ReducePoint, data: &mut [f64]) -> model::Result<()> {
+        let p = match point {
+            model::ReducePoint::AttentionOutput => 0,
+            model::ReducePoint::FfnOutput => 1,
+        };
+        let tag = (self.step << 20) | ((layer as u64) << 1) | p;
+        self.mesh.all_reduce(tag, data).map_err(|detail| {
+            self.error = Some(detail.clone());
+            model::ModelError::Collective { layer, detail }
+        })
+    }
+}

@@ -1,0 +1,133 @@
+//! A tensor-parallel rank's share of a model: which attention heads, which slice of every
+//! dense FFN and shared expert, which slice of the vocabulary. Written once here and used by the
+//! shared blocks, so no architecture file knows about sharding. Parts that cannot be split
+//! (head counts that do not divide, block boundaries that do not align, RMSNorm over the whole
+//! q projection) are computed by rank 0 alone and contribute zero elsewhere, which keeps the
+//! partial-sum semantics of every all-reduce exact.
+
+use std::ops::Range;
+
+use gguf::GgmlType;
+
+use crate::arch::QkNorm;
+use crate::hparams::Hparams;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub rank: usize,
+    pub n_ranks: usize,
+    /// Query heads computed here; all of them when attention is not split.
+    pub heads: Range<usize>,
+    pub kv_heads: Range<usize>,
+    /// Attention is split by heads (partial output sums) rather than replicated.
+    pub attention_split: bool,
+    /// Rows of the output head computed here.
+    pub vocab: Range<usize>,
+}
+
+/// Column chunk of the attention output projection's exact reduction: whole heads of
+/// `head_dim_v` and whole blocks.
+pub fn o_chunk(o_dtype: GgmlType, head_dim_v: usize) -> usize {
+    kernels::Kernels::reduction_chunk(o_dtype, head_dim_v).unwrap_or(head_dim_v)
+}
+
+/// Column chunk of a SwiGLU down projection's exact reduction: whole blocks, at least 256
+/// columns (fewer dot calls), or the whole width when it does not divide.
+pub fn ffn_chunk(down_dtype: GgmlType, n_ff: usize) -> usize {
+    match kernels::Kernels::reduction_chunk(down_dtype, 256) {
+        Some(c) if n_ff % c == 0 => c,
+        _ => n_ff,
+    }
+}
+
+/// The `i`-th of `n` contiguous parts of `0..len`, boundaries rounded down to multiples of
+/// `align` (the last part ends at `len`).
+pub fn split_range(len: usize, i: usize, n: usize, align: usize) -> Range<usize> {
+    let cut = |k: usize| {
+        if k >= n {
+            len
+        } else {
+            (len * k / n) / align * align
+        }
+    };
+    cut(i)..cut(i + 1)
+}
+
+impl Shard {
+    /// Everything, on one node.
+    pub fn full(hp: &Hparams) -> Shard {
+        Shard {
+            rank: 0,
+            n_ranks: 1,
+            heads: 0..hp.n_head,
+            kv_heads: 0..hp.n_head_kv,
+            attention_split: false,
+            vocab: 0..hp.n_vocab,
+        }
+    }
+
+    /// Rank `rank` of `n_ranks`. `o_dtype` is the attention output projection's type, whose
+    /// blocks must not straddle a head boundary for a head split.
+    pub fn new(
+        hp: &Hparams,
+        qk_norm: QkNorm,
+        o_dtype: GgmlType,
+        rank: usize,
+        n_ranks: usize,
+    ) -> Shard {
+        let mut s = Shard::full(hp);
+        s.rank = rank;
+        s.n_ranks = n_ranks;
+        if n_ranks <= 1 {
+            return s;
+        }
+        let heads_per_rank = hp.n_head / n_ranks;
+        let aligned = o_dtype
+            .row_bytes((heads_per_rank * hp.head_dim_v) as u64)
+            .is_some();
+        if hp.n_head_kv % n_ranks == 0 && qk_norm != QkNorm::Whole && aligned {
+            let kv = hp.n_head_kv / n_ranks;
+            s.kv_heads = rank * kv..(rank + 1) * kv;
+            s.heads = rank * heads_per_rank..(rank + 1) * heads_per_rank;
+            s.attention_split = true;
+        }
+        s.vocab = split_range(hp.n_vocab, rank, n_ranks, 1);
+        s
+    }
+
+    pub fn is_split(&self) -> bool {
+        self.n_ranks > 1
+    }
+
+    /// This rank's columns of a SwiGLU FFN of width `n_ff` reduced in chunks of `chunk`
+    /// columns; `None` when there are fewer chunks than ranks (rank 0 then computes it all).
+    pub fn ffn_cols(&self, n_ff: usize, chunk: usize) -> Option<Range<usize>> {
+        if self.n_ranks <= 1 {
+            return Some(0..n_ff);
+        }
+        if n_ff % chunk != 0 || n_ff / chunk < self.n_ranks {
+            return None;
+        }
+        Some(split_range(n_ff, self.rank, self.n_ranks, chunk))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_ranges_cover_everything_once_and_align() {
+        for (len, n, align) in [(1536, 2, 32), (768, 3, 256), (151_936, 3, 1), (100, 4, 1)] {
+            let parts: Vec<_> = (0..n).map(|i| split_range(len, i, n, align)).collect();
+            assert_eq!(parts[0].start, 0);
+            assert_eq!(parts[n - 1].end, len);
+            for w in parts.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+            }
+            for p in &parts[..n - 1] {
+                assert_eq!(p.end % align, 0);
+            }
+        }
+    }
+}
