@@ -1,5 +1,6 @@
 //! The `moeshard` command line.
 
+mod bench;
 mod chat;
 mod cluster_args;
 mod common;
@@ -33,6 +34,8 @@ enum Command {
     Chat(chat::ChatArgs),
     /// OpenAI-compatible HTTP server.
     Serve(serve::ServeArgs),
+    /// Prompt-processing and generation speed (llama-bench style), or a context sweep.
+    Bench(bench::BenchArgs),
     /// Perplexity over a text file (llama-perplexity's method).
     Perplexity(perplexity::PerplexityArgs),
     /// Write the logits of every position as a NumPy array.
@@ -63,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Command::Chat(a) => chat::run(&a),
         Command::Serve(a) => serve::run(&a),
         Command::Perplexity(a) => perplexity::run(&a),
+        Command::Bench(a) => bench::run(&a),
         Command::Logits(a) => logits::run(&a),
         Command::Worker(a) => worker::run(&a),
         Command::Inspect(a) => inspect::run(&a),

@@ -25,6 +25,8 @@ pub struct ModelInfo {
     pub fingerprint: String,
     /// Bytes of weights (all files).
     pub weight_bytes: u64,
+    /// KV cache bytes per position for the whole model (all layers and heads).
+    pub kv_bytes_per_position: usize,
 }
 
 /// New tokens for one session, appended after its cached positions.

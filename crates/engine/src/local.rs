@@ -15,6 +15,11 @@ use crate::snapshot::Snapshot;
 
 /// Builds the info a frontend sees from a loaded model.
 pub fn model_info(model: &Model, n_ctx: usize) -> ModelInfo {
+    model_info_kv(model, n_ctx, KvType::F16)
+}
+
+/// [`model_info`] with the KV type that sizes `kv_bytes_per_position`.
+pub fn model_info_kv(model: &Model, n_ctx: usize, kv_type: KvType) -> ModelInfo {
     let meta = model.files().metadata();
     let name = meta
         .get_str("general.name")
@@ -33,6 +38,10 @@ pub fn model_info(model: &Model, n_ctx: usize) -> ModelInfo {
         n_ctx,
         fingerprint: model.files().fingerprint().to_string(),
         weight_bytes: model.files().splits().iter().map(|s| s.file_len()).sum(),
+        kv_bytes_per_position: model.hp.n_layer
+            * model.hp.n_head_kv
+            * (model.hp.head_dim_k + model.hp.head_dim_v)
+            * kv_type.bytes(),
     }
 }
 
@@ -59,7 +68,7 @@ impl LocalExecutor {
         kv_type: KvType,
         n_ctx: usize,
     ) -> LocalExecutor {
-        let info = model_info(&model, n_ctx);
+        let info = model_info_kv(&model, n_ctx, kv_type);
         LocalExecutor {
             model,
             compute,

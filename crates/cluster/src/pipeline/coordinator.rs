@@ -85,7 +85,7 @@ impl PipelineExecutor {
     pub fn new(local: StageRuntime, cfg: PipelineConfig) -> Result<PipelineExecutor> {
         let model = Arc::clone(local.model());
         let n_ctx = local.n_ctx();
-        let info = engine::local::model_info(&model, n_ctx);
+        let info = engine::local::model_info_kv(&model, n_ctx, local.kv_type());
         let expect = Expect {
             fingerprint: info.fingerprint.clone(),
             n_layer: model.n_layer(),

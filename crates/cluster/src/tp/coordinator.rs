@@ -194,7 +194,7 @@ impl TpExecutor {
         }
         model.set_tensor_parallel(0, cfg.n_ranks);
         let model = Arc::new(model);
-        let info = engine::local::model_info(&model, n_ctx);
+        let info = engine::local::model_info_kv(&model, n_ctx, kv_type);
         let registry = Arc::new(Registry {
             ranks: Mutex::new(Ranks::default()),
             changed: Condvar::new(),

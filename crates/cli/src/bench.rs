@@ -1,0 +1,205 @@
+//! `moeshard bench`: llama-bench-style prompt processing (`-p`) and generation (`-n`) speed
+//! with mean ± stddev over repetitions, and a ds4-bench-style context sweep that reports how
+//! prefill and decode speed change as the KV cache fills. Runs through the engine, so it
+//! measures whatever executor the flags select (local, pipeline, tensor-parallel, streaming).
+
+use std::time::Instant;
+
+use engine::{Engine, EvalRequest};
+use model::LogitsWanted;
+
+use crate::common::{self, ModelArgs};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens per prompt-processing test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Tokens per generation test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long, default_value_t = 3)]
+    pub repetitions: usize,
+    /// Prompt tokens per forward pass (llama-bench's batch size).
+    #[arg(short = 'b', long, default_value_t = 512)]
+    pub batch: usize,
+    /// Context sweep: first context depth (enables the sweep with --ctx-max).
+    #[arg(long)]
+    pub ctx_start: Option<usize>,
+    #[arg(long)]
+    pub ctx_max: Option<usize>,
+    #[arg(long, default_value_t = 1024)]
+    pub step: usize,
+    /// Generated tokens measured at each sweep depth.
+    #[arg(long, default_value_t = 32)]
+    pub sweep_gen: usize,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Deterministic token ids spread over the vocabulary (like llama-bench's random prompt).
+fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % n_vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let m = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let var = if v.len() > 1 { v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64 } else { 0.0 };
+    (m, var.sqrt())
+}
+
+fn eval(engine: &mut Engine, session: u64, toks: &[u32], want: LogitsWanted) -> anyhow::Result<()> {
+    engine.executor_mut().eval(&[EvalRequest { session, tokens: toks, logits: want }])?;
+    Ok(())
+}
+
+/// Seconds to evaluate `n` prompt tokens on a fresh session in batches of `batch`.
+fn prompt_test(engine: &mut Engine, n: usize, batch: usize, seed: u64) -> anyhow::Result<f64> {
+    let n_vocab = engine.info().n_vocab;
+    let s = engine.new_session();
+    let toks = tokens(n, n_vocab, seed);
+    let t0 = Instant::now();
+    let chunks: Vec<&[u32]> = toks.chunks(batch.max(1)).collect();
+    for (i, c) in chunks.iter().enumerate() {
+        let want = if i + 1 == chunks.len() { LogitsWanted::Last } else { LogitsWanted::None };
+        eval(engine, s.id, c, want)?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    engine.close(s);
+    Ok(secs)
+}
+
+/// Seconds to generate `n` tokens one by one on a fresh session.
+fn gen_test(engine: &mut Engine, n: usize, seed: u64) -> anyhow::Result<f64> {
+    let n_vocab = engine.info().n_vocab;
+    let s = engine.new_session();
+    let toks = tokens(n, n_vocab, seed);
+    let t0 = Instant::now();
+    for t in &toks {
+        eval(engine, s.id, std::slice::from_ref(t), LogitsWanted::Last)?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    engine.close(s);
+    Ok(secs)
+}
+
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let mut margs = args.model.clone();
+    if let (Some(_), Some(max)) = (args.ctx_start, args.ctx_max)
+        && margs.ctx == 0
+    {
+        margs.ctx = max + args.sweep_gen + 1;
+    }
+    let (model, mut engine) = common::open(&margs)?;
+    let info = engine.info().clone();
+    let threads = if margs.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { margs.threads };
+    let describe = engine.executor().describe();
+    eprintln!("model: {} ({}, {:.2} GiB), {describe}", info.name, info.arch, info.weight_bytes as f64 / (1u64 << 30) as f64);
+    if let (Some(start), Some(max)) = (args.ctx_start, args.ctx_max) {
+        return sweep(&mut engine, args, start, max);
+    }
+    // Warm-up (llama-bench does one too): a short prompt and a few tokens.
+    prompt_test(&mut engine, args.n_prompt.clamp(1, 32), args.batch, 99)?;
+    gen_test(&mut engine, 4, 98)?;
+    let mut results = Vec::new();
+    for (name, n, is_prompt) in [(format!("pp{}", args.n_prompt), args.n_prompt, true), (format!("tg{}", args.n_gen), args.n_gen, false)] {
+        if n == 0 {
+            continue;
+        }
+        let mut tps = Vec::new();
+        for r in 0..args.repetitions.max(1) {
+            let secs = if is_prompt { prompt_test(&mut engine, n, args.batch, r as u64)? } else { gen_test(&mut engine, n, 1000 + r as u64)? };
+            tps.push(n as f64 / secs);
+        }
+        let (m, sd) = mean_sd(&tps);
+        results.push((name, m, sd, tps));
+    }
+    let stats = engine.executor().stats();
+    if args.json {
+        let json = serde_json::json!({
+            "model": info.name,
+            "arch": info.arch,
+            "file": margs.model_path(),
+            "weight_bytes": info.weight_bytes,
+            "threads": threads,
+            "kernels": kernels::Isa::detect().name(),
+            "executor": describe,
+            "tests": results.iter().map(|(name, m, sd, all)| serde_json::json!({"test": name, "tps_mean": m, "tps_stddev": sd, "tps": all})).collect::<Vec<_>>(),
+            "stats": stats.iter().map(|(k, v)| (k.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        println!("| model | size | threads | kernels | test | t/s |");
+        println!("| --- | ---: | ---: | --- | ---: | ---: |");
+        for (name, m, sd, _) in &results {
+            println!(
+                "| {} | {:.2} GiB | {threads} | {} | {name} | {m:.2} ± {sd:.2} |",
+                model.spec.name,
+                info.weight_bytes as f64 / (1u64 << 30) as f64,
+                kernels::Isa::detect().name()
+            );
+        }
+        for (k, v) in stats {
+            println!("{k}: {v}");
+        }
+    }
+    Ok(())
+}
+
+/// ds4-bench style: grow one session's context step by step; at each depth measure the prefill
+/// of the step and the decode of `sweep_gen` tokens (then rewind them).
+fn sweep(engine: &mut Engine, args: &BenchArgs, start: usize, max: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(args.step > 0 && start <= max, "--ctx-start must not exceed --ctx-max, and --step must be positive");
+    let n_vocab = engine.info().n_vocab;
+    let s = engine.new_session();
+    let all = tokens(max + args.sweep_gen, n_vocab, 7);
+    let mut have = 0usize;
+    let mut rows = Vec::new();
+    println!("ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kv_bytes");
+    let mut ctx = start;
+    loop {
+        let target = ctx.max(1);
+        let t0 = Instant::now();
+        let new = &all[have..target];
+        for c in new.chunks(args.batch.max(1)) {
+            eval(engine, s.id, c, LogitsWanted::Last)?;
+        }
+        let prefill_secs = t0.elapsed().as_secs_f64();
+        let prefill_tokens = new.len();
+        have = target;
+        let t1 = Instant::now();
+        for t in &all[have..have + args.sweep_gen] {
+            eval(engine, s.id, std::slice::from_ref(t), LogitsWanted::Last)?;
+        }
+        let gen_secs = t1.elapsed().as_secs_f64();
+        engine.executor_mut().truncate(s.id, have)?;
+        let per_pos = engine.info().n_layer;
+        let kv_bytes = kv_bytes_estimate(engine, have, per_pos);
+        let row = (have, prefill_tokens, prefill_tokens as f64 / prefill_secs.max(1e-9), args.sweep_gen, args.sweep_gen as f64 / gen_secs.max(1e-9), kv_bytes);
+        println!("{},{},{:.2},{},{:.2},{}", row.0, row.1, row.2, row.3, row.4, row.5);
+        rows.push(row);
+        if ctx >= max {
+            break;
+        }
+        ctx = (ctx + args.step).min(max);
+    }
+    engine.close(s);
+    Ok(())
+}
+
+/// KV bytes of `n` positions (all layers, whatever the split), from the model's shape.
+fn kv_bytes_estimate(engine: &Engine, n: usize, _n_layer: usize) -> usize {
+    engine.info().kv_bytes_per_position * n
+}
