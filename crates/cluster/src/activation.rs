@@ -41,13 +41,18 @@ impl ActFormat {
     pub fn encode(self, data: &[f32], cols: usize, out: &mut Vec<u8>) {
         match self {
             ActFormat::F32 => out.extend(data.iter().flat_map(|v| v.to_le_bytes())),
-            ActFormat::Bf16 => {
-                out.extend(data.iter().flat_map(|&v| kernels::blocks::f32_to_bf16_bits(v).to_le_bytes()))
-            }
+            ActFormat::Bf16 => out.extend(
+                data.iter()
+                    .flat_map(|&v| kernels::blocks::f32_to_bf16_bits(v).to_le_bytes()),
+            ),
             ActFormat::E4m3 => {
                 for row in data.chunks_exact(cols) {
                     let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    let scale = if amax > 0.0 && amax.is_finite() { amax / E4M3_MAX } else { 1.0 };
+                    let scale = if amax > 0.0 && amax.is_finite() {
+                        amax / E4M3_MAX
+                    } else {
+                        1.0
+                    };
                     out.extend_from_slice(&scale.to_le_bytes());
                     let inv = 1.0 / scale;
                     out.extend(row.iter().map(|&v| f32_to_e4m3(v * inv)));
@@ -62,7 +67,10 @@ impl ActFormat {
             return None;
         }
         Some(match self {
-            ActFormat::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            ActFormat::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
             ActFormat::Bf16 => bytes
                 .chunks_exact(2)
                 .map(|c| kernels::blocks::bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]])))
@@ -108,7 +116,11 @@ pub fn f32_to_e4m3(v: f32) -> u8 {
     let mut hi = 0x7Eu8;
     while lo < hi {
         let mid = (lo + hi).div_ceil(2);
-        if e4m3_to_f32(mid) <= a { lo = mid } else { hi = mid - 1 }
+        if e4m3_to_f32(mid) <= a {
+            lo = mid
+        } else {
+            hi = mid - 1
+        }
     }
     let below = lo;
     let code = if below == 0x7E {
@@ -116,7 +128,11 @@ pub fn f32_to_e4m3(v: f32) -> u8 {
     } else {
         let (vb, va) = (e4m3_to_f32(below), e4m3_to_f32(below + 1));
         let (db, da) = (a - vb, va - a);
-        if db < da || (db == da && below % 2 == 0) { below } else { below + 1 }
+        if db < da || (db == da && below.is_multiple_of(2)) {
+            below
+        } else {
+            below + 1
+        }
     };
     sign | code
 }
@@ -133,7 +149,10 @@ mod tests {
             }
             let v = e4m3_to_f32(b);
             let back = f32_to_e4m3(v);
-            assert!(back == b || (v == 0.0 && back & 0x7F == 0), "{b:#x} -> {v} -> {back:#x}");
+            assert!(
+                back == b || (v == 0.0 && back & 0x7F == 0),
+                "{b:#x} -> {v} -> {back:#x}"
+            );
         }
         assert_eq!(e4m3_to_f32(f32_to_e4m3(1000.0)), 448.0);
         assert_eq!(e4m3_to_f32(f32_to_e4m3(1.06)), 1.0);
@@ -144,14 +163,23 @@ mod tests {
     fn formats_round_trip_within_their_precision() {
         let rows = 3;
         let cols = 64;
-        let data: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.37).collect();
-        for (f, tol) in [(ActFormat::F32, 0.0), (ActFormat::Bf16, 1.0 / 128.0), (ActFormat::E4m3, 1.0 / 16.0)] {
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.37)
+            .collect();
+        for (f, tol) in [
+            (ActFormat::F32, 0.0),
+            (ActFormat::Bf16, 1.0 / 128.0),
+            (ActFormat::E4m3, 1.0 / 16.0),
+        ] {
             let mut buf = Vec::new();
             f.encode(&data, cols, &mut buf);
             assert_eq!(buf.len(), f.encoded_len(rows, cols));
             let back = f.decode(&buf, rows, cols).unwrap();
             for (a, b) in data.iter().zip(&back) {
-                assert!((a - b).abs() <= tol * a.abs().max(1.0) * 1.01, "{f:?}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= tol * a.abs().max(1.0) * 1.01,
+                    "{f:?}: {a} vs {b}"
+                );
             }
             assert!(f.decode(&buf[1..], rows, cols).is_none());
         }

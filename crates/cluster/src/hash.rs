@@ -26,7 +26,10 @@ mod tests {
     fn extending_equals_hashing_the_concatenation() {
         let a = [1u32, 2, 3];
         let b = [4u32, 5];
-        assert_eq!(super::extend(super::of(&a), &b), super::of(&[1, 2, 3, 4, 5]));
+        assert_eq!(
+            super::extend(super::of(&a), &b),
+            super::of(&[1, 2, 3, 4, 5])
+        );
         assert_ne!(super::of(&[1, 2]), super::of(&[2, 1]));
     }
 }

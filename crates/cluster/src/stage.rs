@@ -7,8 +7,8 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use model::{
-    Compute, ExpertSource, KvCache, KvType, LogitsWanted, Model, NoHooks, ResidentExperts, SeqInput, StageInput,
-    StageOutput,
+    Compute, ExpertSource, KvCache, KvType, LogitsWanted, Model, NoHooks, ResidentExperts,
+    SeqInput, StageInput, StageOutput,
 };
 use serde::{Deserialize, Serialize};
 
@@ -49,10 +49,19 @@ impl SeqWork {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
-    #[error("stage {stage}: session {session} token history differs from the coordinator's (hash mismatch at position {pos0})")]
-    HashMismatch { stage: String, session: u64, pos0: u32 },
+    #[error(
+        "stage {stage}: session {session} token history differs from the coordinator's (hash mismatch at position {pos0})"
+    )]
+    HashMismatch {
+        stage: String,
+        session: u64,
+        pos0: u32,
+    },
     #[error("stage {stage}: {source}")]
-    Model { stage: String, source: model::ModelError },
+    Model {
+        stage: String,
+        source: Box<model::ModelError>,
+    },
 }
 
 struct StageSession {
@@ -83,7 +92,16 @@ impl StageRuntime {
         kv_type: KvType,
         n_ctx: usize,
     ) -> StageRuntime {
-        StageRuntime { model, compute, layers, head, kv_type, n_ctx, experts: None, sessions: HashMap::new() }
+        StageRuntime {
+            model,
+            compute,
+            layers,
+            head,
+            kv_type,
+            n_ctx,
+            experts: None,
+            sessions: HashMap::new(),
+        }
     }
 
     pub fn with_experts(mut self, experts: SharedExperts) -> Self {
@@ -121,12 +139,23 @@ impl StageRuntime {
     }
 
     fn new_session(&self) -> StageSession {
-        StageSession { kv: KvCache::new(self.model.kv_layout(self.kv_type, self.layers.clone(), self.n_ctx)), tokens: Vec::new() }
+        StageSession {
+            kv: KvCache::new(
+                self.model
+                    .kv_layout(self.kv_type, self.layers.clone(), self.n_ctx),
+            ),
+            tokens: Vec::new(),
+        }
     }
 
     /// Runs a work item: checks each sequence's hash, rewinds to `pos0`, runs the layers (and
     /// the head). On error nothing is left half-applied.
-    pub fn run(&mut self, seqs: &[SeqWork], tokens: &[u32], input: StageInput) -> Result<StageOutput, StageError> {
+    pub fn run(
+        &mut self,
+        seqs: &[SeqWork],
+        tokens: &[u32],
+        input: StageInput,
+    ) -> Result<StageOutput, StageError> {
         self.run_with_hooks(seqs, tokens, input, &mut NoHooks)
     }
 
@@ -148,8 +177,14 @@ impl StageRuntime {
                 _ => self.new_session(),
             };
             let pos0 = s.pos0 as usize;
-            if fail.is_none() && (pos0 > sess.tokens.len() || hash::of(&sess.tokens[..pos0]) != s.hash_before) {
-                fail = Some(StageError::HashMismatch { stage: stage.clone(), session: s.session, pos0: s.pos0 });
+            if fail.is_none()
+                && (pos0 > sess.tokens.len() || hash::of(&sess.tokens[..pos0]) != s.hash_before)
+            {
+                fail = Some(StageError::HashMismatch {
+                    stage: stage.clone(),
+                    session: s.session,
+                    pos0: s.pos0,
+                });
             }
             if fail.is_none() {
                 sess.tokens.truncate(pos0);
@@ -162,13 +197,20 @@ impl StageRuntime {
             Some(e) => Err(e),
             None if offset != tokens.len() => Err(StageError::Model {
                 stage: stage.clone(),
-                source: model::ModelError::Input(format!("{} tokens for sequences totalling {offset}", tokens.len())),
+                source: Box::new(model::ModelError::Input(format!(
+                    "{} tokens for sequences totalling {offset}",
+                    tokens.len()
+                ))),
             }),
             None => {
                 let mut inputs: Vec<SeqInput> = taken
                     .iter_mut()
                     .zip(seqs)
-                    .map(|((_, sess), s)| SeqInput { kv: &mut sess.kv, n_tokens: s.n_tokens as usize, logits: s.wanted() })
+                    .map(|((_, sess), s)| SeqInput {
+                        kv: &mut sess.kv,
+                        n_tokens: s.n_tokens as usize,
+                        logits: s.wanted(),
+                    })
                     .collect();
                 let resident;
                 let source: &dyn ExpertSource = match &self.experts {
@@ -179,8 +221,19 @@ impl StageRuntime {
                     }
                 };
                 self.model
-                    .forward(&self.compute, source, self.layers.clone(), self.head, input, &mut inputs, hooks)
-                    .map_err(|source| StageError::Model { stage: stage.clone(), source })
+                    .forward(
+                        &self.compute,
+                        source,
+                        self.layers.clone(),
+                        self.head,
+                        input,
+                        &mut inputs,
+                        hooks,
+                    )
+                    .map_err(|source| StageError::Model {
+                        stage: stage.clone(),
+                        source: Box::new(source),
+                    })
             }
         };
         let mut off = 0;
@@ -198,43 +251,85 @@ impl StageRuntime {
     /// KV bytes of `layer` for the session's first `n` positions.
     pub fn export_layer(&self, session: u64, layer: usize, n: usize) -> Option<(Vec<u8>, Vec<u8>)> {
         let s = self.sessions.get(&session)?;
-        s.kv.export(layer, n).ok().map(|(k, v)| (k.to_vec(), v.to_vec()))
+        s.kv.export(layer, n)
+            .ok()
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
     }
 
     /// Replaces the session with restored tokens; layers are filled with [`Self::import_layer`].
     pub fn begin_restore(&mut self, session: u64, tokens: &[u32]) -> Result<(), StageError> {
         let mut sess = self.new_session();
-        sess.kv.reserve(0, tokens.len()).map_err(|source| StageError::Model { stage: self.label(), source })?;
+        sess.kv
+            .reserve(0, tokens.len())
+            .map_err(|source| StageError::Model {
+                stage: self.label(),
+                source: Box::new(source),
+            })?;
         sess.tokens = tokens.to_vec();
         self.sessions.insert(session, sess);
         Ok(())
     }
 
-    pub fn import_layer(&mut self, session: u64, layer: usize, k: &[u8], v: &[u8]) -> Result<(), StageError> {
+    pub fn import_layer(
+        &mut self,
+        session: u64,
+        layer: usize,
+        k: &[u8],
+        v: &[u8],
+    ) -> Result<(), StageError> {
         let stage = self.label();
-        let s = self.sessions.get_mut(&session).ok_or_else(|| StageError::Model {
-            stage: stage.clone(),
-            source: model::ModelError::Input(format!("restore of unknown session {session}")),
-        })?;
+        let s = self
+            .sessions
+            .get_mut(&session)
+            .ok_or_else(|| StageError::Model {
+                stage: stage.clone(),
+                source: Box::new(model::ModelError::Input(format!(
+                    "restore of unknown session {session}"
+                ))),
+            })?;
         let n = s.tokens.len();
-        s.kv.import(layer, n, k, v).map_err(|source| StageError::Model { stage, source })
+        s.kv.import(layer, n, k, v)
+            .map_err(|source| StageError::Model {
+                stage,
+                source: Box::new(source),
+            })
     }
 }
 
 pub fn range_label(layers: &RangeInclusive<usize>, head: bool) -> String {
-    if head { format!("{}:output", layers.start()) } else { format!("{}:{}", layers.start(), layers.end()) }
+    if head {
+        format!("{}:output", layers.start())
+    } else {
+        format!("{}:{}", layers.start(), layers.end())
+    }
 }
 
 /// Parses `A:B` or `A:output` against a model of `n_layer` layers: (layers, holds the head).
 pub fn parse_range(s: &str, n_layer: usize) -> Result<(RangeInclusive<usize>, bool), String> {
-    let (a, b) = s.split_once(':').ok_or_else(|| format!("layer range {s:?}: expected A:B or A:output"))?;
-    let first: usize = a.trim().parse().map_err(|_| format!("layer range {s:?}: {a:?} is not a layer number"))?;
+    let (a, b) = s
+        .split_once(':')
+        .ok_or_else(|| format!("layer range {s:?}: expected A:B or A:output"))?;
+    let first: usize = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("layer range {s:?}: {a:?} is not a layer number"))?;
     let (last, head) = match b.trim() {
-        "output" => (n_layer.checked_sub(1).ok_or("the model has no layers")?, true),
-        x => (x.parse::<usize>().map_err(|_| format!("layer range {s:?}: {x:?} is not a layer number or `output`"))?, false),
+        "output" => (
+            n_layer.checked_sub(1).ok_or("the model has no layers")?,
+            true,
+        ),
+        x => (
+            x.parse::<usize>().map_err(|_| {
+                format!("layer range {s:?}: {x:?} is not a layer number or `output`")
+            })?,
+            false,
+        ),
     };
     if first > last || last >= n_layer {
-        return Err(format!("layer range {s:?} is invalid for a model of {n_layer} layers (0..={})", n_layer - 1));
+        return Err(format!(
+            "layer range {s:?} is invalid for a model of {n_layer} layers (0..={})",
+            n_layer - 1
+        ));
     }
     Ok((first..=last, head))
 }

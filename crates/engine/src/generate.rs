@@ -77,7 +77,9 @@ impl Utf8Stream {
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
-                    out.push_str(std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"));
+                    out.push_str(
+                        std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"),
+                    );
                     match e.error_len() {
                         // Incomplete sequence at the end: wait for more bytes.
                         None => {
@@ -112,7 +114,13 @@ impl StopMatcher<'_> {
     /// Adds text; returns (text safe to emit, whether a stop string was found).
     fn push(&mut self, text: &str) -> (String, bool) {
         self.held.push_str(text);
-        if let Some(pos) = self.stops.iter().filter(|s| !s.is_empty()).filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(pos) = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             let out = self.held[..pos].to_string();
             self.held.clear();
             return (out, true);
@@ -162,7 +170,10 @@ pub fn generate(
     }
     let t1 = Instant::now();
     let mut utf8 = Utf8Stream::default();
-    let mut stops = StopMatcher { stops: &opts.stop, held: String::new() };
+    let mut stops = StopMatcher {
+        stops: &opts.stop,
+        held: String::new(),
+    };
     let mut tokens = Vec::new();
     let n_ctx = engine.info().n_ctx;
     let mut finish = FinishReason::Length;
@@ -241,11 +252,17 @@ mod tests {
     #[test]
     fn stop_matcher_holds_prefixes_and_cuts_at_stops() {
         let stops = vec!["\n\nUser:".to_string()];
-        let mut m = StopMatcher { stops: &stops, held: String::new() };
+        let mut m = StopMatcher {
+            stops: &stops,
+            held: String::new(),
+        };
         assert_eq!(m.push("Hello"), ("Hello".to_string(), false));
         assert_eq!(m.push("\n\nUs"), (String::new(), false));
         assert_eq!(m.push("er: hi"), (String::new(), true));
-        let mut m = StopMatcher { stops: &stops, held: String::new() };
+        let mut m = StopMatcher {
+            stops: &stops,
+            held: String::new(),
+        };
         assert_eq!(m.push("a\n"), ("a".to_string(), false));
         assert_eq!(m.push("b"), ("\nb".to_string(), false));
     }

@@ -154,19 +154,42 @@ impl<'data> GgufWriter<'data> {
 
     /// Declares a tensor whose bytes are produced while writing, by
     /// [`GgufWriter::write_streaming`] — for files too large to hold in memory.
-    pub fn declare_tensor(&mut self, name: impl Into<String>, dtype: GgmlType, shape: &[u64]) -> Result<()> {
+    pub fn declare_tensor(
+        &mut self,
+        name: impl Into<String>,
+        dtype: GgmlType,
+        shape: &[u64],
+    ) -> Result<()> {
         let name = name.into();
         if self.tensor_names.contains(&name) {
             return Err(GgufError::DuplicateTensorName { tensor: name });
         }
-        let invalid = |reason: String| GgufError::InvalidTensor { tensor: name.clone(), reason };
-        let shape = Shape::new(shape).ok_or_else(|| invalid(format!("{} dimensions (must be 1..={MAX_DIMS})", shape.len())))?;
+        let invalid = |reason: String| GgufError::InvalidTensor {
+            tensor: name.clone(),
+            reason,
+        };
+        let shape = Shape::new(shape).ok_or_else(|| {
+            invalid(format!(
+                "{} dimensions (must be 1..={MAX_DIMS})",
+                shape.len()
+            ))
+        })?;
         let len = tensor_n_bytes(dtype, &shape).map_err(|p| match p {
             ShapeProblem::Overflow => invalid(format!("{dtype} {shape} overflows u64")),
-            ShapeProblem::RowNotWholeBlocks => invalid(format!("row length {} is not a multiple of the {dtype} block size", shape[0])),
+            ShapeProblem::RowNotWholeBlocks => invalid(format!(
+                "row length {} is not a multiple of the {dtype} block size",
+                shape[0]
+            )),
         })?;
         self.tensor_names.insert(name.clone());
-        self.tensors.push(PendingTensor { name, dtype, shape, data: Cow::Borrowed(&[]), len, lazy: true });
+        self.tensors.push(PendingTensor {
+            name,
+            dtype,
+            shape,
+            data: Cow::Borrowed(&[]),
+            len,
+            lazy: true,
+        });
         Ok(())
     }
 
@@ -191,7 +214,11 @@ impl<'data> GgufWriter<'data> {
                 buf.clear();
                 fill(&tensor.name, tensor.dtype, &tensor.shape, &mut buf);
                 if buf.len() as u64 != tensor.len {
-                    return Err(GgufError::TensorDataSize { tensor: tensor.name.clone(), expected: tensor.len, actual: buf.len() as u64 });
+                    return Err(GgufError::TensorDataSize {
+                        tensor: tensor.name.clone(),
+                        expected: tensor.len,
+                        actual: buf.len() as u64,
+                    });
                 }
                 &buf
             } else {

@@ -92,7 +92,12 @@ impl ExpertSource for OwnedResidentExperts {
         self.owned.get(expert).copied().unwrap_or(false)
     }
 
-    fn with_experts(&self, layer: usize, experts: &[usize], sink: &mut ExpertSink<'_>) -> Result<()> {
+    fn with_experts(
+        &self,
+        layer: usize,
+        experts: &[usize],
+        sink: &mut ExpertSink<'_>,
+    ) -> Result<()> {
         ResidentExperts::new(&self.model).with_experts(layer, experts, sink)
     }
 }

@@ -346,7 +346,8 @@ impl Model {
             o_w
         };
         let mut o = vec![0f64; n * d];
-        cx.kernels.matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut o)?;
+        cx.kernels
+            .matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut o)?;
         if sh.attention_split {
             hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut o)?;
         }
@@ -377,8 +378,17 @@ impl Model {
             Some(cols) if cols.len() == gate.rows => swiglu_ffn(cx, x, g, u, dn, chunk),
             Some(cols) if cols.is_empty() => Ok(vec![0f64; x.n() * down.rows]),
             Some(cols) => {
-                let dn = dn.cols_slice(cols.clone()).expect("aligned by Shard::ffn_cols");
-                swiglu_ffn(cx, x, g.rows_slice(cols.clone()), u.rows_slice(cols), dn, chunk)
+                let dn = dn
+                    .cols_slice(cols.clone())
+                    .expect("aligned by Shard::ffn_cols");
+                swiglu_ffn(
+                    cx,
+                    x,
+                    g.rows_slice(cols.clone()),
+                    u.rows_slice(cols),
+                    dn,
+                    chunk,
+                )
             }
             None if self.shard.rank == 0 => swiglu_ffn(cx, x, g, u, dn, chunk),
             None => Ok(vec![0f64; x.n() * down.rows]),

@@ -74,7 +74,11 @@ impl Model {
     /// Makes this model instance a tensor-parallel rank: `rank` of `n_ranks`. Call before
     /// creating KV caches (they hold only this rank's kv heads).
     pub fn set_tensor_parallel(&mut self, rank: usize, n_ranks: usize) {
-        let o_dtype = self.layers.first().map(|l| l.attn.o.dtype).unwrap_or(gguf::GgmlType::F32);
+        let o_dtype = self
+            .layers
+            .first()
+            .map(|l| l.attn.o.dtype)
+            .unwrap_or(gguf::GgmlType::F32);
         self.shard = crate::shard::Shard::new(&self.hp, self.spec.qk_norm, o_dtype, rank, n_ranks);
     }
 
@@ -185,7 +189,11 @@ impl Model {
                         || name.starts_with("rope_freqs")
                 }
             };
-            keep.then(|| TensorRef { split: t.split, offset: t.info.file_offset, len: t.info.n_bytes })
+            keep.then_some(TensorRef {
+                split: t.split,
+                offset: t.info.file_offset,
+                len: t.info.n_bytes,
+            })
         });
         refs.extend(names);
         refs.sort_by_key(|r| (r.split, r.offset));
@@ -206,12 +214,14 @@ impl Model {
     pub fn warm(&self, ranges: &[crate::weights::TensorRef], mut progress: impl FnMut(u64)) {
         const PAGE: usize = 4096;
         for r in ranges {
-            let bytes = &self.files().splits()[r.split].bytes()[r.offset as usize..(r.offset + r.len) as usize];
+            let bytes = &self.files().splits()[r.split].bytes()
+                [r.offset as usize..(r.offset + r.len) as usize];
             let mut sum = 0u8;
             for chunk in bytes.chunks(1 << 20) {
                 for p in (0..chunk.len()).step_by(PAGE) {
                     // SAFETY: an in-bounds read of mapped memory; volatile so it is not elided.
-                    sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(chunk.as_ptr().add(p)) });
+                    sum =
+                        sum.wrapping_add(unsafe { std::ptr::read_volatile(chunk.as_ptr().add(p)) });
                 }
                 progress(chunk.len() as u64);
             }

@@ -35,7 +35,7 @@ pub fn o_chunk(o_dtype: GgmlType, head_dim_v: usize) -> usize {
 /// columns (fewer dot calls), or the whole width when it does not divide.
 pub fn ffn_chunk(down_dtype: GgmlType, n_ff: usize) -> usize {
     match kernels::Kernels::reduction_chunk(down_dtype, 256) {
-        Some(c) if n_ff % c == 0 => c,
+        Some(c) if n_ff.is_multiple_of(c) => c,
         _ => n_ff,
     }
 }
@@ -85,7 +85,7 @@ impl Shard {
         let aligned = o_dtype
             .row_bytes((heads_per_rank * hp.head_dim_v) as u64)
             .is_some();
-        if hp.n_head_kv % n_ranks == 0 && qk_norm != QkNorm::Whole && aligned {
+        if hp.n_head_kv.is_multiple_of(n_ranks) && qk_norm != QkNorm::Whole && aligned {
             let kv = hp.n_head_kv / n_ranks;
             s.kv_heads = rank * kv..(rank + 1) * kv;
             s.heads = rank * heads_per_rank..(rank + 1) * heads_per_rank;
@@ -105,7 +105,7 @@ impl Shard {
         if self.n_ranks <= 1 {
             return Some(0..n_ff);
         }
-        if n_ff % chunk != 0 || n_ff / chunk < self.n_ranks {
+        if !n_ff.is_multiple_of(chunk) || n_ff / chunk < self.n_ranks {
             return None;
         }
         Some(split_range(n_ff, self.rank, self.n_ranks, chunk))

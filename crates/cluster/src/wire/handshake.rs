@@ -31,17 +31,29 @@ pub fn connect(
     let f = reader.recv().map_err(|e| rejected(e, &peer))?;
     if f.kind == Kind::Reject {
         let r: Reject = decode("reject", &f.payload)?;
-        return Err(WireError::Rejected { peer, reason: r.reason });
+        return Err(WireError::Rejected {
+            peer,
+            reason: r.reason,
+        });
     }
     if f.kind != Kind::Challenge {
-        return Err(WireError::Unexpected { expected: Kind::Challenge, got: f.kind });
+        return Err(WireError::Unexpected {
+            expected: Kind::Challenge,
+            got: f.kind,
+        });
     }
     let ch: Challenge = decode("challenge", &f.payload)?;
     let proof = match auth {
         AuthMode::Key(key) => {
             if !key.verify(&key.server_mac(&hello.nonce, &ch.nonce), &ch.mac) {
                 let reason = "server failed authentication (different cluster key)".to_string();
-                conn.send_msg(Kind::Reject, 0, &Reject { reason: reason.clone() })?;
+                conn.send_msg(
+                    Kind::Reject,
+                    0,
+                    &Reject {
+                        reason: reason.clone(),
+                    },
+                )?;
                 return Err(WireError::Auth(format!("{peer}: {reason}")));
             }
             key.client_mac(&ch.nonce, &hello.nonce)
@@ -60,15 +72,24 @@ pub fn connect(
         }
         Kind::Reject => {
             let r: Reject = decode("reject", &f.payload)?;
-            Err(WireError::Rejected { peer, reason: r.reason })
+            Err(WireError::Rejected {
+                peer,
+                reason: r.reason,
+            })
         }
-        other => Err(WireError::Unexpected { expected: Kind::Welcome, got: other }),
+        other => Err(WireError::Unexpected {
+            expected: Kind::Welcome,
+            got: other,
+        }),
     }
 }
 
 fn rejected(e: WireError, peer: &str) -> WireError {
     match e {
-        WireError::Remote(reason) => WireError::Rejected { peer: peer.to_string(), reason },
+        WireError::Remote(reason) => WireError::Rejected {
+            peer: peer.to_string(),
+            reason,
+        },
         other => other,
     }
 }
@@ -84,15 +105,27 @@ pub fn accept(
     let peer = conn.peer().to_string();
     reader.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let refuse = |conn: &Connection, reason: String| -> WireError {
-        let _ = conn.send_msg(Kind::Reject, 0, &Reject { reason: reason.clone() });
+        let _ = conn.send_msg(
+            Kind::Reject,
+            0,
+            &Reject {
+                reason: reason.clone(),
+            },
+        );
         conn.shutdown();
-        WireError::Rejected { peer: peer.clone(), reason }
+        WireError::Rejected {
+            peer: peer.clone(),
+            reason,
+        }
     };
     let f = match reader.recv() {
         Ok(f) => f,
         Err(WireError::VersionMismatch { ours, theirs }) => {
             // Tell the peer in our framing; it will see our version in the header.
-            conn.send_error(0, &format!("protocol version mismatch: this node speaks {ours}, you speak {theirs}"));
+            conn.send_error(
+                0,
+                &format!("protocol version mismatch: this node speaks {ours}, you speak {theirs}"),
+            );
             conn.shutdown();
             return Err(WireError::VersionMismatch { ours, theirs });
         }
@@ -103,16 +136,27 @@ pub fn accept(
     };
     if f.kind != Kind::Hello {
         conn.shutdown();
-        return Err(WireError::Unexpected { expected: Kind::Hello, got: f.kind });
+        return Err(WireError::Unexpected {
+            expected: Kind::Hello,
+            got: f.kind,
+        });
     }
     let hello: Hello = decode("hello", &f.payload).inspect_err(|_| conn.shutdown())?;
     if let Err(e) = auth.check_addresses(conn.local(), conn.peer()) {
         return Err(refuse(&conn, e.to_string()));
     }
     match (auth, hello.keyless) {
-        (AuthMode::Key(_), true) => return Err(refuse(&conn, "this cluster requires a key; the peer has none".into())),
+        (AuthMode::Key(_), true) => {
+            return Err(refuse(
+                &conn,
+                "this cluster requires a key; the peer has none".into(),
+            ));
+        }
         (AuthMode::Insecure, false) => {
-            return Err(refuse(&conn, "this node runs --insecure without a key; the peer expects one".into()));
+            return Err(refuse(
+                &conn,
+                "this node runs --insecure without a key; the peer expects one".into(),
+            ));
         }
         _ => {}
     }
@@ -121,7 +165,15 @@ pub fn accept(
         AuthMode::Key(key) => key.server_mac(&hello.nonce, &nonce),
         AuthMode::Insecure => Vec::new(),
     };
-    conn.send_msg(Kind::Challenge, 0, &Challenge { nonce, mac, build: build_id() })?;
+    conn.send_msg(
+        Kind::Challenge,
+        0,
+        &Challenge {
+            nonce,
+            mac,
+            build: build_id(),
+        },
+    )?;
     let f = match reader.recv() {
         Ok(f) => f,
         Err(e) => {
@@ -136,18 +188,28 @@ pub fn accept(
     }
     if f.kind != Kind::Proof {
         conn.shutdown();
-        return Err(WireError::Unexpected { expected: Kind::Proof, got: f.kind });
+        return Err(WireError::Unexpected {
+            expected: Kind::Proof,
+            got: f.kind,
+        });
     }
     let proof: Proof = decode("proof", &f.payload)?;
     if let AuthMode::Key(key) = auth
         && !key.verify(&key.client_mac(&nonce, &hello.nonce), &proof.mac)
     {
-        return Err(refuse(&conn, "authentication failed (different cluster key)".into()));
+        return Err(refuse(
+            &conn,
+            "authentication failed (different cluster key)".into(),
+        ));
     }
     if hello.protocol != super::PROTOCOL_VERSION {
         return Err(refuse(
             &conn,
-            format!("protocol version mismatch: this node speaks {}, the peer speaks {}", super::PROTOCOL_VERSION, hello.protocol),
+            format!(
+                "protocol version mismatch: this node speaks {}, the peer speaks {}",
+                super::PROTOCOL_VERSION,
+                hello.protocol
+            ),
         ));
     }
     match check(&hello) {

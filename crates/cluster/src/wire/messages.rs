@@ -10,7 +10,10 @@ pub enum Role {
     /// The upstream end of a stage-to-stage data link.
     Hop,
     /// A tensor-parallel rank (`rank` as requested; `None` lets the coordinator assign one).
-    Rank { rank: Option<u32>, expert_weight: f32 },
+    Rank {
+        rank: Option<u32>,
+        expert_weight: f32,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -27,7 +27,11 @@ pub enum WireError {
     #[error("frame payload of {len} bytes exceeds the limit of {max}")]
     TooLarge { len: u64, max: u64 },
     #[error("connection closed inside a {what} ({got} of {want} bytes)")]
-    Truncated { what: &'static str, got: usize, want: u64 },
+    Truncated {
+        what: &'static str,
+        got: usize,
+        want: u64,
+    },
     #[error("malformed {what}: {detail}")]
     Decode { what: &'static str, detail: String },
     #[error("authentication: {0}")]
@@ -45,7 +49,10 @@ pub enum WireError {
 impl WireError {
     /// Whether the link itself failed (as opposed to a refusal or a protocol violation).
     pub fn is_transport(&self) -> bool {
-        matches!(self, WireError::Io(_) | WireError::Truncated { .. } | WireError::Closed)
+        matches!(
+            self,
+            WireError::Io(_) | WireError::Truncated { .. } | WireError::Closed
+        )
     }
 }
 
@@ -55,6 +62,12 @@ pub fn encode<T: serde::Serialize>(msg: &T) -> Vec<u8> {
 }
 
 /// Deserializes a control message, naming it on failure.
-pub fn decode<'a, T: serde::Deserialize<'a>>(what: &'static str, bytes: &'a [u8]) -> Result<T, WireError> {
-    postcard::from_bytes(bytes).map_err(|e| WireError::Decode { what, detail: e.to_string() })
+pub fn decode<'a, T: serde::Deserialize<'a>>(
+    what: &'static str,
+    bytes: &'a [u8],
+) -> Result<T, WireError> {
+    postcard::from_bytes(bytes).map_err(|e| WireError::Decode {
+        what,
+        detail: e.to_string(),
+    })
 }

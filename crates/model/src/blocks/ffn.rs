@@ -9,13 +9,21 @@ use crate::error::Result;
 
 /// `x` is `n × n_embd`; returns `n × down.rows` in f64. `chunk` is the down projection's
 /// reduction chunk (see [`kernels::Kernels::matmul_chunked`]).
-pub fn swiglu_ffn(cx: &Compute, x: &Input, gate: Weights, up: Weights, down: Weights, chunk: usize) -> Result<Vec<f64>> {
+pub fn swiglu_ffn(
+    cx: &Compute,
+    x: &Input,
+    gate: Weights,
+    up: Weights,
+    down: Weights,
+    chunk: usize,
+) -> Result<Vec<f64>> {
     let mut gu = cx.project(x, &[gate, up])?;
     let up_out = gu.pop().expect("two outputs");
     let mut act = gu.pop().expect("two outputs");
     swiglu(&mut act, &up_out);
     let h = Input::new(&act, x.n(), gate.rows)?;
     let mut out = vec![0f64; x.n() * down.rows];
-    cx.kernels.matmul_chunked(&cx.pool, &down, &h, chunk, &mut out)?;
+    cx.kernels
+        .matmul_chunked(&cx.pool, &down, &h, chunk, &mut out)?;
     Ok(out)
 }
