@@ -7,6 +7,8 @@ use std::time::Instant;
 use crate::error::{EngineError, Result};
 use crate::sampler::Sampler;
 use crate::session::{Engine, Session};
+use crate::text::TextStream;
+pub use crate::text::Utf8Stream;
 
 /// Anything that can turn token ids into bytes and knows which ids end a generation.
 pub trait Detokenizer {
@@ -58,95 +60,6 @@ impl GenerateStats {
     }
 }
 
-/// Turns a stream of byte pieces into text, holding back an incomplete UTF-8 sequence.
-#[derive(Default)]
-pub struct Utf8Stream {
-    pending: Vec<u8>,
-}
-
-impl Utf8Stream {
-    pub fn push(&mut self, bytes: &[u8]) -> String {
-        self.pending.extend_from_slice(bytes);
-        let mut out = String::new();
-        loop {
-            match std::str::from_utf8(&self.pending) {
-                Ok(s) => {
-                    out.push_str(s);
-                    self.pending.clear();
-                    return out;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    out.push_str(
-                        std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"),
-                    );
-                    match e.error_len() {
-                        // Incomplete sequence at the end: wait for more bytes.
-                        None => {
-                            self.pending.drain(..valid);
-                            return out;
-                        }
-                        Some(bad) => {
-                            out.push(char::REPLACEMENT_CHARACTER);
-                            self.pending.drain(..valid + bad);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Whatever is left, with invalid bytes replaced.
-    pub fn finish(&mut self) -> String {
-        let s = String::from_utf8_lossy(&self.pending).into_owned();
-        self.pending.clear();
-        s
-    }
-}
-
-/// Holds back text that might be the start of a stop string; finds complete stops.
-struct StopMatcher<'a> {
-    stops: &'a [String],
-    held: String,
-}
-
-impl StopMatcher<'_> {
-    /// Adds text; returns (text safe to emit, whether a stop string was found).
-    fn push(&mut self, text: &str) -> (String, bool) {
-        self.held.push_str(text);
-        if let Some(pos) = self
-            .stops
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min()
-        {
-            let out = self.held[..pos].to_string();
-            self.held.clear();
-            return (out, true);
-        }
-        let keep = self
-            .stops
-            .iter()
-            .map(|s| {
-                (1..s.len().min(self.held.len() + 1))
-                    .rev()
-                    .find(|&k| s.is_char_boundary(k) && self.held.ends_with(&s[..k]))
-                    .unwrap_or(0)
-            })
-            .max()
-            .unwrap_or(0);
-        let cut = self.held.len() - keep;
-        let out = self.held[..cut].to_string();
-        self.held.drain(..cut);
-        (out, false)
-    }
-
-    fn flush(&mut self) -> String {
-        std::mem::take(&mut self.held)
-    }
-}
-
 /// Generates after `prompt`: the session's history becomes `prompt` (reusing any cached common
 /// prefix) followed by the generated tokens. `on_text` receives text as it is produced and
 /// returns false to cancel.
@@ -169,11 +82,8 @@ pub fn generate(
         sampler.accept(t);
     }
     let t1 = Instant::now();
-    let mut utf8 = Utf8Stream::default();
-    let mut stops = StopMatcher {
-        stops: &opts.stop,
-        held: String::new(),
-    };
+    let mut text = TextStream::new(opts.stop.clone());
+    let mut stopped_by_string = false;
     let mut tokens = Vec::new();
     let n_ctx = engine.info().n_ctx;
     let mut finish = FinishReason::Length;
@@ -186,13 +96,13 @@ pub fn generate(
             finish = FinishReason::Stop;
             break;
         }
-        let text = utf8.push(&detok.token_bytes(tok));
-        let (emit, stopped) = stops.push(&text);
+        let (emit, stopped) = text.push(&detok.token_bytes(tok));
         if !emit.is_empty() && !on_text(&emit) {
             finish = FinishReason::Cancelled;
             break;
         }
         if stopped {
+            stopped_by_string = true;
             finish = FinishReason::Stop;
             break;
         }
@@ -205,9 +115,10 @@ pub fn generate(
         }
         engine.append(session, &[tok])?;
     }
-    if finish != FinishReason::Stop && finish != FinishReason::Cancelled {
-        let (rest, _) = stops.push(&utf8.finish());
-        let rest = rest + &stops.flush();
+    // Text held back as a possible stop-string start (or incomplete UTF-8) belongs to the
+    // output unless a stop string ended it or the consumer left.
+    if !stopped_by_string && finish != FinishReason::Cancelled {
+        let rest = text.finish();
         if !rest.is_empty() {
             on_text(&rest);
         }
@@ -230,40 +141,5 @@ impl Detokenizer for crate::tokenizer::Tokenizer {
 
     fn is_end_of_generation(&self, id: u32) -> bool {
         self.is_eog(id)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn utf8_stream_holds_back_split_characters() {
-        let mut s = Utf8Stream::default();
-        let bytes = "héllo €".as_bytes();
-        let mut out = String::new();
-        for b in bytes {
-            out.push_str(&s.push(&[*b]));
-        }
-        assert_eq!(out, "héllo €");
-        assert_eq!(s.push(&[0xff, b'a']), "\u{fffd}a");
-    }
-
-    #[test]
-    fn stop_matcher_holds_prefixes_and_cuts_at_stops() {
-        let stops = vec!["\n\nUser:".to_string()];
-        let mut m = StopMatcher {
-            stops: &stops,
-            held: String::new(),
-        };
-        assert_eq!(m.push("Hello"), ("Hello".to_string(), false));
-        assert_eq!(m.push("\n\nUs"), (String::new(), false));
-        assert_eq!(m.push("er: hi"), (String::new(), true));
-        let mut m = StopMatcher {
-            stops: &stops,
-            held: String::new(),
-        };
-        assert_eq!(m.push("a\n"), ("a".to_string(), false));
-        assert_eq!(m.push("b"), ("\nb".to_string(), false));
     }
 }

@@ -9,6 +9,7 @@ pub mod local;
 pub mod sampler;
 pub mod session;
 pub mod snapshot;
+pub mod text;
 pub mod tokenizer;
 
 pub use error::{EngineError, Result};

@@ -1,0 +1,422 @@
+//! `moeshard serve` on real processes: the official OpenAI Python client (tools/server-tests),
+//! continuous batching that does not change a single bit of any stream, the disk KV cache across
+//! a restart, client disconnects, the queue limit and the API key. HTTP is spoken with a
+//! minimal std-only client so the tests need no extra crates.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::{Proc, fixture, repo, smollm2};
+use serde_json::{Value, json};
+
+/// A server process and its address.
+struct Server {
+    proc: Proc,
+    addr: String,
+}
+
+impl Server {
+    fn start(model: &Path, extra: &[&str]) -> Server {
+        let m = model.to_str().unwrap();
+        let mut args = vec!["serve", "-m", m, "--port", "0", "-t", "1"];
+        args.extend_from_slice(extra);
+        let proc = Proc::spawn("serve", &args);
+        let line = proc.wait_for_stderr("listening on http://", Duration::from_secs(120));
+        let addr = line
+            .rsplit("http://")
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string();
+        Server { proc, addr }
+    }
+
+    /// SIGTERM, then waits for a clean exit; returns stderr.
+    fn terminate(self) -> String {
+        let pid = self.proc.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let (ok, _, stderr) = self.proc.finish(Duration::from_secs(60));
+        assert!(ok, "serve did not exit cleanly after SIGTERM:\n{stderr}");
+        stderr
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, String) {
+        http(&self.addr, "POST", path, Some(&body.to_string()), &[])
+    }
+
+    fn post_json(&self, path: &str, body: &Value) -> Value {
+        let (status, text) = self.post(path, body);
+        assert_eq!(status, 200, "{path}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (_, text) = http(&self.addr, "GET", "/metrics", None, &[]);
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+            .parse()
+            .unwrap()
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`; returns the status and the (de-chunked) body.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    let body = body.unwrap_or("");
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("end of headers");
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut rest = &raw[split + 4..];
+    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let mut out = Vec::new();
+    if chunked {
+        loop {
+            let eol = rest
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .expect("chunk size line");
+            let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap().trim(), 16)
+                .unwrap();
+            rest = &rest[eol + 2..];
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[..size]);
+            rest = &rest[size + 2..];
+        }
+    } else {
+        out.extend_from_slice(rest);
+    }
+    (status, String::from_utf8(out).expect("UTF-8 body"))
+}
+
+/// The `data:` payloads of an SSE body.
+fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Sends a streaming completion with the API key and reads until the response headers and
+/// `events` SSE events have arrived; the caller drops the socket to disconnect.
+fn open_stream(addr: &str, body: &Value, events: usize) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let b = body.to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sesame\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        b.len()
+    );
+    s.write_all((head + &b).as_bytes()).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !seen.windows(4).any(|w| w == b"\r\n\r\n")
+        || seen.windows(5).filter(|w| w == b"data:").count() < events
+    {
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "stream ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        seen.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
+    s
+}
+
+/// Streams a completion and returns its text (asserting the stream ends with `[DONE]`).
+fn stream_text(addr: &str, body: &Value) -> String {
+    let (status, text) = http(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(&body.to_string()),
+        &[],
+    );
+    assert_eq!(status, 200, "{text}");
+    let data = sse_data(&text);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{text}");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .map(|v| v["choices"][0]["text"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn openai_python_client_and_curl() {
+    let server = Server::start(
+        &fixture("qwen3moe", "model-q8_0.gguf"),
+        &[
+            "--parallel",
+            "2",
+            "--sse-keepalive",
+            "0.05",
+            "--alias",
+            "fixture-moe",
+            "--ctx",
+            "8192",
+        ],
+    );
+    let script = repo().join("tools/server-tests/run.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args([&format!("http://{}", server.addr), "fixture-moe"])
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the OpenAI-client tests failed ({}):\n{text}\nserver log:\n{}",
+        out.status,
+        server.proc.stderr_text()
+    );
+    eprintln!("{text}");
+    let log = server.terminate();
+    assert!(log.contains("scheduler stopped"), "{log}");
+}
+
+/// 8 different prompts, each streamed alone and then all 8 at once: every text identical.
+fn concurrent_matches_solo(model: &Path, n_tokens: usize) {
+    let server = Server::start(model, &["--parallel", "8", "--prefill-chunk", "16"]);
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time, in a small village,",
+        "def fibonacci(n):",
+        "The three primary colors are",
+        "Water boils at a temperature of",
+        "My favourite book is",
+        "In 1969, the first person to walk on the moon",
+        "A recipe for pancakes: first,",
+    ];
+    let body = |p: &str, cache: bool| {
+        json!({"prompt": p, "max_tokens": n_tokens, "temperature": 0, "stream": true,
+               "ignore_eos": true, "cache_prompt": cache})
+    };
+    let solo: Vec<String> = prompts
+        .iter()
+        .map(|p| stream_text(&server.addr, &body(p, false)))
+        .collect();
+    assert!(
+        solo.iter().any(|t| t != &solo[0]),
+        "prompts should give different texts: {solo:?}"
+    );
+    for cache in [false, true] {
+        let barrier = Arc::new(Barrier::new(prompts.len()));
+        let threads: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let (addr, b, barrier) =
+                    (server.addr.clone(), body(p, cache), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    stream_text(&addr, &b)
+                })
+            })
+            .collect();
+        let together: Vec<String> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        for (i, (a, b)) in solo.iter().zip(&together).enumerate() {
+            assert_eq!(
+                a, b,
+                "prompt {i} ({:?}) differs when batched (cache_prompt {cache})",
+                prompts[i]
+            );
+        }
+    }
+    let max_batch = server.metric("moeshard_batch_size_max");
+    assert!(
+        max_batch >= 4.0,
+        "the streams were not batched together (largest step: {max_batch} sessions)"
+    );
+    server.terminate();
+}
+
+#[test]
+fn concurrent_greedy_streams_match_solo_smollm2() {
+    concurrent_matches_solo(&smollm2(), 24);
+}
+
+#[test]
+fn concurrent_greedy_streams_match_solo_moe_fixture() {
+    concurrent_matches_solo(&fixture("mixtral", "model-q8_0.gguf"), 48);
+}
+
+#[test]
+fn disk_kv_cache_restores_a_conversation_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let model = smollm2();
+    let flags = ["--parallel", "2", "--kv-disk-dir", d, "--kv-disk-max", "1G"];
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a helpful assistant who answers briefly."}),
+        json!({"role": "user", "content": "What is the tallest mountain on Earth?"}),
+    ];
+    let server = Server::start(&model, &flags);
+    let first = server.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 16, "temperature": 0}),
+    );
+    let reply = first["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let turn1_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    let log = server.terminate();
+    assert!(log.contains("sessions saved at shutdown"), "{log}");
+
+    messages.push(json!({"role": "assistant", "content": reply}));
+    messages.push(json!({"role": "user", "content": "And the second tallest?"}));
+    let server = Server::start(&model, &flags);
+    let second = server.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 12, "temperature": 0}),
+    );
+    let usage = &second["usage"];
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached >= turn1_prompt,
+        "only {cached} of the first turn's {turn1_prompt} prompt tokens were reused: {usage}"
+    );
+    let restored = server
+        .proc
+        .wait_for_stderr("tokens from the disk KV cache", Duration::from_secs(5));
+    eprintln!("{restored}\nusage: {usage}");
+    // The restored KV gives exactly what a cold evaluation gives.
+    let cold = server.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 12, "temperature": 0, "cache_prompt": false}),
+    );
+    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(
+        second["choices"][0]["message"]["content"],
+        cold["choices"][0]["message"]["content"]
+    );
+    server.terminate();
+}
+
+#[test]
+fn disconnect_cancels_queue_limit_refuses_and_api_key_guards() {
+    let model = fixture("qwen3moe", "model-q8_0.gguf");
+    let server = Server::start(
+        &model,
+        &[
+            "--parallel",
+            "1",
+            "--max-queue",
+            "1",
+            "--api-key",
+            "sesame",
+            "--ctx",
+            "16384",
+        ],
+    );
+    let auth = [("Authorization", "Bearer sesame")];
+    let (status, body) = http(&server.addr, "GET", "/v1/models", None, &[]);
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["code"],
+        "invalid_api_key"
+    );
+    assert_eq!(http(&server.addr, "GET", "/v1/models", None, &auth).0, 200);
+    assert_eq!(http(&server.addr, "GET", "/health", None, &[]).0, 200);
+
+    // A stream that the client drops after a few events is cancelled.
+    let long = json!({"prompt": "hello", "max_tokens": 16000, "temperature": 0, "ignore_eos": true, "stream": true});
+    let s = open_stream(&server.addr, &long, 3);
+    drop(s);
+    server.proc.wait_for_stderr(
+        "cancelled: the client disconnected",
+        Duration::from_secs(30),
+    );
+    assert_eq!(server.metric("moeshard_requests_cancelled_total"), 1.0);
+
+    // One request runs, one waits, the third is refused with 503; then both clients leave.
+    let running = open_stream(&server.addr, &long, 1);
+    let waiting = open_stream(&server.addr, &long, 0);
+    let t0 = Instant::now();
+    while server.metric("moeshard_requests_queued") < 1.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "nothing queued:\n{}",
+            server.proc.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (status, body) = http(
+        &server.addr,
+        "POST",
+        "/v1/completions",
+        Some(&long.to_string()),
+        &auth,
+    );
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["type"],
+        "server_error"
+    );
+    drop((running, waiting));
+    let t0 = Instant::now();
+    while server.metric("moeshard_requests_cancelled_total") < 3.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "not cancelled:\n{}",
+            server.proc.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(server.metric("moeshard_requests_rejected_total"), 1.0);
+    server.terminate();
+}

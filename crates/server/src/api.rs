@@ -1,0 +1,292 @@
+//! The OpenAI wire types the server speaks (requests as clients send them, responses and
+//! stream chunks as the official clients parse them) and the OpenAI error shape with its status
+//! code. Only serde lives here: no engine, no HTTP framework.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// An error as OpenAI returns it: `{"error": {"message", "type", "param", "code"}}` plus an
+/// HTTP status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn invalid_param(param: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            param: Some(param),
+            ..ApiError::invalid(message)
+        }
+    }
+
+    pub fn unauthorized() -> ApiError {
+        ApiError {
+            status: 401,
+            message: "Incorrect API key provided.".into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        }
+    }
+
+    pub fn model_not_found(model: &str) -> ApiError {
+        ApiError {
+            status: 404,
+            message: format!("The model `{model}` does not exist."),
+            kind: "invalid_request_error",
+            param: Some("model"),
+            code: Some("model_not_found"),
+        }
+    }
+
+    pub fn not_found(what: &str) -> ApiError {
+        ApiError {
+            status: 404,
+            message: format!("{what} not found"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("not_found"),
+        }
+    }
+
+    /// The queue is full or the server is shutting down: clients should retry later.
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 503,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: Some("server_overloaded"),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 500,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn body(&self) -> Value {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+/// `"text"` or `["a", "b"]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StringOrList {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StringOrList {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StringOrList::One(s) => vec![s],
+            StringOrList::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Sampling and length fields shared by both endpoints (OpenAI's, plus llama.cpp's `top_k`,
+/// `min_p`, `repeat_penalty` and `cache_prompt` extensions).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Sampling {
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<StringOrList>,
+    pub n: Option<i64>,
+    /// Reuse a cached prefix (default true); false always prefills from scratch.
+    pub cache_prompt: Option<bool>,
+    /// Generate up to `max_tokens` even past end-of-generation tokens (benchmarks).
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChatMessageIn {
+    pub role: String,
+    /// A string, an array of `{"type": "text", "text": ...}` parts, or null.
+    #[serde(default)]
+    pub content: Value,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessageIn>,
+    pub max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub logprobs: Option<bool>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub echo: bool,
+    pub suffix: Option<String>,
+    pub best_of: Option<i64>,
+    pub logprobs: Option<i64>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+impl Usage {
+    pub fn new(prompt: usize, cached: usize, completion: usize) -> Usage {
+        Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: cached,
+            },
+        }
+    }
+}
+
+/// Turns a message's `content` into text: strings as they are, text parts concatenated.
+pub fn content_text(content: &Value) -> Result<String, ApiError> {
+    match content {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for p in parts {
+                match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => out.push_str(t),
+                    (kind, _) => {
+                        return Err(ApiError::invalid_param(
+                            "messages",
+                            format!(
+                                "content parts of type {} are not supported (text only)",
+                                kind.unwrap_or("?")
+                            ),
+                        ));
+                    }
+                }
+            }
+            Ok(out)
+        }
+        _ => Err(ApiError::invalid_param(
+            "messages",
+            "message content must be a string or an array of text parts",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_request_parses_the_openai_shapes() {
+        let r: ChatRequest = serde_json::from_str(
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},
+                {"role":"assistant","content":null}],
+                "max_tokens":5,"stop":"\n","stream":true,"stream_options":{"include_usage":true},
+                "temperature":0,"seed":-3,"unknown_field":1}"#,
+        )
+        .unwrap();
+        assert_eq!(r.sampling.max_tokens, Some(5));
+        assert_eq!(r.sampling.stop.unwrap().into_vec(), vec!["\n"]);
+        assert!(r.stream && r.stream_options.unwrap().include_usage);
+        assert_eq!(content_text(&r.messages[0].content).unwrap(), "hi");
+        assert_eq!(content_text(&r.messages[1].content).unwrap(), "");
+        assert!(content_text(&serde_json::json!([{"type": "image_url"}])).is_err());
+    }
+
+    #[test]
+    fn completion_prompt_forms() {
+        for (body, ok) in [
+            (r#"{"prompt":"a"}"#, true),
+            (r#"{"prompt":["a"]}"#, true),
+            (r#"{"prompt":[1,2,3]}"#, true),
+            (r#"{"prompt":[[1,2]]}"#, true),
+            (r#"{"prompt":{"x":1}}"#, false),
+        ] {
+            assert_eq!(
+                serde_json::from_str::<CompletionRequest>(body).is_ok(),
+                ok,
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn error_body_has_the_openai_shape() {
+        let b = ApiError::model_not_found("x").body();
+        assert_eq!(b["error"]["code"], "model_not_found");
+        assert_eq!(b["error"]["param"], "model");
+        assert_eq!(b["error"]["type"], "invalid_request_error");
+    }
+}

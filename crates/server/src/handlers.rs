@@ -1,0 +1,390 @@
+//! HTTP handlers (axum): parse and validate OpenAI requests, render the chat template and
+//! tokenize (off the async workers), submit to the scheduler and answer with its events
+//! ([`crate::respond`]). They never touch the engine.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use engine::SamplerConfig;
+use engine::chat_template::{ChatMessage, ChatTemplate};
+use engine::tokenizer::Tokenizer;
+use serde_json::{Value, json};
+
+use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, Sampling};
+use crate::job::{GenParams, SchedulerHandle};
+use crate::metrics::Metrics;
+use crate::respond::{Kind, Reply, respond};
+
+pub struct AppState {
+    pub sched: SchedulerHandle,
+    pub metrics: Arc<Metrics>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    pub model_id: String,
+    pub n_ctx: usize,
+    pub n_vocab: usize,
+    pub fingerprint: String,
+    pub created: u64,
+    pub api_key: Option<String>,
+    pub keepalive: Duration,
+    pub next_id: AtomicU64,
+    pub shutting_down: AtomicBool,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, axum::Json(self.body())).into_response()
+    }
+}
+
+pub type Shared = State<Arc<AppState>>;
+
+/// `Authorization: Bearer KEY` on `/v1/…` when the server has a key.
+pub async fn auth(State(st): Shared, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.api_key
+        && req.uri().path().starts_with("/v1/")
+    {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given.map(str::trim) != Some(key.as_str()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+pub async fn not_found(req: Request) -> Response {
+    ApiError::not_found(&format!("{} {}", req.method(), req.uri().path())).into_response()
+}
+
+fn model_card(st: &AppState) -> Value {
+    json!({
+        "id": st.model_id,
+        "object": "model",
+        "created": st.created,
+        "owned_by": "moeshard",
+        "meta": {"n_ctx": st.n_ctx, "n_vocab": st.n_vocab, "fingerprint": st.fingerprint},
+    })
+}
+
+pub async fn models(State(st): Shared) -> Response {
+    axum::Json(json!({"object": "list", "data": [model_card(&st)]})).into_response()
+}
+
+pub async fn model(State(st): Shared, Path(id): Path<String>) -> Response {
+    if id != st.model_id {
+        return ApiError::model_not_found(&id).into_response();
+    }
+    axum::Json(model_card(&st)).into_response()
+}
+
+pub async fn health(State(st): Shared) -> Response {
+    let processing = st.metrics.processing.get() as u64;
+    let body = json!({
+        "status": if st.shutting_down.load(Ordering::Acquire) { "shutting_down" } else { "ok" },
+        "slots_processing": processing,
+        "slots_idle": (st.metrics.slots.get() as u64).saturating_sub(processing),
+        "requests_queued": st.metrics.queued.load(Ordering::Relaxed),
+    });
+    let status = if st.shutting_down.load(Ordering::Acquire) {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+pub async fn metrics(State(st): Shared) -> Response {
+    let mut r = st.metrics.render().into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid(format!(
+            "We could not parse the JSON body of your request: {e}"
+        ))
+    })
+}
+
+fn check_model(st: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != st.model_id => Err(ApiError::model_not_found(m)),
+        _ => Ok(()),
+    }
+}
+
+fn random_seed(id: u64) -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ id.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15
+}
+
+/// Sampling and limits from the request; `default_max` applies without `max_tokens`.
+fn gen_params(
+    st: &AppState,
+    id: u64,
+    s: &Sampling,
+    max_tokens: Option<i64>,
+    default_max: usize,
+    prompt_len: usize,
+) -> Result<GenParams, ApiError> {
+    if prompt_len == 0 {
+        return Err(ApiError::invalid("the prompt is empty"));
+    }
+    if prompt_len >= st.n_ctx {
+        return Err(ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::invalid_param(
+                "messages",
+                format!(
+                    "This model's maximum context length is {} tokens. However, your prompt is {prompt_len} tokens.",
+                    st.n_ctx
+                ),
+            )
+        });
+    }
+    if s.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid_param("n", "only n=1 is supported"));
+    }
+    let max = match max_tokens {
+        Some(m) if m < 1 => {
+            return Err(ApiError::invalid_param(
+                "max_tokens",
+                "max_tokens must be at least 1",
+            ));
+        }
+        Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
+        None => default_max,
+    };
+    let mut cfg = SamplerConfig::default();
+    if let Some(t) = s.temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(ApiError::invalid_param(
+                "temperature",
+                "temperature must be between 0 and 2",
+            ));
+        }
+        cfg.temperature = t;
+    }
+    if let Some(p) = s.top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(ApiError::invalid_param("top_p", "top_p must be in (0, 1]"));
+        }
+        cfg.top_p = p;
+    }
+    if let Some(k) = s.top_k {
+        cfg.top_k = usize::try_from(k)
+            .map_err(|_| ApiError::invalid_param("top_k", "top_k must be >= 0"))?;
+    }
+    if let Some(p) = s.min_p {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(ApiError::invalid_param("min_p", "min_p must be in [0, 1]"));
+        }
+        cfg.min_p = p;
+    }
+    let penalty = |v: Option<f32>| v.is_some_and(|v| !(-2.0..=2.0).contains(&v));
+    if penalty(s.presence_penalty) {
+        return Err(ApiError::invalid_param(
+            "presence_penalty",
+            "presence_penalty must be between -2 and 2",
+        ));
+    }
+    if penalty(s.frequency_penalty) {
+        return Err(ApiError::invalid_param(
+            "frequency_penalty",
+            "frequency_penalty must be between -2 and 2",
+        ));
+    }
+    cfg.presence_penalty = s.presence_penalty.unwrap_or(0.0);
+    cfg.frequency_penalty = s.frequency_penalty.unwrap_or(0.0);
+    if let Some(r) = s.repeat_penalty {
+        cfg.repeat_penalty = r;
+    }
+    cfg.seed = s.seed.map_or_else(|| random_seed(id), |v| v as u64);
+    let stop = s
+        .stop
+        .clone()
+        .map(api::StringOrList::into_vec)
+        .unwrap_or_default();
+    if stop.len() > 16 {
+        return Err(ApiError::invalid_param("stop", "at most 16 stop sequences"));
+    }
+    Ok(GenParams {
+        max_tokens: max.min(st.n_ctx - prompt_len),
+        stop,
+        sampler: cfg,
+        cache_prompt: s.cache_prompt.unwrap_or(true),
+        ignore_eos: s.ignore_eos,
+        stream: false,
+    })
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Renders and tokenizes a conversation (CPU work: off the async workers).
+fn chat_prompt(st: &AppState, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages must not be empty",
+        ));
+    }
+    let mut msgs = Vec::with_capacity(req.messages.len());
+    for m in &req.messages {
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            m.role.as_str()
+        };
+        msgs.push(ChatMessage::new(role, api::content_text(&m.content)?));
+    }
+    let rendered = st
+        .template
+        .render(&msgs, true, &Default::default())
+        .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
+    let bos = st.template.bos_token();
+    let starts_with_bos = !bos.is_empty() && rendered.starts_with(bos);
+    Ok(st.tokenizer.encode(&rendered, !starts_with_bos, true))
+}
+
+pub async fn chat(State(st): Shared, body: Bytes) -> Response {
+    chat_inner(st, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let req: ChatRequest = parse(&body)?;
+    check_model(&st, req.model.as_deref())?;
+    if req.logprobs == Some(true) {
+        return Err(ApiError::invalid_param(
+            "logprobs",
+            "logprobs are not supported",
+        ));
+    }
+    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let (st2, req) = (Arc::clone(&st), Arc::new(req));
+    let r2 = Arc::clone(&req);
+    let prompt = tokio::task::spawn_blocking(move || chat_prompt(&st2, &r2))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))??;
+    let max = req.max_completion_tokens.or(req.sampling.max_tokens);
+    let mut params = gen_params(&st, id, &req.sampling, max, usize::MAX, prompt.len())?;
+    params.stream = req.stream;
+    let reply = Reply {
+        kind: Kind::Chat,
+        id: format!("chatcmpl-{id:x}{:x}", st.created),
+        created: unix_now(),
+        model: st.model_id.clone(),
+        fingerprint: st.fingerprint.clone(),
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        prefix: String::new(),
+    };
+    let rx = st.sched.submit(id, prompt, params)?;
+    Ok(respond(&st, reply, req.stream, rx).await)
+}
+
+pub async fn completions(State(st): Shared, body: Bytes) -> Response {
+    completions_inner(st, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse(&body)?;
+    check_model(&st, req.model.as_deref())?;
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid_param("suffix", "suffix is not supported"));
+    }
+    if req.best_of.is_some_and(|b| b != 1) {
+        return Err(ApiError::invalid_param(
+            "best_of",
+            "only best_of=1 is supported",
+        ));
+    }
+    if req.logprobs.is_some_and(|l| l > 0) {
+        return Err(ApiError::invalid_param(
+            "logprobs",
+            "logprobs are not supported",
+        ));
+    }
+    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
+    // One prompt per request: text (tokenized here) or token ids.
+    let (prompt_text, tokens) = match &req.prompt {
+        Prompt::Text(t) => (Some(t.clone()), None),
+        Prompt::Texts(v) if v.len() == 1 => (Some(v[0].clone()), None),
+        Prompt::Tokens(t) => (None, Some(t.clone())),
+        Prompt::TokenLists(v) if v.len() == 1 => (None, Some(v[0].clone())),
+        _ => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "exactly one prompt per request is supported",
+            ));
+        }
+    };
+    let prompt = match (tokens, &prompt_text) {
+        (Some(t), _) => {
+            if let Some(bad) = t.iter().find(|&&t| t as usize >= st.n_vocab) {
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    format!("token {bad} is outside the vocabulary"),
+                ));
+            }
+            t
+        }
+        (None, text) => {
+            let (st2, text) = (Arc::clone(&st), text.clone().unwrap_or_default());
+            tokio::task::spawn_blocking(move || st2.tokenizer.encode(&text, true, true))
+                .await
+                .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?
+        }
+    };
+    // OpenAI's default for this endpoint.
+    let mut params = gen_params(
+        &st,
+        id,
+        &req.sampling,
+        req.sampling.max_tokens,
+        16,
+        prompt.len(),
+    )?;
+    params.stream = req.stream;
+    let prefix = match (req.echo, prompt_text) {
+        (false, _) => String::new(),
+        (true, Some(t)) => t,
+        (true, None) => st.tokenizer.decode(&prompt),
+    };
+    let reply = Reply {
+        kind: Kind::Completion,
+        id: format!("cmpl-{id:x}{:x}", st.created),
+        created: unix_now(),
+        model: st.model_id.clone(),
+        fingerprint: st.fingerprint.clone(),
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        prefix,
+    };
+    let rx = st.sched.submit(id, prompt, params)?;
+    Ok(respond(&st, reply, req.stream, rx).await)
+}

@@ -1,0 +1,494 @@
+//! The scheduler: the one thread that owns the [`Engine`]. HTTP handlers submit [`Job`]s over
+//! a channel ([`crate::job`]), each with its own reply channel of events; handlers never touch
+//! the engine.
+//!
+//! Continuous batching: `--parallel N` slots. Every step is one `Executor::eval` over one
+//! decode token for each decoding slot plus at most one prefill chunk (≤ `prefill_chunk`
+//! tokens, oldest admission first), so each expert's weights are read once per step for every
+//! session that routed to it and a long prompt never stalls the decoders for more than a chunk.
+//! Requests wait in a bounded queue for a free slot (the handle refuses with 503 beyond it).
+//! Idle slots keep their sessions as the prefix cache ([`crate::prefix_cache`]); sessions leaving
+//! memory go to the disk cache ([`crate::disk_cache`]) when there is one.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use engine::generate::Detokenizer;
+use engine::{Engine, EvalRequest, Session};
+use model::LogitsWanted;
+
+use crate::api::ApiError;
+use crate::disk_cache::DiskCache;
+use crate::job::{Command, Event, Job, SchedulerConfig, SchedulerHandle};
+use crate::metrics::Metrics;
+use crate::prefix_cache::{self, IdleSlot};
+use crate::slot::{Active, Slot};
+
+pub struct Scheduler {
+    engine: Engine,
+    detok: Arc<dyn Detokenizer + Send + Sync>,
+    rx: Receiver<Command>,
+    metrics: Arc<Metrics>,
+    cfg: SchedulerConfig,
+    disk: Option<DiskCache>,
+    slots: Vec<Slot>,
+    queue: VecDeque<Job>,
+    tick: u64,
+    n_ctx: usize,
+    last_gauges: Instant,
+    last_rates: Instant,
+    published_tokens: (u64, u64),
+}
+
+impl Scheduler {
+    pub fn new(
+        engine: Engine,
+        detok: Arc<dyn Detokenizer + Send + Sync>,
+        cfg: SchedulerConfig,
+        disk: Option<DiskCache>,
+        metrics: Arc<Metrics>,
+    ) -> (Scheduler, SchedulerHandle) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let n_ctx = engine.info().n_ctx;
+        metrics.slots.set(cfg.parallel as f64);
+        metrics
+            .kv_capacity_tokens
+            .set((cfg.parallel * n_ctx) as f64);
+        let handle = SchedulerHandle::new(tx, Arc::clone(&metrics), &cfg);
+        let slots = (0..cfg.parallel.max(1)).map(|_| Slot::default()).collect();
+        let s = Scheduler {
+            engine,
+            detok,
+            rx,
+            metrics,
+            cfg,
+            disk,
+            slots,
+            queue: VecDeque::new(),
+            tick: 1,
+            n_ctx,
+            last_gauges: Instant::now(),
+            last_rates: Instant::now(),
+            published_tokens: (0, 0),
+        };
+        (s, handle)
+    }
+
+    /// Runs until [`SchedulerHandle::shutdown`] (or every handle is gone).
+    pub fn run(mut self) {
+        loop {
+            let busy = self.slots.iter().any(|s| s.active.is_some()) || !self.queue.is_empty();
+            let first = if busy {
+                None
+            } else {
+                match self.rx.recv_timeout(Duration::from_millis(500)) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.publish(true);
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            };
+            let mut stop = false;
+            let mut cmds: Vec<Command> = first.into_iter().collect();
+            cmds.extend(self.rx.try_iter());
+            for cmd in cmds {
+                match cmd {
+                    Command::Submit(job) => self.queue.push_back(job),
+                    Command::CancelAll => self.cancel_all("the server is shutting down"),
+                    Command::Shutdown => stop = true,
+                }
+            }
+            if stop {
+                self.cancel_all("the server is shutting down");
+                break;
+            }
+            self.drop_disconnected();
+            self.admit();
+            if self.slots.iter().any(|s| s.active.is_some()) {
+                self.step();
+            }
+            self.publish(false);
+        }
+        self.save_all();
+        self.publish(true);
+        tracing::info!("scheduler stopped");
+    }
+
+    fn fail(&mut self, i: usize, err: ApiError) {
+        if let Some(a) = self.slots[i].active.take() {
+            tracing::warn!("request {} failed: {}", a.job.id, err.message);
+            let _ = a.job.reply.send(Event::Error(err));
+            self.metrics.requests_failed.inc();
+            self.slots[i].last_used = self.next_tick();
+        }
+    }
+
+    fn cancel_all(&mut self, why: &str) {
+        for job in self.queue.drain(..) {
+            self.metrics.queued.fetch_sub(1, Ordering::AcqRel);
+            self.metrics.requests_cancelled.inc();
+            let _ = job.reply.send(Event::Error(ApiError::unavailable(why)));
+        }
+        for i in 0..self.slots.len() {
+            if let Some(a) = self.slots[i].active.take() {
+                tracing::info!("request {} cancelled: {why}", a.job.id);
+                self.metrics.requests_cancelled.inc();
+                let _ = a.job.reply.send(Event::Error(ApiError::unavailable(why)));
+                self.slots[i].last_used = self.next_tick();
+            }
+        }
+    }
+
+    /// Clients that went away: their queued jobs are dropped, their generations stop.
+    fn drop_disconnected(&mut self) {
+        let before = self.queue.len();
+        self.queue.retain(|j| !j.reply.is_closed());
+        let dropped = before - self.queue.len();
+        if dropped > 0 {
+            self.metrics
+                .queued
+                .fetch_sub(dropped as u64, Ordering::AcqRel);
+            self.metrics.requests_cancelled.add(dropped as u64);
+        }
+        for i in 0..self.slots.len() {
+            if self.slots[i]
+                .active
+                .as_ref()
+                .is_some_and(|a| a.job.reply.is_closed())
+            {
+                let a = self.slots[i].active.take().expect("checked");
+                tracing::info!(
+                    "request {} cancelled: the client disconnected after {} tokens",
+                    a.job.id,
+                    a.generated
+                );
+                self.metrics.requests_cancelled.inc();
+                self.slots[i].last_used = self.next_tick();
+            }
+        }
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    fn admit(&mut self) {
+        while !self.queue.is_empty() {
+            let idle: Vec<IdleSlot> = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.active.is_none())
+                .map(|(index, s)| IdleSlot {
+                    index,
+                    tokens: s.session.as_ref().map_or(&[][..], |x| &x.tokens[..]),
+                    last_used: s.last_used,
+                })
+                .collect();
+            if idle.is_empty() {
+                return;
+            }
+            let job = self.queue.pop_front().expect("not empty");
+            let (i, common) = prefix_cache::choose(&idle, &job.prompt, job.params.cache_prompt);
+            self.metrics.queued.fetch_sub(1, Ordering::AcqRel);
+            self.start(i, common, job);
+        }
+    }
+
+    /// Saves a session's full history to the disk cache (if any) before it is cut or dropped.
+    fn save_to_disk(&mut self, session: &Session) {
+        let Some(disk) = &self.disk else { return };
+        if session.tokens.is_empty() || disk.covers(&session.tokens) {
+            return;
+        }
+        match self.engine.snapshot(session) {
+            Ok(snap) => {
+                if disk.save(snap) {
+                    self.metrics.disk_saves.inc();
+                }
+            }
+            Err(e) => tracing::warn!("disk KV cache: snapshot of session {}: {e}", session.id),
+        }
+    }
+
+    /// Puts `job` into slot `i`, whose session shares `common` tokens with the prompt.
+    fn start(&mut self, i: usize, mut common: usize, job: Job) {
+        let mut session = match self.slots[i].session.take() {
+            Some(s) => s,
+            None => self.engine.new_session(),
+        };
+        let prompt_len = job.prompt.len();
+        let mut source = "memory";
+        if job.params.cache_prompt
+            && common < prompt_len
+            && let Some((snap, shared)) = self
+                .disk
+                .as_ref()
+                .and_then(|d| d.lookup(&job.prompt, common))
+        {
+            self.save_to_disk(&session);
+            let old = session.id;
+            match self.engine.restore(&snap) {
+                Ok(restored) => {
+                    self.engine.executor_mut().destroy(old);
+                    tracing::info!(
+                        "request {}: restored {shared} tokens from the disk KV cache (a saved session of {}; slot {i})",
+                        job.id,
+                        snap.tokens.len()
+                    );
+                    self.metrics.disk_restores.inc();
+                    self.metrics.disk_restored_tokens.add(shared as u64);
+                    session = restored;
+                    common = shared;
+                    source = "disk";
+                }
+                Err(e) => {
+                    tracing::warn!("disk KV cache: restoring {} tokens: {e}", snap.tokens.len())
+                }
+            }
+        }
+        let keep = prefix_cache::keep_len(
+            session.tokens.len(),
+            !session.last_logits.is_empty(),
+            prompt_len,
+            common,
+        );
+        if keep < session.tokens.len() {
+            self.save_to_disk(&session);
+            if let Err(e) = self.engine.executor_mut().truncate(session.id, keep) {
+                tracing::warn!("truncating session {}: {e}; starting it afresh", session.id);
+                self.engine.executor_mut().destroy(session.id);
+                session = self.engine.new_session();
+            } else {
+                session.tokens.truncate(keep);
+                session.last_logits.clear();
+            }
+        }
+        let keep = session.tokens.len();
+        tracing::info!(
+            "request {}: slot {i}, prompt {prompt_len} tokens, {keep} cached ({}), {} to evaluate",
+            job.id,
+            if keep > 0 { source } else { "none" },
+            prompt_len - keep
+        );
+        self.metrics.prompt_tokens.add(prompt_len as u64);
+        self.metrics.prompt_tokens_cached.add(keep as u64);
+        let seq = self.next_tick();
+        self.slots[i].session = Some(session);
+        self.slots[i].active = Some(Active::new(job, keep, seq));
+        if keep == prompt_len {
+            self.advance(i);
+        }
+    }
+
+    /// One batched forward: a token for every decoding slot, a chunk for one prefilling slot.
+    fn step(&mut self) {
+        let prefill = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.active.as_ref().map(|a| (i, a)))
+            .filter(|(_, a)| a.prefilling())
+            .min_by_key(|(_, a)| a.seq)
+            .map(|(i, a)| {
+                (
+                    i,
+                    a.pos,
+                    (a.pos + self.cfg.prefill_chunk.max(1)).min(a.job.prompt.len()),
+                )
+            });
+        let decode: Vec<(usize, [u32; 1])> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((i, [s.active.as_ref()?.pending?])))
+            .collect();
+        if prefill.is_none() && decode.is_empty() {
+            return;
+        }
+        let mut plan: Vec<usize> = decode.iter().map(|(i, _)| *i).collect();
+        let t0 = Instant::now();
+        let result = {
+            let slots = &self.slots;
+            let sid = |i: usize| {
+                slots[i]
+                    .session
+                    .as_ref()
+                    .expect("active slots have sessions")
+                    .id
+            };
+            let mut batch: Vec<EvalRequest> = decode
+                .iter()
+                .map(|(i, tok)| EvalRequest {
+                    session: sid(*i),
+                    tokens: tok,
+                    logits: LogitsWanted::Last,
+                })
+                .collect();
+            if let Some((i, a, b)) = prefill {
+                let active = slots[i].active.as_ref().expect("prefilling");
+                let last = b == active.job.prompt.len();
+                batch.push(EvalRequest {
+                    session: sid(i),
+                    tokens: &active.job.prompt[a..b],
+                    logits: if last {
+                        LogitsWanted::Last
+                    } else {
+                        LogitsWanted::None
+                    },
+                });
+                plan.push(i);
+            }
+            self.engine.executor_mut().eval(&batch)
+        };
+        let secs = t0.elapsed().as_secs_f64();
+        self.metrics.steps.inc();
+        self.metrics
+            .step_seconds
+            .set(self.metrics.step_seconds.get() + secs);
+        self.metrics.batch_size.set(plan.len() as f64);
+        if plan.len() as f64 > self.metrics.batch_size_max.get() {
+            self.metrics.batch_size_max.set(plan.len() as f64);
+        }
+        let results = match result {
+            Ok(r) if r.len() == plan.len() => r,
+            other => {
+                let msg = match other {
+                    Err(e) => format!("evaluation failed: {e}"),
+                    Ok(r) => format!(
+                        "the executor returned {} results for {} requests",
+                        r.len(),
+                        plan.len()
+                    ),
+                };
+                for &i in &plan {
+                    self.resync(i);
+                    self.fail(i, ApiError::internal(msg.clone()));
+                }
+                return;
+            }
+        };
+        for (k, (&i, r)) in plan.iter().zip(results).enumerate() {
+            let slot = &mut self.slots[i];
+            let (Some(session), Some(a)) = (slot.session.as_mut(), slot.active.as_mut()) else {
+                continue;
+            };
+            if k < decode.len() {
+                session.tokens.push(decode[k].1[0]);
+                a.pending = None;
+            } else {
+                let (_, from, to) = prefill.expect("the last entry is the prefill");
+                session.tokens.extend_from_slice(&a.job.prompt[from..to]);
+                a.pos = to;
+                self.metrics.prompt_tokens_evaluated.add((to - from) as u64);
+            }
+            session.last_logits = r.last().map(<[f32]>::to_vec).unwrap_or_default();
+            if a.pos == a.job.prompt.len() {
+                if a.t_prefilled.is_none() {
+                    a.t_prefilled = Some(Instant::now());
+                }
+                self.advance(i);
+            }
+        }
+    }
+
+    /// After a failed step: makes the session's token list agree with the executor again.
+    fn resync(&mut self, i: usize) {
+        let Some(s) = self.slots[i].session.as_mut() else {
+            return;
+        };
+        let have = self.engine.executor().session_len(s.id);
+        if have < s.tokens.len() {
+            s.tokens.truncate(have);
+        } else if have > s.tokens.len()
+            && self
+                .engine
+                .executor_mut()
+                .truncate(s.id, s.tokens.len())
+                .is_err()
+        {
+            s.tokens.clear();
+            self.engine.executor_mut().destroy(s.id);
+        }
+        s.last_logits.clear();
+    }
+
+    /// Samples slot `i`'s next token; finishes its request when the generation ends.
+    fn advance(&mut self, i: usize) {
+        let tick = self.next_tick();
+        let slot = &mut self.slots[i];
+        let (Some(session), Some(a)) = (slot.session.as_ref(), slot.active.as_mut()) else {
+            return;
+        };
+        if let Some(finish) = a.sample_next(session, self.detok.as_ref(), &self.metrics, self.n_ctx)
+        {
+            let a = slot.active.take().expect("active");
+            slot.last_used = tick;
+            a.finish(finish, &self.metrics);
+        }
+    }
+
+    /// Every slot's session to the disk cache (shutdown).
+    fn save_all(&mut self) {
+        if self.disk.is_none() {
+            return;
+        }
+        let sessions: Vec<Session> = self
+            .slots
+            .iter_mut()
+            .filter_map(|s| s.session.take())
+            .collect();
+        for s in &sessions {
+            self.save_to_disk(s);
+        }
+        if let Some(d) = self.disk.as_mut() {
+            d.flush();
+            tracing::info!(
+                "disk KV cache: {} sessions saved at shutdown",
+                sessions.len()
+            );
+        }
+    }
+
+    /// Gauges for `/metrics`: at most every 250 ms (executor statistics every second).
+    fn publish(&mut self, force: bool) {
+        if !force && self.last_gauges.elapsed() < Duration::from_millis(250) {
+            return;
+        }
+        self.last_gauges = Instant::now();
+        let m = &self.metrics;
+        let active = self.slots.iter().filter(|s| s.active.is_some()).count();
+        m.processing.set(active as f64);
+        let kv: usize = self
+            .slots
+            .iter()
+            .filter_map(|s| s.session.as_ref())
+            .map(|s| s.tokens.len())
+            .sum();
+        m.kv_tokens.set(kv as f64);
+        if let Some(d) = &self.disk {
+            let (n, bytes) = d.usage();
+            m.disk_entries.set(n as f64);
+            m.disk_bytes.set(bytes as f64);
+        }
+        let dt = self.last_rates.elapsed().as_secs_f64();
+        if force || dt >= 1.0 {
+            let now = (m.generated_tokens.get(), m.prompt_tokens_evaluated.get());
+            m.decode_tps
+                .set((now.0 - self.published_tokens.0) as f64 / dt.max(1e-3));
+            m.prompt_tps
+                .set((now.1 - self.published_tokens.1) as f64 / dt.max(1e-3));
+            self.published_tokens = now;
+            if let Ok(mut s) = m.executor.lock() {
+                *s = self.engine.executor().stats();
+            }
+            self.last_rates = Instant::now();
+        }
+    }
+}
