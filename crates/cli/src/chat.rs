@@ -25,6 +25,9 @@ pub struct ChatArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Stop before this text (repeatable), e.g. `--stop $'\n\n'`.
+    #[arg(long)]
+    pub stop: Vec<String>,
 }
 
 pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
@@ -60,7 +63,7 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         let rendered = template.render(&messages, true, &Default::default())?;
         let starts_with_bos = !template.bos_token().is_empty() && rendered.starts_with(template.bos_token());
         let prompt = tokenizer.encode(&rendered, !starts_with_bos, true);
-        let opts = GenerateOptions { max_tokens: args.n_predict, stop: Vec::new(), ignore_eos: false };
+        let opts = GenerateOptions { max_tokens: args.n_predict, stop: args.stop.clone(), ignore_eos: false };
         let mut reply = String::new();
         let mut out = std::io::stdout().lock();
         let stats = generate(&mut engine, &mut session, &tokenizer, &mut sampler, &prompt, &opts, &mut |text| {

@@ -23,6 +23,9 @@ pub struct RunArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Stop before this text (repeatable), e.g. `--stop $'\n\n'`.
+    #[arg(long)]
+    pub stop: Vec<String>,
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -54,7 +57,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let cfg = args.sampling.config();
     let seed = cfg.seed;
     let mut sampler = Sampler::new(cfg);
-    let opts = GenerateOptions { max_tokens: args.n_predict, stop: Vec::new(), ignore_eos: args.ignore_eos };
+    let opts = GenerateOptions { max_tokens: args.n_predict, stop: args.stop.clone(), ignore_eos: args.ignore_eos };
     let mut out = std::io::stdout().lock();
     write!(out, "{}", args.prompt)?;
     out.flush()?;
