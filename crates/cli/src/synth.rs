@@ -205,7 +205,10 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
     w.add_metadata(format!("{a}.block_count"), u(p.n_layer))?;
     w.add_metadata(format!("{a}.context_length"), u(p.n_ctx))?;
     w.add_metadata(format!("{a}.embedding_length"), u(p.n_embd))?;
-    w.add_metadata(format!("{a}.feed_forward_length"), u(p.n_ff_exp * p.n_expert_used))?;
+    // OLMoE's experts are `feed_forward_length` wide in llama.cpp; Qwen3-MoE has a separate
+    // expert width and a (here unused) dense one.
+    let ff = if a == "olmoe" { p.n_ff_exp } else { p.n_ff_exp * p.n_expert_used };
+    w.add_metadata(format!("{a}.feed_forward_length"), u(ff))?;
     w.add_metadata(format!("{a}.expert_feed_forward_length"), u(p.n_ff_exp))?;
     w.add_metadata(format!("{a}.attention.head_count"), u(p.n_head))?;
     w.add_metadata(format!("{a}.attention.head_count_kv"), u(p.n_head_kv))?;
