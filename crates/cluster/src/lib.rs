@@ -6,4 +6,5 @@ pub mod hash;
 pub mod pipeline;
 pub mod stage;
 pub mod tp;
+pub mod transcripts;
 pub mod wire;

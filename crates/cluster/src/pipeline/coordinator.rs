@@ -2,7 +2,7 @@
 //! session's token transcript, and replays it onto a rebuilt route after a failure so that a
 //! request in progress finishes with the same tokens.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 use engine::executor::{EvalRequest, EvalResult, Executor, ModelInfo, SessionId};
 use engine::snapshot::Snapshot;
 use engine::{EngineError, Result};
-use model::{LogitsWanted, StageInput, StageOutput};
+use model::{StageInput, StageOutput};
 
 use super::protocol::*;
 use super::registry::{Expect, Registry, Worker, wait_reply};
 use crate::activation::ActFormat;
-use crate::hash;
-use crate::stage::{SeqWork, StageError, StageRuntime};
+use crate::stage::{StageError, StageRuntime};
+use crate::transcripts::{Transcripts, WorkItem};
 use crate::wire::messages::build_id;
 use crate::wire::{self, AuthMode, Connection, Frame, Hello, Kind, Role};
 
@@ -40,8 +40,6 @@ pub struct PipelineConfig {
     pub debug: bool,
 }
 
-/// A work item: its sequences and their tokens.
-type WorkItem = (Vec<SeqWork>, Vec<u32>);
 /// What comes back for an item that asked for logits: the header and the raw f32 rows.
 type ItemResult = (ResultHeader, Vec<u8>);
 
@@ -74,9 +72,7 @@ pub struct PipelineExecutor {
     route: Option<Route>,
     cfg: PipelineConfig,
     info: ModelInfo,
-    transcripts: HashMap<SessionId, Vec<u32>>,
-    /// Sessions whose state every remote stage holds (the rest are replayed before use).
-    synced: HashSet<SessionId>,
+    sessions: Transcripts,
     next_request: u64,
     bound: std::net::SocketAddr,
 }
@@ -118,8 +114,7 @@ impl PipelineExecutor {
             route: None,
             cfg,
             info,
-            transcripts: HashMap::new(),
-            synced: HashSet::new(),
+            sessions: Transcripts::default(),
             next_request: 1,
             bound,
         })
@@ -145,7 +140,7 @@ impl PipelineExecutor {
             tracing::warn!("dropping the route ({why})");
             r.data.shutdown();
         }
-        self.synced.clear();
+        self.sessions.mark_all_stale();
     }
 
     /// Waits (up to `route_wait`) for workers forming a complete chain, and wires them up.
@@ -173,7 +168,7 @@ impl PipelineExecutor {
                                 .join(" → ")
                         );
                         self.route = Some(route);
-                        self.synced.clear();
+                        self.sessions.mark_all_stale();
                         return Ok(());
                     }
                     Err(e) => {
@@ -438,33 +433,17 @@ impl PipelineExecutor {
 
     /// Replays a session's transcript onto a fresh state in every stage (local included).
     fn replay(&mut self, session: SessionId) -> std::result::Result<Vec<u8>, Attempt> {
-        let tokens = self.transcripts.get(&session).cloned().unwrap_or_default();
-        if tokens.is_empty() {
+        if self.sessions.len(session) == 0 {
             self.local.destroy(session);
-            self.synced.insert(session);
+            self.sessions.mark_synced(session);
             return Ok(Vec::new());
         }
-        tracing::info!("replaying session {session} ({} tokens)", tokens.len());
-        let chunk = self.cfg.chunk.max(1);
-        let n_chunks = tokens.len().div_ceil(chunk);
-        let mut items = Vec::with_capacity(n_chunks);
-        for (c, part) in tokens.chunks(chunk).enumerate() {
-            let pos0 = c * chunk;
-            let last = c + 1 == n_chunks;
-            items.push((
-                vec![SeqWork {
-                    session,
-                    pos0: pos0 as u32,
-                    n_tokens: part.len() as u32,
-                    reset: c == 0,
-                    hash_before: hash::of(&tokens[..pos0]),
-                    logits: if last { 1 } else { 0 },
-                }],
-                part.to_vec(),
-            ));
-        }
-        let out = self.run_items(items)?;
-        self.synced.insert(session);
+        tracing::info!(
+            "replaying session {session} ({} tokens)",
+            self.sessions.len(session)
+        );
+        let out = self.run_items(self.sessions.replay_items(session, self.cfg.chunk))?;
+        self.sessions.mark_synced(session);
         Ok(out
             .into_iter()
             .last()
@@ -476,57 +455,11 @@ impl PipelineExecutor {
     fn attempt(&mut self, batch: &[EvalRequest]) -> std::result::Result<Vec<EvalResult>, Attempt> {
         self.ensure_route().map_err(Attempt::Fatal)?;
         for r in batch {
-            if !self.all_local() && !self.synced.contains(&r.session) {
+            if !self.all_local() && !self.sessions.is_synced(r.session) {
                 self.replay(r.session)?;
             }
         }
-        let mut items = Vec::new();
-        // One long prompt is cut into chunks so stages overlap; a batch of several sessions
-        // (decode steps) travels as one item.
-        if batch.len() == 1 {
-            let r = &batch[0];
-            let prev = self.transcripts.get(&r.session).map_or(&[][..], |t| &t[..]);
-            let chunk = self.cfg.chunk.max(1);
-            let n_chunks = r.tokens.len().div_ceil(chunk).max(1);
-            let mut hashed = prev.to_vec();
-            for (c, part) in r.tokens.chunks(chunk).enumerate() {
-                let pos0 = prev.len() + c * chunk;
-                let last = c + 1 == n_chunks;
-                let logits = match r.logits {
-                    LogitsWanted::All => 2,
-                    LogitsWanted::Last if last => 1,
-                    _ => 0,
-                };
-                items.push((
-                    vec![SeqWork {
-                        session: r.session,
-                        pos0: pos0 as u32,
-                        n_tokens: part.len() as u32,
-                        reset: false,
-                        hash_before: hash::of(&hashed),
-                        logits,
-                    }],
-                    part.to_vec(),
-                ));
-                hashed.extend_from_slice(part);
-            }
-        } else {
-            let mut seqs = Vec::new();
-            let mut tokens = Vec::new();
-            for r in batch {
-                let prev = self.transcripts.get(&r.session).map_or(&[][..], |t| &t[..]);
-                seqs.push(SeqWork {
-                    session: r.session,
-                    pos0: prev.len() as u32,
-                    n_tokens: r.tokens.len() as u32,
-                    reset: false,
-                    hash_before: hash::of(prev),
-                    logits: SeqWork::code(r.logits),
-                });
-                tokens.extend_from_slice(r.tokens);
-            }
-            items.push((seqs, tokens));
-        }
+        let items = self.sessions.eval_items(batch, self.cfg.chunk);
         let chunked = batch.len() == 1;
         let outs = self.run_items(items)?;
         // Map logits rows back to requests.
@@ -570,26 +503,13 @@ impl Executor for PipelineExecutor {
     }
 
     fn eval(&mut self, batch: &[EvalRequest]) -> Result<Vec<EvalResult>> {
-        for r in batch {
-            let have = self.transcripts.get(&r.session).map_or(0, Vec::len);
-            if have + r.tokens.len() > self.info.n_ctx {
-                return Err(EngineError::ContextFull {
-                    needed: have + r.tokens.len(),
-                    n_ctx: self.info.n_ctx,
-                });
-            }
-        }
+        self.sessions.check_fits(batch, self.info.n_ctx)?;
         let deadline = Instant::now() + self.cfg.route_wait;
         let mut desyncs = 0;
         loop {
             match self.attempt(batch) {
                 Ok(results) => {
-                    for r in batch {
-                        self.transcripts
-                            .entry(r.session)
-                            .or_default()
-                            .extend_from_slice(r.tokens);
-                    }
+                    self.sessions.commit(batch);
                     if self.cfg.replay_check && batch.len() == 1 && batch[0].tokens.len() > 1 {
                         self.check_replay(batch[0].session, &results[0])?;
                     }
@@ -601,7 +521,7 @@ impl Executor for PipelineExecutor {
                 }
                 Err(Attempt::Desync(session)) => {
                     self.rollback(batch);
-                    self.synced.remove(&session);
+                    self.sessions.mark_stale(session);
                     desyncs += 1;
                     if desyncs > 3 {
                         return Err(exec_err(format!(
@@ -627,20 +547,17 @@ impl Executor for PipelineExecutor {
     }
 
     fn truncate(&mut self, session: SessionId, n: usize) -> Result<()> {
-        if let Some(t) = self.transcripts.get_mut(&session) {
-            t.truncate(n);
-        }
+        self.sessions.truncate(session, n);
         // Stages rewind when the next work item names an earlier position.
         Ok(())
     }
 
     fn session_len(&self, session: SessionId) -> usize {
-        self.transcripts.get(&session).map_or(0, Vec::len)
+        self.sessions.len(session)
     }
 
     fn destroy(&mut self, session: SessionId) {
-        self.transcripts.remove(&session);
-        self.synced.remove(&session);
+        self.sessions.remove(session);
         self.local.destroy(session);
         if let Some(route) = &self.route {
             let rid = self.next_request + 1;
@@ -655,14 +572,13 @@ impl Executor for PipelineExecutor {
     }
 
     fn snapshot(&mut self, session: SessionId) -> Result<Snapshot> {
-        let tokens = self
-            .transcripts
-            .get(&session)
-            .cloned()
-            .ok_or_else(|| exec_err(format!("session {session} does not exist")))?;
+        if !self.sessions.contains(session) {
+            return Err(exec_err(format!("session {session} does not exist")));
+        }
+        let tokens = self.sessions.get(session).to_vec();
         let n = tokens.len();
         // Make sure every stage holds the session (after a failure it may need a replay).
-        if !self.all_local() && !self.synced.contains(&session) {
+        if !self.all_local() && !self.sessions.is_synced(session) {
             self.ensure_route()?;
             self.replay(session)
                 .map_err(|_| exec_err("replay before snapshot failed"))?;
@@ -789,8 +705,7 @@ impl Executor for PipelineExecutor {
                 }
             }
         }
-        self.transcripts.insert(session, s.tokens.clone());
-        self.synced.insert(session);
+        self.sessions.set(session, s.tokens.clone());
         Ok(())
     }
 
@@ -815,10 +730,10 @@ impl PipelineExecutor {
     /// Puts the local stage back to the transcripts after a failed attempt.
     fn rollback(&mut self, batch: &[EvalRequest]) {
         for r in batch {
-            let n = self.transcripts.get(&r.session).map_or(0, Vec::len);
+            let n = self.sessions.len(r.session);
             if self.local.session_len(r.session) != n {
                 // The local stage rewinds on the next work item (pos0 = n); mark remote state stale.
-                self.synced.remove(&r.session);
+                self.sessions.mark_stale(r.session);
             }
         }
     }

@@ -4,7 +4,6 @@
 //! rank that dies or stalls fails the step within `--tp-timeout`; when it comes back (within
 //! `--route-wait`) the group is re-formed and every session replayed.
 
-use std::collections::{HashMap, HashSet};
 use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex};
@@ -17,9 +16,9 @@ use model::{Compute, KvType, Model, OwnedResidentExperts, Shard, StageInput, Sta
 
 use super::mesh::{Mesh, MeshHooks};
 use super::protocol::{TpCommand, TpReply};
-use crate::hash;
 use crate::pipeline::protocol::pack;
 use crate::stage::{SeqWork, SharedExperts, StageRuntime};
+use crate::transcripts::Transcripts;
 use crate::wire::{self, AuthMode, Connection, Kind, Role, Welcome, WireError};
 
 #[derive(Clone)]
@@ -205,8 +204,7 @@ pub struct TpExecutor {
     data_listener: TcpListener,
     data_addr: String,
     group: Option<Group>,
-    transcripts: HashMap<SessionId, Vec<u32>>,
-    synced: HashSet<SessionId>,
+    sessions: Transcripts,
     step: u64,
     epoch: u64,
     /// Exchanges and their total time (rank 0's view), for `stats`.
@@ -311,8 +309,7 @@ impl TpExecutor {
             data_listener,
             data_addr,
             group: None,
-            transcripts: HashMap::new(),
-            synced: HashSet::new(),
+            sessions: Transcripts::default(),
             step: 0,
             epoch: 0,
             exchanges: 0,
@@ -334,7 +331,7 @@ impl TpExecutor {
             tracing::warn!("leaving group epoch {} ({why})", g.epoch);
             g.mesh.shutdown();
         }
-        self.synced.clear();
+        self.sessions.mark_all_stale();
     }
 
     fn ensure_group(&mut self) -> Result<()> {
@@ -393,7 +390,7 @@ impl TpExecutor {
             match self.start_group(links, generation) {
                 Ok(g) => {
                     self.group = Some(g);
-                    self.synced.clear();
+                    self.sessions.mark_all_stale();
                     return Ok(());
                 }
                 Err(e) => {
@@ -582,39 +579,23 @@ impl TpExecutor {
     }
 
     fn replay(&mut self, session: SessionId) -> std::result::Result<(), String> {
-        let tokens = self.transcripts.get(&session).cloned().unwrap_or_default();
         tracing::info!(
             "replaying session {session} ({} tokens) on the group",
-            tokens.len()
+            self.sessions.len(session)
         );
-        let chunk = self.cfg.chunk.max(1);
-        for (c, part) in tokens.chunks(chunk).enumerate() {
-            let pos0 = c * chunk;
-            let seq = SeqWork {
-                session,
-                pos0: pos0 as u32,
-                n_tokens: part.len() as u32,
-                reset: c == 0,
-                hash_before: hash::of(&tokens[..pos0]),
-                logits: 0,
-            };
-            self.step_all(vec![seq], part.to_vec())?;
+        for (seqs, tokens) in self.sessions.replay_items(session, self.cfg.chunk) {
+            self.step_all(seqs, tokens)?;
         }
-        self.synced.insert(session);
+        self.sessions.mark_synced(session);
         Ok(())
     }
 
     fn attempt(&mut self, batch: &[EvalRequest]) -> std::result::Result<Vec<EvalResult>, String> {
         for r in batch {
-            if !self.synced.contains(&r.session)
-                && self
-                    .transcripts
-                    .get(&r.session)
-                    .is_some_and(|t| !t.is_empty())
-            {
+            if !self.sessions.is_synced(r.session) && self.sessions.len(r.session) > 0 {
                 self.replay(r.session)?;
             }
-            self.synced.insert(r.session);
+            self.sessions.mark_synced(r.session);
         }
         let n_vocab = self.info.n_vocab;
         let mut results: Vec<EvalResult> = batch
@@ -624,66 +605,27 @@ impl TpExecutor {
                 ..Default::default()
             })
             .collect();
-        if batch.len() == 1 {
-            // Long prompts in chunks; logits only where asked.
-            let r = &batch[0];
-            let prev = self
-                .transcripts
-                .get(&r.session)
-                .cloned()
-                .unwrap_or_default();
-            let chunk = self.cfg.chunk.max(1);
-            let n_chunks = r.tokens.len().div_ceil(chunk).max(1);
-            let mut hashed = prev.clone();
-            for (c, part) in r.tokens.chunks(chunk).enumerate() {
-                let last = c + 1 == n_chunks;
-                let logits = match r.logits {
-                    model::LogitsWanted::All => 2,
-                    model::LogitsWanted::Last if last => 1,
-                    _ => 0,
-                };
-                let seq = SeqWork {
-                    session: r.session,
-                    pos0: hashed.len() as u32,
-                    n_tokens: part.len() as u32,
-                    reset: false,
-                    hash_before: hash::of(&hashed),
-                    logits,
-                };
-                let rows = self.step_all(vec![seq], part.to_vec())?;
-                results[0].n_rows += rows.len() / n_vocab;
-                results[0].logits.extend_from_slice(&rows);
-                hashed.extend_from_slice(part);
+        for (seqs, tokens) in self.sessions.eval_items(batch, self.cfg.chunk) {
+            let rows = self.step_all(seqs, tokens)?;
+            if let [only] = results.as_mut_slice() {
+                // One request, possibly in several chunks: rows accumulate in order.
+                only.n_rows += rows.len() / n_vocab;
+                only.logits.extend_from_slice(&rows);
+                continue;
             }
-            return Ok(results);
-        }
-        let mut seqs = Vec::new();
-        let mut tokens = Vec::new();
-        for r in batch {
-            let prev = self.transcripts.get(&r.session).map_or(&[][..], |t| &t[..]);
-            seqs.push(SeqWork {
-                session: r.session,
-                pos0: prev.len() as u32,
-                n_tokens: r.tokens.len() as u32,
-                reset: false,
-                hash_before: hash::of(prev),
-                logits: SeqWork::code(r.logits),
-            });
-            tokens.extend_from_slice(r.tokens);
-        }
-        let rows = self.step_all(seqs, tokens)?;
-        // Rows come in batch order; split them by request.
-        let mut off = 0;
-        for (r, res) in batch.iter().zip(results.iter_mut()) {
-            let n = match r.logits {
-                model::LogitsWanted::None => 0,
-                model::LogitsWanted::Last => usize::from(!r.tokens.is_empty()),
-                model::LogitsWanted::All => r.tokens.len(),
-            };
-            res.n_rows = n;
-            res.logits
-                .extend_from_slice(&rows[off * n_vocab..(off + n) * n_vocab]);
-            off += n;
+            // A batch travels as one item; its rows come in request order.
+            let mut off = 0;
+            for (r, res) in batch.iter().zip(results.iter_mut()) {
+                let n = match r.logits {
+                    model::LogitsWanted::None => 0,
+                    model::LogitsWanted::Last => usize::from(!r.tokens.is_empty()),
+                    model::LogitsWanted::All => r.tokens.len(),
+                };
+                res.n_rows = n;
+                res.logits
+                    .extend_from_slice(&rows[off * n_vocab..(off + n) * n_vocab]);
+                off += n;
+            }
         }
         Ok(results)
     }
@@ -720,15 +662,7 @@ impl Executor for TpExecutor {
     }
 
     fn eval(&mut self, batch: &[EvalRequest]) -> Result<Vec<EvalResult>> {
-        for r in batch {
-            let have = self.transcripts.get(&r.session).map_or(0, Vec::len);
-            if have + r.tokens.len() > self.info.n_ctx {
-                return Err(EngineError::ContextFull {
-                    needed: have + r.tokens.len(),
-                    n_ctx: self.info.n_ctx,
-                });
-            }
-        }
+        self.sessions.check_fits(batch, self.info.n_ctx)?;
         let deadline = Instant::now() + self.cfg.route_wait;
         let mut first_error: Option<String> = None;
         loop {
@@ -738,12 +672,7 @@ impl Executor for TpExecutor {
             })?;
             match self.attempt(batch) {
                 Ok(results) => {
-                    for r in batch {
-                        self.transcripts
-                            .entry(r.session)
-                            .or_default()
-                            .extend_from_slice(r.tokens);
-                    }
+                    self.sessions.commit(batch);
                     return Ok(results);
                 }
                 Err(e) => {
@@ -764,19 +693,16 @@ impl Executor for TpExecutor {
     }
 
     fn truncate(&mut self, session: SessionId, n: usize) -> Result<()> {
-        if let Some(t) = self.transcripts.get_mut(&session) {
-            t.truncate(n);
-        }
+        self.sessions.truncate(session, n);
         Ok(())
     }
 
     fn session_len(&self, session: SessionId) -> usize {
-        self.transcripts.get(&session).map_or(0, Vec::len)
+        self.sessions.len(session)
     }
 
     fn destroy(&mut self, session: SessionId) {
-        self.transcripts.remove(&session);
-        self.synced.remove(&session);
+        self.sessions.remove(session);
         if let Some(g) = self.group.as_mut() {
             g.stage.destroy(session);
             for l in &g.links {
@@ -788,13 +714,12 @@ impl Executor for TpExecutor {
     }
 
     fn snapshot(&mut self, session: SessionId) -> Result<Snapshot> {
-        let tokens = self
-            .transcripts
-            .get(&session)
-            .cloned()
-            .ok_or_else(|| exec_err(format!("session {session} does not exist")))?;
+        if !self.sessions.contains(session) {
+            return Err(exec_err(format!("session {session} does not exist")));
+        }
+        let tokens = self.sessions.get(session).to_vec();
         self.ensure_group()?;
-        if !self.synced.contains(&session) {
+        if !self.sessions.is_synced(session) {
             self.replay(session).map_err(exec_err)?;
         }
         let n = tokens.len();
@@ -941,8 +866,7 @@ impl Executor for TpExecutor {
                 (other, _) => return Err(exec_err(format!("rank {}: {other:?}", l.rank))),
             }
         }
-        self.transcripts.insert(session, s.tokens.clone());
-        self.synced.insert(session);
+        self.sessions.set(session, s.tokens.clone());
         Ok(())
     }
 
