@@ -56,12 +56,20 @@ fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let m = v.iter().sum::<f64>() / v.len().max(1) as f64;
-    let var = if v.len() > 1 { v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64 } else { 0.0 };
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64
+    } else {
+        0.0
+    };
     (m, var.sqrt())
 }
 
 fn eval(engine: &mut Engine, session: u64, toks: &[u32], want: LogitsWanted) -> anyhow::Result<()> {
-    engine.executor_mut().eval(&[EvalRequest { session, tokens: toks, logits: want }])?;
+    engine.executor_mut().eval(&[EvalRequest {
+        session,
+        tokens: toks,
+        logits: want,
+    }])?;
     Ok(())
 }
 
@@ -73,7 +81,11 @@ fn prompt_test(engine: &mut Engine, n: usize, batch: usize, seed: u64) -> anyhow
     let t0 = Instant::now();
     let chunks: Vec<&[u32]> = toks.chunks(batch.max(1)).collect();
     for (i, c) in chunks.iter().enumerate() {
-        let want = if i + 1 == chunks.len() { LogitsWanted::Last } else { LogitsWanted::None };
+        let want = if i + 1 == chunks.len() {
+            LogitsWanted::Last
+        } else {
+            LogitsWanted::None
+        };
         eval(engine, s.id, c, want)?;
     }
     let secs = t0.elapsed().as_secs_f64();
@@ -104,9 +116,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     let (model, mut engine) = common::open(&margs)?;
     let info = engine.info().clone();
-    let threads = if margs.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { margs.threads };
+    let threads = if margs.threads == 0 {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    } else {
+        margs.threads
+    };
     let describe = engine.executor().describe();
-    eprintln!("model: {} ({}, {:.2} GiB), {describe}", info.name, info.arch, info.weight_bytes as f64 / (1u64 << 30) as f64);
+    eprintln!(
+        "model: {} ({}, {:.2} GiB), {describe}",
+        info.name,
+        info.arch,
+        info.weight_bytes as f64 / (1u64 << 30) as f64
+    );
     if let (Some(start), Some(max)) = (args.ctx_start, args.ctx_max) {
         return sweep(&mut engine, args, start, max);
     }
@@ -114,13 +137,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     prompt_test(&mut engine, args.n_prompt.clamp(1, 32), args.batch, 99)?;
     gen_test(&mut engine, 4, 98)?;
     let mut results = Vec::new();
-    for (name, n, is_prompt) in [(format!("pp{}", args.n_prompt), args.n_prompt, true), (format!("tg{}", args.n_gen), args.n_gen, false)] {
+    for (name, n, is_prompt) in [
+        (format!("pp{}", args.n_prompt), args.n_prompt, true),
+        (format!("tg{}", args.n_gen), args.n_gen, false),
+    ] {
         if n == 0 {
             continue;
         }
         let mut tps = Vec::new();
         for r in 0..args.repetitions.max(1) {
-            let secs = if is_prompt { prompt_test(&mut engine, n, args.batch, r as u64)? } else { gen_test(&mut engine, n, 1000 + r as u64)? };
+            let secs = if is_prompt {
+                prompt_test(&mut engine, n, args.batch, r as u64)?
+            } else {
+                gen_test(&mut engine, n, 1000 + r as u64)?
+            };
             tps.push(n as f64 / secs);
         }
         let (m, sd) = mean_sd(&tps);
@@ -161,7 +191,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 /// ds4-bench style: grow one session's context step by step; at each depth measure the prefill
 /// of the step and the decode of `sweep_gen` tokens (then rewind them).
 fn sweep(engine: &mut Engine, args: &BenchArgs, start: usize, max: usize) -> anyhow::Result<()> {
-    anyhow::ensure!(args.step > 0 && start <= max, "--ctx-start must not exceed --ctx-max, and --step must be positive");
+    anyhow::ensure!(
+        args.step > 0 && start <= max,
+        "--ctx-start must not exceed --ctx-max, and --step must be positive"
+    );
     let n_vocab = engine.info().n_vocab;
     let s = engine.new_session();
     let all = tokens(max + args.sweep_gen, n_vocab, 7);
@@ -187,8 +220,18 @@ fn sweep(engine: &mut Engine, args: &BenchArgs, start: usize, max: usize) -> any
         engine.executor_mut().truncate(s.id, have)?;
         let per_pos = engine.info().n_layer;
         let kv_bytes = kv_bytes_estimate(engine, have, per_pos);
-        let row = (have, prefill_tokens, prefill_tokens as f64 / prefill_secs.max(1e-9), args.sweep_gen, args.sweep_gen as f64 / gen_secs.max(1e-9), kv_bytes);
-        println!("{},{},{:.2},{},{:.2},{}", row.0, row.1, row.2, row.3, row.4, row.5);
+        let row = (
+            have,
+            prefill_tokens,
+            prefill_tokens as f64 / prefill_secs.max(1e-9),
+            args.sweep_gen,
+            args.sweep_gen as f64 / gen_secs.max(1e-9),
+            kv_bytes,
+        );
+        println!(
+            "{},{},{:.2},{},{:.2},{}",
+            row.0, row.1, row.2, row.3, row.4, row.5
+        );
         rows.push(row);
         if ctx >= max {
             break;

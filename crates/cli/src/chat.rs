@@ -5,10 +5,10 @@
 use std::io::{BufRead, Write};
 
 use anyhow::Context;
+use engine::Sampler;
 use engine::chat_template::{ChatMessage, ChatTemplate};
 use engine::generate::{GenerateOptions, generate};
 use engine::tokenizer::Tokenizer;
-use engine::Sampler;
 
 use crate::common::{self, ModelArgs};
 use crate::sampling::SamplingArgs;
@@ -38,7 +38,11 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         Some(t) => t,
         None => {
             eprintln!("(the model has no chat template; using ChatML)");
-            let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
+            let text = |id: Option<u32>| {
+                id.and_then(|i| tokenizer.token_text(i))
+                    .unwrap_or("")
+                    .to_string()
+            };
             ChatTemplate::chatml(text(tokenizer.bos()), text(tokenizer.eos()))
         }
     };
@@ -48,7 +52,10 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
     if let Some(s) = &args.system {
         messages.push(ChatMessage::new("system", s.clone()));
     }
-    eprintln!("chatting with {} — empty line or Ctrl-D to quit", engine.info().name);
+    eprintln!(
+        "chatting with {} — empty line or Ctrl-D to quit",
+        engine.info().name
+    );
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -61,15 +68,28 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         }
         messages.push(ChatMessage::new("user", line));
         let rendered = template.render(&messages, true, &Default::default())?;
-        let starts_with_bos = !template.bos_token().is_empty() && rendered.starts_with(template.bos_token());
+        let starts_with_bos =
+            !template.bos_token().is_empty() && rendered.starts_with(template.bos_token());
         let prompt = tokenizer.encode(&rendered, !starts_with_bos, true);
-        let opts = GenerateOptions { max_tokens: args.n_predict, stop: args.stop.clone(), ignore_eos: false };
+        let opts = GenerateOptions {
+            max_tokens: args.n_predict,
+            stop: args.stop.clone(),
+            ignore_eos: false,
+        };
         let mut reply = String::new();
         let mut out = std::io::stdout().lock();
-        let stats = generate(&mut engine, &mut session, &tokenizer, &mut sampler, &prompt, &opts, &mut |text| {
-            reply.push_str(text);
-            write!(out, "{text}").and_then(|_| out.flush()).is_ok()
-        })?;
+        let stats = generate(
+            &mut engine,
+            &mut session,
+            &tokenizer,
+            &mut sampler,
+            &prompt,
+            &opts,
+            &mut |text| {
+                reply.push_str(text);
+                write!(out, "{text}").and_then(|_| out.flush()).is_ok()
+            },
+        )?;
         writeln!(out)?;
         eprintln!(
             "[{} new prompt tokens ({} reused) at {:.1} t/s, {} tokens at {:.1} t/s]",

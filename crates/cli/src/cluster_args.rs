@@ -67,11 +67,16 @@ impl ClusterArgs {
     }
 
     pub fn tp_config(&self) -> anyhow::Result<cluster::tp::TpConfig> {
-        let Some(listen) = self.listen.clone() else { bail!("--tensor-parallel needs --listen HOST:PORT for the ranks") };
+        let Some(listen) = self.listen.clone() else {
+            bail!("--tensor-parallel needs --listen HOST:PORT for the ranks")
+        };
         if self.layers.is_some() {
             bail!("--layers and --tensor-parallel cannot be combined: every rank runs every layer");
         }
-        let host = listen.rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_else(|| "127.0.0.1".into());
+        let host = listen
+            .rsplit_once(':')
+            .map(|(h, _)| h.to_string())
+            .unwrap_or_else(|| "127.0.0.1".into());
         Ok(cluster::tp::TpConfig {
             listen,
             data_listen: format!("{host}:0"),
@@ -87,9 +92,15 @@ impl ClusterArgs {
     }
 
     pub fn pipeline_config(&self) -> anyhow::Result<PipelineConfig> {
-        let Some(listen) = self.listen.clone() else { bail!("--layers needs --listen HOST:PORT for the workers") };
-        let act = ActFormat::from_bits(self.dist_activation_bits)
-            .with_context(|| format!("--dist-activation-bits {}: use 32, 16 or 8", self.dist_activation_bits))?;
+        let Some(listen) = self.listen.clone() else {
+            bail!("--layers needs --listen HOST:PORT for the workers")
+        };
+        let act = ActFormat::from_bits(self.dist_activation_bits).with_context(|| {
+            format!(
+                "--dist-activation-bits {}: use 32, 16 or 8",
+                self.dist_activation_bits
+            )
+        })?;
         if self.dist_prefill_chunk == 0 || self.dist_prefill_window == 0 {
             bail!("--dist-prefill-chunk and --dist-prefill-window must be at least 1");
         }

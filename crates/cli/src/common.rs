@@ -70,11 +70,17 @@ pub fn load_model(
     if !args.no_warm && fits_in_memory(total) {
         let bar = ProgressBar::new(total);
         bar.set_style(
-            ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "loading {msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
         );
-        bar.set_message(path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default());
+        bar.set_message(
+            path.file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        );
         model.warm(&ranges, |n| bar.inc(n));
         bar.finish_and_clear();
     }
@@ -104,16 +110,27 @@ fn fits_in_memory(bytes: u64) -> bool {
 
 /// Context size: the flag, or the model's training context capped at 4096 (llama.cpp's default).
 pub fn context_size(args: &ModelArgs, model: &Model) -> usize {
-    if args.ctx > 0 { args.ctx } else { model.hp.n_ctx_train.min(4096) }
+    if args.ctx > 0 {
+        args.ctx
+    } else {
+        model.hp.n_ctx_train.min(4096)
+    }
 }
 
 /// The layers this process runs and whether it holds the head.
-pub fn local_layers(args: &ModelArgs, model: &Model) -> anyhow::Result<(std::ops::RangeInclusive<usize>, bool)> {
+pub fn local_layers(
+    args: &ModelArgs,
+    model: &Model,
+) -> anyhow::Result<(std::ops::RangeInclusive<usize>, bool)> {
     match &args.cluster.layers {
         None => Ok((0..=model.n_layer() - 1, true)),
         Some(r) => {
-            let (layers, head) = cluster::stage::parse_range(r, model.n_layer()).map_err(anyhow::Error::msg)?;
-            anyhow::ensure!(*layers.start() == 0, "--layers {r}: the coordinator's range must start at layer 0");
+            let (layers, head) =
+                cluster::stage::parse_range(r, model.n_layer()).map_err(anyhow::Error::msg)?;
+            anyhow::ensure!(
+                *layers.start() == 0,
+                "--layers {r}: the coordinator's range must start at layer 0"
+            );
             Ok((layers, head))
         }
     }
@@ -123,13 +140,23 @@ pub fn local_layers(args: &ModelArgs, model: &Model) -> anyhow::Result<(std::ops
 pub fn selection(args: &ModelArgs, model_layers: usize) -> Option<WeightSelection> {
     if args.cluster.tensor_parallel {
         // Each rank faults in only its own experts, on first use.
-        return Some(WeightSelection { layers: 0..=model_layers.checked_sub(1)?, embeddings: true, head: true, experts: false });
+        return Some(WeightSelection {
+            layers: 0..=model_layers.checked_sub(1)?,
+            embeddings: true,
+            head: true,
+            experts: false,
+        });
     }
     let (layers, head) = match &args.cluster.layers {
         Some(r) => cluster::stage::parse_range(r, model_layers).ok()?,
         None => (0..=model_layers.checked_sub(1)?, true),
     };
-    Some(WeightSelection { layers, embeddings: true, head, experts: !args.streaming.ssd_streaming })
+    Some(WeightSelection {
+        layers,
+        embeddings: true,
+        head,
+        experts: !args.streaming.ssd_streaming,
+    })
 }
 
 /// The engine for these flags: local, or the coordinator of a pipeline.
@@ -138,20 +165,29 @@ pub fn build_engine(args: &ModelArgs, model: Arc<Model>) -> anyhow::Result<Engin
     let compute = Compute::new(args.threads);
     if args.cluster.tensor_parallel {
         // Rank 0's share: a fresh instance (cheap: a map and the small vectors) to shard.
-        let fresh = Model::load(args.model_path()).with_context(|| format!("loading {}", args.model_path().display()))?;
-        let cfg = args.cluster.tp_config()?;
-        anyhow::ensure!(!args.streaming.ssd_streaming, "--ssd-streaming with --tensor-parallel is wired after the streaming source lands");
+        let fresh = Model::load(args.model_path())
+            .with_context(|| format!("loading {}", args.model_path().display()))?;
+        let mut cfg = args.cluster.tp_config()?;
+        cfg.experts = args.streaming.expert_factory(n_ctx, args.kv_type);
         let exec = cluster::tp::TpExecutor::new(fresh, args.threads, args.kv_type, n_ctx, cfg)?;
         return Ok(Engine::new(Box::new(exec)));
     }
-    let experts = args.streaming.expert_source(&model)?;
+    let (layers, head) = local_layers(args, &model)?;
+    let cx = crate::streaming_args::StreamingContext {
+        layers: Some(layers.clone()),
+        n_ctx,
+        kv_type: args.kv_type,
+        owned: None,
+    };
+    let experts = args.streaming.expert_source_for(&model, cx)?;
     if args.cluster.is_pipeline() {
-        let (layers, head) = local_layers(args, &model)?;
-        let mut stage = cluster::stage::StageRuntime::new(model, compute, layers, head, args.kv_type, n_ctx);
+        let mut stage =
+            cluster::stage::StageRuntime::new(model, compute, layers, head, args.kv_type, n_ctx);
         if let Some(e) = experts {
             stage = stage.with_experts(e);
         }
-        let exec = cluster::pipeline::PipelineExecutor::new(stage, args.cluster.pipeline_config()?)?;
+        let exec =
+            cluster::pipeline::PipelineExecutor::new(stage, args.cluster.pipeline_config()?)?;
         return Ok(Engine::new(Box::new(exec)));
     }
     let mut exec = LocalExecutor::new(model, compute, args.kv_type, n_ctx);

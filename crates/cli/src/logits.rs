@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use engine::tokenizer::Tokenizer;
 use engine::EvalRequest;
+use engine::tokenizer::Tokenizer;
 use model::LogitsWanted;
 
 use crate::common::{self, ModelArgs};
@@ -29,19 +29,40 @@ pub struct LogitsArgs {
 pub fn run(args: &LogitsArgs) -> anyhow::Result<()> {
     let (model, mut engine) = common::open(&args.model)?;
     let tokens = match (&args.prompt, &args.tokens) {
-        (Some(p), _) => Tokenizer::from_metadata(model.files().metadata()).context("building the tokenizer")?.encode(p, true, true),
+        (Some(p), _) => Tokenizer::from_metadata(model.files().metadata())
+            .context("building the tokenizer")?
+            .encode(p, true, true),
         (None, Some(t)) => t.clone(),
         (None, None) => bail!("give --prompt or --tokens"),
     };
     anyhow::ensure!(!tokens.is_empty(), "no tokens to evaluate");
     let session = engine.new_session();
-    let req = EvalRequest { session: session.id, tokens: &tokens, logits: LogitsWanted::All };
-    let out = engine.executor_mut().eval(std::slice::from_ref(&req))?.pop().context("no result")?;
-    anyhow::ensure!(out.n_rows == tokens.len(), "expected {} rows of logits, got {}", tokens.len(), out.n_rows);
+    let req = EvalRequest {
+        session: session.id,
+        tokens: &tokens,
+        logits: LogitsWanted::All,
+    };
+    let out = engine
+        .executor_mut()
+        .eval(std::slice::from_ref(&req))?
+        .pop()
+        .context("no result")?;
+    anyhow::ensure!(
+        out.n_rows == tokens.len(),
+        "expected {} rows of logits, got {}",
+        tokens.len(),
+        out.n_rows
+    );
     npy::write_f32(&args.out, &[out.n_rows, out.n_vocab], &out.logits)?;
     let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
     let ids_path = args.out.with_extension("tokens.npy");
     npy::write_i32(&ids_path, &[ids.len()], &ids)?;
-    eprintln!("wrote {} ({} × {}) and {}", args.out.display(), out.n_rows, out.n_vocab, ids_path.display());
+    eprintln!(
+        "wrote {} ({} × {}) and {}",
+        args.out.display(),
+        out.n_rows,
+        out.n_vocab,
+        ids_path.display()
+    );
     Ok(())
 }

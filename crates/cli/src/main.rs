@@ -20,7 +20,11 @@ mod worker;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "moeshard", version, about = "Mixture-of-Experts inference across machines")]
+#[command(
+    name = "moeshard",
+    version,
+    about = "Mixture-of-Experts inference across machines"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

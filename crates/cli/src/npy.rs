@@ -8,19 +8,29 @@ use anyhow::Context;
 fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> anyhow::Result<()> {
     let dims = match shape {
         [n] => format!("({n},)"),
-        _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
     let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {dims}, }}");
     // Magic (6) + version (2) + header length (2) + header must be a multiple of 64.
     let unpadded = 10 + header.len() + 1;
     header.push_str(&" ".repeat(unpadded.div_ceil(64) * 64 - unpadded));
     header.push('\n');
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?);
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
     f.write_all(b"\x93NUMPY\x01\x00")?;
     f.write_all(&(header.len() as u16).to_le_bytes())?;
     f.write_all(header.as_bytes())?;
     f.write_all(data)?;
-    f.flush().with_context(|| format!("writing {}", path.display()))?;
+    f.flush()
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use engine::tokenizer::Tokenizer;
 use engine::EvalRequest;
+use engine::tokenizer::Tokenizer;
 use model::LogitsWanted;
 
 use crate::common::{self, ModelArgs};
@@ -37,14 +37,20 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
         margs.ctx = 512;
     }
     let (model, mut engine) = common::open(&margs)?;
-    let tokenizer = Tokenizer::from_metadata(model.files().metadata()).context("building the tokenizer")?;
-    let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let tokenizer =
+        Tokenizer::from_metadata(model.files().metadata()).context("building the tokenizer")?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
     let add_bos = tokenizer.add_bos() && tokenizer.bos().is_some();
     let tokens = tokenizer.encode(&text, add_bos, false);
     let n_ctx = engine.info().n_ctx;
     anyhow::ensure!(n_ctx >= 8, "--ctx must be at least 8");
     let mut n_chunks = tokens.len() / n_ctx;
-    anyhow::ensure!(n_chunks > 0, "{} tokens is less than one window of {n_ctx}", tokens.len());
+    anyhow::ensure!(
+        n_chunks > 0,
+        "{} tokens is less than one window of {n_ctx}",
+        tokens.len()
+    );
     if args.chunks > 0 {
         n_chunks = n_chunks.min(args.chunks);
     }
@@ -58,8 +64,16 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
             window[0] = tokenizer.bos().expect("checked above");
         }
         let session = engine.new_session();
-        let req = EvalRequest { session: session.id, tokens: &window, logits: LogitsWanted::All };
-        let out = engine.executor_mut().eval(std::slice::from_ref(&req))?.pop().context("no result")?;
+        let req = EvalRequest {
+            session: session.id,
+            tokens: &window,
+            logits: LogitsWanted::All,
+        };
+        let out = engine
+            .executor_mut()
+            .eval(std::slice::from_ref(&req))?
+            .pop()
+            .context("no result")?;
         engine.close(session);
         for i in first..n_ctx - 1 {
             total += nll(out.row(i), window[i + 1]);
@@ -69,6 +83,9 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
     }
     let ppl = (total / count as f64).exp();
     eprintln!();
-    println!("perplexity: {ppl:.4} over {count} scored tokens ({n_chunks} windows of {n_ctx}) in {:.1} s", t0.elapsed().as_secs_f64());
+    println!(
+        "perplexity: {ppl:.4} over {count} scored tokens ({n_chunks} windows of {n_ctx}) in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }

@@ -17,12 +17,17 @@ pub struct QuantizeArgs {
 }
 
 pub fn run(args: &QuantizeArgs) -> anyhow::Result<()> {
-    let target = GgmlType::from_name(&args.dtype).with_context(|| format!("unknown type {:?}", args.dtype))?;
+    let target = GgmlType::from_name(&args.dtype)
+        .with_context(|| format!("unknown type {:?}", args.dtype))?;
     let Some(quantize) = kernels::format(target).and_then(|f| f.quantize) else {
         bail!("no quantizer for {target}");
     };
-    let model = GgufModel::open(&args.input).with_context(|| format!("opening {}", args.input.display()))?;
-    anyhow::ensure!(model.splits().len() == 1, "split models are not supported by quantize");
+    let model = GgufModel::open(&args.input)
+        .with_context(|| format!("opening {}", args.input.display()))?;
+    anyhow::ensure!(
+        model.splits().len() == 1,
+        "split models are not supported by quantize"
+    );
     let mut w = GgufWriter::with_metadata(model.metadata().clone())?;
     let (mut converted, mut kept) = (0, 0);
     for t in model.tensors() {
@@ -37,9 +42,13 @@ pub fn run(args: &QuantizeArgs) -> anyhow::Result<()> {
             kept += 1;
             continue;
         }
-        let fmt = kernels::format(info.dtype).with_context(|| format!("{}: cannot dequantize {}", info.name, info.dtype))?;
+        let fmt = kernels::format(info.dtype)
+            .with_context(|| format!("{}: cannot dequantize {}", info.name, info.dtype))?;
         let (row_len, rows) = (dims[0] as usize, info.rows() as usize);
-        let (src_rb, dst_rb) = (info.row_bytes() as usize, target.row_bytes(dims[0]).unwrap_or(0) as usize);
+        let (src_rb, dst_rb) = (
+            info.row_bytes() as usize,
+            target.row_bytes(dims[0]).unwrap_or(0) as usize,
+        );
         let mut out = vec![0u8; rows * dst_rb];
         let mut tmp = vec![0f32; row_len];
         for r in 0..rows {
@@ -49,7 +58,11 @@ pub fn run(args: &QuantizeArgs) -> anyhow::Result<()> {
         w.add_tensor(info.name.clone(), target, dims, out)?;
         converted += 1;
     }
-    w.write_to_path(&args.output).with_context(|| format!("writing {}", args.output.display()))?;
-    eprintln!("wrote {}: {converted} tensors as {target}, {kept} unchanged", args.output.display());
+    w.write_to_path(&args.output)
+        .with_context(|| format!("writing {}", args.output.display()))?;
+    eprintln!(
+        "wrote {}: {converted} tensors as {target}, {kept} unchanged",
+        args.output.display()
+    );
     Ok(())
 }

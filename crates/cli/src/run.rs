@@ -4,9 +4,9 @@
 use std::io::Write;
 
 use anyhow::Context;
+use engine::Sampler;
 use engine::generate::{GenerateOptions, generate};
 use engine::tokenizer::Tokenizer;
-use engine::Sampler;
 
 use crate::common::{self, ModelArgs};
 use crate::sampling::SamplingArgs;
@@ -42,34 +42,56 @@ pub struct RunArgs {
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let (model, mut engine) = common::open(&args.model)?;
-    let tokenizer = Tokenizer::from_metadata(model.files().metadata()).context("building the tokenizer")?;
+    let tokenizer =
+        Tokenizer::from_metadata(model.files().metadata()).context("building the tokenizer")?;
     let (mut session, prompt) = match &args.load_snapshot {
         Some(path) => {
             let snap = engine::Snapshot::load(path)?;
-            let session = engine.restore(&snap).with_context(|| format!("restoring {}", path.display()))?;
+            let session = engine
+                .restore(&snap)
+                .with_context(|| format!("restoring {}", path.display()))?;
             let mut prompt = snap.tokens.clone();
             prompt.extend(tokenizer.encode(&args.prompt, false, true));
             (session, prompt)
         }
-        None => (engine.new_session(), tokenizer.encode(&args.prompt, true, true)),
+        None => (
+            engine.new_session(),
+            tokenizer.encode(&args.prompt, true, true),
+        ),
     };
     anyhow::ensure!(!prompt.is_empty(), "the prompt tokenizes to nothing");
     let cfg = args.sampling.config();
     let seed = cfg.seed;
     let mut sampler = Sampler::new(cfg);
-    let opts = GenerateOptions { max_tokens: args.n_predict, stop: args.stop.clone(), ignore_eos: args.ignore_eos };
+    let opts = GenerateOptions {
+        max_tokens: args.n_predict,
+        stop: args.stop.clone(),
+        ignore_eos: args.ignore_eos,
+    };
     let mut out = std::io::stdout().lock();
     write!(out, "{}", args.prompt)?;
     out.flush()?;
-    let stats = generate(&mut engine, &mut session, &tokenizer, &mut sampler, &prompt, &opts, &mut |text| {
-        let ok = write!(out, "{text}").and_then(|_| out.flush()).is_ok();
-        ok
-    })?;
+    let stats = generate(
+        &mut engine,
+        &mut session,
+        &tokenizer,
+        &mut sampler,
+        &prompt,
+        &opts,
+        &mut |text| {
+            let ok = write!(out, "{text}").and_then(|_| out.flush()).is_ok();
+            ok
+        },
+    )?;
     writeln!(out)?;
     if let Some(path) = &args.save_snapshot {
         let snap = engine.snapshot(&session)?;
         snap.save(path)?;
-        eprintln!("saved the session ({} tokens) to {}", snap.tokens.len(), path.display());
+        eprintln!(
+            "saved the session ({} tokens) to {}",
+            snap.tokens.len(),
+            path.display()
+        );
     }
     eprintln!(
         "\nprompt: {} tokens in {:.2} s ({:.1} t/s) | generation: {} tokens in {:.2} s ({:.1} t/s) | {:?}",

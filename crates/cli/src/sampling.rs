@@ -43,6 +43,9 @@ impl SamplingArgs {
 }
 
 fn rand_seed() -> u64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     (t as u64) ^ ((std::process::id() as u64) << 32)
 }

@@ -74,21 +74,6 @@ pub struct StreamingContext {
 }
 
 impl StreamingArgs {
-    /// The expert source these flags ask for (`None`: resident experts), for a process running
-    /// every layer with the default context.
-    pub fn expert_source(
-        &self,
-        model: &Arc<Model>,
-    ) -> anyhow::Result<Option<cluster::stage::SharedExperts>> {
-        let cx = StreamingContext {
-            layers: None,
-            n_ctx: model.hp.n_ctx_train.min(4096),
-            kv_type: KvType::F16,
-            owned: None,
-        };
-        self.expert_source_for(model, cx)
-    }
-
     /// The expert source for a process that runs `cx.layers` with `cx.n_ctx` positions of KV.
     pub fn expert_source_for(
         &self,
@@ -109,18 +94,11 @@ impl StreamingArgs {
     /// For a tensor-parallel rank (`TpConfig::experts`): builds the streamed source of the experts the rank owns
     /// (`owned[expert]`, every layer), or `None` when streaming is off. The shape matches
     /// `cluster::tp::coordinator::ExpertFactory`.
-    #[allow(clippy::type_complexity, dead_code)] // dead until build_engine passes it to TpConfig
     pub fn expert_factory(
         &self,
         n_ctx: usize,
         kv_type: KvType,
-    ) -> Option<
-        Arc<
-            dyn Fn(&Arc<Model>, Vec<bool>) -> anyhow::Result<cluster::stage::SharedExperts>
-                + Send
-                + Sync,
-        >,
-    > {
+    ) -> Option<cluster::tp::coordinator::ExpertFactory> {
         if !self.ssd_streaming {
             return None;
         }
@@ -187,6 +165,10 @@ impl ExpertSource for ReportAtExit {
 
     fn lookahead(&self) -> bool {
         self.0.lookahead()
+    }
+
+    fn stats(&self) -> Vec<(String, f64)> {
+        self.0.stats()
     }
 }
 

@@ -109,8 +109,13 @@ const POOL_ROWS: usize = 64;
 
 impl RowPool {
     fn new(rng: &mut Rng, dtype: GgmlType, row_len: usize, std: f32) -> anyhow::Result<RowPool> {
-        let quantize = kernels::format(dtype).and_then(|f| f.quantize).with_context(|| format!("no quantizer for {dtype}"))?;
-        let rb = dtype.row_bytes(row_len as u64).with_context(|| format!("{row_len} is not whole {dtype} blocks"))? as usize;
+        let quantize = kernels::format(dtype)
+            .and_then(|f| f.quantize)
+            .with_context(|| format!("no quantizer for {dtype}"))?;
+        let rb = dtype
+            .row_bytes(row_len as u64)
+            .with_context(|| format!("{row_len} is not whole {dtype} blocks"))?
+            as usize;
         let rows = (0..POOL_ROWS)
             .map(|_| {
                 let v: Vec<f32> = (0..row_len).map(|_| rng.normal() * std).collect();
@@ -136,8 +141,18 @@ fn plan(p: &Preset) -> Vec<TensorPlan> {
     let (d, hd) = (p.n_embd as u64, p.head_dim as u64);
     let (q, kv) = (p.n_head as u64 * hd, p.n_head_kv as u64 * hd);
     let (e, ff) = (p.n_expert as u64, p.n_ff_exp as u64);
-    let t = |name: String, dtype, shape: Vec<u64>, std| TensorPlan { name, dtype, shape, std };
-    let mut v = vec![t("token_embd.weight".into(), Q4K, vec![d, p.n_vocab as u64], 1.0)];
+    let t = |name: String, dtype, shape: Vec<u64>, std| TensorPlan {
+        name,
+        dtype,
+        shape,
+        std,
+    };
+    let mut v = vec![t(
+        "token_embd.weight".into(),
+        Q4K,
+        vec![d, p.n_vocab as u64],
+        1.0,
+    )];
     for i in 0..p.n_layer {
         let b = |s: &str| format!("blk.{i}.{s}.weight");
         v.push(t(b("attn_norm"), F32, vec![d], 0.0));
@@ -162,7 +177,12 @@ fn plan(p: &Preset) -> Vec<TensorPlan> {
         v.push(t(b("ffn_down_exps"), Q6K, vec![ff, d, e], 0.02));
     }
     v.push(t("output_norm.weight".into(), F32, vec![d], 0.0));
-    v.push(t("output.weight".into(), Q6K, vec![d, p.n_vocab as u64], 0.02));
+    v.push(t(
+        "output.weight".into(),
+        Q6K,
+        vec![d, p.n_vocab as u64],
+        0.02,
+    ));
     v
 }
 
@@ -171,7 +191,8 @@ fn vocabulary(n_vocab: usize) -> (Vec<String>, Vec<i32>) {
     let mut byte_chars = Vec::with_capacity(256);
     let mut extra = 0u32;
     for b in 0u32..256 {
-        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
         byte_chars.push(if printable {
             char::from_u32(b).expect("valid")
         } else {
@@ -192,7 +213,15 @@ fn vocabulary(n_vocab: usize) -> (Vec<String>, Vec<i32>) {
 
 pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
     let Some(p) = PRESETS.iter().find(|p| p.name == args.preset) else {
-        bail!("unknown preset {:?}; presets: {}", args.preset, PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(", "));
+        bail!(
+            "unknown preset {:?}; presets: {}",
+            args.preset,
+            PRESETS
+                .iter()
+                .map(|p| p.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     };
     let t0 = std::time::Instant::now();
     let mut w = GgufWriter::new();
@@ -207,14 +236,21 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
     w.add_metadata(format!("{a}.embedding_length"), u(p.n_embd))?;
     // OLMoE's experts are `feed_forward_length` wide in llama.cpp; Qwen3-MoE has a separate
     // expert width and a (here unused) dense one.
-    let ff = if a == "olmoe" { p.n_ff_exp } else { p.n_ff_exp * p.n_expert_used };
+    let ff = if a == "olmoe" {
+        p.n_ff_exp
+    } else {
+        p.n_ff_exp * p.n_expert_used
+    };
     w.add_metadata(format!("{a}.feed_forward_length"), u(ff))?;
     w.add_metadata(format!("{a}.expert_feed_forward_length"), u(p.n_ff_exp))?;
     w.add_metadata(format!("{a}.attention.head_count"), u(p.n_head))?;
     w.add_metadata(format!("{a}.attention.head_count_kv"), u(p.n_head_kv))?;
     w.add_metadata(format!("{a}.attention.key_length"), u(p.head_dim))?;
     w.add_metadata(format!("{a}.attention.value_length"), u(p.head_dim))?;
-    w.add_metadata(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6))?;
+    w.add_metadata(
+        format!("{a}.attention.layer_norm_rms_epsilon"),
+        Value::F32(1e-6),
+    )?;
     w.add_metadata(format!("{a}.rope.freq_base"), Value::F32(1_000_000.0))?;
     w.add_metadata(format!("{a}.expert_count"), u(p.n_expert))?;
     w.add_metadata(format!("{a}.expert_used_count"), u(p.n_expert_used))?;
@@ -232,14 +268,19 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
         w.declare_tensor(t.name.clone(), t.dtype, &t.shape)?;
     }
     let mut rng = Rng(args.seed);
-    let mut pools: std::collections::HashMap<(GgmlType, u64, u32), RowPool> = std::collections::HashMap::new();
+    let mut pools: std::collections::HashMap<(GgmlType, u64, u32), RowPool> =
+        std::collections::HashMap::new();
     for t in &plans {
         let key = (t.dtype, t.shape[0], t.std.to_bits());
         if !pools.contains_key(&key) {
-            pools.insert(key, RowPool::new(&mut rng, t.dtype, t.shape[0] as usize, t.std)?);
+            pools.insert(
+                key,
+                RowPool::new(&mut rng, t.dtype, t.shape[0] as usize, t.std)?,
+            );
         }
     }
-    let by_name: std::collections::HashMap<&str, &TensorPlan> = plans.iter().map(|t| (t.name.as_str(), t)).collect();
+    let by_name: std::collections::HashMap<&str, &TensorPlan> =
+        plans.iter().map(|t| (t.name.as_str(), t)).collect();
     let mut mixer = Rng(args.seed ^ 0x5eed);
     let bytes = w.write_streaming(&args.output, |name, dtype, shape, out| {
         let t = by_name[name];

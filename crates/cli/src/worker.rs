@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use cluster::pipeline::{WorkerConfig, run_worker};
-use cluster::tp::{TpWorkerConfig, run_tp_worker};
 use cluster::stage::{StageRuntime, parse_range};
+use cluster::tp::{TpWorkerConfig, run_tp_worker};
 use model::{Compute, WeightSelection};
 
 use crate::cluster_args::auth_mode;
@@ -40,17 +40,45 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     };
     let model = common::load_model(&args.model, |m| {
         let (layers, head) = parse_range(&range, m.n_layer()).ok()?;
-        Some(WeightSelection { layers, embeddings: false, head, experts: true })
+        Some(WeightSelection {
+            layers,
+            embeddings: false,
+            head,
+            experts: !args.model.streaming.ssd_streaming,
+        })
     })?;
     let (layers, head) = parse_range(&range, model.n_layer()).map_err(anyhow::Error::msg)?;
-    anyhow::ensure!(*layers.start() > 0, "--layers {range}: layer 0 belongs to the coordinator");
+    anyhow::ensure!(
+        *layers.start() > 0,
+        "--layers {range}: layer 0 belongs to the coordinator"
+    );
     let n_ctx = common::context_size(&args.model, &model);
-    let stage = StageRuntime::new(model, Compute::new(args.model.threads), layers, head, args.model.kv_type, n_ctx);
+    let cx = crate::streaming_args::StreamingContext {
+        layers: Some(layers.clone()),
+        n_ctx,
+        kv_type: args.model.kv_type,
+        owned: None,
+    };
+    let experts = args.model.streaming.expert_source_for(&model, cx)?;
+    let mut stage = StageRuntime::new(
+        model,
+        Compute::new(args.model.threads),
+        layers,
+        head,
+        args.model.kv_type,
+        n_ctx,
+    );
+    if let Some(e) = experts {
+        stage = stage.with_experts(e);
+    }
     let cfg = WorkerConfig {
         coordinator: args.coordinator.clone(),
         listen: args.data_listen.clone(),
         advertise: args.advertise.clone(),
-        auth: auth_mode(args.model.cluster.cluster_key_file.as_deref(), args.model.cluster.insecure)?,
+        auth: auth_mode(
+            args.model.cluster.cluster_key_file.as_deref(),
+            args.model.cluster.insecure,
+        )?,
         retry: Duration::from_millis(500),
         give_up_after: (args.give_up > 0.0).then(|| Duration::from_secs_f64(args.give_up)),
     };
@@ -59,10 +87,18 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
 
 /// A tensor-parallel rank.
 fn run_rank(args: &WorkerArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.model.cluster.layers.is_none(), "--layers and --tensor-parallel cannot be combined");
+    anyhow::ensure!(
+        args.model.cluster.layers.is_none(),
+        "--layers and --tensor-parallel cannot be combined"
+    );
     let path = args.model.model_path();
     let probe = common::load_model(&args.model, |m| {
-        Some(WeightSelection { layers: 0..=m.n_layer() - 1, embeddings: true, head: true, experts: false })
+        Some(WeightSelection {
+            layers: 0..=m.n_layer() - 1,
+            embeddings: true,
+            head: true,
+            experts: false,
+        })
     })?;
     let n_ctx = common::context_size(&args.model, &probe);
     drop(probe);
@@ -80,7 +116,10 @@ fn run_rank(args: &WorkerArgs) -> anyhow::Result<()> {
         threads: args.model.threads,
         kv_type: args.model.kv_type,
         n_ctx,
-        experts: None,
+        experts: args
+            .model
+            .streaming
+            .expert_factory(n_ctx, args.model.kv_type),
     };
     run_tp_worker(|| Ok(model::Model::load(&path)?), cfg)
 }

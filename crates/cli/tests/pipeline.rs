@@ -28,30 +28,79 @@ fn coordinator(name: &str, args: &[&str]) -> (Proc, String) {
 }
 
 fn worker(model: &str, layers: &str, coord: &str, extra: &[&str]) -> Proc {
-    let mut args = vec!["worker", "-m", model, "--layers", layers, "--coordinator", coord, "--threads", "1", "--kv-type", "f32", "--no-warm"];
+    let mut args = vec![
+        "worker",
+        "-m",
+        model,
+        "--layers",
+        layers,
+        "--coordinator",
+        coord,
+        "--threads",
+        "1",
+        "--kv-type",
+        "f32",
+        "--no-warm",
+    ];
     args.extend_from_slice(extra);
     Proc::spawn(&format!("worker {layers}"), &args)
 }
 
 fn logits_single(model: &str, tokens: &str, out: &Path) -> Vec<f32> {
-    run_ok(&["logits", "-m", model, "--tokens", tokens, "--out", out.to_str().unwrap(), "--kv-type", "f32", "--threads", "2", "--no-warm"]);
+    run_ok(&[
+        "logits",
+        "-m",
+        model,
+        "--tokens",
+        tokens,
+        "--out",
+        out.to_str().unwrap(),
+        "--kv-type",
+        "f32",
+        "--threads",
+        "2",
+        "--no-warm",
+    ]);
     read_npy_f32(out).1
 }
 
-fn logits_pipeline(model: &str, tokens: &str, out: &Path, splits: &[&str], extra: &[&str]) -> Vec<f32> {
+fn logits_pipeline(
+    model: &str,
+    tokens: &str,
+    out: &Path,
+    splits: &[&str],
+    extra: &[&str],
+) -> Vec<f32> {
     let mut args = vec![
-        "logits", "-m", model, "--tokens", tokens, "--out", out.to_str().unwrap(), "--kv-type", "f32", "--threads", "1",
-        "--no-warm", "--insecure", "--layers", splits[0],
+        "logits",
+        "-m",
+        model,
+        "--tokens",
+        tokens,
+        "--out",
+        out.to_str().unwrap(),
+        "--kv-type",
+        "f32",
+        "--threads",
+        "1",
+        "--no-warm",
+        "--insecure",
+        "--layers",
+        splits[0],
     ];
     args.extend_from_slice(extra);
     let (coord, addr) = coordinator("coordinator", &args);
-    let _workers: Vec<Proc> = splits[1..].iter().map(|s| worker(model, s, &addr, &["--insecure"])).collect();
+    let _workers: Vec<Proc> = splits[1..]
+        .iter()
+        .map(|s| worker(model, s, &addr, &["--insecure"]))
+        .collect();
     let (ok, _, err) = coord.finish(T);
     assert!(ok, "pipeline logits failed:\n{err}");
     read_npy_f32(out).1
 }
 
-const PROMPT_TOKENS: &str = "1,504,3575,282,4521,314,30,1062,3575,282,4468,314,7042,30,378,2671,282,260,1458,3600,314";
+const PROMPT_TOKENS: &str =
+    "1,504,3575,282,4521,314,30,1062,3575,282,4468,314,7042,30,378,2671,282,260,1458,3600,314";
 
 #[test]
 fn two_and_three_stage_logits_are_bit_identical_to_single_node() {
@@ -60,12 +109,31 @@ fn two_and_three_stage_logits_are_bit_identical_to_single_node() {
     let m = m.to_str().unwrap();
     let single = logits_single(m, PROMPT_TOKENS, &dir.path().join("single.npy"));
     // Small chunks and a window so the prefill really is pipelined.
-    let two = logits_pipeline(m, PROMPT_TOKENS, &dir.path().join("two.npy"), &["0:14", "15:output"], &["--dist-prefill-chunk", "4", "--dist-prefill-window", "3"]);
-    let three = logits_pipeline(m, PROMPT_TOKENS, &dir.path().join("three.npy"), &["0:9", "10:19", "20:output"], &["--dist-prefill-chunk", "5", "--dist-prefill-window", "2"]);
+    let two = logits_pipeline(
+        m,
+        PROMPT_TOKENS,
+        &dir.path().join("two.npy"),
+        &["0:14", "15:output"],
+        &["--dist-prefill-chunk", "4", "--dist-prefill-window", "3"],
+    );
+    let three = logits_pipeline(
+        m,
+        PROMPT_TOKENS,
+        &dir.path().join("three.npy"),
+        &["0:9", "10:19", "20:output"],
+        &["--dist-prefill-chunk", "5", "--dist-prefill-window", "2"],
+    );
     for (name, got) in [("2 stages", &two), ("3 stages", &three)] {
         assert_eq!(got.len(), single.len(), "{name}");
-        let differing = got.iter().zip(&single).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-        assert_eq!(differing, 0, "{name}: {differing} logits differ from single node");
+        let differing = got
+            .iter()
+            .zip(&single)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differing, 0,
+            "{name}: {differing} logits differ from single node"
+        );
     }
 }
 
@@ -77,21 +145,59 @@ fn compressed_activations_stay_close() {
     let single = logits_single(m, PROMPT_TOKENS, &dir.path().join("single.npy"));
     let n_vocab = 49152;
     for bits in ["16", "8"] {
-        let got = logits_pipeline(m, PROMPT_TOKENS, &dir.path().join(format!("b{bits}.npy")), &["0:14", "15:output"], &["--dist-activation-bits", bits]);
-        let max_err = got.iter().zip(&single).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        let argmax = |v: &[f32]| v.iter().enumerate().fold(0, |b, (i, &x)| if x > v[b] { i } else { b });
-        let agree = got.chunks(n_vocab).zip(single.chunks(n_vocab)).filter(|(a, b)| argmax(a) == argmax(b)).count();
+        let got = logits_pipeline(
+            m,
+            PROMPT_TOKENS,
+            &dir.path().join(format!("b{bits}.npy")),
+            &["0:14", "15:output"],
+            &["--dist-activation-bits", bits],
+        );
+        let max_err = got
+            .iter()
+            .zip(&single)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        let argmax = |v: &[f32]| {
+            v.iter()
+                .enumerate()
+                .fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
+        };
+        let agree = got
+            .chunks(n_vocab)
+            .zip(single.chunks(n_vocab))
+            .filter(|(a, b)| argmax(a) == argmax(b))
+            .count();
         let rows = single.len() / n_vocab;
-        eprintln!("{bits}-bit activations: max |Δlogit| {max_err:.4}, top-1 agreement {agree}/{rows}");
+        eprintln!(
+            "{bits}-bit activations: max |Δlogit| {max_err:.4}, top-1 agreement {agree}/{rows}"
+        );
         // SmolLM2's Q4_1 weights re-quantize activations to Q8_0, so a rounded hidden state can
         // flip an int8 rounding and move logits by more than the wire rounding itself.
         assert!(max_err < 3.0, "{bits}-bit: max logit error {max_err}");
-        assert!(agree + 1 >= rows, "{bits}-bit: top-1 agreement only {agree}/{rows}");
+        assert!(
+            agree + 1 >= rows,
+            "{bits}-bit: top-1 agreement only {agree}/{rows}"
+        );
     }
 }
 
 fn greedy_single(m: &str, prompt: &str, n: &str) -> String {
-    run_ok(&["run", "-m", m, "-p", prompt, "-n", n, "--temp", "0", "--kv-type", "f32", "--threads", "2", "--no-warm"])
+    run_ok(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        prompt,
+        "-n",
+        n,
+        "--temp",
+        "0",
+        "--kv-type",
+        "f32",
+        "--threads",
+        "2",
+        "--no-warm",
+    ])
 }
 
 #[test]
@@ -102,13 +208,37 @@ fn a_killed_worker_is_replaced_and_the_request_finishes_identically() {
     let want = greedy_single(m, prompt, "48");
     let (mut coord, addr) = coordinator(
         "coordinator",
-        &["run", "-m", m, "-p", prompt, "-n", "48", "--temp", "0", "--kv-type", "f32", "--threads", "1", "--no-warm", "--insecure", "--layers", "0:14", "--route-wait", "60"],
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            prompt,
+            "-n",
+            "48",
+            "--temp",
+            "0",
+            "--kv-type",
+            "f32",
+            "--threads",
+            "1",
+            "--no-warm",
+            "--insecure",
+            "--layers",
+            "0:14",
+            "--route-wait",
+            "60",
+        ],
     );
     let mut w = worker(m, "15:output", &addr, &["--insecure"]);
     // Wait for some generated text, then kill the worker mid-generation.
     let t0 = Instant::now();
     while coord.poll_stdout().len() < prompt.len() + 12 {
-        assert!(t0.elapsed() < T, "no output; stderr:\n{}", coord.stderr_text());
+        assert!(
+            t0.elapsed() < T,
+            "no output; stderr:\n{}",
+            coord.stderr_text()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     w.kill9();
@@ -116,8 +246,14 @@ fn a_killed_worker_is_replaced_and_the_request_finishes_identically() {
     let _w2 = worker(m, "15:output", &addr, &["--insecure"]);
     let (ok, out, err) = coord.finish(T);
     assert!(ok, "coordinator failed:\n{err}");
-    assert!(err.contains("replaying session"), "expected a replay:\n{err}");
-    assert_eq!(out, want, "the recovered request must produce the undisturbed tokens");
+    assert!(
+        err.contains("replaying session"),
+        "expected a replay:\n{err}"
+    );
+    assert_eq!(
+        out, want,
+        "the recovered request must produce the undisturbed tokens"
+    );
 }
 
 #[test]
@@ -127,12 +263,31 @@ fn without_a_worker_the_request_fails_within_route_wait() {
     let t0 = Instant::now();
     let (coord, _addr) = coordinator(
         "coordinator",
-        &["run", "-m", m, "-p", "Hello", "-n", "4", "--temp", "0", "--no-warm", "--insecure", "--layers", "0:14", "--route-wait", "2"],
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "Hello",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "--no-warm",
+            "--insecure",
+            "--layers",
+            "0:14",
+            "--route-wait",
+            "2",
+        ],
     );
     let (ok, _, err) = coord.finish(T);
     assert!(!ok);
     assert!(t0.elapsed() < Duration::from_secs(30));
-    assert!(err.contains("no stage serves layer 15"), "the error must name the first missing layer:\n{err}");
+    assert!(
+        err.contains("no stage serves layer 15"),
+        "the error must name the first missing layer:\n{err}"
+    );
 }
 
 #[test]
@@ -149,10 +304,35 @@ fn refusals_name_the_reason_and_leave_the_cluster_working() {
     let want = greedy_single(m, prompt, "8");
     let (coord, addr) = coordinator(
         "coordinator",
-        &["run", "-m", m, "-p", prompt, "-n", "8", "--temp", "0", "--kv-type", "f32", "--threads", "1", "--no-warm", "--cluster-key-file", &key, "--layers", "0:14", "--route-wait", "60"],
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            prompt,
+            "-n",
+            "8",
+            "--temp",
+            "0",
+            "--kv-type",
+            "f32",
+            "--threads",
+            "1",
+            "--no-warm",
+            "--cluster-key-file",
+            &key,
+            "--layers",
+            "0:14",
+            "--route-wait",
+            "60",
+        ],
     );
     // Garbage first: an HTTP request, random bytes, a connection that just closes.
-    for payload in [&b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..], &[0x13u8, 0x37, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6][..], &[][..]] {
+    for payload in [
+        &b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        &[0x13u8, 0x37, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6][..],
+        &[][..],
+    ] {
         let mut s = TcpStream::connect(&addr).unwrap();
         s.write_all(payload).unwrap();
         let _ = s.shutdown(std::net::Shutdown::Write);
@@ -175,26 +355,68 @@ fn refusals_name_the_reason_and_leave_the_cluster_working() {
         let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
         let _ = s.read_to_end(&mut reply);
         let text = String::from_utf8_lossy(&reply);
-        assert!(text.contains("version") && text.contains("99"), "version refusal: {text:?}");
+        assert!(
+            text.contains("version") && text.contains("99"),
+            "version refusal: {text:?}"
+        );
     }
     let refused = |name: &str, args: &[&str], reason: &str| {
-        let mut full = vec!["worker", "-m", args[0], "--layers", args[1], "--coordinator", &addr, "--threads", "1", "--no-warm"];
+        let mut full = vec![
+            "worker",
+            "-m",
+            args[0],
+            "--layers",
+            args[1],
+            "--coordinator",
+            &addr,
+            "--threads",
+            "1",
+            "--no-warm",
+        ];
         full.extend_from_slice(&args[2..]);
         let (ok, _, err) = Proc::spawn(name, &full).finish(T);
         assert!(!ok, "{name} must be refused");
-        assert!(err.contains(reason), "{name}: expected {reason:?} in:\n{err}");
+        assert!(
+            err.contains(reason),
+            "{name}: expected {reason:?} in:\n{err}"
+        );
     };
-    refused("wrong model", &[other.to_str().unwrap(), "15:output", "--cluster-key-file", &key], "different model");
-    refused("wrong key", &[m, "15:output", "--cluster-key-file", &wrong], "different cluster key");
+    refused(
+        "wrong model",
+        &[
+            other.to_str().unwrap(),
+            "15:output",
+            "--cluster-key-file",
+            &key,
+        ],
+        "different model",
+    );
+    refused(
+        "wrong key",
+        &[m, "15:output", "--cluster-key-file", &wrong],
+        "different cluster key",
+    );
     refused("no key", &[m, "15:output", "--insecure"], "requires a key");
-    refused("overlap with the coordinator", &[m, "10:output", "--cluster-key-file", &key], "overlapping range");
+    refused(
+        "overlap with the coordinator",
+        &[m, "10:output", "--cluster-key-file", &key],
+        "overlapping range",
+    );
     // Now a correct worker: the request completes as if nothing happened.
     let _good = worker(m, "15:output", &addr, &["--cluster-key-file", &key]);
     let (ok, out, err) = coord.finish(T);
     assert!(ok, "coordinator failed:\n{err}");
     assert_eq!(out, want);
-    for reason in ["does not speak the protocol", "different model", "different cluster key", "overlapping range"] {
-        assert!(err.contains(reason), "the coordinator must log {reason:?}:\n{err}");
+    for reason in [
+        "does not speak the protocol",
+        "different model",
+        "different cluster key",
+        "overlapping range",
+    ] {
+        assert!(
+            err.contains(reason),
+            "the coordinator must log {reason:?}:\n{err}"
+        );
     }
 }
 
@@ -210,7 +432,25 @@ fn a_snapshot_saved_on_one_split_continues_identically_on_another() {
     // Save after the prompt on a 2-stage split.
     let (coord, addr) = coordinator(
         "coordinator save",
-        &["run", "-m", m, "-p", prompt, "-n", "0", "--kv-type", "f32", "--threads", "1", "--no-warm", "--insecure", "--layers", "0:7", "--save-snapshot", snap_s],
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            prompt,
+            "-n",
+            "0",
+            "--kv-type",
+            "f32",
+            "--threads",
+            "1",
+            "--no-warm",
+            "--insecure",
+            "--layers",
+            "0:7",
+            "--save-snapshot",
+            snap_s,
+        ],
     );
     let _w = worker(m, "8:output", &addr, &["--insecure"]);
     let (ok, _, err) = coord.finish(T);
@@ -218,15 +458,101 @@ fn a_snapshot_saved_on_one_split_continues_identically_on_another() {
     // Continue on a 3-stage split with different boundaries.
     let (coord, addr) = coordinator(
         "coordinator load",
-        &["run", "-m", m, "-n", "24", "--temp", "0", "--kv-type", "f32", "--threads", "1", "--no-warm", "--insecure", "--layers", "0:3", "--load-snapshot", snap_s],
+        &[
+            "run",
+            "-m",
+            m,
+            "-n",
+            "24",
+            "--temp",
+            "0",
+            "--kv-type",
+            "f32",
+            "--threads",
+            "1",
+            "--no-warm",
+            "--insecure",
+            "--layers",
+            "0:3",
+            "--load-snapshot",
+            snap_s,
+        ],
     );
     let _w1 = worker(m, "4:9", &addr, &["--insecure"]);
     let _w2 = worker(m, "10:output", &addr, &["--insecure"]);
     let (ok, out, err) = coord.finish(T);
     assert!(ok, "load failed:\n{err}");
     // `want` starts with the prompt text; the continuation printed after loading does not.
-    assert_eq!(out.trim_end(), want.trim_end().strip_prefix(prompt).unwrap().trim_end(), "continuation differs");
+    assert_eq!(
+        out.trim_end(),
+        want.trim_end().strip_prefix(prompt).unwrap().trim_end(),
+        "continuation differs"
+    );
     // And on a single node.
-    let out = run_ok(&["run", "-m", m, "-n", "24", "--temp", "0", "--kv-type", "f32", "--no-warm", "--load-snapshot", snap_s]);
-    assert_eq!(out.trim_end(), want.trim_end().strip_prefix(prompt).unwrap().trim_end());
+    let out = run_ok(&[
+        "run",
+        "-m",
+        m,
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--kv-type",
+        "f32",
+        "--no-warm",
+        "--load-snapshot",
+        snap_s,
+    ]);
+    assert_eq!(
+        out.trim_end(),
+        want.trim_end().strip_prefix(prompt).unwrap().trim_end()
+    );
+}
+
+/// Streaming on every stage: each streams the experts of its own layers and the logits stay
+/// bit-identical to a resident single node.
+#[test]
+fn stages_streaming_their_experts_match_single_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("qwen3moe", "model-q8_0.gguf");
+    let m = m.to_str().unwrap();
+    let toks = "1,2,3,4,5,6,7,8,9,10,11,12";
+    let single = logits_single(m, toks, &dir.path().join("single.npy"));
+    let out = dir.path().join("pipe.npy");
+    let args = [
+        "logits",
+        "-m",
+        m,
+        "--tokens",
+        toks,
+        "--out",
+        out.to_str().unwrap(),
+        "--kv-type",
+        "f32",
+        "--threads",
+        "1",
+        "--no-warm",
+        "--insecure",
+        "--layers",
+        "0:1",
+        "--ssd-streaming",
+        "--expert-cache",
+        "1",
+    ];
+    let (coord, addr) = coordinator("coordinator", &args);
+    let _w = worker(
+        m,
+        "2:output",
+        &addr,
+        &["--insecure", "--ssd-streaming", "--expert-cache", "1"],
+    );
+    let (ok, _, err) = coord.finish(T);
+    assert!(ok, "streaming pipeline failed:\n{err}");
+    let got = read_npy_f32(&out).1;
+    assert!(
+        got.iter()
+            .zip(&single)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "logits differ"
+    );
 }

@@ -13,16 +13,45 @@ use common::*;
 const T: Duration = Duration::from_secs(180);
 
 fn rank(model: &str, coord: &str, extra: &[&str]) -> Proc {
-    let mut args = vec!["worker", "--tensor-parallel", "-m", model, "--coordinator", coord, "--threads", "1", "--kv-type", "f32", "--no-warm"];
+    let mut args = vec![
+        "worker",
+        "--tensor-parallel",
+        "-m",
+        model,
+        "--coordinator",
+        coord,
+        "--threads",
+        "1",
+        "--kv-type",
+        "f32",
+        "--no-warm",
+    ];
     args.extend_from_slice(extra);
     Proc::spawn("rank", &args)
 }
 
 /// Runs a coordinator command with `--tensor-parallel --tp-size n` and `n - 1` ranks.
-fn with_group(args: &[&str], model: &str, n: usize, rank_extra: &[&str]) -> (bool, String, String, Vec<u64>) {
+fn with_group(
+    args: &[&str],
+    model: &str,
+    n: usize,
+    rank_extra: &[&str],
+) -> (bool, String, String, Vec<u64>) {
     let n_s = n.to_string();
     let mut full = args.to_vec();
-    full.extend_from_slice(&["--tensor-parallel", "--tp-size", &n_s, "--listen", "127.0.0.1:0", "--insecure", "--threads", "1", "--kv-type", "f32", "--no-warm"]);
+    full.extend_from_slice(&[
+        "--tensor-parallel",
+        "--tp-size",
+        &n_s,
+        "--listen",
+        "127.0.0.1:0",
+        "--insecure",
+        "--threads",
+        "1",
+        "--kv-type",
+        "f32",
+        "--no-warm",
+    ]);
     let coord = Proc::spawn("tp coordinator", &full);
     let addr = format!("127.0.0.1:{}", coord.coordinator_port());
     let mut extra = vec!["--insecure"];
@@ -37,19 +66,40 @@ fn with_group(args: &[&str], model: &str, n: usize, rank_extra: &[&str]) -> (boo
 fn vm_hwm_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0)
 }
 
 fn logits_single(model: &str, tokens: &str, out: &Path) -> Vec<f32> {
-    run_ok(&["logits", "-m", model, "--tokens", tokens, "--out", out.to_str().unwrap(), "--kv-type", "f32", "--no-warm"]);
+    run_ok(&[
+        "logits",
+        "-m",
+        model,
+        "--tokens",
+        tokens,
+        "--out",
+        out.to_str().unwrap(),
+        "--kv-type",
+        "f32",
+        "--no-warm",
+    ]);
     read_npy_f32(out).1
 }
 
 fn tokens_of(fixture: &str) -> String {
     let text = std::fs::read_to_string(common::fixture(fixture, "prompt_tokens.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["tokens"].as_array().unwrap().iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",")
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[test]
@@ -60,16 +110,63 @@ fn two_and_three_ranks_match_single_node_on_every_fixture() {
         let m = m.to_str().unwrap();
         let toks = tokens_of(fx);
         let single = logits_single(m, &toks, &dir.path().join(format!("{fx}.npy")));
-        let greedy = run_ok(&["run", "-m", m, "-p", "The", "-n", "64", "--temp", "0", "--ignore-eos", "--kv-type", "f32", "--no-warm"]);
+        let greedy = run_ok(&[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "The",
+            "-n",
+            "64",
+            "--temp",
+            "0",
+            "--ignore-eos",
+            "--kv-type",
+            "f32",
+            "--no-warm",
+        ]);
         for n in [2, 3] {
             let out = dir.path().join(format!("{fx}-{n}.npy"));
-            let (ok, _, err, _) = with_group(&["logits", "-m", m, "--tokens", &toks, "--out", out.to_str().unwrap()], m, n, &[]);
+            let (ok, _, err, _) = with_group(
+                &[
+                    "logits",
+                    "-m",
+                    m,
+                    "--tokens",
+                    &toks,
+                    "--out",
+                    out.to_str().unwrap(),
+                ],
+                m,
+                n,
+                &[],
+            );
             assert!(ok, "{fx} {n} ranks logits failed:\n{err}");
             let tp = read_npy_f32(&out).1;
-            let d = tp.iter().zip(&single).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let d = tp
+                .iter()
+                .zip(&single)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
             eprintln!("{fx}: {n} ranks, max |Δlogit| vs single node = {d:e}");
             assert!(d <= 1e-5, "{fx} {n} ranks: logits differ by {d}");
-            let (ok, out, err, _) = with_group(&["run", "-m", m, "-p", "The", "-n", "64", "--temp", "0", "--ignore-eos"], m, n, &[]);
+            let (ok, out, err, _) = with_group(
+                &[
+                    "run",
+                    "-m",
+                    m,
+                    "-p",
+                    "The",
+                    "-n",
+                    "64",
+                    "--temp",
+                    "0",
+                    "--ignore-eos",
+                ],
+                m,
+                n,
+                &[],
+            );
             assert!(ok, "{fx} {n} ranks run failed:\n{err}");
             assert_eq!(out, greedy, "{fx} {n} ranks: greedy tokens differ");
         }
@@ -86,17 +183,41 @@ fn smollm2_and_its_upcycled_moe_with_uneven_expert_shares() {
     run_ok(&["upcycle", m, moe_s, "--experts", "4"]);
     let prompt = "The capital of Germany is";
     for (model, name) in [(m, "SmolLM2"), (moe_s, "SmolLM2 upcycled")] {
-        let want = run_ok(&["run", "-m", model, "-p", prompt, "-n", "64", "--temp", "0", "--kv-type", "f32", "--no-warm"]);
+        let want = run_ok(&[
+            "run",
+            "-m",
+            model,
+            "-p",
+            prompt,
+            "-n",
+            "64",
+            "--temp",
+            "0",
+            "--kv-type",
+            "f32",
+            "--no-warm",
+        ]);
         for (n, weights) in [(2, ""), (3, ""), (2, "2,1")] {
-            let mut args = vec!["run", "-m", model, "-p", prompt, "-n", "64", "--temp", "0", "--stats"];
+            let mut args = vec![
+                "run", "-m", model, "-p", prompt, "-n", "64", "--temp", "0", "--stats",
+            ];
             if !weights.is_empty() {
                 args.extend_from_slice(&["--expert-weights", weights]);
             }
             let (ok, out, err, rss) = with_group(&args, model, n, &[]);
             assert!(ok, "{name} {n} ranks {weights}: failed:\n{err}");
             assert_eq!(out, want, "{name} {n} ranks {weights}: greedy text differs");
-            let stat = |k: &str| err.lines().find(|l| l.starts_with(k)).unwrap_or("").to_string();
-            eprintln!("{name}: {n} ranks {weights:>3}: rank peak RSS {rss:?} KiB; {} {}", stat("tp_exchanges_per_step"), stat("tp_exchange_mean_us"));
+            let stat = |k: &str| {
+                err.lines()
+                    .find(|l| l.starts_with(k))
+                    .unwrap_or("")
+                    .to_string()
+            };
+            eprintln!(
+                "{name}: {n} ranks {weights:>3}: rank peak RSS {rss:?} KiB; {} {}",
+                stat("tp_exchanges_per_step"),
+                stat("tp_exchange_mean_us")
+            );
         }
     }
 }
@@ -106,11 +227,49 @@ fn a_killed_rank_fails_the_step_in_time_and_a_returning_rank_completes_it() {
     let m = smollm2();
     let m = m.to_str().unwrap();
     let prompt = "Once upon a time, in a small village,";
-    let want = run_ok(&["run", "-m", m, "-p", prompt, "-n", "48", "--temp", "0", "--kv-type", "f32", "--no-warm"]);
+    let want = run_ok(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        prompt,
+        "-n",
+        "48",
+        "--temp",
+        "0",
+        "--kv-type",
+        "f32",
+        "--no-warm",
+    ]);
     // A rank that comes back within --route-wait: the request completes with the same tokens.
     let mut coord = Proc::spawn(
         "tp coordinator",
-        &["run", "-m", m, "-p", prompt, "-n", "48", "--temp", "0", "--tensor-parallel", "--tp-size", "2", "--listen", "127.0.0.1:0", "--insecure", "--threads", "1", "--kv-type", "f32", "--no-warm", "--tp-timeout", "3", "--route-wait", "60"],
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            prompt,
+            "-n",
+            "48",
+            "--temp",
+            "0",
+            "--tensor-parallel",
+            "--tp-size",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--insecure",
+            "--threads",
+            "1",
+            "--kv-type",
+            "f32",
+            "--no-warm",
+            "--tp-timeout",
+            "3",
+            "--route-wait",
+            "60",
+        ],
     );
     let addr = format!("127.0.0.1:{}", coord.coordinator_port());
     let mut r = rank(m, &addr, &["--insecure"]);
@@ -123,13 +282,42 @@ fn a_killed_rank_fails_the_step_in_time_and_a_returning_rank_completes_it() {
     std::thread::sleep(Duration::from_millis(500));
     let _r2 = rank(m, &addr, &["--insecure"]);
     let (ok, out, err) = coord.finish(T);
-    assert!(ok, "the request must complete after the rank returns:\n{err}");
-    assert!(err.contains("replaying session"), "expected a replay:\n{err}");
+    assert!(
+        ok,
+        "the request must complete after the rank returns:\n{err}"
+    );
+    assert!(
+        err.contains("replaying session"),
+        "expected a replay:\n{err}"
+    );
     assert_eq!(out, want);
     // A rank that never comes back: a clear error within the timeouts.
     let mut coord = Proc::spawn(
         "tp coordinator",
-        &["run", "-m", m, "-p", prompt, "-n", "200", "--temp", "0", "--tensor-parallel", "--tp-size", "2", "--listen", "127.0.0.1:0", "--insecure", "--threads", "1", "--no-warm", "--tp-timeout", "2", "--route-wait", "4"],
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            prompt,
+            "-n",
+            "200",
+            "--temp",
+            "0",
+            "--tensor-parallel",
+            "--tp-size",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--insecure",
+            "--threads",
+            "1",
+            "--no-warm",
+            "--tp-timeout",
+            "2",
+            "--route-wait",
+            "4",
+        ],
     );
     let addr = format!("127.0.0.1:{}", coord.coordinator_port());
     let mut r = rank(m, &addr, &["--insecure"]);
@@ -142,8 +330,15 @@ fn a_killed_rank_fails_the_step_in_time_and_a_returning_rank_completes_it() {
     let killed = Instant::now();
     let (ok, _, err) = coord.finish(T);
     assert!(!ok, "the request must fail without the rank");
-    assert!(killed.elapsed() < Duration::from_secs(20), "failing took {:?}", killed.elapsed());
-    assert!(err.contains("rank 1"), "the error must name the rank:\n{err}");
+    assert!(
+        killed.elapsed() < Duration::from_secs(20),
+        "failing took {:?}",
+        killed.elapsed()
+    );
+    assert!(
+        err.contains("rank 1"),
+        "the error must name the rank:\n{err}"
+    );
 }
 
 #[test]
@@ -159,17 +354,49 @@ fn wrong_model_key_and_version_are_refused_by_name() {
     let other = fixture("llama", "model-f32.gguf");
     let coord = Proc::spawn(
         "tp coordinator",
-        &["run", "-m", m, "-p", "Hello", "-n", "4", "--temp", "0", "--tensor-parallel", "--tp-size", "2", "--listen", "127.0.0.1:0", "--cluster-key-file", k, "--no-warm", "--route-wait", "60"],
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "Hello",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "--tensor-parallel",
+            "--tp-size",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster-key-file",
+            k,
+            "--no-warm",
+            "--route-wait",
+            "60",
+        ],
     );
     let addr = format!("127.0.0.1:{}", coord.coordinator_port());
     let refused = |model: &str, extra: &[&str], reason: &str| {
-        let mut args = vec!["worker", "--tensor-parallel", "-m", model, "--coordinator", &addr, "--no-warm"];
+        let mut args = vec![
+            "worker",
+            "--tensor-parallel",
+            "-m",
+            model,
+            "--coordinator",
+            &addr,
+            "--no-warm",
+        ];
         args.extend_from_slice(extra);
         let (ok, _, err) = Proc::spawn("rank", &args).finish(T);
         assert!(!ok);
         assert!(err.contains(reason), "expected {reason:?}:\n{err}");
     };
-    refused(other.to_str().unwrap(), &["--cluster-key-file", k], "different model");
+    refused(
+        other.to_str().unwrap(),
+        &["--cluster-key-file", k],
+        "different model",
+    );
     refused(m, &["--cluster-key-file", w], "different cluster key");
     refused(m, &["--cluster-key-file", k, "--rank", "5"], "outside");
     {
@@ -183,9 +410,50 @@ fn wrong_model_key_and_version_are_refused_by_name() {
         let mut reply = Vec::new();
         let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
         let _ = s.read_to_end(&mut reply);
-        assert!(String::from_utf8_lossy(&reply).contains("version"), "version refusal");
+        assert!(
+            String::from_utf8_lossy(&reply).contains("version"),
+            "version refusal"
+        );
     }
     let _good = rank(m, &addr, &["--cluster-key-file", k]);
     let (ok, _, err) = coord.finish(T);
     assert!(ok, "the group must work after the refusals:\n{err}");
+}
+
+/// Streaming inside the group: every rank streams only the experts it owns (here through a cache
+/// of a single slot) and the logits stay those of a resident single node.
+#[test]
+fn ranks_streaming_their_own_experts_match_single_node() {
+    let dir = tempfile::tempdir().unwrap();
+    for fx in ["qwen3moe", "mixtral"] {
+        let m = fixture(fx, "model-q8_0.gguf");
+        let m = m.to_str().unwrap();
+        let toks = tokens_of(fx);
+        let single = logits_single(m, &toks, &dir.path().join(format!("{fx}.npy")));
+        let out = dir.path().join(format!("{fx}-tp.npy"));
+        let stream = ["--ssd-streaming", "--expert-cache", "1"];
+        let mut args = vec![
+            "logits",
+            "-m",
+            m,
+            "--tokens",
+            &toks,
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(&stream);
+        let (ok, _, err, _) = with_group(&args, m, 2, &stream);
+        assert!(ok, "{fx}: streaming group failed:\n{err}");
+        assert!(
+            err.contains("streaming experts"),
+            "{fx}: the coordinator must stream:\n{err}"
+        );
+        let tp = read_npy_f32(&out).1;
+        assert!(
+            tp.iter()
+                .zip(&single)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{fx}: logits differ"
+        );
+    }
 }

@@ -109,6 +109,11 @@ impl StageRuntime {
         self
     }
 
+    /// The expert source's statistics (empty when resident).
+    pub fn stats(&self) -> Vec<(String, f64)> {
+        self.experts.as_ref().map(|e| e.stats()).unwrap_or_default()
+    }
+
     pub fn model(&self) -> &Arc<Model> {
         &self.model
     }

@@ -266,6 +266,13 @@ impl Executor for LocalExecutor {
         Ok(())
     }
 
+    fn stats(&self) -> Vec<(String, f64)> {
+        match &self.experts {
+            ExpertMode::Resident => Vec::new(),
+            ExpertMode::Custom(s) => s.stats(),
+        }
+    }
+
     fn describe(&self) -> String {
         format!(
             "local: {} layers, {} threads, kernels {}, KV {}",

@@ -127,14 +127,23 @@ fn main() {
     };
     let report = |name: &str, n: usize, secs: f64, before: &HashMap<String, f64>| {
         let after = stats(&get);
-        let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+        let d =
+            |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
         let streamed = d("expert_hits") + d("expert_inflight_hits") + d("expert_misses");
         println!(
             "{name}: {n} tokens in {secs:.2} s = {:.2} t/s | hit rate {:.3} (in-flight {:.3}) | \
              read {:.1} MiB/token at {:.2} GB/s busy | waited {:.1} ms/token | prefetch {} read, {} used",
             n as f64 / secs,
-            if streamed > 0.0 { d("expert_hits") / streamed } else { 1.0 },
-            if streamed > 0.0 { d("expert_inflight_hits") / streamed } else { 0.0 },
+            if streamed > 0.0 {
+                d("expert_hits") / streamed
+            } else {
+                1.0
+            },
+            if streamed > 0.0 {
+                d("expert_inflight_hits") / streamed
+            } else {
+                0.0
+            },
             d("expert_read_mib") / n as f64,
             if d("expert_read_busy_s") > 0.0 {
                 d("expert_read_mib") * (1u64 << 20) as f64 / d("expert_read_busy_s") / 1e9
@@ -155,7 +164,12 @@ fn main() {
         left -= n;
     }
     if a.pp > 0 {
-        report(&format!("pp{}", a.pp), a.pp, t.elapsed().as_secs_f64(), &before);
+        report(
+            &format!("pp{}", a.pp),
+            a.pp,
+            t.elapsed().as_secs_f64(),
+            &before,
+        );
     }
     let before = stats(&get);
     let t = Instant::now();
@@ -163,6 +177,11 @@ fn main() {
         step(1, &mut kv);
     }
     if a.tg > 0 {
-        report(&format!("tg{}", a.tg), a.tg, t.elapsed().as_secs_f64(), &before);
+        report(
+            &format!("tg{}", a.tg),
+            a.tg,
+            t.elapsed().as_secs_f64(),
+            &before,
+        );
     }
 }

@@ -4,6 +4,7 @@
 //! threads, not networking.
 
 mod budget;
+mod cache;
 pub mod error;
 pub mod io;
 pub mod layout;

