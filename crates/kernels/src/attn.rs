@@ -1,0 +1,321 @@
+//! Attention inner loops: scores of one query against many keys, a numerically stable softmax
+//! with a vectorized exponential, and the probability-weighted sum of values — over keys and
+//! values stored as f32 or f16 rows at a stride (a KV cache's `[pos][kv_head][dim]` layout).
+//! Scalar reference plus AVX2 and AVX-512 paths, chosen once like the dot products.
+
+use crate::Isa;
+
+/// Element type of cached keys and values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvElem {
+    F32,
+    F16,
+}
+
+impl KvElem {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvElem::F32 => 4,
+            KvElem::F16 => 2,
+        }
+    }
+}
+
+/// Rows `0..n` of `d` values each, `stride` bytes apart, starting at `data[0]`.
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    pub data: &'a [u8],
+    pub stride: usize,
+    pub n: usize,
+    pub d: usize,
+    pub elem: KvElem,
+}
+
+impl Rows<'_> {
+    fn check(&self) {
+        let need = if self.n == 0 { 0 } else { (self.n - 1) * self.stride + self.d * self.elem.bytes() };
+        assert!(self.data.len() >= need, "attention rows: {} bytes for {} rows of {}", self.data.len(), self.n, self.d);
+    }
+
+    fn value(&self, j: usize, c: usize) -> f32 {
+        let o = j * self.stride + c * self.elem.bytes();
+        match self.elem {
+            KvElem::F32 => f32::from_le_bytes([self.data[o], self.data[o + 1], self.data[o + 2], self.data[o + 3]]),
+            KvElem::F16 => half::f16::from_bits(u16::from_le_bytes([self.data[o], self.data[o + 1]])).to_f32(),
+        }
+    }
+}
+
+/// `out[j] = scale · (q · k_j)` for every key row.
+pub fn scores(isa: Isa, q: &[f32], keys: Rows, scale: f32, out: &mut [f32]) {
+    keys.check();
+    assert!(q.len() >= keys.d && out.len() >= keys.n);
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 && Isa::Avx512.is_supported() {
+        // SAFETY: the CPU supports AVX-512 (checked); bounds checked above.
+        return unsafe { x86::scores_avx512(q, keys, scale, out) };
+    } else if isa >= Isa::Avx2 && Isa::Avx2.is_supported() {
+        // SAFETY: as above, for AVX2.
+        return unsafe { x86::scores_avx2(q, keys, scale, out) };
+    }
+    let _ = isa;
+    for (j, o) in out.iter_mut().enumerate().take(keys.n) {
+        let mut s = 0f32;
+        for c in 0..keys.d {
+            s += q[c] * keys.value(j, c);
+        }
+        *o = s * scale;
+    }
+}
+
+/// Replaces `x` by `softmax(x)`; the exponential is a polynomial (relative error < 2e-7).
+pub fn softmax(isa: Isa, x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && Isa::Avx2.is_supported() {
+        // SAFETY: the CPU supports AVX2 + FMA (checked).
+        let sum = unsafe { x86::exp_sub_sum_avx2(x, max) };
+        let inv = 1.0 / sum;
+        x.iter_mut().for_each(|v| *v *= inv);
+        return;
+    }
+    let _ = isa;
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = exp_poly(*v - max);
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// `out += Σ_j p[j] · v_j`.
+pub fn weighted_sum(isa: Isa, p: &[f32], values: Rows, out: &mut [f32]) {
+    values.check();
+    assert!(p.len() >= values.n && out.len() >= values.d);
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 && Isa::Avx512.is_supported() {
+        // SAFETY: the CPU supports AVX-512 (checked); bounds checked above.
+        return unsafe { x86::weighted_sum_avx512(p, values, out) };
+    } else if isa >= Isa::Avx2 && Isa::Avx2.is_supported() {
+        // SAFETY: as above, for AVX2.
+        return unsafe { x86::weighted_sum_avx2(p, values, out) };
+    }
+    let _ = isa;
+    for (j, &pj) in p.iter().enumerate().take(values.n) {
+        for (c, o) in out.iter_mut().enumerate().take(values.d) {
+            *o += pj * values.value(j, c);
+        }
+    }
+}
+
+/// e^x by range reduction (x = k·ln2 + r) and a degree-6 polynomial for e^r; the same
+/// operations as the SIMD paths, so every path gives the same bits.
+pub fn exp_poly(x: f32) -> f32 {
+    let x = x.clamp(-87.3, 88.3);
+    let k = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = (-k).mul_add(LN2_HI, x);
+    let r = (-k).mul_add(LN2_LO, r);
+    let mut p = EXP_C[6];
+    for &c in EXP_C[..6].iter().rev() {
+        p = p.mul_add(r, c);
+    }
+    p * f32::from_bits(((k as i32 + 127) as u32) << 23)
+}
+
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// Taylor coefficients of e^r on |r| ≤ ln2/2: 1, 1, 1/2, 1/6, 1/24, 1/120, 1/720.
+const EXP_C: [f32; 7] = [1.0, 1.0, 0.5, 0.166_666_67, 0.041_666_668, 0.008_333_334, 0.001_388_889];
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{EXP_C, KvElem, LN2_HI, LN2_LO, Rows};
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    unsafe fn load16(rows: &Rows, j: usize, c: usize) -> __m512 {
+        let p = unsafe { rows.data.as_ptr().add(j * rows.stride + c * rows.elem.bytes()) };
+        match rows.elem {
+            KvElem::F32 => unsafe { _mm512_loadu_ps(p as *const f32) },
+            KvElem::F16 => unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) },
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(rows: &Rows, j: usize, c: usize) -> __m256 {
+        let p = unsafe { rows.data.as_ptr().add(j * rows.stride + c * rows.elem.bytes()) };
+        match rows.elem {
+            KvElem::F32 => unsafe { _mm256_loadu_ps(p as *const f32) },
+            KvElem::F16 => unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) },
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn scores_avx512(q: &[f32], keys: Rows, scale: f32, out: &mut [f32]) {
+        let d16 = keys.d / 16 * 16;
+        for (j, o) in out.iter_mut().enumerate().take(keys.n) {
+            let mut acc = _mm512_setzero_ps();
+            for c in (0..d16).step_by(16) {
+                acc = unsafe { _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(c)), load16(&keys, j, c), acc) };
+            }
+            let mut s = _mm512_reduce_add_ps(acc);
+            for c in d16..keys.d {
+                s += q[c] * keys.value(j, c);
+            }
+            *o = s * scale;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scores_avx2(q: &[f32], keys: Rows, scale: f32, out: &mut [f32]) {
+        let d8 = keys.d / 8 * 8;
+        for (j, o) in out.iter_mut().enumerate().take(keys.n) {
+            let mut acc = _mm256_setzero_ps();
+            for c in (0..d8).step_by(8) {
+                acc = unsafe { _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(c)), load8(&keys, j, c), acc) };
+            }
+            let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            let mut s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+            for c in d8..keys.d {
+                s += q[c] * keys.value(j, c);
+            }
+            *o = s * scale;
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn weighted_sum_avx512(p: &[f32], values: Rows, out: &mut [f32]) {
+        let d16 = values.d / 16 * 16;
+        for c in (0..d16).step_by(16) {
+            let mut acc = unsafe { _mm512_loadu_ps(out.as_ptr().add(c)) };
+            for (j, &pj) in p.iter().enumerate().take(values.n) {
+                acc = unsafe { _mm512_fmadd_ps(_mm512_set1_ps(pj), load16(&values, j, c), acc) };
+            }
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(c), acc) };
+        }
+        for c in d16..values.d {
+            for (j, &pj) in p.iter().enumerate().take(values.n) {
+                out[c] += pj * values.value(j, c);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn weighted_sum_avx2(p: &[f32], values: Rows, out: &mut [f32]) {
+        let d8 = values.d / 8 * 8;
+        for c in (0..d8).step_by(8) {
+            let mut acc = unsafe { _mm256_loadu_ps(out.as_ptr().add(c)) };
+            for (j, &pj) in p.iter().enumerate().take(values.n) {
+                acc = unsafe { _mm256_fmadd_ps(_mm256_set1_ps(pj), load8(&values, j, c), acc) };
+            }
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c), acc) };
+        }
+        for c in d8..values.d {
+            for (j, &pj) in p.iter().enumerate().take(values.n) {
+                out[c] += pj * values.value(j, c);
+            }
+        }
+    }
+
+    /// `x[i] = e^(x[i] - max)`, returning the sum (same operations as `super::exp_poly`).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_sub_sum_avx2(x: &mut [f32], max: f32) -> f32 {
+        let n8 = x.len() / 8 * 8;
+        let mut sum = _mm256_setzero_ps();
+        let vmax = _mm256_set1_ps(max);
+        for i in (0..n8).step_by(8) {
+            let v = unsafe { _mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vmax) };
+            let v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-87.3)), _mm256_set1_ps(88.3));
+            let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+                v,
+                _mm256_set1_ps(std::f32::consts::LOG2_E),
+            ));
+            let nk = _mm256_sub_ps(_mm256_setzero_ps(), k);
+            let r = _mm256_fmadd_ps(nk, _mm256_set1_ps(LN2_HI), v);
+            let r = _mm256_fmadd_ps(nk, _mm256_set1_ps(LN2_LO), r);
+            let mut p = _mm256_set1_ps(EXP_C[6]);
+            for &c in EXP_C[..6].iter().rev() {
+                p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+            }
+            let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(k),
+                _mm256_set1_epi32(127),
+            )));
+            let e = _mm256_mul_ps(p, pow2);
+            unsafe { _mm256_storeu_ps(x.as_mut_ptr().add(i), e) };
+            sum = _mm256_add_ps(sum, e);
+        }
+        let h = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps::<1>(sum));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        let mut s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        for v in x[n8..].iter_mut() {
+            *v = super::exp_poly(*v - max);
+            s += *v;
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(n: usize, d: usize, elem: KvElem, seed: u32) -> Vec<u8> {
+        (0..n * d)
+            .flat_map(|i| {
+                let v = (((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / (1u32 << 24) as f32) - 0.5;
+                match elem {
+                    KvElem::F32 => v.to_le_bytes().to_vec(),
+                    KvElem::F16 => half::f16::from_f32(v).to_bits().to_le_bytes().to_vec(),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn simd_paths_match_the_scalar_reference() {
+        for elem in [KvElem::F32, KvElem::F16] {
+            for d in [32, 64, 80, 128] {
+                let n = 37;
+                let k = rows(n, d, elem, 1);
+                let v = rows(n, d, elem, 2);
+                let q: Vec<f32> = (0..d).map(|i| (i as f32 * 0.37).sin()).collect();
+                let kr = Rows { data: &k, stride: d * elem.bytes(), n, d, elem };
+                let vr = Rows { data: &v, stride: d * elem.bytes(), n, d, elem };
+                let mut want_s = vec![0f32; n];
+                scores(Isa::Scalar, &q, kr, 0.125, &mut want_s);
+                let mut want_o = vec![0.5f32; d];
+                let mut p = want_s.clone();
+                softmax(Isa::Scalar, &mut p);
+                weighted_sum(Isa::Scalar, &p, vr, &mut want_o);
+                for isa in Isa::supported() {
+                    let mut s = vec![0f32; n];
+                    scores(isa, &q, kr, 0.125, &mut s);
+                    let mut p2 = s.clone();
+                    softmax(isa, &mut p2);
+                    let mut o = vec![0.5f32; d];
+                    weighted_sum(isa, &p2, vr, &mut o);
+                    for (a, b) in s.iter().zip(&want_s).chain(o.iter().zip(&want_o)) {
+                        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{isa:?} {elem:?} d={d}: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn exp_poly_is_accurate() {
+        let mut worst = 0f64;
+        for i in -8700..=8830 {
+            let x = i as f32 / 100.0;
+            let e = (x as f64).exp();
+            worst = worst.max(((exp_poly(x) as f64 - e) / e).abs());
+        }
+        assert!(worst < 4e-7, "relative error {worst}");
+    }
+}
