@@ -33,15 +33,32 @@ pub struct Rows<'a> {
 
 impl Rows<'_> {
     fn check(&self) {
-        let need = if self.n == 0 { 0 } else { (self.n - 1) * self.stride + self.d * self.elem.bytes() };
-        assert!(self.data.len() >= need, "attention rows: {} bytes for {} rows of {}", self.data.len(), self.n, self.d);
+        let need = if self.n == 0 {
+            0
+        } else {
+            (self.n - 1) * self.stride + self.d * self.elem.bytes()
+        };
+        assert!(
+            self.data.len() >= need,
+            "attention rows: {} bytes for {} rows of {}",
+            self.data.len(),
+            self.n,
+            self.d
+        );
     }
 
     fn value(&self, j: usize, c: usize) -> f32 {
         let o = j * self.stride + c * self.elem.bytes();
         match self.elem {
-            KvElem::F32 => f32::from_le_bytes([self.data[o], self.data[o + 1], self.data[o + 2], self.data[o + 3]]),
-            KvElem::F16 => half::f16::from_bits(u16::from_le_bytes([self.data[o], self.data[o + 1]])).to_f32(),
+            KvElem::F32 => f32::from_le_bytes([
+                self.data[o],
+                self.data[o + 1],
+                self.data[o + 2],
+                self.data[o + 3],
+            ]),
+            KvElem::F16 => {
+                half::f16::from_bits(u16::from_le_bytes([self.data[o], self.data[o + 1]])).to_f32()
+            }
         }
     }
 }
@@ -126,7 +143,15 @@ pub fn exp_poly(x: f32) -> f32 {
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
 /// Taylor coefficients of e^r on |r| ≤ ln2/2: 1, 1, 1/2, 1/6, 1/24, 1/120, 1/720.
-const EXP_C: [f32; 7] = [1.0, 1.0, 0.5, 0.166_666_67, 0.041_666_668, 0.008_333_334, 0.001_388_889];
+const EXP_C: [f32; 7] = [
+    1.0,
+    1.0,
+    0.5,
+    0.166_666_67,
+    0.041_666_668,
+    0.008_333_334,
+    0.001_388_889,
+];
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -137,7 +162,11 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
     unsafe fn load16(rows: &Rows, j: usize, c: usize) -> __m512 {
-        let p = unsafe { rows.data.as_ptr().add(j * rows.stride + c * rows.elem.bytes()) };
+        let p = unsafe {
+            rows.data
+                .as_ptr()
+                .add(j * rows.stride + c * rows.elem.bytes())
+        };
         match rows.elem {
             KvElem::F32 => unsafe { _mm512_loadu_ps(p as *const f32) },
             KvElem::F16 => unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) },
@@ -147,7 +176,11 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load8(rows: &Rows, j: usize, c: usize) -> __m256 {
-        let p = unsafe { rows.data.as_ptr().add(j * rows.stride + c * rows.elem.bytes()) };
+        let p = unsafe {
+            rows.data
+                .as_ptr()
+                .add(j * rows.stride + c * rows.elem.bytes())
+        };
         match rows.elem {
             KvElem::F32 => unsafe { _mm256_loadu_ps(p as *const f32) },
             KvElem::F16 => unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) },
@@ -160,7 +193,9 @@ mod x86 {
         for (j, o) in out.iter_mut().enumerate().take(keys.n) {
             let mut acc = _mm512_setzero_ps();
             for c in (0..d16).step_by(16) {
-                acc = unsafe { _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(c)), load16(&keys, j, c), acc) };
+                acc = unsafe {
+                    _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(c)), load16(&keys, j, c), acc)
+                };
             }
             let mut s = _mm512_reduce_add_ps(acc);
             for c in d16..keys.d {
@@ -176,7 +211,9 @@ mod x86 {
         for (j, o) in out.iter_mut().enumerate().take(keys.n) {
             let mut acc = _mm256_setzero_ps();
             for c in (0..d8).step_by(8) {
-                acc = unsafe { _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(c)), load8(&keys, j, c), acc) };
+                acc = unsafe {
+                    _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(c)), load8(&keys, j, c), acc)
+                };
             }
             let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
             let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -230,11 +267,13 @@ mod x86 {
         let vmax = _mm256_set1_ps(max);
         for i in (0..n8).step_by(8) {
             let v = unsafe { _mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vmax) };
-            let v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-87.3)), _mm256_set1_ps(88.3));
-            let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-                v,
-                _mm256_set1_ps(std::f32::consts::LOG2_E),
-            ));
+            let v = _mm256_min_ps(
+                _mm256_max_ps(v, _mm256_set1_ps(-87.3)),
+                _mm256_set1_ps(88.3),
+            );
+            let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm256_mul_ps(v, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            );
             let nk = _mm256_sub_ps(_mm256_setzero_ps(), k);
             let r = _mm256_fmadd_ps(nk, _mm256_set1_ps(LN2_HI), v);
             let r = _mm256_fmadd_ps(nk, _mm256_set1_ps(LN2_LO), r);
@@ -268,7 +307,9 @@ mod tests {
     fn rows(n: usize, d: usize, elem: KvElem, seed: u32) -> Vec<u8> {
         (0..n * d)
             .flat_map(|i| {
-                let v = (((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / (1u32 << 24) as f32) - 0.5;
+                let v = (((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32
+                    / (1u32 << 24) as f32)
+                    - 0.5;
                 match elem {
                     KvElem::F32 => v.to_le_bytes().to_vec(),
                     KvElem::F16 => half::f16::from_f32(v).to_bits().to_le_bytes().to_vec(),
@@ -285,8 +326,20 @@ mod tests {
                 let k = rows(n, d, elem, 1);
                 let v = rows(n, d, elem, 2);
                 let q: Vec<f32> = (0..d).map(|i| (i as f32 * 0.37).sin()).collect();
-                let kr = Rows { data: &k, stride: d * elem.bytes(), n, d, elem };
-                let vr = Rows { data: &v, stride: d * elem.bytes(), n, d, elem };
+                let kr = Rows {
+                    data: &k,
+                    stride: d * elem.bytes(),
+                    n,
+                    d,
+                    elem,
+                };
+                let vr = Rows {
+                    data: &v,
+                    stride: d * elem.bytes(),
+                    n,
+                    d,
+                    elem,
+                };
                 let mut want_s = vec![0f32; n];
                 scores(Isa::Scalar, &q, kr, 0.125, &mut want_s);
                 let mut want_o = vec![0.5f32; d];
@@ -301,7 +354,10 @@ mod tests {
                     let mut o = vec![0.5f32; d];
                     weighted_sum(isa, &p2, vr, &mut o);
                     for (a, b) in s.iter().zip(&want_s).chain(o.iter().zip(&want_o)) {
-                        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{isa:?} {elem:?} d={d}: {a} vs {b}");
+                        assert!(
+                            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                            "{isa:?} {elem:?} d={d}: {a} vs {b}"
+                        );
                     }
                 }
             }

@@ -1,6 +1,11 @@
 //! A thread pool built for per-token work: persistent threads that spin briefly between jobs and
 //! then sleep, so the dozens of matmuls of one decode step each cost a few hundred nanoseconds
-//! of dispatch instead of a thread wake-up. The calling thread takes part as worker 0.
+//! of dispatch instead of a thread wake-up. The calling thread takes part.
+//!
+//! A job is open to whichever workers arrive while it runs: the caller never waits for a worker
+//! that has not started (one descheduled by another process on a busy machine), only for those
+//! inside the job. Work is handed out in chunks from a shared counter, so the threads present
+//! finish it between them.
 
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
@@ -17,21 +22,23 @@ const SPIN: Duration = Duration::from_micros(300);
 type Job = *const (dyn Fn(usize) + Sync);
 
 struct Shared {
-    /// Bumped once per job; workers run the job when they see a new value.
+    /// Bumped once per job; workers try to join when they see a new value.
     generation: AtomicUsize,
-    /// Workers that have not finished the current job.
-    pending: AtomicUsize,
-    /// The current job. Written by the caller before `generation` is bumped (release), read by
-    /// workers after they observe the bump (acquire).
+    /// The current job. Written by the caller while no worker is inside a job; read by workers
+    /// only after they joined (`active` incremented while `open`).
     job: UnsafeCell<Option<Job>>,
+    /// Whether the current job still accepts workers.
+    open: AtomicBool,
+    /// Workers inside the current job.
+    active: AtomicUsize,
     stop: AtomicBool,
     panicked: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     sleep_lock: Mutex<()>,
     wake: Condvar,
 }
 
-// SAFETY: `job` is only written while no worker reads it (between jobs, guarded by the
-// generation/pending protocol), and the pointee is `Sync`.
+// SAFETY: `job` is only written while no worker is inside a job (guarded by open/active), and
+// the pointee is `Sync`.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
@@ -54,8 +61,9 @@ impl ThreadPool {
         };
         let shared = Arc::new(Shared {
             generation: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
             job: UnsafeCell::new(None),
+            open: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             panicked: Mutex::new(None),
             sleep_lock: Mutex::new(()),
@@ -81,32 +89,30 @@ impl ThreadPool {
         self.workers.len() + 1
     }
 
-    /// Runs `f(thread_index)` once on every thread of the pool (the caller is thread 0) and
-    /// returns when all have finished. A panic in any thread is re-raised here.
-    pub fn broadcast<F: Fn(usize) + Sync>(&self, f: F) {
-        if self.workers.is_empty() {
-            f(0);
-            return;
-        }
+    /// Runs `f(thread_index)` on the calling thread (index 0) and on every worker that joins
+    /// before the caller's own call returns; returns when all of them are done. `f` must share
+    /// its work through something like a counter, since any subset of threads may run it. A
+    /// panic in any thread is re-raised here.
+    fn run_open<F: Fn(usize) + Sync>(&self, f: F) {
         let _guard = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         let job: &(dyn Fn(usize) + Sync) = &f;
-        // SAFETY: erase the lifetime; we do not return before every worker is done with `job`.
+        // SAFETY: erase the lifetime; we do not return before every worker that joined is done
+        // with `job`, and no worker joins after `open` is cleared.
         let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(job) };
         unsafe { *self.shared.job.get() = Some(job) };
-        self.shared
-            .pending
-            .store(self.workers.len(), Ordering::Relaxed);
+        self.shared.open.store(true, Ordering::SeqCst);
         {
             let _sleepers = self
                 .shared
                 .sleep_lock
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            self.shared.generation.fetch_add(1, Ordering::Release);
+            self.shared.generation.fetch_add(1, Ordering::SeqCst);
         }
         self.shared.wake.notify_all();
         let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
-        while self.shared.pending.load(Ordering::Acquire) != 0 {
+        self.shared.open.store(false, Ordering::SeqCst);
+        while self.shared.active.load(Ordering::SeqCst) != 0 {
             std::hint::spin_loop();
         }
         unsafe { *self.shared.job.get() = None };
@@ -140,7 +146,7 @@ impl ThreadPool {
             return;
         }
         let next = AtomicUsize::new(0);
-        self.broadcast(|_| {
+        self.run_open(|_| {
             loop {
                 let start = next.fetch_add(chunk, Ordering::Relaxed);
                 if start >= n {
@@ -158,7 +164,7 @@ fn worker_loop(shared: &Shared, tid: usize) {
         let spin_start = Instant::now();
         let mut spins = 0u32;
         loop {
-            let g = shared.generation.load(Ordering::Acquire);
+            let g = shared.generation.load(Ordering::SeqCst);
             if g != seen {
                 seen = g;
                 break;
@@ -169,7 +175,7 @@ fn worker_loop(shared: &Shared, tid: usize) {
             spins += 1;
             if spins.is_multiple_of(256) && spin_start.elapsed() > SPIN {
                 let mut guard = shared.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
-                while shared.generation.load(Ordering::Acquire) == seen
+                while shared.generation.load(Ordering::SeqCst) == seen
                     && !shared.stop.load(Ordering::Relaxed)
                 {
                     guard = shared.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
@@ -181,14 +187,22 @@ fn worker_loop(shared: &Shared, tid: usize) {
         if shared.stop.load(Ordering::Relaxed) {
             return;
         }
-        // SAFETY: the caller published the job before bumping `generation` and keeps it alive
-        // until `pending` reaches zero.
-        let job = unsafe { (*shared.job.get()).expect("job published before generation bump") };
-        let result = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(tid) }));
-        if let Err(p) = result {
-            *shared.panicked.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        // Join only while the job is open; the caller clears `open` before it waits on
+        // `active`, so either it sees us or we see it closed.
+        shared.active.fetch_add(1, Ordering::SeqCst);
+        if shared.open.load(Ordering::SeqCst) {
+            // SAFETY: the job is open, so its pointer is published and stays valid until
+            // `active` drops back to zero.
+            if let Some(job) = unsafe { *shared.job.get() } {
+                let result = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(tid) }));
+                if let Err(p) = result {
+                    *shared.panicked.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+                }
+            }
+            // The job we ran may be newer than the generation we saw.
+            seen = shared.generation.load(Ordering::SeqCst);
         }
-        shared.pending.fetch_sub(1, Ordering::Release);
+        shared.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -214,57 +228,59 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_thread_runs_once_per_broadcast() {
-        let pool = ThreadPool::new(3);
-        let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
-        for _ in 0..1000 {
-            pool.broadcast(|t| {
-                hits[t].fetch_add(1, Ordering::Relaxed);
-            });
-        }
-        for h in &hits {
-            assert_eq!(h.load(Ordering::Relaxed), 1000);
-        }
-    }
-
-    #[test]
     fn chunks_cover_the_range_exactly_once() {
-        let pool = ThreadPool::new(2);
-        let seen: Vec<AtomicUsize> = (0..1001).map(|_| AtomicUsize::new(0)).collect();
-        pool.for_each_chunk(1001, 7, |r| {
-            for i in r {
-                seen[i].fetch_add(1, Ordering::Relaxed);
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            for _ in 0..200 {
+                let seen: Vec<AtomicUsize> = (0..1001).map(|_| AtomicUsize::new(0)).collect();
+                pool.for_each_chunk(1001, 7, |r| {
+                    for i in r {
+                        seen[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == 1));
             }
-        });
-        assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == 1));
+        }
     }
 
     #[test]
-    fn wakes_after_sleeping() {
+    fn workers_take_part_and_wake_after_sleeping() {
         let pool = ThreadPool::new(2);
         std::thread::sleep(Duration::from_millis(5));
-        let n = AtomicUsize::new(0);
-        pool.broadcast(|_| {
-            n.fetch_add(1, Ordering::Relaxed);
-        });
-        assert_eq!(n.load(Ordering::Relaxed), 2);
+        let by_worker = AtomicUsize::new(0);
+        for _ in 0..50 {
+            pool.for_each_chunk(64, 1, |_| {
+                if std::thread::current()
+                    .name()
+                    .is_some_and(|n| n.starts_with("moeshard-worker"))
+                {
+                    by_worker.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            });
+        }
+        assert!(
+            by_worker.load(Ordering::Relaxed) > 0,
+            "the worker never joined"
+        );
     }
 
     #[test]
     fn a_worker_panic_reaches_the_caller_and_the_pool_survives() {
         let pool = ThreadPool::new(2);
         let r = catch_unwind(AssertUnwindSafe(|| {
-            pool.broadcast(|t| {
-                if t == 1 {
+            pool.for_each_chunk(100, 1, |r| {
+                std::thread::sleep(Duration::from_micros(20));
+                if r.start == 50 {
                     panic!("boom");
                 }
             })
         }));
         assert!(r.is_err());
         let n = AtomicUsize::new(0);
-        pool.broadcast(|_| {
+        pool.for_each_chunk(10, 1, |_| {
             n.fetch_add(1, Ordering::Relaxed);
         });
-        assert_eq!(n.load(Ordering::Relaxed), 2);
+        assert_eq!(n.load(Ordering::Relaxed), 10);
     }
 }
