@@ -1,7 +1,11 @@
 //! Weight-read bandwidth of matrix × vector per format, next to the machine's plain read
-//! bandwidth, for `docs/perf.md`. Usage:
+//! bandwidth, and matrix × batch (GEMM) throughput, for `docs/perf.md`. Usage:
 //!   cargo run --release -p kernels --example kernel_bench -- [--threads 1,2] [--big-mib 512]
-//!       [--types q4_K,q6_K,q8_0,mxfp4] [--isa avx512]
+//!       [--types q4_K,q6_K,q8_0,mxfp4] [--isa avx512] [--only matvec|gemm|chunked]
+//!       [--shapes 2048x2048,1024x2048] [--tokens 1,8,32,256] [--budget-ms 2000] [--stat median|min]
+//!
+//! The GEMM table reports GFLOP/s as `2·rows·cols·tokens / time` (activation quantization
+//! included, as in a forward pass) and GB/s of weight bytes read once.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -44,7 +48,8 @@ fn random_weights(t: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     data
 }
 
-/// Median seconds of `f` over enough runs to fill ~`budget`.
+/// Median seconds of `f` over enough runs to fill ~`budget` (the minimum with `--stat min`,
+/// steadier on a loaded machine).
 fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
     f();
     let t0 = Instant::now();
@@ -59,7 +64,11 @@ fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
         })
         .collect();
     v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    if arg("--stat").as_deref() == Some("min") {
+        v[0]
+    } else {
+        v[v.len() / 2]
+    }
 }
 
 /// Plain read bandwidth: sum of u64 words of a `bytes`-sized buffer, split over the pool.
@@ -82,6 +91,12 @@ fn read_bandwidth(pool: &ThreadPool, bytes: usize) -> f64 {
 }
 
 fn main() {
+    let only = arg("--only");
+    let budget = Duration::from_millis(
+        arg("--budget-ms")
+            .map(|s| s.parse().expect("milliseconds"))
+            .unwrap_or(2000),
+    );
     let threads: Vec<usize> = arg("--threads")
         .unwrap_or_else(|| "1,2".into())
         .split(',')
@@ -100,7 +115,25 @@ fn main() {
         .unwrap_or_else(Isa::detect);
     let kernels = Kernels::with_isa(isa).expect("ISA supported");
     println!("isa: {isa:?}");
-    for &nt in &threads {
+    if only.as_deref() != Some("gemm") {
+        matvec(&kernels, &threads, &types, big_mib, budget);
+    }
+    if only.is_none() || only.as_deref() == Some("gemm") {
+        gemm(&kernels, &threads, &types, budget);
+    }
+    if only.is_none() || only.as_deref() == Some("chunked") {
+        chunked(&kernels, &threads, &types, big_mib, budget);
+    }
+}
+
+fn matvec(
+    kernels: &Kernels,
+    threads: &[usize],
+    types: &[GgmlType],
+    big_mib: usize,
+    budget: Duration,
+) {
+    for &nt in threads {
         let pool = ThreadPool::new(nt);
         println!(
             "threads {nt}: read bandwidth {:.1} GB/s ({} MiB buffer)",
@@ -110,7 +143,7 @@ fn main() {
     }
     println!("| type | shape | weight MiB | threads | µs/matvec | GB/s |");
     println!("|---|---|---|---|---|---|");
-    for &t in &types {
+    for &t in types {
         let big_rows = (big_mib << 20) / t.row_bytes(4096).unwrap() as usize;
         for (rows, cols) in [(2048, 2048), (768, 2048), (big_rows, 4096)] {
             let data = random_weights(t, rows, cols);
@@ -119,10 +152,10 @@ fn main() {
                 .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
                 .collect();
             let mut out = vec![0f32; rows];
-            for &nt in &threads {
+            for &nt in threads {
                 let pool = ThreadPool::new(nt);
                 let input = Input::new(&x, 1, cols).expect("input");
-                let secs = time(Duration::from_secs(2), || {
+                let secs = time(budget, || {
                     kernels.matmul(&pool, &w, &input, &mut out).expect("matmul");
                 });
                 println!(
@@ -131,6 +164,94 @@ fn main() {
                     secs * 1e6,
                     data.len() as f64 / secs / 1e9
                 );
+            }
+        }
+    }
+}
+
+/// Matrix × `n` tokens for every shape and token count: a fresh [`Input`] per run, so the
+/// activation quantization is timed too.
+fn gemm(kernels: &Kernels, threads: &[usize], types: &[GgmlType], budget: Duration) {
+    let shapes: Vec<(usize, usize)> = arg("--shapes")
+        .unwrap_or_else(|| "2048x2048,1024x2048".into())
+        .split(',')
+        .map(|s| {
+            let (r, c) = s.split_once('x').expect("ROWSxCOLS");
+            (r.parse().expect("rows"), c.parse().expect("cols"))
+        })
+        .collect();
+    let tokens: Vec<usize> = arg("--tokens")
+        .unwrap_or_else(|| "1,8,32,256".into())
+        .split(',')
+        .map(|s| s.parse().expect("token count"))
+        .collect();
+    println!();
+    println!("| type | shape | tokens | threads | µs | GFLOP/s | weight GB/s |");
+    println!("|---|---|---|---|---|---|---|");
+    for &t in types {
+        for &(rows, cols) in &shapes {
+            let data = random_weights(t, rows, cols);
+            let w = Weights::new(t, rows, cols, &data).expect("weights");
+            for &n in &tokens {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1 + (i / cols) as f32 * 0.01)
+                    .collect();
+                let mut out = vec![0f32; n * rows];
+                for &nt in threads {
+                    let pool = ThreadPool::new(nt);
+                    let secs = time(budget, || {
+                        let input = Input::new(&x, n, cols).expect("input");
+                        kernels.matmul(&pool, &w, &input, &mut out).expect("matmul");
+                    });
+                    println!(
+                        "| {t} | {rows}×{cols} | {n} | {nt} | {:.1} | {:.1} | {:.1} |",
+                        secs * 1e6,
+                        2.0 * (rows * cols * n) as f64 / secs / 1e9,
+                        data.len() as f64 / secs / 1e9
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `matmul_chunked` (256-column chunks summed in f64: attention output and dense down
+/// projections) for one and 32 tokens, on an L2-resident and a `--big-mib` matrix.
+fn chunked(
+    kernels: &Kernels,
+    threads: &[usize],
+    types: &[GgmlType],
+    big_mib: usize,
+    budget: Duration,
+) {
+    println!();
+    println!("| type | shape | tokens | threads | µs | weight GB/s |");
+    println!("|---|---|---|---|---|---|");
+    for &t in types {
+        let chunk = Kernels::reduction_chunk(t, 256).expect("computable");
+        let big_rows = (big_mib << 20) / t.row_bytes(2048).unwrap() as usize;
+        for (rows, cols, tokens) in [(2048, 2048, [1, 32]), (big_rows, 2048, [1, 0])] {
+            let data = random_weights(t, rows, cols);
+            let w = Weights::new(t, rows, cols, &data).expect("weights");
+            for n in tokens.into_iter().filter(|&n| n > 0) {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+                    .collect();
+                let mut out = vec![0f64; n * rows];
+                for &nt in threads {
+                    let pool = ThreadPool::new(nt);
+                    let secs = time(budget, || {
+                        let input = Input::new(&x, n, cols).expect("input");
+                        kernels
+                            .matmul_chunked(&pool, &w, &input, chunk, &mut out)
+                            .expect("chunked matmul");
+                    });
+                    println!(
+                        "| {t} | {rows}×{cols} | {n} | {nt} | {:.1} | {:.1} |",
+                        secs * 1e6,
+                        data.len() as f64 / secs / 1e9
+                    );
+                }
             }
         }
     }

@@ -3,6 +3,9 @@
 //! values stored as f32 or f16 rows at a stride (a KV cache's `[pos][kv_head][dim]` layout).
 //! Scalar reference plus AVX2 and AVX-512 paths, chosen once like the dot products.
 
+// The reference loops index queries, keys and outputs with one dimension variable.
+#![allow(clippy::needless_range_loop)]
+
 use crate::Isa;
 
 /// Element type of cached keys and values.

@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 use gguf::GgmlType;
 
 use crate::formats::{self, DotFn};
+use crate::panel::{PanelFn, RowKernel};
 
 /// A SIMD level. Ordered: a higher level is preferred when supported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -111,4 +112,35 @@ pub fn best_dot(isa: Isa, dtype: GgmlType) -> Option<DotFn> {
         .rev()
         .filter(|&i| i <= isa)
         .find_map(|i| simd_dot(i, dtype))
+}
+
+/// The panel kernel of `dtype` at exactly this level, if this level has one and the CPU supports
+/// it. It gives the same bits as [`simd_dot`] at the same level.
+pub fn simd_panel(isa: Isa, dtype: GgmlType) -> Option<PanelFn> {
+    if !isa.is_supported() {
+        return None;
+    }
+    match isa {
+        Isa::Scalar => None,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => crate::x86::avx2::panel(dtype),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => crate::x86::avx512::panel(dtype),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
+    }
+}
+
+/// How matrix products of `dtype` run at level `isa`: the panel kernel of the level that
+/// [`best_dot`] picks, or else a loop of that dot (the same bits either way).
+pub fn row_kernel(isa: Isa, dtype: GgmlType) -> Option<RowKernel> {
+    let level = Isa::ALL
+        .into_iter()
+        .rev()
+        .filter(|&i| i <= isa)
+        .find(|&i| simd_dot(i, dtype).is_some())?;
+    Some(match simd_panel(level, dtype) {
+        Some(p) => RowKernel::Panel(p),
+        None => RowKernel::Dot(simd_dot(level, dtype)?),
+    })
 }

@@ -7,11 +7,13 @@ pub mod blocks;
 pub mod formats;
 pub mod isa;
 pub mod matmul;
+pub mod panel;
 pub mod pool;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use formats::{ActKind, DotFn, Format, format};
-pub use isa::{Isa, best_dot, simd_dot};
+pub use isa::{Isa, best_dot, row_kernel, simd_dot, simd_panel};
 pub use matmul::{Input, Kernels, MatmulError, MatmulJob, Weights};
+pub use panel::{Panel, PanelFn, RowKernel};
 pub use pool::ThreadPool;

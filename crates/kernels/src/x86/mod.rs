@@ -6,6 +6,7 @@ pub mod avx512;
 mod blocks32;
 mod kq256;
 mod scales;
+mod tiles;
 
 /// Wraps a `#[target_feature]` kernel `fn(usize, &[u8], &[u8]) -> f32` into a plain `DotFn`.
 /// The wrapper checks the slice lengths, because the kernels read through raw pointers.

@@ -20,7 +20,7 @@ dot_wrapper!(pub dot_q8_k => dot_q8_k_impl, GgmlType::Q8K, GgmlType::Q8K);
 /// `acc + Σ pairs p·scale`, 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn madd_acc(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
+pub(super) fn madd_acc(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
     _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale))
 }
 
@@ -35,7 +35,7 @@ unsafe fn dot_q3_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) unsafe fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q4k_256!(n, w, a, madd_acc)
 }
 
@@ -45,7 +45,7 @@ unsafe fn dot_q5_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) unsafe fn dot_q6_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q6k_256!(n, w, a, madd_acc)
 }
 

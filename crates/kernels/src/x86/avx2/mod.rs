@@ -7,12 +7,14 @@
 mod float;
 mod kquants;
 mod legacy;
+mod panels;
 
 use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
 use crate::formats::DotFn;
+use crate::panel::PanelFn;
 
 /// The AVX2 dot product for `dtype`, if there is one.
 pub fn dot(dtype: GgmlType) -> Option<DotFn> {
@@ -37,6 +39,17 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
     })
 }
 
+/// The AVX2 panel kernel for `dtype`, if there is one.
+pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
+    use GgmlType as T;
+    Some(match dtype {
+        T::Q4K => panels::panel_q4_k,
+        T::Q6K => panels::panel_q6_k,
+        T::Q8_0 => panels::panel_q8_0,
+        _ => return None,
+    })
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn hsum_ps(v: __m256) -> f32 {
@@ -54,6 +67,36 @@ pub(crate) fn hsum_epi32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
     _mm_cvtsi128_si32(s)
+}
+
+/// Sums of the 8 lanes of each of `v[0..N]` (N ≤ 8) in lanes 0..N (wrapping i32, so exact when
+/// the sums fit), for tiles that reduce several rows' or tokens' integers at once.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn hsums<const N: usize>(v: &[__m256i; N]) -> __m256i {
+    let z = _mm256_setzero_si256();
+    let g = |i: usize| if i < N { v[i] } else { z };
+    let h01 = _mm256_hadd_epi32(g(0), g(1));
+    let h23 = _mm256_hadd_epi32(g(2), g(3));
+    let h45 = _mm256_hadd_epi32(g(4), g(5));
+    let h67 = _mm256_hadd_epi32(g(6), g(7));
+    // [v0..v3 low-half sums | v0..v3 high-half sums], likewise v4..v7.
+    let q0 = _mm256_hadd_epi32(h01, h23);
+    let q1 = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(q0, q1),
+        _mm256_permute2x128_si256::<0x31>(q0, q1),
+    )
+}
+
+/// The first `N` lanes of `v`.
+#[inline]
+#[target_feature(enable = "avx")]
+pub(crate) fn lanes<const N: usize>(v: __m256) -> [f32; N] {
+    let mut l = [0f32; 8];
+    // SAFETY: 8 floats.
+    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
+    std::array::from_fn(|i| l[i])
 }
 
 /// The f16 at `p` as f32 (converted from a broadcast, which depends on no other register).

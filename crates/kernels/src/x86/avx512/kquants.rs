@@ -27,7 +27,7 @@ dot_wrapper!(pub dot_q8_k => dot_q8_k_impl, GgmlType::Q8K, GgmlType::Q8K);
 /// which measured ~8% slower for Q4_K on Zen 4.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2")]
-fn dpwssd(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
+pub(super) fn dpwssd(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
     let mut acc = acc;
     // SAFETY: a register-only instruction of the features this function is compiled for.
     unsafe {
@@ -53,7 +53,7 @@ unsafe fn dot_q3_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) unsafe fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q4k_256!(n, w, a, dpwssd)
 }
 
@@ -63,7 +63,7 @@ unsafe fn dot_q5_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q6_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) unsafe fn dot_q6_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q6k_256!(n, w, a, dpwssd)
 }
 

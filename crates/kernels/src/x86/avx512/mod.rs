@@ -12,12 +12,14 @@
 mod float;
 mod kquants;
 mod legacy;
+mod panels;
 
 use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
 use crate::formats::DotFn;
+use crate::panel::PanelFn;
 
 /// The AVX-512 dot product for `dtype`, if there is one.
 pub fn dot(dtype: GgmlType) -> Option<DotFn> {
@@ -38,6 +40,17 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
         T::Q5K => kquants::dot_q5_k,
         T::Q6K => kquants::dot_q6_k,
         T::Q8K => kquants::dot_q8_k,
+        _ => return None,
+    })
+}
+
+/// The AVX-512 panel kernel for `dtype`, if there is one.
+pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
+    use GgmlType as T;
+    Some(match dtype {
+        T::Q4K => panels::panel_q4_k,
+        T::Q6K => panels::panel_q6_k,
+        T::Q8_0 => panels::panel_q8_0,
         _ => return None,
     })
 }

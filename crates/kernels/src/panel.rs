@@ -1,0 +1,130 @@
+//! Panels: one kernel call's share of a matrix product, `rows` weight rows against `n`
+//! activation rows. A panel kernel register-tiles the product (a few rows × a few tokens per
+//! step: each weight block is unpacked once for several tokens, each activation load serves
+//! several rows, and horizontal reductions happen once per row and token), which is what both
+//! decode (`n = 1`: several rows share the activation loads and the scale conversions) and prefill
+//! (`n` up to hundreds: weights reused from L1 across tokens) need.
+//!
+//! **Bit identity.** Every value a panel kernel writes equals, bit for bit, the single-row
+//! [`crate::DotFn`] of the same format and ISA on that row and token: the kernels keep the dot's
+//! integer lane layout (exact, so any instruction sequence giving the same lane sums is
+//! equivalent) and repeat its float operations in the same order per (row, token). So a value
+//! does not depend on the tile shape, the position of the row or token in the panel, the thread
+//! count, or on which other tokens share the batch (batched decode of several sessions gives each
+//! session the bits it gets alone), and the column-chunk partials of
+//! [`crate::Kernels::matmul_chunked`] stay pure functions of the chunk's bytes. Tests check this
+//! for every kernel (`tests/panels.rs`).
+
+use gguf::GgmlType;
+
+use crate::formats::{self, DotFn};
+
+/// `out[t * out_stride + r] = dot(W[r], A[t])` for `r < rows`, `t < n`, where `W[r]` starts at
+/// `w + r * w_stride` and `A[t]` at `a + t * a_stride`, each `k` elements long.
+#[derive(Clone, Copy, Debug)]
+pub struct Panel {
+    /// Elements per row: a multiple of the weight format's and the activation format's blocks.
+    pub k: usize,
+    pub w: *const u8,
+    pub w_stride: usize,
+    pub rows: usize,
+    pub a: *const u8,
+    pub a_stride: usize,
+    pub n: usize,
+    pub out: *mut f32,
+    pub out_stride: usize,
+}
+
+/// A panel kernel.
+///
+/// # Safety
+/// The caller guarantees that every weight row (`row_bytes(k)` bytes from `w + r * w_stride`),
+/// every activation row and every output element named by the [`Panel`] is in bounds, that the
+/// outputs do not alias the inputs, and that the CPU supports the kernel's ISA (guaranteed for
+/// kernels handed out by [`crate::isa::simd_panel`]).
+pub type PanelFn = unsafe fn(&Panel);
+
+/// How a matrix product computes its values: a panel kernel, or a loop of single-row dots for
+/// formats (or ISA levels) that have none. Both give the same bits per value.
+#[derive(Clone, Copy)]
+pub enum RowKernel {
+    Panel(PanelFn),
+    Dot(DotFn),
+}
+
+impl RowKernel {
+    /// Runs `p` through the kernel.
+    ///
+    /// # Safety
+    /// As for [`PanelFn`].
+    #[inline]
+    pub unsafe fn run(self, dtype: GgmlType, p: &Panel) {
+        match self {
+            // SAFETY: forwarded contract.
+            RowKernel::Panel(f) => unsafe { f(p) },
+            RowKernel::Dot(dot) => {
+                let act = formats::format(dtype).expect("computable format").act;
+                let wb = dtype.row_bytes(p.k as u64).expect("whole blocks") as usize;
+                let ab = act.row_bytes(p.k);
+                for t in 0..p.n {
+                    // SAFETY: in bounds by the caller's contract.
+                    let a = unsafe { std::slice::from_raw_parts(p.a.add(t * p.a_stride), ab) };
+                    for r in 0..p.rows {
+                        let w = unsafe { std::slice::from_raw_parts(p.w.add(r * p.w_stride), wb) };
+                        unsafe { *p.out.add(t * p.out_stride + r) = dot(p.k, w, a) };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs `kernel` over `rows` rows of `w` (row `r` at byte `r * w_stride`) and `n` rows of
+/// activations `a` (packed, `act.row_bytes(k)` each) into `out[t * out_stride + r]`, checking every
+/// bound first. For tests and benchmarks; the matmul drivers build [`Panel`]s directly.
+#[allow(clippy::too_many_arguments)]
+pub fn run_checked(
+    kernel: RowKernel,
+    dtype: GgmlType,
+    k: usize,
+    w: &[u8],
+    w_stride: usize,
+    rows: usize,
+    a: &[u8],
+    n: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let f = formats::format(dtype).expect("computable format");
+    let wb = dtype.row_bytes(k as u64).expect("whole blocks") as usize;
+    let ab = f.act.row_bytes(k);
+    assert!(
+        k.is_multiple_of(f.act.ggml_type().block_size()),
+        "k = {k} is not whole activation blocks"
+    );
+    assert!(
+        rows == 0 || (rows - 1) * w_stride + wb <= w.len(),
+        "weights out of bounds"
+    );
+    assert!(n * ab <= a.len(), "activations out of bounds");
+    assert!(rows <= out_stride || n <= 1, "output rows overlap");
+    assert!(
+        n == 0 || rows == 0 || (n - 1) * out_stride + rows <= out.len(),
+        "output out of bounds"
+    );
+    let p = Panel {
+        k,
+        w: w.as_ptr(),
+        w_stride,
+        rows,
+        a: a.as_ptr(),
+        a_stride: ab,
+        n,
+        out: out.as_mut_ptr(),
+        out_stride,
+    };
+    if rows > 0 && n > 0 {
+        // SAFETY: bounds checked above; kernels come from `crate::isa` after feature detection.
+        unsafe { kernel.run(dtype, &p) };
+    }
+}

@@ -1,0 +1,347 @@
+//! Panel kernels (see `crate::panel`) for AVX-512 VNNI: Q4_K and Q6_K against Q8_K, Q8_0
+//! against Q8_0. A tile keeps R × T accumulators in registers; weights are unpacked once per
+//! tile for its T tokens and each activation load serves its R rows. Every value equals the
+//! single-row dot of `super::kquants` / `super::legacy` bit for bit: the integer lanes are the
+//! same (exact, whatever instructions produce them) and the float operations are the same, in the
+//! same order, per (row, token).
+//!
+//! Byte products: one `vpdpbusd` per 32 weights gives each 32-bit lane the sum of four products;
+//! for the K-quants those sums fit in 16 bits (≤ 4·15·127 for Q4_K, 4·63·127 = 32004 for Q6_K),
+//! so two sub-blocks' sums are packed into the two halves of each lane and one `vpdpwssd`
+//! applies both scales (`dpwssd_pair`): three multiplies per 64 weights where `vpmaddubsw` +
+//! `vpdpwssd` take four. Zen 4 runs every multiply (integer or float) on the same two pipes, so
+//! that is what bounds these tiles. Measured on Zen 4 (one thread, 2048×2048 Q4_K, 256 tokens):
+//! 85 GFLOP/s for a loop of single-row dots, 139 for the four-multiply tile, 155 for this one;
+//! 512-bit forms (two sub-blocks per register) were slower (120): building the registers needs
+//! lane-crossing shuffles, which compete with the multiplies.
+
+// Tiles index several per-row and per-token arrays with the same loop variable.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::kquants::dpwssd;
+use super::{load128, load256};
+use crate::blocks::{BlockQ4K, BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, QK8_0};
+use crate::x86::avx2::{bcast_f16, hsum_ps, hsums, lanes};
+use crate::x86::blocks32::f16x8;
+use crate::x86::kq256::{K4_MINS, load_ctrl};
+use crate::x86::scales::unpack_k4;
+use crate::x86::tiles::{dot_tile, panel_kernel};
+
+panel_kernel!(pub panel_q4_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    block = QK_K, batch = q4k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_dots(1));
+panel_kernel!(pub panel_q6_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    block = QK_K, batch = q6k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q6k_dots(1));
+panel_kernel!(pub panel_q8_0, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    block = QK8_0, batch = q8_0_tile(2, [2, 3, 4]), single = q8_0_tile(1));
+
+/// `acc + s_lo·a + s_hi·b` per 32-bit lane, from two `vpdpbusd` results whose lanes fit in i16
+/// and the scale pairs `[s_lo, s_hi]` (low word, high word) of each lane: `b`'s low word moves to
+/// the high word of the lane and one `vpdpwssd` applies both scales.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+fn dpwssd_pair(acc: __m256i, a: __m256i, b: __m256i, scales: __m256i) -> __m256i {
+    let pair = _mm256_blend_epi16::<0b1010_1010>(a, _mm256_slli_epi32::<16>(b));
+    dpwssd(acc, pair, scales)
+}
+
+/// `vpshufb` controls over Q4_K's unpacked scales: sub-block 2g's scale in the low word and
+/// 2g+1's in the high word of every 32-bit lane.
+static K4_SCALE_PAIR: [[u8; 32]; 4] = {
+    let mut t = [[0x80u8; 32]; 4];
+    let mut g = 0;
+    while g < 4 {
+        let mut i = 0;
+        while i < 32 {
+            t[g][i] = (2 * g) as u8;
+            t[g][i + 2] = (2 * g + 1) as u8;
+            i += 4;
+        }
+        g += 1;
+    }
+    t
+};
+
+/// Q4_K × Q8_K. Per superblock and (row, token): the lanes of `kq256::q4k_q5k_body` (lane l =
+/// Σ_j scale_j · Σ of elements 4l..4l+4 of sub-block j) and its mins lanes, then the two FMAs of
+/// `kq256::fma_d_dmin`; the result is `hsum(acc0 + acc1)` as there.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_tile<const R: usize, const T: usize>(
+    nb: usize,
+    w: [*const u8; R],
+    a: [*const u8; T],
+) -> [[f32; T]; R] {
+    let w = w.map(|p| p as *const BlockQ4K);
+    let a = a.map(|p| p as *const BlockQ8K);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let zero = _mm256_setzero_si256();
+    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+    for b in 0..nb {
+        // SAFETY (whole loop): block b of every row and token is in bounds (caller).
+        let xs: [*const u8; R] = std::array::from_fn(|r| unsafe { w[r].add(b) } as *const u8);
+        let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
+        // Scales (bytes 0..8) and mins (8..16) in both 128-bit lanes.
+        let u: [__m256i; R] = std::array::from_fn(|r| {
+            _mm256_broadcastsi128_si256(unpack_k4(unsafe { load128(xs[r]) }))
+        });
+        let mut isum = [[zero; T]; R];
+        for g in 0..4 {
+            let mut lo = [zero; R];
+            let mut hi = [zero; R];
+            let mut sc = [zero; R];
+            for r in 0..R {
+                let q = unsafe { load256(xs[r].add(16 + 32 * g)) };
+                lo[r] = _mm256_and_si256(q, m4);
+                hi[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                sc[r] = _mm256_shuffle_epi8(u[r], unsafe { load_ctrl(&K4_SCALE_PAIR[g]) });
+            }
+            for t in 0..T {
+                let q8 = ys[t].qs.as_ptr() as *const u8;
+                let (alo, ahi) = unsafe { (load256(q8.add(64 * g)), load256(q8.add(64 * g + 32))) };
+                for r in 0..R {
+                    let plo = _mm256_dpbusd_epi32(zero, lo[r], alo);
+                    let phi = _mm256_dpbusd_epi32(zero, hi[r], ahi);
+                    isum[r][t] = dpwssd_pair(isum[r][t], plo, phi, sc[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            // [d, dmin] (the block's first four bytes) times dy, as in `fma_d_dmin`.
+            let dm = _mm_cvtph_ps(_mm_set1_epi32(unsafe {
+                (xs[r] as *const i32).read_unaligned()
+            }));
+            let mins = _mm256_shuffle_epi8(u[r], unsafe { load_ctrl(&K4_MINS) });
+            for t in 0..T {
+                let msum = _mm256_madd_epi16(mins, unsafe { load256(ys[t].bsums.as_ptr()) });
+                let p = _mm_mul_ps(dm, _mm_set1_ps(ys[t].d()));
+                acc[r][t][0] = _mm256_fmadd_ps(
+                    _mm256_broadcastss_ps(p),
+                    _mm256_cvtepi32_ps(isum[r][t]),
+                    acc[r][t][0],
+                );
+                acc[r][t][1] = _mm256_fnmadd_ps(
+                    _mm256_broadcastss_ps(_mm_movehdup_ps(p)),
+                    _mm256_cvtepi32_ps(msum),
+                    acc[r][t][1],
+                );
+            }
+        }
+    }
+    acc.map(|row| row.map(|[a0, a1]| hsum_ps(_mm256_add_ps(a0, a1))))
+}
+
+/// `vpshufb` controls over eight Q6_K scales (16-bit, broadcast to both 128-bit lanes) for the
+/// pair of quant registers (2p, 2p+1) of a half: register k's first 16 elements (lanes 0..4)
+/// use scale 2k, its last 16 (lanes 4..8) scale 2k+1; register 2p's scale goes to the low word.
+static Q6K_SCALE_PAIR: [[u8; 32]; 2] = {
+    let mut t = [[0u8; 32]; 2];
+    let mut p = 0;
+    while p < 2 {
+        let mut lane = 0;
+        while lane < 8 {
+            let second = (lane / 4) as u8;
+            let (s_lo, s_hi) = (4 * p as u8 + second, 4 * p as u8 + 2 + second);
+            let i = 4 * lane;
+            t[p][i] = 2 * s_lo;
+            t[p][i + 1] = 2 * s_lo + 1;
+            t[p][i + 2] = 2 * s_hi;
+            t[p][i + 3] = 2 * s_hi + 1;
+            lane += 1;
+        }
+        p += 1;
+    }
+    t
+};
+
+/// Q6_K × Q8_K. The single-row dot reduces each superblock to one exact integer
+/// `Σ_j scale_j · Σ (q − 32)·a` over its sixteen 16-element sub-blocks and adds
+/// `(d·dy)·total` to a scalar; here the integers of T tokens are reduced together
+/// (`hsums`) and the float steps run with one token per lane — the same operations per token.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6k_tile<const R: usize, const T: usize>(
+    nb: usize,
+    w: [*const u8; R],
+    a: [*const u8; T],
+) -> [[f32; T]; R] {
+    let w = w.map(|p| p as *const BlockQ6K);
+    let a = a.map(|p| p as *const BlockQ8K);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m30 = _mm256_set1_epi8(0x30);
+    let zero = _mm256_setzero_si256();
+    // One lane per token.
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..nb {
+        // SAFETY (whole loop): block b of every row and token is in bounds (caller).
+        let xs: [&BlockQ6K; R] = std::array::from_fn(|r| unsafe { &*w[r].add(b) });
+        let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
+        let scales16: [__m256i; R] = std::array::from_fn(|r| {
+            _mm256_cvtepi8_epi16(unsafe { load128(xs[r].scales.as_ptr() as *const u8) })
+        });
+        let mut isum = [[zero; T]; R];
+        for half in 0..2 {
+            let mut q = [[zero; 4]; R];
+            let mut sc = [[zero; 2]; R];
+            for r in 0..R {
+                let x = xs[r];
+                let (ql0, ql1, qh) = unsafe {
+                    (
+                        load256(x.ql.as_ptr().add(64 * half)),
+                        load256(x.ql.as_ptr().add(64 * half + 32)),
+                        load256(x.qh.as_ptr().add(32 * half)),
+                    )
+                };
+                q[r] = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                        _mm256_and_si256(qh, m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+                    ),
+                ];
+                let s = if half == 0 {
+                    _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales16[r]))
+                } else {
+                    _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(scales16[r]))
+                };
+                sc[r] = [0, 1]
+                    .map(|p| _mm256_shuffle_epi8(s, unsafe { load_ctrl(&Q6K_SCALE_PAIR[p]) }));
+            }
+            for t in 0..T {
+                let q8 = ys[t].qs.as_ptr() as *const u8;
+                let y: [__m256i; 4] =
+                    std::array::from_fn(|k| unsafe { load256(q8.add(128 * half + 32 * k)) });
+                for r in 0..R {
+                    for p in 0..2 {
+                        let lo = _mm256_dpbusd_epi32(zero, q[r][2 * p], y[2 * p]);
+                        let hi = _mm256_dpbusd_epi32(zero, q[r][2 * p + 1], y[2 * p + 1]);
+                        isum[r][t] = dpwssd_pair(isum[r][t], lo, hi, sc[r][p]);
+                    }
+                }
+            }
+        }
+        let dy: [f32; 8] = std::array::from_fn(|t| if t < T { ys[t].d() } else { 0.0 });
+        // SAFETY: 8 floats.
+        let dy = unsafe { _mm256_loadu_ps(dy.as_ptr()) };
+        for r in 0..R {
+            // The quants are stored biased by 32: subtract 32·Σ scale·(sum of 16 activations).
+            let tot: [__m256i; T] = std::array::from_fn(|t| {
+                let bias = _mm256_madd_epi16(scales16[r], unsafe { load256(ys[t].bsums.as_ptr()) });
+                _mm256_sub_epi32(isum[r][t], _mm256_slli_epi32::<5>(bias))
+            });
+            let tot = _mm256_cvtepi32_ps(hsums(&tot));
+            let dd = _mm256_mul_ps(unsafe { bcast_f16(xs[r].d.as_ptr()) }, dy);
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dd, tot));
+        }
+    }
+    acc.map(|v| lanes(v))
+}
+
+/// Q8_0 × Q8_0. The single-row dot (`blocks32::sum_blocks`) gives each block's lanes the sums
+/// of four products and adds `fl(dx·dy)·lanes` to `acc[j % 2]` for the blocks of whole batches
+/// of eight, to `acc[0]` for the rest, and returns `hsum(acc0 + acc1)`. Here the products come
+/// from `vpdpbusd` with the weights made unsigned (`x + 128`, shared by the tile's tokens) and
+/// `128·Σy` removed through the accumulator's start value (shared by its rows).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_0_tile<const R: usize, const T: usize>(
+    nb: usize,
+    w: [*const u8; R],
+    a: [*const u8; T],
+) -> [[f32; T]; R] {
+    let w = w.map(|p| p as *const BlockQ8_0);
+    let a = a.map(|p| p as *const BlockQ8_0);
+    let k80 = _mm256_set1_epi8(0x80u8 as i8);
+    let zero = _mm256_setzero_si256();
+    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+    // SAFETY (both loops): blocks 0..nb of every row and token are in bounds (caller).
+    let block = |j: usize, r: usize| unsafe { &*w[r].add(j) };
+    let act = |j: usize, t: usize| unsafe { &*a[t].add(j) };
+    // The lanes of block j for every (row, token).
+    let lanes = |j: usize| -> [[__m256i; T]; R] {
+        let xu: [__m256i; R] = std::array::from_fn(|r| {
+            _mm256_xor_si256(
+                unsafe { load256(block(j, r).qs.as_ptr() as *const u8) },
+                k80,
+            )
+        });
+        let mut out = [[zero; T]; R];
+        for t in 0..T {
+            let y = unsafe { load256(act(j, t).qs.as_ptr() as *const u8) };
+            let start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, k80, y));
+            for r in 0..R {
+                out[r][t] = _mm256_dpbusd_epi32(start, xu[r], y);
+            }
+        }
+        out
+    };
+    let main = nb - nb % 8;
+    for j0 in (0..main).step_by(8) {
+        let dx: [__m256; R] = std::array::from_fn(|r| {
+            f16x8(
+                unsafe { std::slice::from_raw_parts(w[r].add(j0), 8) },
+                |b| b.d,
+            )
+        });
+        let dy: [__m256; T] = std::array::from_fn(|t| {
+            f16x8(
+                unsafe { std::slice::from_raw_parts(a[t].add(j0), 8) },
+                |b| b.d,
+            )
+        });
+        let d: [[__m256; T]; R] =
+            std::array::from_fn(|r| std::array::from_fn(|t| _mm256_mul_ps(dx[r], dy[t])));
+        for jj in 0..8 {
+            let s = lanes(j0 + jj);
+            let idx = _mm256_set1_epi32(jj as i32);
+            for r in 0..R {
+                for t in 0..T {
+                    let dj = _mm256_permutevar8x32_ps(d[r][t], idx);
+                    acc[r][t][jj % 2] =
+                        _mm256_fmadd_ps(dj, _mm256_cvtepi32_ps(s[r][t]), acc[r][t][jj % 2]);
+                }
+            }
+        }
+    }
+    for j in main..nb {
+        let s = lanes(j);
+        for r in 0..R {
+            let dx = unsafe { bcast_f16(block(j, r).d.as_ptr()) };
+            for t in 0..T {
+                let dj = _mm256_mul_ps(dx, unsafe { bcast_f16(act(j, t).d.as_ptr()) });
+                acc[r][t][0] = _mm256_fmadd_ps(dj, _mm256_cvtepi32_ps(s[r][t]), acc[r][t][0]);
+            }
+        }
+    }
+    acc.map(|row| row.map(|[a0, a1]| hsum_ps(_mm256_add_ps(a0, a1))))
+}
+
+// Decode: the single-row kernels (see `crate::x86::tiles` for why not multi-row tiles).
+dot_tile!(
+    q4k_dots,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    super::kquants::dot_q4_k_impl,
+    BlockQ4K,
+    BlockQ8K,
+    QK_K
+);
+dot_tile!(
+    q6k_dots,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    super::kquants::dot_q6_k_impl,
+    BlockQ6K,
+    BlockQ8K,
+    QK_K
+);

@@ -1,0 +1,221 @@
+//! The loop shared by the x86 panel kernels (see `crate::panel`): token tiles outer, row tiles
+//! inner, so a tile of activation rows stays in L1 while the panel's weight rows pass by it; a
+//! tile kernel `tile::<R, T>(blocks, weight rows, activation rows) -> [[f32; T]; R]` computes
+//! R rows × T tokens with its accumulators in registers.
+//!
+//! Rows left over after the full R-row tiles go one at a time (R = 1); a token tile has
+//! `min(T, tokens left)` tokens. Every (row, token) value is computed by the same operations
+//! whatever the tile shape, so the shapes only matter for speed.
+//!
+//! Shapes measured on Zen 4: batches do best with one row × up to 8 tokens (weights reused from
+//! registers, activations from L1; more rows per tile only add register pressure). Single tokens
+//! (decode) run the single-row kernel row by row (`dot_tile`): multi-row tiles (2–4 rows sharing
+//! the activation loads, scale conversions and a joint reduction) were 0–20% slower on
+//! L2-resident weights, and streamed DRAM at a third of the speed (6.8 against 19–23 GB/s for
+//! 256 MiB of Q4_K) because the hardware prefetcher does not follow four interleaved row streams;
+//! software prefetch (0.5–4 KiB ahead) made the one-row stream slower too (16–17 GB/s).
+
+use crate::panel::Panel;
+
+/// Pointers to `N` consecutive rows starting at row `first`.
+#[inline(always)]
+pub(crate) fn rows<const N: usize>(base: *const u8, stride: usize, first: usize) -> [*const u8; N] {
+    std::array::from_fn(|i| base.wrapping_add((first + i) * stride))
+}
+
+/// Writes a tile's results to `out[(t0 + t) * out_stride + r0 + r]`.
+///
+/// # Safety
+/// The tile lies inside the panel `p`.
+#[inline(always)]
+pub(crate) unsafe fn store<const R: usize, const T: usize>(
+    p: &Panel,
+    r0: usize,
+    t0: usize,
+    v: &[[f32; T]; R],
+) {
+    for (r, row) in v.iter().enumerate() {
+        for (t, &x) in row.iter().enumerate() {
+            // SAFETY: inside the panel, which the caller guarantees is in bounds.
+            unsafe { *p.out.add((t0 + t) * p.out_stride + r0 + r) = x };
+        }
+    }
+}
+
+/// Defines `unsafe fn $name(p: &Panel)` compiled with `$features`, running
+/// `$tile::<R, T>(p.k / $block, rows, tokens)` over the panel: token tiles of up to the largest
+/// of `$tokens` tokens (the list must hold 2..=T) with R = `$rows` rows, and single tokens
+/// (decode) through `$tile1::<R, 1>` with R = `$rows1` rows; leftover rows go one at a time.
+macro_rules! panel_kernel {
+    ($vis:vis $name:ident, $features:literal, block = $block:expr,
+     batch = $tile:ident($rows:literal, [$($t:literal),+]), single = $tile1:ident($rows1:literal)) => {
+        #[target_feature(enable = $features)]
+        $vis unsafe fn $name(p: &$crate::panel::Panel) {
+            use $crate::x86::tiles::{rows, store};
+            const MAX_T: usize = { let mut m = 1; $(if $t > m { m = $t; })+ m };
+            let nb = p.k / $block;
+            let mut t0 = 0;
+            while t0 < p.n {
+                let tn = (p.n - t0).min(MAX_T);
+                let mut r0 = 0;
+                while r0 < p.rows {
+                    let left = p.rows - r0;
+                    // SAFETY (all arms): the tile's rows and tokens lie inside the panel, which
+                    // the caller guarantees is in bounds.
+                    match tn {
+                        1 if left >= $rows1 => unsafe {
+                            let v = $tile1::<$rows1, 1>(
+                                nb,
+                                rows(p.w, p.w_stride, r0),
+                                rows(p.a, p.a_stride, t0),
+                            );
+                            store(p, r0, t0, &v);
+                            r0 += $rows1;
+                        },
+                        1 => unsafe {
+                            let v = $tile1::<1, 1>(
+                                nb,
+                                rows(p.w, p.w_stride, r0),
+                                rows(p.a, p.a_stride, t0),
+                            );
+                            store(p, r0, t0, &v);
+                            r0 += 1;
+                        },
+                        $(
+                            $t if left >= $rows => unsafe {
+                                let v = $tile::<$rows, $t>(
+                                    nb,
+                                    rows(p.w, p.w_stride, r0),
+                                    rows(p.a, p.a_stride, t0),
+                                );
+                                store(p, r0, t0, &v);
+                                r0 += $rows;
+                            },
+                            $t => unsafe {
+                                let v = $tile::<1, $t>(
+                                    nb,
+                                    rows(p.w, p.w_stride, r0),
+                                    rows(p.a, p.a_stride, t0),
+                                );
+                                store(p, r0, t0, &v);
+                                r0 += 1;
+                            },
+                        )+
+                        _ => unreachable!("token tile of {tn}"),
+                    }
+                }
+                t0 += tn;
+            }
+        }
+    };
+}
+pub(crate) use panel_kernel;
+
+/// Defines `unsafe fn $name<R, T>`, a Q4_K × Q8_K tile in the form of the single-row
+/// `kq256::q4k_q5k_body` with `$acc(acc, pairs, scale)` applying the sub-block scales: per
+/// superblock, group g's nibbles and scales are unpacked once per row and used for every token.
+macro_rules! q4k_rows {
+    ($name:ident, $features:literal, $acc:path) => {
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize, const T: usize>(
+            nb: usize,
+            w: [*const u8; R],
+            a: [*const u8; T],
+        ) -> [[f32; T]; R] {
+            use $crate::x86::kq256::prelude::*;
+            let w = w.map(|p| p as *const BlockQ4K);
+            let a = a.map(|p| p as *const BlockQ8K);
+            let m4 = _mm256_set1_epi8(0x0F);
+            let zero = _mm256_setzero_si256();
+            let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+            for b in 0..nb {
+                // SAFETY (whole loop): block b of every row and token is in bounds (caller).
+                let xs: [*const u8; R] =
+                    std::array::from_fn(|r| unsafe { w[r].add(b) } as *const u8);
+                let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
+                let u: [__m256i; R] = std::array::from_fn(|r| {
+                    _mm256_broadcastsi128_si256(unpack_k4(unsafe { load128(xs[r]) }))
+                });
+                // Low and high nibbles in separate accumulators, as in the single-row kernel: two
+                // independent chains of multiply-adds.
+                let mut isum = [[[zero; 2]; T]; R];
+                for g in 0..4 {
+                    for r in 0..R {
+                        let q = unsafe { load256(xs[r].add(16 + 32 * g)) };
+                        let lo = _mm256_and_si256(q, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                        let slo = _mm256_shuffle_epi8(u[r], unsafe { load_ctrl(&K4_SCALE[2 * g]) });
+                        let shi =
+                            _mm256_shuffle_epi8(u[r], unsafe { load_ctrl(&K4_SCALE[2 * g + 1]) });
+                        for t in 0..T {
+                            let q8 = ys[t].qs.as_ptr() as *const u8;
+                            let (alo, ahi) =
+                                unsafe { (load256(q8.add(64 * g)), load256(q8.add(64 * g + 32))) };
+                            let [s0, s1] = isum[r][t];
+                            isum[r][t] = [
+                                $acc(s0, _mm256_maddubs_epi16(lo, alo), slo),
+                                $acc(s1, _mm256_maddubs_epi16(hi, ahi), shi),
+                            ];
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let dm = _mm_cvtph_ps(_mm_set1_epi32(unsafe {
+                        (xs[r] as *const i32).read_unaligned()
+                    }));
+                    let mins = _mm256_shuffle_epi8(u[r], unsafe { load_ctrl(&K4_MINS) });
+                    for t in 0..T {
+                        let msum =
+                            _mm256_madd_epi16(mins, unsafe { load256(ys[t].bsums.as_ptr()) });
+                        let p = _mm_mul_ps(dm, _mm_set1_ps(ys[t].d()));
+                        let [s0, s1] = isum[r][t];
+                        acc[r][t][0] = _mm256_fmadd_ps(
+                            _mm256_broadcastss_ps(p),
+                            _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)),
+                            acc[r][t][0],
+                        );
+                        acc[r][t][1] = _mm256_fnmadd_ps(
+                            _mm256_broadcastss_ps(_mm_movehdup_ps(p)),
+                            _mm256_cvtepi32_ps(msum),
+                            acc[r][t][1],
+                        );
+                    }
+                }
+            }
+            acc.map(|row| row.map(|[a0, a1]| hsum_ps(_mm256_add_ps(a0, a1))))
+        }
+    };
+}
+pub(crate) use q4k_rows;
+
+/// Defines `unsafe fn $name<R, T>`, a tile that runs the single-row kernel
+/// `$dot(n, weights, activations)` for each of its (row, token) pairs: the decode path where
+/// tiling has nothing to share (see the module notes) and the tuned single-row loop is fastest.
+macro_rules! dot_tile {
+    ($name:ident, $features:literal, $dot:path, $wblock:ty, $ablock:ty, $block:expr) => {
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize, const T: usize>(
+            nb: usize,
+            w: [*const u8; R],
+            a: [*const u8; T],
+        ) -> [[f32; T]; R] {
+            let (wb, ab) = (
+                nb * std::mem::size_of::<$wblock>(),
+                nb * std::mem::size_of::<$ablock>(),
+            );
+            std::array::from_fn(|r| {
+                std::array::from_fn(|t| unsafe {
+                    // SAFETY: nb blocks of every row and token are in bounds (caller).
+                    $dot(
+                        nb * $block,
+                        std::slice::from_raw_parts(w[r], wb),
+                        std::slice::from_raw_parts(a[t], ab),
+                    )
+                })
+            })
+        }
+    };
+}
+pub(crate) use dot_tile;

@@ -1,0 +1,163 @@
+//! Panel kernels (multi-row decode, register-tiled GEMM) against the single-row dot of the same
+//! format and ISA: every value must be the same bits, whatever the tile shape, the number of rows
+//! and tokens, or the position of a row or token in the panel. Also the extreme quants of
+//! `simd_edge_cases.rs` (saturation, lost signs) through the panels.
+
+mod common;
+
+use common::{COMPUTE_TYPES, Rng, random_row};
+use gguf::GgmlType;
+use kernels::panel::run_checked;
+use kernels::{Isa, RowKernel, format, row_kernel, simd_dot, simd_panel};
+
+fn activations(rng: &mut Rng, t: GgmlType, k: usize, n: usize) -> Vec<u8> {
+    let act = format(t).unwrap().act;
+    let rb = act.row_bytes(k);
+    let mut out = vec![0u8; n * rb];
+    for i in 0..n {
+        let mut x = rng.normals(k);
+        x[(7 * i) % k] *= 25.0;
+        act.quantize_row(&x, &mut out[i * rb..(i + 1) * rb]);
+    }
+    out
+}
+
+/// Every (row, token) of a panel call equals the single-row dot, bitwise.
+fn check(isa: Isa, t: GgmlType, k: usize, rows: usize, n: usize, w: &[u8], a: &[u8]) {
+    let panel = simd_panel(isa, t).expect("panel");
+    let dot = simd_dot(isa, t).expect("dot");
+    let wb = t.row_bytes(k as u64).unwrap() as usize;
+    let ab = format(t).unwrap().act.row_bytes(k);
+    // An output stride larger than `rows` checks that nothing is written outside the tile.
+    let stride = rows + 3;
+    let mut out = vec![f32::NAN; n * stride];
+    run_checked(
+        RowKernel::Panel(panel),
+        t,
+        k,
+        w,
+        wb,
+        rows,
+        a,
+        n,
+        &mut out,
+        stride,
+    );
+    for tok in 0..n {
+        for r in 0..rows {
+            let want = dot(k, &w[r * wb..(r + 1) * wb], &a[tok * ab..(tok + 1) * ab]);
+            let got = out[tok * stride + r];
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{isa:?} {t} k={k} rows={rows} n={n}: row {r} token {tok}: panel {got} vs dot {want}"
+            );
+        }
+        for r in rows..stride {
+            assert!(
+                out[tok * stride + r].is_nan(),
+                "{isa:?} {t}: wrote outside the panel"
+            );
+        }
+    }
+}
+
+fn panel_types(isa: Isa) -> Vec<GgmlType> {
+    COMPUTE_TYPES
+        .into_iter()
+        .filter(|&t| simd_panel(isa, t).is_some())
+        .collect()
+}
+
+#[test]
+fn panels_equal_the_single_row_dot_bitwise() {
+    let mut rng = Rng::new(11);
+    let mut checked = 0;
+    for isa in Isa::supported() {
+        for t in panel_types(isa) {
+            for k in [256usize, 512, 1280, 2048] {
+                if !k.is_multiple_of(t.block_size()) {
+                    continue;
+                }
+                let wb = t.row_bytes(k as u64).unwrap() as usize;
+                for rows in [1, 2, 3, 4, 5, 7, 8, 9] {
+                    let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, t, k)).collect();
+                    assert_eq!(w.len(), rows * wb);
+                    for n in [1, 2, 3, 4, 5, 8, 9, 17] {
+                        let a = activations(&mut rng, t, k, n);
+                        check(isa, t, k, rows, n, &w, &a);
+                    }
+                }
+            }
+            checked += 1;
+        }
+    }
+    eprintln!("checked {checked} panel kernels");
+}
+
+/// Quant bytes at their extremes against activations at ±127: no i16 saturation, no lost sign.
+#[test]
+fn panels_survive_extreme_quants() {
+    let mut rng = Rng::new(12);
+    for isa in Isa::supported() {
+        for t in panel_types(isa) {
+            let k = 512;
+            let act = format(t).unwrap().act;
+            for fill in [0x00u8, 0xFF, 0x80, 0x7F, 0x55, 0xAA] {
+                let mut w = Vec::new();
+                for _ in 0..5 {
+                    let mut row = random_row(&mut rng, t, k);
+                    fill_quants(t, &mut row, fill);
+                    w.extend(row);
+                }
+                for sign in [1.0f32, -1.0] {
+                    let n = 3;
+                    let x: Vec<f32> = (0..n * k)
+                        .map(|i| {
+                            if i % 3 == 0 {
+                                sign
+                            } else {
+                                sign * ((i % 7) as f32 - 3.0) / 3.0
+                            }
+                        })
+                        .collect();
+                    let rb = act.row_bytes(k);
+                    let mut a = vec![0u8; n * rb];
+                    for i in 0..n {
+                        act.quantize_row(&x[i * k..(i + 1) * k], &mut a[i * rb..(i + 1) * rb]);
+                    }
+                    check(isa, t, k, 5, n, &w, &a);
+                }
+            }
+        }
+    }
+}
+
+/// Overwrites the packed quants of every block (not the scale fields) with `fill`.
+fn fill_quants(t: GgmlType, row: &mut [u8], fill: u8) {
+    use GgmlType as T;
+    // (start, end) of the bytes that are not f16 scales.
+    let (start, end) = match t {
+        T::Q4K => (4, 144),
+        T::Q6K => (0, 192),
+        T::Q8_0 => (2, 34),
+        _ => (0, 0),
+    };
+    for block in row.chunks_exact_mut(t.type_size()) {
+        block[start..end].fill(fill);
+    }
+}
+
+/// The kernel a matmul uses is a panel exactly where the dot it must agree with has one.
+#[test]
+fn row_kernel_picks_the_panel_of_the_dots_level() {
+    for isa in Isa::supported() {
+        for t in COMPUTE_TYPES {
+            let k = row_kernel(isa, t).expect("every compute type has a kernel");
+            match (k, simd_panel(isa, t)) {
+                (RowKernel::Panel(_), Some(_)) | (RowKernel::Dot(_), None) => {}
+                _ => panic!("{isa:?} {t}: row kernel disagrees with the panel table"),
+            }
+        }
+    }
+}
