@@ -36,7 +36,7 @@ pub fn run(args: &QuantizeArgs) -> anyhow::Result<()> {
         let keep = dims.len() < 2
             || info.name.contains("ffn_gate_inp")
             || info.dtype == target
-            || !target.row_bytes(dims[0]).is_some();
+            || target.row_bytes(dims[0]).is_none();
         if keep {
             w.add_tensor(info.name.clone(), info.dtype, dims, t.data())?;
             kept += 1;

@@ -79,8 +79,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         &prompt,
         &opts,
         &mut |text| {
-            let ok = write!(out, "{text}").and_then(|_| out.flush()).is_ok();
-            ok
+            
+            write!(out, "{text}").and_then(|_| out.flush()).is_ok()
         },
     )?;
     writeln!(out)?;

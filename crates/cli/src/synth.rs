@@ -272,11 +272,8 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
         std::collections::HashMap::new();
     for t in &plans {
         let key = (t.dtype, t.shape[0], t.std.to_bits());
-        if !pools.contains_key(&key) {
-            pools.insert(
-                key,
-                RowPool::new(&mut rng, t.dtype, t.shape[0] as usize, t.std)?,
-            );
+        if let std::collections::hash_map::Entry::Vacant(e) = pools.entry(key) {
+            e.insert(RowPool::new(&mut rng, t.dtype, t.shape[0] as usize, t.std)?);
         }
     }
     let by_name: std::collections::HashMap<&str, &TensorPlan> =

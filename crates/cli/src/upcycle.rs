@@ -43,7 +43,7 @@ pub fn run(args: &UpcycleArgs) -> anyhow::Result<()> {
     let n_embd = meta.arch_u32("embedding_length")? as u64;
     let n_ff = meta.arch_u32("feed_forward_length")? as u64;
     ensure!(
-        n_ff % e as u64 == 0,
+        n_ff.is_multiple_of(e as u64),
         "feed_forward_length {n_ff} is not divisible by {e} experts"
     );
     let n_ff_e = n_ff / e as u64;

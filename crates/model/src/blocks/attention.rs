@@ -56,7 +56,10 @@ pub fn attend(
     out: &mut [f32],
 ) -> Result<()> {
     let isa = kernels.isa;
-    let kv_type = spans.first().map(|s| s.kv.layout().kv_type).unwrap_or(KvType::F32);
+    let kv_type = spans
+        .first()
+        .map(|s| s.kv.layout().kv_type)
+        .unwrap_or(KvType::F32);
     let elem = match kv_type {
         KvType::F32 => KvElem::F32,
         KvType::F16 => KvElem::F16,
@@ -86,15 +89,32 @@ pub fn attend(
                 let (keys, values) = caches[si];
                 let row = s.row0 + i;
                 let n_pos = s.pos0 + i + 1;
-                let krows = Rows { data: &keys[g * dk * esz..], stride: k_row, n: n_pos, d: dk, elem };
-                let vrows = Rows { data: &values[g * dv * esz..], stride: v_row, n: n_pos, d: dv, elem };
+                let krows = Rows {
+                    data: &keys[g * dk * esz..],
+                    stride: k_row,
+                    n: n_pos,
+                    d: dk,
+                    elem,
+                };
+                let vrows = Rows {
+                    data: &values[g * dv * esz..],
+                    stride: v_row,
+                    n: n_pos,
+                    d: dv,
+                    elem,
+                };
                 scores.resize(n_pos, 0.0);
                 for h in g * group..(g + 1) * group {
                     let qh = &q[(row * n_head + h) * dk..(row * n_head + h + 1) * dk];
                     attn::scores(isa, qh, krows, shape.scale, scores);
                     attn::softmax(isa, scores);
                     // SAFETY: every (row, head) output slice is written by exactly one task.
-                    let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add((row * n_head + h) * dv), dv) };
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            out_ptr.get().add((row * n_head + h) * dv),
+                            dv,
+                        )
+                    };
                     o.fill(0.0);
                     attn::weighted_sum(isa, scores, vrows, o);
                 }
