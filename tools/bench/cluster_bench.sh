@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Pipeline and tensor-parallel measurements on one many-core host, each process pinned to its
+# own cores (an approximation of separate machines on loopback). Usage:
+#   tools/bench/cluster_bench.sh MOESHARD_BINARY MODEL.gguf THREADS_PER_PROCESS [OUT_DIR]
+# ONLY=pipeline|tp runs one half; PP and TG set the prompt and decode lengths. Every command
+# it runs is echoed first.
+set -euo pipefail
+BIN=$1; MODEL=$2; T=$3; OUT=${4:-/tmp/cluster-bench}
+mkdir -p "$OUT"
+N_LAYER=$("$BIN" inspect "$MODEL" --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["hyperparameters"]["block_count"])')
+HALF=$((N_LAYER / 2 - 1))
+cores() { echo "$(( $1 * T ))-$(( $1 * T + T - 1 ))"; }
+PORT=47900
+run() { echo "\$ $*" >&2; "$@"; }
+bench() { # bench NAME CORESET ARGS...
+  local name=$1 set=$2; shift 2
+  run taskset -c "$set" "$BIN" bench -m "$MODEL" --threads "$T" --no-warm --json "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"
+  python3 - "$OUT/$name.json" "$name" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+tests = " ".join("%s=%.2f" % (t["test"], t["tps_mean"]) for t in d["tests"])
+stats = " ".join("%s=%.1f" % (k, v) for k, v in d["stats"].items() if k.startswith("tp_"))
+print(sys.argv[2], tests, stats)
+PY
+}
+worker() { # worker CORESET ARGS...
+  local set=$1; shift
+  echo "\$ taskset -c $set $BIN worker -m $MODEL --threads $T --no-warm $*" >&2
+  taskset -c "$set" "$BIN" worker -m "$MODEL" --threads "$T" --no-warm --give-up 5 "$@" > "$OUT/worker-$RANDOM.log" 2>&1 &
+}
+PP=${PP:-4096}; TG=${TG:-64}; CTX=$((PP + TG + 16))
+ONLY=${ONLY:-all}
+if [ "$ONLY" != tp ]; then
+echo "## pipeline: $PP-token prefill and $TG-token decode, $T threads per process"
+bench single "$(cores 0)" -p "$PP" -n "$TG" -r 1 --ctx "$CTX"
+for window in 1 4; do
+  PORT=$((PORT + 1))
+  worker "$(cores 1)" --layers "$((HALF + 1)):output" --coordinator 127.0.0.1:$PORT --insecure --ctx "$CTX"
+  bench "pipe2-window$window" "$(cores 0)" -p "$PP" -n "$TG" -r 1 --ctx "$CTX" --layers "0:$HALF" --listen 127.0.0.1:$PORT --insecure \
+    --dist-prefill-chunk 256 --dist-prefill-window "$window"
+  wait || true
+done
+fi
+if [ "$ONLY" != pipeline ]; then
+echo "## tensor parallel: decode $TG tokens, $T threads per rank"
+bench tp1 "$(cores 0)" -p 0 -n "$TG" -r 2
+for n in 2 3; do
+  PORT=$((PORT + 1))
+  for r in $(seq 1 $((n - 1))); do worker "$(cores "$r")" --tensor-parallel --coordinator 127.0.0.1:$PORT --insecure; done
+  bench "tp$n" "$(cores 0)" -p 0 -n "$TG" -r 2 --tensor-parallel --tp-size "$n" --listen 127.0.0.1:$PORT --insecure
+  wait || true
+done
+fi
