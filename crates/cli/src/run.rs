@@ -78,10 +78,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         &mut sampler,
         &prompt,
         &opts,
-        &mut |text| {
-            
-            write!(out, "{text}").and_then(|_| out.flush()).is_ok()
-        },
+        &mut |text| write!(out, "{text}").and_then(|_| out.flush()).is_ok(),
     )?;
     writeln!(out)?;
     if let Some(path) = &args.save_snapshot {
