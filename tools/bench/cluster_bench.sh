@@ -2,7 +2,8 @@
 # Pipeline and tensor-parallel measurements on one many-core host, each process pinned to its
 # own cores (an approximation of separate machines on loopback). Usage:
 #   tools/bench/cluster_bench.sh MOESHARD_BINARY MODEL.gguf THREADS_PER_PROCESS [OUT_DIR]
-# ONLY=pipeline|tp runs one half; PP and TG set the prompt and decode lengths. Every command
+# ONLY=pipeline|tp runs one half; PP and TG set the prompt and decode lengths; PIPE_CONFIGS lists
+# CHUNK:WINDOW pairs for the pipeline runs (default "256:1 256:4"). Every command
 # it runs is echoed first.
 set -euo pipefail
 BIN=$1; MODEL=$2; T=$3; OUT=${4:-/tmp/cluster-bench}
@@ -33,11 +34,13 @@ ONLY=${ONLY:-all}
 if [ "$ONLY" != tp ]; then
 echo "## pipeline: $PP-token prefill and $TG-token decode, $T threads per process"
 bench single "$(cores 0)" -p "$PP" -n "$TG" -r 1 --ctx "$CTX"
-for window in 1 4; do
+# CHUNK:WINDOW pairs; a window of 1 is the no-overlap baseline.
+for cw in ${PIPE_CONFIGS:-256:1 256:4}; do
+  chunk=${cw%%:*}; window=${cw##*:}
   PORT=$((PORT + 1))
   worker "$(cores 1)" --layers "$((HALF + 1)):output" --coordinator 127.0.0.1:$PORT --insecure --ctx "$CTX"
-  bench "pipe2-window$window" "$(cores 0)" -p "$PP" -n "$TG" -r 1 --ctx "$CTX" --layers "0:$HALF" --listen 127.0.0.1:$PORT --insecure \
-    --dist-prefill-chunk 256 --dist-prefill-window "$window"
+  bench "pipe2-chunk$chunk-window$window" "$(cores 0)" -p "$PP" -n "$TG" -r 1 --ctx "$CTX" --layers "0:$HALF" --listen 127.0.0.1:$PORT --insecure \
+    --dist-prefill-chunk "$chunk" --dist-prefill-window "$window"
   wait || true
 done
 fi

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use engine::{Engine, EvalRequest};
+use engine::{DEFAULT_PREFILL_CHUNK, Engine, EvalRequest};
 use model::LogitsWanted;
 
 use crate::common::{self, ModelArgs};
@@ -23,9 +23,10 @@ pub struct BenchArgs {
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 3)]
     pub repetitions: usize,
-    /// Prompt tokens per forward pass (llama-bench's batch size).
-    #[arg(short = 'b', long, default_value_t = 512)]
-    pub batch: usize,
+    /// Prompt tokens per forward pass (llama-bench's batch size). Default 512; a pipeline gets
+    /// the whole prompt and cuts it itself (`--dist-prefill-chunk`) so chunks overlap.
+    #[arg(short = 'b', long)]
+    pub batch: Option<usize>,
     /// Context sweep: first context depth (enables the sweep with --ctx-max).
     #[arg(long)]
     pub ctx_start: Option<usize>,
@@ -130,11 +131,18 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         info.arch,
         info.weight_bytes as f64 / (1u64 << 30) as f64
     );
+    let batch = args
+        .batch
+        .unwrap_or(if engine.executor().chunks_long_evals() {
+            usize::MAX
+        } else {
+            DEFAULT_PREFILL_CHUNK
+        });
     if let (Some(start), Some(max)) = (args.ctx_start, args.ctx_max) {
-        return sweep(&mut engine, args, start, max);
+        return sweep(&mut engine, args, batch, start, max);
     }
     // Warm-up (llama-bench does one too): a short prompt and a few tokens.
-    prompt_test(&mut engine, args.n_prompt.clamp(1, 32), args.batch, 99)?;
+    prompt_test(&mut engine, args.n_prompt.clamp(1, 32), batch, 99)?;
     gen_test(&mut engine, 4, 98)?;
     let mut results = Vec::new();
     for (name, n, is_prompt) in [
@@ -147,7 +155,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let mut tps = Vec::new();
         for r in 0..args.repetitions.max(1) {
             let secs = if is_prompt {
-                prompt_test(&mut engine, n, args.batch, r as u64)?
+                prompt_test(&mut engine, n, batch, r as u64)?
             } else {
                 gen_test(&mut engine, n, 1000 + r as u64)?
             };
@@ -190,7 +198,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 
 /// ds4-bench style: grow one session's context step by step; at each depth measure the prefill
 /// of the step and the decode of `sweep_gen` tokens (then rewind them).
-fn sweep(engine: &mut Engine, args: &BenchArgs, start: usize, max: usize) -> anyhow::Result<()> {
+fn sweep(
+    engine: &mut Engine,
+    args: &BenchArgs,
+    batch: usize,
+    start: usize,
+    max: usize,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.step > 0 && start <= max,
         "--ctx-start must not exceed --ctx-max, and --step must be positive"
@@ -206,7 +220,7 @@ fn sweep(engine: &mut Engine, args: &BenchArgs, start: usize, max: usize) -> any
         let target = ctx.max(1);
         let t0 = Instant::now();
         let new = &all[have..target];
-        for c in new.chunks(args.batch.max(1)) {
+        for c in new.chunks(batch.max(1)) {
             eval(engine, s.id, c, LogitsWanted::Last)?;
         }
         let prefill_secs = t0.elapsed().as_secs_f64();

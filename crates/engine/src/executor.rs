@@ -80,6 +80,13 @@ pub trait Executor: Send {
     /// Human-readable description of where the model runs (printed by `bench`, `run --stats`).
     fn describe(&self) -> String;
 
+    /// True when the executor cuts long evaluations into chunks itself and gains from seeing a
+    /// whole prompt at once (a pipeline keeps several chunks in flight across its stages, so
+    /// the engine's own prompt chunking would cap the overlap at one engine chunk).
+    fn chunks_long_evals(&self) -> bool {
+        false
+    }
+
     /// Execution statistics as `(name, value)` pairs (expert-cache hits, bytes read, ...).
     fn stats(&self) -> Vec<(String, f64)> {
         Vec::new()

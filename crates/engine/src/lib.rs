@@ -16,5 +16,5 @@ pub use error::{EngineError, Result};
 pub use executor::{EvalRequest, EvalResult, Executor, ModelInfo, SessionId};
 pub use local::{ExpertMode, LocalExecutor};
 pub use sampler::{Sampler, SamplerConfig};
-pub use session::{Engine, Session};
+pub use session::{DEFAULT_PREFILL_CHUNK, Engine, Session};
 pub use snapshot::Snapshot;

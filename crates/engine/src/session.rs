@@ -75,7 +75,12 @@ impl Engine {
                 n_ctx,
             });
         }
-        for chunk in tokens.chunks(self.prefill_chunk.max(1)) {
+        let chunk_len = if self.exec.chunks_long_evals() {
+            tokens.len()
+        } else {
+            self.prefill_chunk.max(1)
+        };
+        for chunk in tokens.chunks(chunk_len) {
             let req = EvalRequest {
                 session: s.id,
                 tokens: chunk,

@@ -713,6 +713,10 @@ impl Executor for PipelineExecutor {
         self.local.stats()
     }
 
+    fn chunks_long_evals(&self) -> bool {
+        true
+    }
+
     fn describe(&self) -> String {
         let mut s = format!("pipeline: {} (coordinator)", self.local.label());
         if let Some(r) = &self.route {

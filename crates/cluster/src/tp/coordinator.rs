@@ -491,6 +491,7 @@ impl TpExecutor {
         seqs: Vec<SeqWork>,
         tokens: Vec<u32>,
     ) -> std::result::Result<Vec<f32>, String> {
+        let t_step = Instant::now();
         self.step += 1;
         let step = self.step;
         let g = self.group.as_mut().ok_or("no group")?;
@@ -521,6 +522,7 @@ impl TpExecutor {
             Err(e) => return Err(mesh_error.unwrap_or_else(|| e.to_string())),
         };
         let compute = t0.elapsed();
+        let t_gather = Instant::now();
         // Gather every rank's vocabulary slice, in rank order.
         let n_rows = own.rows.len();
         let mut slices = vec![(own.vocab_offset, own.n_vocab, own.data)];
@@ -551,6 +553,7 @@ impl TpExecutor {
                 (other, _) => return Err(format!("rank {} is out of step: {other:?}", l.rank)),
             }
         }
+        let gather = t_gather.elapsed();
         self.steps += 1;
         self.exchanges += g.mesh.exchanges - x0;
         self.exchange_time += g.mesh.exchange_time - et0;
@@ -558,9 +561,11 @@ impl TpExecutor {
             let n_x = g.mesh.exchanges - x0;
             let t_x = g.mesh.exchange_time - et0;
             eprintln!(
-                "[tp] step {step}: {} tokens, compute {:.0?}, {n_x} exchanges taking {:.0?} (mean {:.0} µs), slowest rank {:.0} µs",
+                "[tp] step {step}: {} tokens, step {:.0?}, compute {:.0?}, logits gather {:.0?}, {n_x} exchanges taking {:.0?} (mean {:.0} µs), slowest rank {:.0} µs",
                 tokens.len(),
+                t_step.elapsed(),
                 compute,
+                gather,
                 t_x,
                 t_x.as_micros() as f64 / n_x.max(1) as f64,
                 worst.1 as f64
