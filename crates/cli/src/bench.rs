@@ -27,6 +27,10 @@ pub struct BenchArgs {
     /// the whole prompt and cuts it itself (`--dist-prefill-chunk`) so chunks overlap.
     #[arg(short = 'b', long)]
     pub batch: Option<usize>,
+    /// Sessions decoding together (one batched forward per step, as `serve --parallel` runs
+    /// them); the generation test then reports aggregate tokens per second over all of them.
+    #[arg(long, default_value_t = 1)]
+    pub parallel: usize,
     /// Context sweep: first context depth (enables the sweep with --ctx-max).
     #[arg(long)]
     pub ctx_start: Option<usize>,
@@ -94,17 +98,31 @@ fn prompt_test(engine: &mut Engine, n: usize, batch: usize, seed: u64) -> anyhow
     Ok(secs)
 }
 
-/// Seconds to generate `n` tokens one by one on a fresh session.
-fn gen_test(engine: &mut Engine, n: usize, seed: u64) -> anyhow::Result<f64> {
+/// Seconds for `parallel` fresh sessions to generate `n` tokens each, one token per session
+/// per step, all sessions of a step in one batched evaluation.
+fn gen_test(engine: &mut Engine, n: usize, parallel: usize, seed: u64) -> anyhow::Result<f64> {
     let n_vocab = engine.info().n_vocab;
-    let s = engine.new_session();
-    let toks = tokens(n, n_vocab, seed);
+    let sessions: Vec<_> = (0..parallel.max(1)).map(|_| engine.new_session()).collect();
+    let toks: Vec<Vec<u32>> = (0..sessions.len())
+        .map(|i| tokens(n, n_vocab, seed + 7919 * i as u64))
+        .collect();
     let t0 = Instant::now();
-    for t in &toks {
-        eval(engine, s.id, std::slice::from_ref(t), LogitsWanted::Last)?;
+    for step in 0..n {
+        let batch: Vec<EvalRequest> = sessions
+            .iter()
+            .zip(&toks)
+            .map(|(s, t)| EvalRequest {
+                session: s.id,
+                tokens: std::slice::from_ref(&t[step]),
+                logits: LogitsWanted::Last,
+            })
+            .collect();
+        engine.executor_mut().eval(&batch)?;
     }
     let secs = t0.elapsed().as_secs_f64();
-    engine.close(s);
+    for s in sessions {
+        engine.close(s);
+    }
     Ok(secs)
 }
 
@@ -143,11 +161,19 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     // Warm-up (llama-bench does one too): a short prompt and a few tokens.
     prompt_test(&mut engine, args.n_prompt.clamp(1, 32), batch, 99)?;
-    gen_test(&mut engine, 4, 98)?;
+    gen_test(&mut engine, 4, args.parallel, 98)?;
     let mut results = Vec::new();
     for (name, n, is_prompt) in [
         (format!("pp{}", args.n_prompt), args.n_prompt, true),
-        (format!("tg{}", args.n_gen), args.n_gen, false),
+        (
+            if args.parallel > 1 {
+                format!("tg{}×{}", args.n_gen, args.parallel)
+            } else {
+                format!("tg{}", args.n_gen)
+            },
+            args.n_gen,
+            false,
+        ),
     ] {
         if n == 0 {
             continue;
@@ -157,9 +183,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             let secs = if is_prompt {
                 prompt_test(&mut engine, n, batch, r as u64)?
             } else {
-                gen_test(&mut engine, n, 1000 + r as u64)?
+                gen_test(&mut engine, n, args.parallel, 1000 + r as u64)?
             };
-            tps.push(n as f64 / secs);
+            let n_tokens = if is_prompt {
+                n
+            } else {
+                n * args.parallel.max(1)
+            };
+            tps.push(n_tokens as f64 / secs);
         }
         let (m, sd) = mean_sd(&tps);
         results.push((name, m, sd, tps));

@@ -909,6 +909,13 @@ impl Executor for TpExecutor {
                 "tp_exchange_mean_us".into(),
                 self.exchange_time.as_micros() as f64 / self.exchanges.max(1) as f64,
             ),
+            (
+                "tp_exchange_min_us".into(),
+                self.group
+                    .as_ref()
+                    .filter(|g| g.mesh.exchanges > 0)
+                    .map_or(0.0, |g| g.mesh.exchange_min.as_secs_f64() * 1e6),
+            ),
         ]);
         stats
     }
