@@ -4,7 +4,7 @@
 #   tools/bench/cluster_bench.sh MOESHARD_BINARY MODEL.gguf THREADS_PER_PROCESS [OUT_DIR]
 # ONLY=pipeline|tp runs one half; PP and TG set the prompt and decode lengths; PIPE_CONFIGS lists
 # CHUNK:WINDOW pairs for the pipeline runs (default "256:1 256:4"), MAX_TP the largest group
-# (default 3). Every command
+# (default 3), TP_MODES the expert placements (default "owned balanced"). Every command
 # it runs is echoed first.
 set -euo pipefail
 BIN=$1; MODEL=$2; T=$3; OUT=${4:-/tmp/cluster-bench}
@@ -48,10 +48,13 @@ fi
 if [ "$ONLY" != pipeline ]; then
 echo "## tensor parallel: decode $TG tokens, $T threads per rank"
 bench tp1 "$(cores 0)" -p 0 -n "$TG" -r 2
+for mode in ${TP_MODES:-owned balanced}; do
 for n in $(seq 2 "${MAX_TP:-3}"); do
   PORT=$((PORT + 1))
+  flags=(); [ "$mode" = balanced ] && flags=(--tp-balance-experts)
   for r in $(seq 1 $((n - 1))); do worker "$(cores "$r")" --tensor-parallel --coordinator 127.0.0.1:$PORT --insecure; done
-  bench "tp$n" "$(cores 0)" -p 0 -n "$TG" -r 2 --tensor-parallel --tp-size "$n" --listen 127.0.0.1:$PORT --insecure
+  bench "tp$n-$mode" "$(cores 0)" -p 0 -n "$TG" -r 2 --tensor-parallel --tp-size "$n" --listen 127.0.0.1:$PORT --insecure "${flags[@]}"
   wait || true
+done
 done
 fi

@@ -51,6 +51,12 @@ pub struct ClusterArgs {
     /// Relative expert shares per rank, e.g. `2,1` (default: equal).
     #[arg(long, value_delimiter = ',')]
     pub expert_weights: Vec<f32>,
+    /// Deal each step's routed experts out evenly over the ranks (weighted by
+    /// --expert-weights) instead of giving every rank a fixed set: balanced work per token, but
+    /// every rank touches every expert, so each needs memory for the whole model. Resident
+    /// experts only (not with --ssd-streaming).
+    #[arg(long)]
+    pub tp_balance_experts: bool,
     /// Seconds a rank may take to send a partial sum before the step fails.
     #[arg(long, default_value_t = 30.0)]
     pub tp_timeout: f64,
@@ -88,6 +94,7 @@ impl ClusterArgs {
             chunk: self.dist_prefill_chunk.max(1),
             debug: self.debug,
             experts: None,
+            balance_experts: self.tp_balance_experts,
         })
     }
 

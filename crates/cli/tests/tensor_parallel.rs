@@ -223,6 +223,74 @@ fn smollm2_and_its_upcycled_moe_with_uneven_expert_shares() {
 }
 
 #[test]
+fn balanced_expert_placement_matches_single_node() {
+    // Every step's experts dealt out afresh (--tp-balance-experts): the expert sum is f64, so
+    // who computes which expert must not change a bit.
+    let dir = tempfile::tempdir().unwrap();
+    for fx in ["qwen3moe", "olmoe", "mixtral"] {
+        let m = fixture(fx, "model-f32.gguf");
+        let m = m.to_str().unwrap();
+        let toks = tokens_of(fx);
+        let single = logits_single(m, &toks, &dir.path().join(format!("{fx}.npy")));
+        for (n, weights) in [(2, "1,1"), (3, "2,1,1")] {
+            let out = dir.path().join(format!("{fx}-balanced-{n}.npy"));
+            let (ok, _, err, _) = with_group(
+                &[
+                    "logits",
+                    "-m",
+                    m,
+                    "--tokens",
+                    &toks,
+                    "--out",
+                    out.to_str().unwrap(),
+                    "--tp-balance-experts",
+                    "--expert-weights",
+                    weights,
+                ],
+                m,
+                n,
+                &[],
+            );
+            assert!(ok, "{fx} {n} balanced ranks failed:\n{err}");
+            let tp = read_npy_f32(&out).1;
+            let d = tp
+                .iter()
+                .zip(&single)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            eprintln!("{fx}: {n} balanced ranks, max |Δlogit| vs single node = {d:e}");
+            assert_eq!(d, 0.0, "{fx} {n} balanced ranks: logits differ by {d}");
+        }
+    }
+    // Streaming ranks stream the experts they own; balance would make them read every expert.
+    let m = fixture("qwen3moe", "model-f32.gguf");
+    let out = std::process::Command::new(bin())
+        .args([
+            "logits",
+            "-m",
+            m.to_str().unwrap(),
+            "--tokens",
+            "1,2,3",
+            "--out",
+            dir.path().join("x.npy").to_str().unwrap(),
+            "--tensor-parallel",
+            "--listen",
+            "127.0.0.1:0",
+            "--insecure",
+            "--tp-balance-experts",
+            "--ssd-streaming",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--tp-balance-experts needs resident experts"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_killed_rank_fails_the_step_in_time_and_a_returning_rank_completes_it() {
     let m = smollm2();
     let m = m.to_str().unwrap();

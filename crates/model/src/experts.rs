@@ -23,6 +23,19 @@ pub trait ExpertSource: Sync {
     /// rank of a tensor-parallel group).
     fn owns(&self, layer: usize, expert: usize) -> bool;
 
+    /// Which of `active` (the distinct experts the router chose for this step, ascending, with
+    /// `tokens[i]` tokens routed to `active[i]`) this source computes. Every rank of a group
+    /// sees the same routing, so the ranks' choices must partition `active` by a rule they
+    /// all compute alike. By default: the experts it owns.
+    fn assign(&self, layer: usize, active: &[usize], tokens: &[usize]) -> Vec<usize> {
+        let _ = tokens;
+        active
+            .iter()
+            .copied()
+            .filter(|&e| self.owns(layer, e))
+            .collect()
+    }
+
     /// Makes each of `experts` (owned, distinct) of `layer` available and hands them to `sink`,
     /// in one or more batches, each expert exactly once. A source may hand over those it has at
     /// hand first and the rest as they arrive.
@@ -104,5 +117,104 @@ impl ExpertSource for OwnedResidentExperts {
         sink: &mut ExpertSink<'_>,
     ) -> Result<()> {
         ResidentExperts::new(&self.model).with_experts(layer, experts, sink)
+    }
+}
+
+/// Resident experts dealt out afresh every step: the routed experts of a step go to the ranks
+/// of a tensor-parallel group in proportion to their weights, largest token count first to the
+/// least-loaded rank (ties to the lower rank), so every rank does about the same work whatever
+/// the router picks. Each rank can compute any expert, so each touches every expert's pages
+/// over time: this trades the memory saving of owned experts for balance.
+pub struct BalancedResidentExperts {
+    model: std::sync::Arc<Model>,
+    rank: usize,
+    /// Relative speed of every rank (its share of the work).
+    weights: Vec<f64>,
+}
+
+impl BalancedResidentExperts {
+    pub fn new(model: std::sync::Arc<Model>, rank: usize, weights: Vec<f64>) -> Self {
+        BalancedResidentExperts {
+            model,
+            rank,
+            weights,
+        }
+    }
+}
+
+/// The rank of every expert of `active` under the balanced rule (see [`BalancedResidentExperts`]).
+pub fn balanced_assignment(active: &[usize], tokens: &[usize], weights: &[f64]) -> Vec<usize> {
+    let n_ranks = weights.len().max(1);
+    let mut order: Vec<usize> = (0..active.len()).collect();
+    order.sort_by(|&a, &b| tokens[b].cmp(&tokens[a]).then(active[a].cmp(&active[b])));
+    let mut load = vec![0f64; n_ranks];
+    let mut rank_of = vec![0usize; active.len()];
+    for i in order {
+        let cost = tokens[i].max(1) as f64;
+        let mut best = 0;
+        let mut best_finish = f64::INFINITY;
+        for (r, l) in load.iter().enumerate() {
+            let w = weights.get(r).copied().unwrap_or(1.0);
+            if w <= 0.0 {
+                continue;
+            }
+            let finish = (l + cost) / w;
+            if finish < best_finish {
+                best = r;
+                best_finish = finish;
+            }
+        }
+        load[best] += cost;
+        rank_of[i] = best;
+    }
+    rank_of
+}
+
+impl ExpertSource for BalancedResidentExperts {
+    fn owns(&self, _layer: usize, _expert: usize) -> bool {
+        true
+    }
+
+    fn assign(&self, _layer: usize, active: &[usize], tokens: &[usize]) -> Vec<usize> {
+        balanced_assignment(active, tokens, &self.weights)
+            .into_iter()
+            .zip(active)
+            .filter(|&(r, _)| r == self.rank)
+            .map(|(_, &e)| e)
+            .collect()
+    }
+
+    fn with_experts(
+        &self,
+        layer: usize,
+        experts: &[usize],
+        sink: &mut ExpertSink<'_>,
+    ) -> Result<()> {
+        ResidentExperts::new(&self.model).with_experts(layer, experts, sink)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::balanced_assignment;
+
+    #[test]
+    fn balanced_assignment_evens_out_decode_and_respects_weights() {
+        // Decode: 8 experts with one token each over 2 equal ranks → 4 and 4.
+        let active = [3, 9, 17, 20, 33, 41, 50, 63];
+        let ones = [1; 8];
+        let r = balanced_assignment(&active, &ones, &[1.0, 1.0]);
+        assert_eq!(r.iter().filter(|&&x| x == 0).count(), 4);
+        // Same input, same answer (every rank computes it independently).
+        assert_eq!(r, balanced_assignment(&active, &ones, &[1.0, 1.0]));
+        // Weights 2:1 → 6 and 2 (rank 1 would finish at 3/1 with a third, rank 0 at 6/2).
+        let r = balanced_assignment(&active, &ones, &[2.0, 1.0]);
+        assert_eq!(r.iter().filter(|&&x| x == 0).count(), 6, "{r:?}");
+        // Prefill: the heavy expert alone on one rank, the light ones on the other.
+        let r = balanced_assignment(&[1, 2, 3, 4], &[12, 4, 4, 4], &[1.0, 1.0]);
+        assert_eq!(r, vec![0, 1, 1, 1]);
+        // A rank of weight 0 gets nothing.
+        let r = balanced_assignment(&active, &ones, &[1.0, 0.0, 1.0]);
+        assert!(r.iter().all(|&x| x != 1), "{r:?}");
     }
 }

@@ -16,7 +16,9 @@ pub mod weights;
 
 pub use blocks::Compute;
 pub use error::{ModelError, Result};
-pub use experts::{ExpertMatrices, ExpertSource, OwnedResidentExperts, ResidentExperts};
+pub use experts::{
+    BalancedResidentExperts, ExpertMatrices, ExpertSource, OwnedResidentExperts, ResidentExperts,
+};
 pub use forward::{
     Hooks, Logits, LogitsWanted, NoHooks, ReducePoint, SeqInput, StageInput, StageOutput,
 };

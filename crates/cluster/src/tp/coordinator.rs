@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 use engine::executor::{EvalRequest, EvalResult, Executor, ModelInfo, SessionId};
 use engine::snapshot::Snapshot;
 use engine::{EngineError, Result};
-use model::{Compute, KvType, Model, OwnedResidentExperts, Shard, StageInput, StageOutput};
+use model::{
+    BalancedResidentExperts, Compute, KvType, Model, OwnedResidentExperts, Shard, StageInput,
+    StageOutput,
+};
 
 use super::mesh::{Mesh, MeshHooks};
 use super::protocol::{TpCommand, TpReply};
@@ -37,7 +40,12 @@ pub struct TpConfig {
     pub debug: bool,
     /// Builds an expert source for the owned experts (SSD streaming); resident when `None`.
     pub experts: Option<ExpertFactory>,
+    /// Deal each step's routed experts out evenly instead of by fixed ownership (resident
+    /// experts only; every rank then touches every expert).
+    pub balance_experts: bool,
 }
+
+pub(crate) const BALANCE_NEEDS_RESIDENT: &str = "--tp-balance-experts needs resident experts: with --ssd-streaming each rank streams only the experts it owns";
 
 /// Makes the expert source of a rank from its model and the experts it owns.
 pub type ExpertFactory =
@@ -251,6 +259,9 @@ impl TpExecutor {
         if cfg.n_ranks < 1 {
             return Err(exec_err("--tp-size must be at least 1"));
         }
+        if cfg.balance_experts && cfg.experts.is_some() {
+            return Err(exec_err(BALANCE_NEEDS_RESIDENT));
+        }
         model.set_tensor_parallel(0, cfg.n_ranks);
         let model = Arc::new(model);
         let info = engine::local::model_info_kv(&model, n_ctx, kv_type);
@@ -315,6 +326,22 @@ impl TpExecutor {
             exchanges: 0,
             exchange_time: Duration::ZERO,
             steps: 0,
+        })
+    }
+
+    /// Per-rank weights of balanced placement, when it is on.
+    fn balance_weights(&self) -> Option<Vec<f64>> {
+        self.cfg.balance_experts.then(|| {
+            (0..self.cfg.n_ranks)
+                .map(|r| {
+                    self.cfg
+                        .expert_weights
+                        .get(r)
+                        .copied()
+                        .unwrap_or(1.0)
+                        .max(0.0) as f64
+                })
+                .collect()
         })
     }
 
@@ -422,6 +449,7 @@ impl TpExecutor {
                 n_ranks: self.cfg.n_ranks as u32,
                 peers: peers.clone(),
                 owned: owned[l.rank].clone(),
+                balance: self.balance_weights(),
             };
             l.conn
                 .send(&pack(Kind::TpOp, 0, &cmd, &[]))
@@ -444,12 +472,18 @@ impl TpExecutor {
                 (other, _) => return Err(format!("rank {}: unexpected {other:?}", l.rank)),
             }
         }
-        let experts: SharedExperts = match &self.cfg.experts {
-            Some(make) => make(&self.model, owned[0].clone()).map_err(|e| format!("{e:#}"))?,
-            None => Arc::new(OwnedResidentExperts::new(
+        let experts: SharedExperts = match (&self.cfg.experts, self.balance_weights()) {
+            (Some(make), None) => {
+                make(&self.model, owned[0].clone()).map_err(|e| format!("{e:#}"))?
+            }
+            (None, None) => Arc::new(OwnedResidentExperts::new(
                 Arc::clone(&self.model),
                 owned[0].clone(),
             )),
+            (None, Some(w)) => {
+                Arc::new(BalancedResidentExperts::new(Arc::clone(&self.model), 0, w))
+            }
+            (Some(_), Some(_)) => return Err(BALANCE_NEEDS_RESIDENT.into()),
         };
         let last = self.model.n_layer() - 1;
         let stage = StageRuntime::new(
@@ -461,20 +495,21 @@ impl TpExecutor {
             self.info.n_ctx,
         )
         .with_experts(experts);
+        let share = |r: usize| match self.cfg.balance_experts {
+            true => "experts dealt out per step".to_string(),
+            false => format!("{} experts", owned[r].iter().filter(|&&o| o).count()),
+        };
         tracing::info!(
             "tensor-parallel group epoch {epoch}: {}",
-            std::iter::once(format!(
-                "rank 0 (here, {} experts)",
-                owned[0].iter().filter(|&&o| o).count()
-            ))
-            .chain(links.iter().map(|l| format!(
-                "rank {} {} ({} experts)",
-                l.rank,
-                l.peer,
-                owned[l.rank].iter().filter(|&&o| o).count()
-            )))
-            .collect::<Vec<_>>()
-            .join(", ")
+            std::iter::once(format!("rank 0 (here, {})", share(0)))
+                .chain(links.iter().map(|l| format!(
+                    "rank {} {} ({})",
+                    l.rank,
+                    l.peer,
+                    share(l.rank)
+                )))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         Ok(Group {
             epoch,
@@ -877,18 +912,24 @@ impl Executor for TpExecutor {
 
     fn describe(&self) -> String {
         let s = self.model.shard();
+        let experts = match self.balance_weights() {
+            Some(w) => format!("experts dealt out per step by weights {w:?}"),
+            None => format!(
+                "experts {:?}",
+                self.owned()
+                    .iter()
+                    .map(|o| o.iter().filter(|&&x| x).count())
+                    .collect::<Vec<_>>()
+            ),
+        };
         format!(
-            "tensor-parallel: {} ranks, attention {}, experts {:?}",
+            "tensor-parallel: {} ranks, attention {}, {experts}",
             self.cfg.n_ranks,
             if s.attention_split {
                 "split by heads"
             } else {
                 "replicated"
             },
-            self.owned()
-                .iter()
-                .map(|o| o.iter().filter(|&&x| x).count())
-                .collect::<Vec<_>>()
         )
     }
 

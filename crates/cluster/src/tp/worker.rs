@@ -6,7 +6,9 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use model::{Compute, KvType, Model, OwnedResidentExperts, StageInput, StageOutput};
+use model::{
+    BalancedResidentExperts, Compute, KvType, Model, OwnedResidentExperts, StageInput, StageOutput,
+};
 
 use super::mesh::{Mesh, MeshHooks};
 use super::protocol::{TpCommand, TpReply};
@@ -139,12 +141,17 @@ fn serve_once(
                 n_ranks: n,
                 peers,
                 owned,
+                balance,
             } => {
                 if let Some((mesh, _)) = group.take() {
                     mesh.shutdown();
                 }
+                let share = match balance {
+                    Some(weights) => Share::Balanced(weights),
+                    None => Share::Owned(owned),
+                };
                 let reply = start(
-                    &model, cfg, rank, n as usize, epoch, &peers, owned, listener,
+                    &model, cfg, rank, n as usize, epoch, &peers, share, listener,
                 )
                 .map(|g| {
                     group = Some(g);
@@ -255,6 +262,14 @@ fn serve_once(
     }
 }
 
+/// Which routed experts this rank computes.
+enum Share {
+    /// A fixed set.
+    Owned(Vec<bool>),
+    /// Each step's experts dealt out by these per-rank weights.
+    Balanced(Vec<f64>),
+}
+
 #[allow(clippy::too_many_arguments)]
 fn start(
     model: &Arc<Model>,
@@ -263,15 +278,25 @@ fn start(
     n: usize,
     epoch: u64,
     peers: &[String],
-    owned: Vec<bool>,
+    share: Share,
     listener: &TcpListener,
 ) -> Result<(Mesh, StageRuntime), String> {
     if peers.len() != n {
         return Err(format!("{} peer addresses for {n} ranks", peers.len()));
     }
-    let experts: SharedExperts = match &cfg.experts {
-        Some(make) => make(model, owned).map_err(|e| format!("{e:#}"))?,
-        None => Arc::new(OwnedResidentExperts::new(Arc::clone(model), owned)),
+    let experts: SharedExperts = match (&cfg.experts, share) {
+        (Some(make), Share::Owned(owned)) => make(model, owned).map_err(|e| format!("{e:#}"))?,
+        (None, Share::Owned(owned)) => {
+            Arc::new(OwnedResidentExperts::new(Arc::clone(model), owned))
+        }
+        (None, Share::Balanced(weights)) => Arc::new(BalancedResidentExperts::new(
+            Arc::clone(model),
+            rank,
+            weights,
+        )),
+        (Some(_), Share::Balanced(_)) => {
+            return Err(super::coordinator::BALANCE_NEEDS_RESIDENT.into());
+        }
     };
     let mesh = Mesh::connect(rank, peers, epoch, listener, &cfg.auth, cfg.tp_timeout)?;
     let last = model.n_layer() - 1;

@@ -83,7 +83,8 @@ fn group_by_expert(r: &Routing, n_expert: usize) -> Vec<Vec<usize>> {
 }
 
 /// Routed experts' contribution for `x` (`n × n_embd`): Σ over each token's slots of
-/// `weight · expert(x)`, counting only experts `source` owns (the rest are another rank's).
+/// `weight · expert(x)`, counting only the experts `source` assigns itself (the rest are
+/// another rank's).
 /// The sum is accumulated in f64, so which rank adds which slots does not change the result.
 pub fn moe_ffn(
     cx: &Compute,
@@ -96,9 +97,15 @@ pub fn moe_ffn(
 ) -> Result<Vec<f64>> {
     let n = x.n();
     let groups = group_by_expert(routing, n_expert);
-    let wanted: Vec<usize> = (0..n_expert)
-        .filter(|&e| !groups[e].is_empty() && source.owns(layer, e))
-        .collect();
+    let active: Vec<usize> = (0..n_expert).filter(|&e| !groups[e].is_empty()).collect();
+    let tokens: Vec<usize> = active.iter().map(|&e| groups[e].len()).collect();
+    let wanted = source.assign(layer, &active, &tokens);
+    let mut mine = vec![false; n_expert];
+    for &e in &wanted {
+        if let Some(m) = mine.get_mut(e) {
+            *m = true;
+        }
+    }
     // Per slot output (n_embd each), filled as experts arrive, summed in slot order at the end.
     let mut slot_out = vec![0f32; routing.experts.len() * n_embd];
     let mut done = vec![false; routing.experts.len()];
@@ -116,7 +123,7 @@ pub fn moe_ffn(
     for t in 0..n {
         let o = &mut out[t * n_embd..(t + 1) * n_embd];
         for s in t * routing.k..(t + 1) * routing.k {
-            if !source.owns(layer, routing.experts[s]) {
+            if !mine.get(routing.experts[s]).copied().unwrap_or(false) {
                 continue;
             }
             if !done[s] {
