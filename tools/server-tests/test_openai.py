@@ -157,6 +157,16 @@ def test_invalid_parameters_are_400(client):
         chat(client, messages=[])
 
 
+def test_unsupported_features_are_refused_not_ignored(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, logprobs=True)
+    assert e.value.param == "logprobs"
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, tools=[tool])
+    assert e.value.param == "tools"
+
+
 def test_malformed_json_is_400():
     r = httpx.post(URL + "/v1/chat/completions", content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"})
     assert r.status_code == 400

@@ -159,6 +159,10 @@ pub struct ChatRequest {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub logprobs: Option<bool>,
+    /// Function-calling tools: not implemented, so a request that offers any is refused
+    /// rather than answered as if they were absent.
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
     #[serde(flatten)]
     pub sampling: Sampling,
 }

@@ -284,6 +284,12 @@ async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError
             "logprobs are not supported",
         ));
     }
+    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::invalid_param(
+            "tools",
+            "tool calls are not supported",
+        ));
+    }
     let id = st.next_id.fetch_add(1, Ordering::Relaxed);
     let (st2, req) = (Arc::clone(&st), Arc::new(req));
     let r2 = Arc::clone(&req);
