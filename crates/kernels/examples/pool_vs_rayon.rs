@@ -2,6 +2,7 @@
 //! products, the workload the pool was built for: many small products in a row, each cut into
 //! row chunks, so dispatch cost matters as much as bandwidth. Usage:
 //!   cargo run --release -p kernels --example pool_vs_rayon -- [--threads 1,2] [--budget-ms 3000]
+//!       [--rows-per-item N]
 //!
 //! Two shapes (Q4_K weights, activations quantized once per product outside the timing):
 //! an OLMoE-like step (16 layers × [4 attention 2048×2048 + 8 experts × (2 of 1024×2048 +
@@ -11,14 +12,20 @@
 //! row chunks.
 
 use gguf::GgmlType;
-use kernels::{Input, Kernels, ThreadPool, Weights, format};
+use kernels::{Input, Kernels, PoolBackend, ThreadPool, Weights, format};
 use rayon::prelude::*;
 
 mod common;
 use common::{budget_arg, random_weights, threads_arg, time};
 
-/// Rows per work item (both executors).
-const ROWS_PER_CHUNK: usize = 16;
+/// Rows per work item (both executors): `--rows-per-item N`, else the engine's rule for decode
+/// (about eight items per thread, 8–256 rows, a multiple of 4).
+fn rows_per_item(rows: usize, n_threads: usize) -> usize {
+    match common::arg("--rows-per-item") {
+        Some(s) => s.parse().expect("rows per item"),
+        None => (rows / (n_threads * 8)).clamp(8, 256).next_multiple_of(4),
+    }
+}
 
 struct Product {
     rows: usize,
@@ -62,7 +69,7 @@ fn run_pool(kernels: &Kernels, pool: &ThreadPool, products: &[Product], out: &mu
     for p in products {
         let w = Weights::new(GgmlType::Q4K, p.rows, p.cols, &p.weights).expect("weights");
         let shared = SharedOut(out.as_mut_ptr());
-        pool.for_each_chunk(p.rows, ROWS_PER_CHUNK, |range| {
+        pool.for_each_chunk(p.rows, rows_per_item(p.rows, pool.n_threads()), |range| {
             let shared = &shared;
             for r in range {
                 let v = dot(p.cols, w.row(r), &p.acts);
@@ -78,12 +85,13 @@ fn run_rayon(kernels: &Kernels, pool: &rayon::ThreadPool, products: &[Product], 
     pool.install(|| {
         for p in products {
             let w = Weights::new(GgmlType::Q4K, p.rows, p.cols, &p.weights).expect("weights");
+            let chunk = rows_per_item(p.rows, rayon::current_num_threads());
             out[..p.rows]
-                .par_chunks_mut(ROWS_PER_CHUNK)
+                .par_chunks_mut(chunk)
                 .enumerate()
                 .for_each(|(i, o)| {
                     for (j, v) in o.iter_mut().enumerate() {
-                        *v = dot(p.cols, w.row(i * ROWS_PER_CHUNK + j), &p.acts);
+                        *v = dot(p.cols, w.row(i * chunk + j), &p.acts);
                     }
                 });
         }
@@ -108,8 +116,9 @@ fn main() {
         ("small-2b-like step", step(&setup, 8, &small)),
     ];
     println!(
-        "isa: {:?}, {ROWS_PER_CHUNK} rows per work item, median of repeated steps",
-        kernels.isa
+        "isa: {:?}, rows per work item: {}, median of repeated steps",
+        kernels.isa,
+        common::arg("--rows-per-item").unwrap_or_else(|| "the engine's rule".into())
     );
     println!(
         "| workload | products | weight MB | threads | ours µs/step | rayon µs/step | rayon ÷ ours |"
@@ -119,13 +128,17 @@ fn main() {
     for (name, products) in &workloads {
         let mb = products.iter().map(|p| p.weights.len()).sum::<usize>() as f64 / 1e6;
         for &nt in &threads {
-            let ours = ThreadPool::new(nt);
+            // Each pool exists only while it is measured, so idle threads of the other cannot
+            // take cores from it.
+            let ours = ThreadPool::with_backend(nt, PoolBackend::Spin);
+            let t_ours = time(budget, || run_pool(&kernels, &ours, products, &mut out));
+            drop(ours);
             let theirs = rayon::ThreadPoolBuilder::new()
                 .num_threads(nt)
                 .build()
                 .expect("rayon pool");
-            let t_ours = time(budget, || run_pool(&kernels, &ours, products, &mut out));
             let t_rayon = time(budget, || run_rayon(&kernels, &theirs, products, &mut out));
+            drop(theirs);
             println!(
                 "| {name} | {} | {mb:.0} | {nt} | {:.0} | {:.0} | {:.2} |",
                 products.len(),

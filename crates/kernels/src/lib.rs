@@ -16,4 +16,4 @@ pub use formats::{ActKind, DotFn, Format, format};
 pub use isa::{Isa, best_dot, row_kernel, simd_dot, simd_panel};
 pub use matmul::{Input, Kernels, MatmulError, MatmulJob, Weights};
 pub use panel::{Panel, PanelFn, RowKernel};
-pub use pool::ThreadPool;
+pub use pool::{Backend as PoolBackend, ThreadPool};

@@ -2,6 +2,10 @@
 //! then sleep, so the dozens of matmuls of one decode step each cost a few hundred nanoseconds
 //! of dispatch instead of a thread wake-up. The calling thread takes part.
 //!
+//! `MOESHARD_POOL=rayon` runs the same jobs on a rayon pool instead, to compare (docs/perf.md:
+//! ours decodes 6–16 % faster end to end on this project's machine, rayon prefills olmoe 4 %
+//! faster; we keep ours).
+//!
 //! A job is open to whichever workers arrive while it runs: the caller never waits for a worker
 //! that has not started (one descheduled by another process on a busy machine), only for those
 //! inside the job. Work is handed out in chunks from a shared counter, so the threads present
@@ -47,11 +51,37 @@ pub struct ThreadPool {
     workers: Vec<JoinHandle<()>>,
     /// Serializes callers: one job at a time.
     busy: Mutex<()>,
+    /// The rayon backend (`Backend::Rayon`), kept to compare against: see docs/perf.md.
+    rayon: Option<rayon::ThreadPool>,
+}
+
+/// What runs the jobs of a [`ThreadPool`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Our persistent spinning workers (the default: faster decode, see docs/perf.md).
+    Spin,
+    /// A rayon pool of the same size, for comparison (`MOESHARD_POOL=rayon`).
+    Rayon,
+}
+
+impl Backend {
+    /// `MOESHARD_POOL=rayon` selects rayon; anything else, our pool.
+    pub fn from_env() -> Backend {
+        match std::env::var("MOESHARD_POOL").as_deref() {
+            Ok("rayon") => Backend::Rayon,
+            _ => Backend::Spin,
+        }
+    }
 }
 
 impl ThreadPool {
-    /// A pool of `n_threads` (including the caller; 0 means the number of available cores).
+    /// A pool of `n_threads` (including the caller; 0 means the number of available cores),
+    /// on the backend `MOESHARD_POOL` names (ours by default).
     pub fn new(n_threads: usize) -> ThreadPool {
+        ThreadPool::with_backend(n_threads, Backend::from_env())
+    }
+
+    pub fn with_backend(n_threads: usize, backend: Backend) -> ThreadPool {
         let n = if n_threads == 0 {
             std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -69,6 +99,18 @@ impl ThreadPool {
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
         });
+        if backend == Backend::Rayon {
+            let rp = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .expect("building a rayon pool");
+            return ThreadPool {
+                shared,
+                workers: Vec::new(),
+                busy: Mutex::new(()),
+                rayon: Some(rp),
+            };
+        }
         let workers = (1..n)
             .map(|tid| {
                 let shared = Arc::clone(&shared);
@@ -82,10 +124,14 @@ impl ThreadPool {
             shared,
             workers,
             busy: Mutex::new(()),
+            rayon: None,
         }
     }
 
     pub fn n_threads(&self) -> usize {
+        if let Some(r) = &self.rayon {
+            return r.current_num_threads();
+        }
         self.workers.len() + 1
     }
 
@@ -139,6 +185,21 @@ impl ThreadPool {
         f: F,
     ) {
         let chunk = chunk.max(1);
+        if let Some(rp) = &self.rayon {
+            use rayon::prelude::*;
+            if n <= chunk || rp.current_num_threads() == 1 {
+                if n > 0 {
+                    f(0..n);
+                }
+                return;
+            }
+            rp.install(|| {
+                (0..n.div_ceil(chunk))
+                    .into_par_iter()
+                    .for_each(|i| f(i * chunk..((i + 1) * chunk).min(n)))
+            });
+            return;
+        }
         if n <= chunk || self.workers.is_empty() {
             if n > 0 {
                 f(0..n);
@@ -229,8 +290,12 @@ mod tests {
 
     #[test]
     fn chunks_cover_the_range_exactly_once() {
-        for threads in [1, 2, 3] {
-            let pool = ThreadPool::new(threads);
+        for (threads, backend) in [1, 2, 3]
+            .into_iter()
+            .flat_map(|t| [(t, Backend::Spin), (t, Backend::Rayon)])
+        {
+            let pool = ThreadPool::with_backend(threads, backend);
+            assert_eq!(pool.n_threads(), threads);
             for _ in 0..200 {
                 let seen: Vec<AtomicUsize> = (0..1001).map(|_| AtomicUsize::new(0)).collect();
                 pool.for_each_chunk(1001, 7, |r| {
@@ -245,7 +310,7 @@ mod tests {
 
     #[test]
     fn workers_take_part_and_wake_after_sleeping() {
-        let pool = ThreadPool::new(2);
+        let pool = ThreadPool::with_backend(2, Backend::Spin);
         std::thread::sleep(Duration::from_millis(5));
         let by_worker = AtomicUsize::new(0);
         for _ in 0..50 {
@@ -267,7 +332,7 @@ mod tests {
 
     #[test]
     fn a_worker_panic_reaches_the_caller_and_the_pool_survives() {
-        let pool = ThreadPool::new(2);
+        let pool = ThreadPool::with_backend(2, Backend::Spin);
         let r = catch_unwind(AssertUnwindSafe(|| {
             pool.for_each_chunk(100, 1, |r| {
                 std::thread::sleep(Duration::from_micros(20));
