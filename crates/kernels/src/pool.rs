@@ -3,7 +3,7 @@
 //! of dispatch instead of a thread wake-up. The calling thread takes part.
 //!
 //! `MOESHARD_POOL=rayon` runs the same jobs on a rayon pool instead, to compare (docs/perf.md:
-//! ours decodes 6–16 % faster end to end on this project's machine, rayon prefills olmoe 4 %
+//! ours decodes 4–18 % faster end to end on this project's machine, rayon prefills olmoe 4–5 %
 //! faster; we keep ours).
 //!
 //! A job is open to whichever workers arrive while it runs: the caller never waits for a worker
