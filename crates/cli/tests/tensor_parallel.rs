@@ -90,6 +90,36 @@ fn logits_single(model: &str, tokens: &str, out: &Path) -> Vec<f32> {
     read_npy_f32(out).1
 }
 
+/// `logits` of `tokens` on a group of `n` (coordinator flags `extra`) written to `out`; the
+/// largest difference from `single`.
+fn group_logits_diff(
+    model: &str,
+    tokens: &str,
+    single: &[f32],
+    n: usize,
+    extra: &[&str],
+    out: &Path,
+) -> f32 {
+    let mut args = vec![
+        "logits",
+        "-m",
+        model,
+        "--tokens",
+        tokens,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (ok, _, err, _) = with_group(&args, model, n, &[]);
+    assert!(ok, "{model} on {n} ranks {extra:?}: logits failed:\n{err}");
+    read_npy_f32(out)
+        .1
+        .iter()
+        .zip(single)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max)
+}
+
 fn tokens_of(fixture: &str) -> String {
     let text = std::fs::read_to_string(common::fixture(fixture, "prompt_tokens.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -127,27 +157,7 @@ fn two_and_three_ranks_match_single_node_on_every_fixture() {
         ]);
         for n in [2, 3] {
             let out = dir.path().join(format!("{fx}-{n}.npy"));
-            let (ok, _, err, _) = with_group(
-                &[
-                    "logits",
-                    "-m",
-                    m,
-                    "--tokens",
-                    &toks,
-                    "--out",
-                    out.to_str().unwrap(),
-                ],
-                m,
-                n,
-                &[],
-            );
-            assert!(ok, "{fx} {n} ranks logits failed:\n{err}");
-            let tp = read_npy_f32(&out).1;
-            let d = tp
-                .iter()
-                .zip(&single)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let d = group_logits_diff(m, &toks, &single, n, &[], &out);
             eprintln!("{fx}: {n} ranks, max |Δlogit| vs single node = {d:e}");
             assert!(d <= 1e-5, "{fx} {n} ranks: logits differ by {d}");
             let (ok, out, err, _) = with_group(
@@ -234,30 +244,8 @@ fn balanced_expert_placement_matches_single_node() {
         let single = logits_single(m, &toks, &dir.path().join(format!("{fx}.npy")));
         for (n, weights) in [(2, "1,1"), (3, "2,1,1")] {
             let out = dir.path().join(format!("{fx}-balanced-{n}.npy"));
-            let (ok, _, err, _) = with_group(
-                &[
-                    "logits",
-                    "-m",
-                    m,
-                    "--tokens",
-                    &toks,
-                    "--out",
-                    out.to_str().unwrap(),
-                    "--tp-balance-experts",
-                    "--expert-weights",
-                    weights,
-                ],
-                m,
-                n,
-                &[],
-            );
-            assert!(ok, "{fx} {n} balanced ranks failed:\n{err}");
-            let tp = read_npy_f32(&out).1;
-            let d = tp
-                .iter()
-                .zip(&single)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let extra = ["--tp-balance-experts", "--expert-weights", weights];
+            let d = group_logits_diff(m, &toks, &single, n, &extra, &out);
             eprintln!("{fx}: {n} balanced ranks, max |Δlogit| vs single node = {d:e}");
             assert_eq!(d, 0.0, "{fx} {n} balanced ranks: logits differ by {d}");
         }
