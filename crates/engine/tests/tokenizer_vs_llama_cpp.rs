@@ -1,14 +1,16 @@
 //! Randomized cross-check of the tokenizer against llama.cpp's own `llama-tokenize` on the
 //! vocabulary goldens' GGUF files, with and without special-token parsing.
 //!
-//! Needs a llama.cpp build (`tools/llama_cpp/build.sh` puts one in `<cache>/llama.cpp-build`), so
-//! it is ignored by default:
+//! llama.cpp's answers for the deterministic random texts are stored in
+//! `tests/data/tokenizer_fuzz_llama_cpp.json`, so CI checks them without a llama.cpp build. With
+//! a build (`tools/llama_cpp/build.sh` puts one in `<cache>/llama.cpp-build`) the test asks
+//! llama.cpp directly, and `UPDATE_GOLDENS=1` rewrites the file:
 //!
 //! ```text
-//! LLAMA_TOKENIZE=.cache/llama.cpp-build/bin/llama-tokenize \
-//!     cargo test -p engine --test tokenizer_vs_llama_cpp -- --ignored
+//! LLAMA_TOKENIZE=$PWD/.cache/llama.cpp-build/bin/llama-tokenize UPDATE_GOLDENS=1 \
+//!     cargo test -p engine --test tokenizer_vs_llama_cpp
 //! ```
-//! (`FUZZ_CASES` sets the number of texts per vocabulary, 20 by default.)
+//! (`FUZZ_CASES` sets the number of texts per vocabulary when regenerating, 20 by default.)
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -203,60 +205,117 @@ fn llama_cpp_ids(binary: &Path, vocab: &Path, text: &str, parse_special: bool) -
         .collect()
 }
 
-#[test]
-#[ignore = "needs llama.cpp's llama-tokenize (set LLAMA_TOKENIZE)"]
-fn random_texts_match_llama_cpp() {
-    let binary = PathBuf::from(
-        std::env::var_os("LLAMA_TOKENIZE").expect("set LLAMA_TOKENIZE to llama-tokenize's path"),
-    );
+const VOCABS: &[&str] = &[
+    "qwen2",
+    "qwen35",
+    "llama-bpe",
+    "gpt-2",
+    "llama-spm",
+    "deepseek-llm",
+    "deepseek-coder",
+    "falcon",
+    "starcoder",
+    "command-r",
+    "phi-3",
+    "gemma-4",
+    "mpt",
+    "refact",
+];
+
+fn goldens_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tokenizer_fuzz_llama_cpp.json")
+}
+
+/// `(vocab, text, parse_special, llama.cpp's ids)` for every case: from `llama-tokenize` when
+/// `LLAMA_TOKENIZE` is set (rewriting the goldens with `UPDATE_GOLDENS=1`), else the goldens.
+fn expected_cases() -> Vec<(String, String, bool, Vec<TokenId>)> {
+    let Some(binary) = std::env::var_os("LLAMA_TOKENIZE").map(PathBuf::from) else {
+        let text = std::fs::read_to_string(goldens_path()).expect("read the goldens");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("goldens are JSON");
+        return v
+            .as_array()
+            .expect("a list of cases")
+            .iter()
+            .map(|c| {
+                (
+                    c["vocab"].as_str().expect("vocab").to_string(),
+                    c["text"].as_str().expect("text").to_string(),
+                    c["parse_special"].as_bool().expect("parse_special"),
+                    c["ids"]
+                        .as_array()
+                        .expect("ids")
+                        .iter()
+                        .map(|i| i.as_u64().expect("id") as TokenId)
+                        .collect(),
+                )
+            })
+            .collect();
+    };
     let cases: usize = std::env::var("FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let vocabs = [
-        "qwen2",
-        "qwen35",
-        "llama-bpe",
-        "gpt-2",
-        "llama-spm",
-        "deepseek-llm",
-        "deepseek-coder",
-        "falcon",
-        "starcoder",
-        "command-r",
-        "phi-3",
-        "gemma-4",
-        "mpt",
-        "refact",
-    ];
-    let mut mismatches = Vec::new();
-    let mut compared = 0;
-    for name in vocabs {
-        let path = cache_dir()
-            .join("llama-cpp-python/models")
-            .join(format!("ggml-vocab-{name}.gguf"));
-        let model = gguf::GgufModel::open(&path).expect("open vocab");
-        let tokenizer = Tokenizer::from_metadata(model.metadata()).expect("tokenizer");
+    let mut out = Vec::new();
+    for name in VOCABS {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ name.len() as u64);
         for _ in 0..cases {
             let text = random_text(&mut rng);
             for parse_special in [false, true] {
-                let expected = llama_cpp_ids(&binary, &path, &text, parse_special);
-                let got = tokenizer.encode(&text, false, parse_special);
-                compared += 1;
-                if got != expected {
-                    mismatches.push(format!(
-                        "{name} parse_special={parse_special} {text:?}\n  llama.cpp {expected:?}\n  ours      {got:?}"
-                    ));
-                }
+                let ids = llama_cpp_ids(&binary, &vocab_path(name), &text, parse_special);
+                out.push((name.to_string(), text.clone(), parse_special, ids));
             }
+        }
+    }
+    if std::env::var_os("UPDATE_GOLDENS").is_some() {
+        let json: Vec<serde_json::Value> = out
+            .iter()
+            .map(|(vocab, text, parse_special, ids)| {
+                serde_json::json!({"vocab": vocab, "text": text, "parse_special": parse_special, "ids": ids})
+            })
+            .collect();
+        std::fs::write(
+            goldens_path(),
+            serde_json::to_string_pretty(&json).expect("serialize") + "\n",
+        )
+        .expect("write the goldens");
+    }
+    out
+}
+
+fn vocab_path(name: &str) -> PathBuf {
+    cache_dir()
+        .join("llama-cpp-python/models")
+        .join(format!("ggml-vocab-{name}.gguf"))
+}
+
+#[test]
+fn random_texts_match_llama_cpp() {
+    let cases = expected_cases();
+    assert!(
+        cases.len() >= 2 * VOCABS.len(),
+        "only {} cases",
+        cases.len()
+    );
+    let mut tokenizers = std::collections::HashMap::new();
+    let mut mismatches = Vec::new();
+    for (name, text, parse_special, expected) in &cases {
+        let tokenizer = tokenizers.entry(name.clone()).or_insert_with(|| {
+            let model = gguf::GgufModel::open(vocab_path(name)).expect("open vocab");
+            Tokenizer::from_metadata(model.metadata()).expect("tokenizer")
+        });
+        let got = tokenizer.encode(text, false, *parse_special);
+        if &got != expected {
+            mismatches.push(format!(
+                "{name} parse_special={parse_special} {text:?}\n  llama.cpp {expected:?}\n  ours      {got:?}"
+            ));
         }
     }
     assert!(
         mismatches.is_empty(),
-        "{} of {compared} differ:\n{}",
+        "{} of {} differ:\n{}",
         mismatches.len(),
+        cases.len(),
         mismatches.join("\n")
     );
-    eprintln!("{compared} tokenizations match llama.cpp");
+    eprintln!("{} tokenizations match llama.cpp", cases.len());
 }
