@@ -4,9 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use engine::EvalRequest;
 use engine::tokenizer::Tokenizer;
-use model::LogitsWanted;
 
 use crate::common::{self, ModelArgs};
 use crate::npy;
@@ -36,23 +34,7 @@ pub fn run(args: &LogitsArgs) -> anyhow::Result<()> {
         (None, None) => bail!("give --prompt or --tokens"),
     };
     anyhow::ensure!(!tokens.is_empty(), "no tokens to evaluate");
-    let session = engine.new_session();
-    let req = EvalRequest {
-        session: session.id,
-        tokens: &tokens,
-        logits: LogitsWanted::All,
-    };
-    let out = engine
-        .executor_mut()
-        .eval(std::slice::from_ref(&req))?
-        .pop()
-        .context("no result")?;
-    anyhow::ensure!(
-        out.n_rows == tokens.len(),
-        "expected {} rows of logits, got {}",
-        tokens.len(),
-        out.n_rows
-    );
+    let out = engine.all_logits(&tokens)?;
     npy::write_f32(&args.out, &[out.n_rows, out.n_vocab], &out.logits)?;
     let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
     let ids_path = args.out.with_extension("tokens.npy");

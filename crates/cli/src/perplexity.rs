@@ -6,9 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use engine::EvalRequest;
 use engine::tokenizer::Tokenizer;
-use model::LogitsWanted;
 
 use crate::common::{self, ModelArgs};
 
@@ -63,18 +61,7 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
         if add_bos {
             window[0] = tokenizer.bos().expect("checked above");
         }
-        let session = engine.new_session();
-        let req = EvalRequest {
-            session: session.id,
-            tokens: &window,
-            logits: LogitsWanted::All,
-        };
-        let out = engine
-            .executor_mut()
-            .eval(std::slice::from_ref(&req))?
-            .pop()
-            .context("no result")?;
-        engine.close(session);
+        let out = engine.all_logits(&window)?;
         for i in first..n_ctx - 1 {
             total += nll(out.row(i), window[i + 1]);
             count += 1;

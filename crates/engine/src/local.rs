@@ -235,12 +235,7 @@ impl Executor for LocalExecutor {
     }
 
     fn restore(&mut self, session: SessionId, s: &Snapshot) -> Result<()> {
-        if s.fingerprint != self.info.fingerprint {
-            return Err(EngineError::Snapshot(format!(
-                "snapshot is of model {}, this is {}",
-                s.fingerprint, self.info.fingerprint
-            )));
-        }
+        s.check_model(&self.info.fingerprint)?;
         let mut kv = self.new_cache();
         let l = kv.layout().clone();
         if (s.kv_type, s.n_kv_head, s.head_dim_k, s.head_dim_v)

@@ -4,7 +4,7 @@
 use model::LogitsWanted;
 
 use crate::error::{EngineError, Result};
-use crate::executor::{EvalRequest, Executor, ModelInfo, SessionId};
+use crate::executor::{EvalRequest, EvalResult, Executor, ModelInfo, SessionId};
 use crate::snapshot::Snapshot;
 
 /// Prompts are evaluated in chunks of this many tokens so one long prompt does not need
@@ -61,6 +61,30 @@ impl Engine {
 
     pub fn close(&mut self, s: Session) {
         self.exec.destroy(s.id);
+    }
+
+    /// Logits at every position of `tokens` evaluated in one pass on a fresh session, which is
+    /// closed afterwards (`logits`, `perplexity`).
+    pub fn all_logits(&mut self, tokens: &[u32]) -> Result<EvalResult> {
+        let session = self.new_session();
+        let req = EvalRequest {
+            session: session.id,
+            tokens,
+            logits: LogitsWanted::All,
+        };
+        let out = self.exec.eval(std::slice::from_ref(&req));
+        self.close(session);
+        let out = out?
+            .pop()
+            .ok_or_else(|| EngineError::Executor("no result for the request".into()))?;
+        if out.n_rows != tokens.len() {
+            return Err(EngineError::Executor(format!(
+                "expected {} rows of logits, got {}",
+                tokens.len(),
+                out.n_rows
+            )));
+        }
+        Ok(out)
     }
 
     /// Appends `tokens` to the session (chunked) and keeps the logits after the last one.

@@ -48,6 +48,18 @@ fn r_bytes(r: &mut impl Read, limit: u64) -> Result<Vec<u8>> {
 }
 
 impl Snapshot {
+    /// Refuses a snapshot of another model.
+    pub fn check_model(&self, fingerprint: &str) -> Result<(), EngineError> {
+        if self.fingerprint == fingerprint {
+            Ok(())
+        } else {
+            Err(EngineError::Snapshot(format!(
+                "snapshot is of model {}, this is {fingerprint}",
+                self.fingerprint
+            )))
+        }
+    }
+
     pub fn write_to(&self, w: &mut impl Write) -> std::io::Result<()> {
         w.write_all(MAGIC)?;
         let fp = self.fingerprint.as_bytes();

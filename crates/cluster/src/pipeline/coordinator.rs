@@ -3,7 +3,7 @@
 //! request in progress finishes with the same tokens.
 
 use std::collections::VecDeque;
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
@@ -230,14 +230,7 @@ impl PipelineExecutor {
             }
         }
         let first = &chain[0];
-        let addr = first
-            .listen
-            .to_socket_addrs()
-            .map_err(|e| format!("{}: {e}", first.listen))?
-            .next()
-            .ok_or_else(|| format!("{} resolves to no address", first.listen))?;
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-            .map_err(|e| format!("connecting {addr}: {e}"))?;
+        let stream = wire::dial(&first.listen).map_err(|e| e.to_string())?;
         let hello = Hello {
             protocol: wire::PROTOCOL_VERSION,
             build: build_id(),
@@ -249,7 +242,7 @@ impl PipelineExecutor {
             keyless: false,
         };
         let (data, mut reader, _) = wire::connect(stream, &self.cfg.auth, hello)
-            .map_err(|e| format!("data link to {addr}: {e}"))?;
+            .map_err(|e| format!("data link to {}: {e}", first.listen))?;
         let broken = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
         let b2 = Arc::clone(&broken);
@@ -645,12 +638,7 @@ impl Executor for PipelineExecutor {
     }
 
     fn restore(&mut self, session: SessionId, s: &Snapshot) -> Result<()> {
-        if s.fingerprint != self.info.fingerprint {
-            return Err(EngineError::Snapshot(format!(
-                "snapshot is of model {}, this is {}",
-                s.fingerprint, self.info.fingerprint
-            )));
-        }
+        s.check_model(&self.info.fingerprint)?;
         if s.layers.len() != self.info.n_layer || s.kv_type != self.local.kv_type() {
             return Err(EngineError::Snapshot(
                 "snapshot KV layout (layers or KV type) differs from this cluster's".into(),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::protocol::ControlReply;
 use crate::stage::range_label;
-use crate::wire::{self, AuthMode, Connection, Hello, Kind, Role, Welcome, WireError};
+use crate::wire::{self, AuthMode, Connection, Hello, Kind, Role, Welcome};
 
 /// A registered worker.
 pub struct Worker {
@@ -173,19 +173,8 @@ impl Registry {
         });
         let (conn, mut reader, hello) = match accepted {
             Ok(x) => x,
-            Err(
-                e @ (WireError::NotOurProtocol { .. }
-                | WireError::Truncated { .. }
-                | WireError::Closed
-                | WireError::Io(_)),
-            ) => {
-                tracing::warn!(
-                    "dropped a connection from {peer} that does not speak the protocol: {e}"
-                );
-                return;
-            }
             Err(e) => {
-                tracing::warn!("refused {peer}: {e}");
+                wire::log_rejected(peer, &e);
                 return;
             }
         };

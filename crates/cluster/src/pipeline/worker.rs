@@ -4,7 +4,7 @@
 //! coming back from downstream to upstream, adding its own timing to results.
 
 use std::collections::HashMap;
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{TcpListener, ToSocketAddrs};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -183,12 +183,7 @@ fn control_session(
     shared: &Arc<Shared>,
     jobs: &Sender<Job>,
 ) -> anyhow::Result<ControlEnd> {
-    let addr = cfg
-        .coordinator
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("{} resolves to no address", cfg.coordinator))?;
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    let stream = wire::dial(&cfg.coordinator)?;
     let local_ip = stream.local_addr()?.ip();
     hello.listen = Some(match &cfg.advertise {
         Some(a) => a.clone(),
@@ -251,11 +246,7 @@ fn connect_downstream(
         old.shutdown();
     }
     let Some(next) = next else { return Ok(()) };
-    let addr = next
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("{next} resolves to no address"))?;
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    let stream = wire::dial(next)?;
     let hello = Hello {
         protocol: wire::PROTOCOL_VERSION,
         build: build_id(),

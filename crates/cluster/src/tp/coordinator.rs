@@ -129,19 +129,8 @@ impl Registry {
         });
         let (conn, mut reader, hello) = match accepted {
             Ok(x) => x,
-            Err(
-                e @ (WireError::NotOurProtocol { .. }
-                | WireError::Truncated { .. }
-                | WireError::Closed
-                | WireError::Io(_)),
-            ) => {
-                tracing::warn!(
-                    "dropped a connection from {peer} that does not speak the protocol: {e}"
-                );
-                return;
-            }
             Err(e) => {
-                tracing::warn!("refused {peer}: {e}");
+                wire::log_rejected(peer, &e);
                 return;
             }
         };
@@ -828,12 +817,7 @@ impl Executor for TpExecutor {
     }
 
     fn restore(&mut self, session: SessionId, s: &Snapshot) -> Result<()> {
-        if s.fingerprint != self.info.fingerprint {
-            return Err(EngineError::Snapshot(format!(
-                "snapshot is of model {}, this is {}",
-                s.fingerprint, self.info.fingerprint
-            )));
-        }
+        s.check_model(&self.info.fingerprint)?;
         let hp = self.model.hp.clone();
         if s.layers.len() != self.info.n_layer
             || s.kv_type != self.kv_type

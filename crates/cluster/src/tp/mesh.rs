@@ -4,7 +4,7 @@
 //! after one network hop. Partials travel as f64: the forward path keeps reductions in f64 so
 //! that the split does not change the result.
 
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::TcpListener;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -80,13 +80,7 @@ impl Mesh {
         let n = peers.len();
         let mut out: Vec<Peer> = Vec::with_capacity(n.saturating_sub(1));
         for (r, addr) in peers.iter().enumerate().take(rank) {
-            let sock = addr
-                .to_socket_addrs()
-                .map_err(|e| format!("rank {r} at {addr}: {e}"))?
-                .next()
-                .ok_or_else(|| format!("rank {r}: {addr} resolves to no address"))?;
-            let stream = TcpStream::connect_timeout(&sock, Duration::from_secs(5))
-                .map_err(|e| format!("connecting rank {r} at {addr}: {e}"))?;
+            let stream = wire::dial(addr).map_err(|e| format!("rank {r}: {e}"))?;
             let (conn, reader, _) = wire::connect(stream, auth, hello(rank, epoch))
                 .map_err(|e| format!("rank {r} at {addr}: {e}"))?;
             out.push(Peer {

@@ -2,7 +2,7 @@
 //! model with its share (heads, FFN columns, vocabulary slice, owned experts), joins the data
 //! mesh, and executes the coordinator's commands in order.
 
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -91,12 +91,7 @@ fn serve_once(
     bound: std::net::SocketAddr,
     fingerprint: &str,
 ) -> anyhow::Result<End> {
-    let addr = cfg
-        .coordinator
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("{} resolves to no address", cfg.coordinator))?;
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    let stream = wire::dial(&cfg.coordinator)?;
     let local_ip = stream.local_addr()?.ip();
     let listen = match &cfg.advertise {
         Some(a) => a.clone(),

@@ -124,3 +124,22 @@ impl ConnectionReader {
         Ok(self.reader.get_ref().set_read_timeout(t)?)
     }
 }
+
+/// How long dialing a peer may take before it counts as unreachable.
+pub const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Resolves `addr` (`host:port`) and connects within [`DIAL_TIMEOUT`]; errors name the address.
+pub fn dial(addr: &str) -> std::io::Result<TcpStream> {
+    let context = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{addr}: {e}"));
+    let sock = std::net::ToSocketAddrs::to_socket_addrs(addr)
+        .map_err(context)?
+        .next()
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{addr} resolves to no address"),
+            )
+        })?;
+    TcpStream::connect_timeout(&sock, DIAL_TIMEOUT)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("connecting {addr}: {e}")))
+}

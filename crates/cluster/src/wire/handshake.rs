@@ -94,6 +94,21 @@ fn rejected(e: WireError, peer: &str) -> WireError {
     }
 }
 
+/// Logs why an inbound connection from `peer` did not become a link: something that does not
+/// speak the protocol (curl, nc, random bytes, a port scan) is dropped; a peer that does but was
+/// refused (key, version, model, range) is named as refused.
+pub fn log_rejected(peer: impl std::fmt::Display, e: &WireError) {
+    match e {
+        WireError::NotOurProtocol { .. }
+        | WireError::Truncated { .. }
+        | WireError::Closed
+        | WireError::Io(_) => {
+            tracing::warn!("dropped a connection from {peer} that does not speak the protocol: {e}")
+        }
+        _ => tracing::warn!("refused {peer}: {e}"),
+    }
+}
+
 /// Server side: authenticates the peer, then asks `check` whether its hello is acceptable
 /// (model, version, range, ctx). A refusal is sent to the peer and returned as `Rejected`.
 pub fn accept(

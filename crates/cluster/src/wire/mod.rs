@@ -9,9 +9,9 @@ pub mod handshake;
 pub mod messages;
 
 pub use auth::{AuthMode, ClusterKey};
-pub use conn::{Connection, ConnectionReader};
+pub use conn::{Connection, ConnectionReader, dial};
 pub use frame::{Frame, Kind, PROTOCOL_VERSION};
-pub use handshake::{accept, connect};
+pub use handshake::{accept, connect, log_rejected};
 pub use messages::{Hello, Role, Welcome};
 
 #[derive(Debug, thiserror::Error)]
