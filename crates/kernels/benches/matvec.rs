@@ -1,6 +1,7 @@
 //! Matrix × vector (decode) and matrix × 32 tokens (a prefill expert batch) per format, one
 //! thread, L2-resident weights, through `Kernels::matmul` at the best ISA (activation
-//! quantization included). Throughput is weight bytes per second:
+//! quantization included); and the dot-product kernels alone per format and ISA (scalar
+//! included). Throughput is weight bytes per second:
 //!   cargo bench -p kernels --bench matvec [-- FILTER]
 
 #[path = "../tests/common.rs"]
@@ -11,7 +12,7 @@ use std::time::Duration;
 use common::{COMPUTE_TYPES, Rng, random_row};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use gguf::GgmlType;
-use kernels::{Input, Kernels, ThreadPool, Weights};
+use kernels::{Input, Isa, Kernels, ThreadPool, Weights, format, simd_dot};
 
 const ROWS: usize = 512;
 const COLS: usize = 2048;
@@ -56,5 +57,37 @@ fn gemm32(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, matvec, gemm32);
+/// Every row of the matrix against one activation row with the bare dot kernel of each ISA.
+fn dot_per_isa(c: &mut Criterion) {
+    let mut group = c.benchmark_group("dot");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
+    let mut rng = Rng::new(7);
+    for t in COMPUTE_TYPES {
+        let f = format(t).unwrap();
+        let w = random_row(&mut rng, t, ROWS * COLS);
+        let row_bytes = w.len() / ROWS;
+        let x = rng.normals(COLS);
+        let mut a = vec![0u8; f.act.row_bytes(COLS)];
+        f.act.quantize_row(&x, &mut a);
+        group.throughput(Throughput::Bytes(w.len() as u64));
+        for isa in Isa::supported() {
+            let Some(dot) = simd_dot(isa, t) else {
+                continue;
+            };
+            group.bench_function(BenchmarkId::new(t.to_string(), isa.name()), |b| {
+                b.iter(|| {
+                    w.chunks_exact(row_bytes)
+                        .map(|r| dot(COLS, r, &a))
+                        .sum::<f32>()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, matvec, gemm32, dot_per_isa);
 criterion_main!(benches);
