@@ -2,8 +2,20 @@
 //! what its memory cgroup (v1 or v2) allows beyond the memory it charges that is not page cache.
 //! Page cache counts as free here because the kernel reclaims it; the caller subtracts what must
 //! stay resident (the mapped non-expert weights, the KV cache).
+//! Also the size of the expert cache a user asks for ([`CacheSize`], [`parse_size`]).
 
 use std::path::PathBuf;
+
+/// How big the expert cache is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CacheSize {
+    /// What fits in available memory after the resident weights, `reserve_bytes` and a margin.
+    #[default]
+    Auto,
+    Bytes(u64),
+    /// A number of expert slots.
+    Count(usize),
+}
 
 fn read(path: impl AsRef<std::path::Path>) -> Option<String> {
     std::fs::read_to_string(path).ok()
@@ -83,10 +95,10 @@ pub fn available_memory() -> Option<u64> {
 
 /// Parses a cache size: a count of experts (`300`) or bytes with a unit (`6GiB`, `512MiB`,
 /// `1.5GB`, `800M`; K/M/G/T, decimal with `B`, binary with `iB` or a bare letter).
-pub fn parse_size(s: &str) -> Result<crate::CacheSize, String> {
+pub fn parse_size(s: &str) -> Result<CacheSize, String> {
     let t = s.trim();
     if let Ok(n) = t.parse::<usize>() {
-        return Ok(crate::CacheSize::Count(n));
+        return Ok(CacheSize::Count(n));
     }
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -107,13 +119,12 @@ pub fn parse_size(s: &str) -> Result<crate::CacheSize, String> {
         "B" | "b" => 1000.0,
         _ => return Err(format!("bad size unit in {s:?}")),
     };
-    Ok(crate::CacheSize::Bytes((x * base.powi(power)) as u64))
+    Ok(CacheSize::Bytes((x * base.powi(power)) as u64))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::CacheSize;
 
     #[test]
     fn sizes_parse() {

@@ -1,8 +1,10 @@
-//! The shared state behind a [`crate::StreamedExperts`] and the three things that use it: a
-//! caller's request for a layer's experts (pin, hand over the cached ones, read the rest,
-//! hand them over as they arrive), prefetch hints, and the reader threads. One mutex guards
-//! the bookkeeping ([`crate::policy::Policy`], the read queues, the counters); no user code and
-//! no I/O run under it.
+//! The bounded expert cache behind the streaming source: whole experts in the slots of a
+//! [`Slab`], and the three things that use them: a caller's request for a layer's experts (pin,
+//! hand over the cached ones, read the rest, hand them over as they arrive), prefetch hints, and
+//! the reader threads that fill slots from the model's files. One mutex guards the bookkeeping
+//! ([`crate::policy::Policy`], the read queues, the counters); no user code and no I/O run
+//! under it. Its owner sizes it and says what it streams ([`CacheConfig`]); everything else
+//! goes through [`Cache`]'s methods.
 
 use std::collections::{HashSet, VecDeque};
 use std::ops::RangeInclusive;
@@ -12,16 +14,17 @@ use std::time::{Duration, Instant};
 
 use kernels::Weights;
 use model::experts::ExpertSink;
-use model::weights::Ffn;
 use model::{ExpertMatrices, Model, ModelError};
 
 use crate::error::{Result, StreamError};
 use crate::io::ModelFiles;
-use crate::layout::{self, ExpertPlan};
+use crate::layout::{self, ExpertPlan, n_expert_of};
 use crate::policy::{Key, Policy, SlotState, Want};
 use crate::profile::Profile;
 use crate::slab::Slab;
-use crate::source::OwnedFn;
+
+/// Which experts this process computes (`(layer, expert) -> bool`), for a node of a cluster.
+pub type OwnedFn = Arc<dyn Fn(usize, usize) -> bool + Send + Sync>;
 
 /// A read that takes longer than this is reported as an error rather than waited on forever.
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
@@ -34,76 +37,90 @@ const MIN_PREFETCH_ACCURACY: f64 = 0.5;
 /// Weight of the newest observation in the running prediction accuracy.
 const ACCURACY_EWMA: f64 = 0.1;
 
-pub(crate) struct Job {
-    pub(crate) key: Key,
-    pub(crate) slot: usize,
+/// What a [`Cache`] is built from, worked out by its owner.
+pub(crate) struct CacheConfig {
+    pub(crate) model: Arc<Model>,
+    /// The model's fingerprint, which names the routing profile the cache counts into.
+    pub(crate) fingerprint: String,
+    pub(crate) files: ModelFiles,
+    /// One slot per cache entry and per expert of a resident layer.
+    pub(crate) slab: Slab,
+    /// The bookkeeping of the slab's slots (seeded with any known hotness).
+    pub(crate) policy: Policy,
+    /// The layers streamed, and those of them that route through experts.
+    pub(crate) layers: RangeInclusive<usize>,
+    pub(crate) moe_layers: Vec<usize>,
+    /// MoE layers whose experts are loaded once as permanent entries ([`Cache::load`]).
+    pub(crate) resident: HashSet<usize>,
+    pub(crate) owned: Option<OwnedFn>,
+    /// The most experts of any MoE layer.
+    pub(crate) n_expert: usize,
+    /// Slots that come and go (not counting resident layers).
+    pub(crate) cache_slots: usize,
+}
+
+struct Job {
+    key: Key,
+    slot: usize,
 }
 
 #[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) requests: u64,
-    pub(crate) hits: u64,
-    pub(crate) resident_hits: u64,
-    pub(crate) inflight_hits: u64,
-    pub(crate) misses: u64,
-    pub(crate) prefetch_reads: u64,
-    pub(crate) prefetch_used: u64,
-    pub(crate) prefetch_skipped: u64,
-    pub(crate) reads: u64,
-    pub(crate) read_bytes: u64,
-    pub(crate) read_errors: u64,
-    pub(crate) in_flight: usize,
-    pub(crate) busy_since: Option<Instant>,
-    pub(crate) busy: Duration,
-    pub(crate) wait: Duration,
+struct Counters {
+    requests: u64,
+    hits: u64,
+    resident_hits: u64,
+    inflight_hits: u64,
+    misses: u64,
+    prefetch_reads: u64,
+    prefetch_used: u64,
+    prefetch_skipped: u64,
+    reads: u64,
+    read_bytes: u64,
+    read_errors: u64,
+    in_flight: usize,
+    busy_since: Option<Instant>,
+    busy: Duration,
+    wait: Duration,
     /// Resident layers and preload, at start (not in the counters above).
-    pub(crate) start_bytes: u64,
-    pub(crate) start_time: Duration,
+    start_bytes: u64,
+    start_time: Duration,
 }
 
-pub(crate) struct State {
-    pub(crate) policy: Policy,
-    pub(crate) demand: VecDeque<Job>,
-    pub(crate) prefetch: VecDeque<Job>,
+struct State {
+    policy: Policy,
+    demand: VecDeque<Job>,
+    prefetch: VecDeque<Job>,
     /// Why the read of each failed slot failed (kept until its waiters have seen it).
-    pub(crate) failure: Vec<Option<String>>,
-    pub(crate) counts: Profile,
-    pub(crate) c: Counters,
+    failure: Vec<Option<String>>,
+    counts: Profile,
+    c: Counters,
     /// Per layer: the uncached experts the last prediction for it named (read or not).
-    pub(crate) predicted: Vec<Option<(usize, Vec<usize>)>>,
+    predicted: Vec<Option<(usize, Vec<usize>)>>,
     /// Running share of predicted uncached experts that were then asked for: for predictions
     /// of a few experts (one token) and of many (a prefill chunk).
-    pub(crate) accuracy: [f64; 2],
-    pub(crate) calls: u64,
-    pub(crate) shutdown: bool,
+    accuracy: [f64; 2],
+    calls: u64,
+    shutdown: bool,
 }
 
-pub(crate) struct Shared {
-    pub(crate) model: Arc<Model>,
-    pub(crate) files: ModelFiles,
-    pub(crate) slab: Slab,
-    pub(crate) state: Mutex<State>,
+pub(crate) struct Cache {
+    model: Arc<Model>,
+    files: ModelFiles,
+    slab: Slab,
+    state: Mutex<State>,
     /// Readers wait here for jobs.
-    pub(crate) work: Condvar,
+    work: Condvar,
     /// Callers wait here for finished reads and released pins.
-    pub(crate) done: Condvar,
-    pub(crate) layers: RangeInclusive<usize>,
-    pub(crate) moe_layers: Vec<usize>,
-    pub(crate) resident: HashSet<usize>,
-    pub(crate) owned: Option<OwnedFn>,
-    pub(crate) n_expert: usize,
-    pub(crate) cache_slots: usize,
-    pub(crate) lookahead: bool,
+    done: Condvar,
+    layers: RangeInclusive<usize>,
+    moe_layers: Vec<usize>,
+    resident: HashSet<usize>,
+    owned: Option<OwnedFn>,
+    n_expert: usize,
+    cache_slots: usize,
     /// Set once the forward path sends prefetch hints itself (then the prefill heuristic
     /// stands down).
-    pub(crate) hinted: AtomicBool,
-}
-
-pub(crate) fn n_expert_of(model: &Model, layer: usize) -> Option<usize> {
-    match &model.layer(layer).ffn {
-        Ffn::Moe { experts, .. } => Some(experts.gate.n_expert),
-        Ffn::Dense { .. } => None,
-    }
+    hinted: AtomicBool,
 }
 
 fn to_model(e: StreamError) -> ModelError {
@@ -113,15 +130,182 @@ fn to_model(e: StreamError) -> ModelError {
     }
 }
 
-impl Shared {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+impl Cache {
+    /// An empty cache; nothing is read until [`Cache::reader`] runs on some threads.
+    pub(crate) fn new(cfg: CacheConfig) -> Cache {
+        let n_layer = cfg.model.n_layer();
+        let n_slots = cfg.policy.n_slots();
+        Cache {
+            state: Mutex::new(State {
+                policy: cfg.policy,
+                demand: VecDeque::new(),
+                prefetch: VecDeque::new(),
+                failure: vec![None; n_slots],
+                counts: Profile::new(&cfg.fingerprint, n_layer, cfg.n_expert),
+                c: Counters::default(),
+                predicted: vec![None; n_layer],
+                accuracy: [1.0; 2],
+                calls: 0,
+                shutdown: false,
+            }),
+            model: cfg.model,
+            files: cfg.files,
+            slab: cfg.slab,
+            work: Condvar::new(),
+            done: Condvar::new(),
+            layers: cfg.layers,
+            moe_layers: cfg.moe_layers,
+            resident: cfg.resident,
+            owned: cfg.owned,
+            n_expert: cfg.n_expert,
+            cache_slots: cfg.cache_slots,
+            hinted: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
         // A panic elsewhere never leaves the bookkeeping half-updated (no user code runs under
         // the lock), so a poisoned lock is still consistent.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether this process computes `expert` of `layer`.
     pub(crate) fn owns(&self, layer: usize, expert: usize) -> bool {
         self.owned.as_ref().is_none_or(|f| f(layer, expert))
+    }
+
+    /// Slots that come and go (not counting resident layers).
+    pub(crate) fn cache_slots(&self) -> usize {
+        self.cache_slots
+    }
+
+    pub(crate) fn slot_bytes(&self) -> usize {
+        self.slab.slot_bytes()
+    }
+
+    /// Whether reads bypass the page cache.
+    pub(crate) fn direct_io(&self) -> bool {
+        self.files.direct()
+    }
+
+    /// Whether any layer's experts have been asked for.
+    pub(crate) fn used(&self) -> bool {
+        self.lock().calls > 0
+    }
+
+    /// Cached (layer, expert) pairs, any state, in slot order.
+    pub(crate) fn cached(&self) -> Vec<(usize, usize)> {
+        let st = self.lock();
+        st.policy
+            .keys()
+            .into_iter()
+            .map(|k| (k.layer as usize, k.expert as usize))
+            .collect()
+    }
+
+    /// The routing counts of the calls so far, with their number of steps.
+    pub(crate) fn routing(&self) -> Profile {
+        let st = self.lock();
+        let mut p = st.counts.clone();
+        p.steps = if st.calls > 0 {
+            st.policy.step() + 1
+        } else {
+            0
+        };
+        p
+    }
+
+    /// Statistics as `(name, value)` pairs: hits, misses, bytes and time spent reading.
+    pub(crate) fn stats(&self) -> Vec<(String, f64)> {
+        let st = self.lock();
+        let c = &st.c;
+        let steps = if st.calls > 0 {
+            st.policy.step() + 1
+        } else {
+            0
+        };
+        let busy = c.busy + c.busy_since.map_or(Duration::ZERO, |t| t.elapsed());
+        let per_step = |x: f64| if steps > 0 { x / steps as f64 } else { 0.0 };
+        let streamed = c.hits + c.inflight_hits + c.misses;
+        let mib = (1u64 << 20) as f64;
+        let v = [
+            ("expert_cache_slots", self.cache_slots as f64),
+            (
+                "expert_cache_gib",
+                (self.cache_slots * self.slot_bytes()) as f64 / (1u64 << 30) as f64,
+            ),
+            ("expert_cache_used_slots", st.policy.n_used() as f64),
+            ("expert_direct_io", f64::from(u8::from(self.direct_io()))),
+            (
+                "expert_start_read_gib",
+                c.start_bytes as f64 / (1u64 << 30) as f64,
+            ),
+            ("expert_start_s", c.start_time.as_secs_f64()),
+            ("expert_steps", steps as f64),
+            ("expert_requests", c.requests as f64),
+            ("expert_resident_hits", c.resident_hits as f64),
+            ("expert_hits", c.hits as f64),
+            ("expert_inflight_hits", c.inflight_hits as f64),
+            ("expert_misses", c.misses as f64),
+            (
+                "expert_hit_rate",
+                if streamed > 0 {
+                    c.hits as f64 / streamed as f64
+                } else {
+                    0.0
+                },
+            ),
+            ("expert_prefetch_reads", c.prefetch_reads as f64),
+            ("expert_prefetch_used", c.prefetch_used as f64),
+            ("expert_prefetch_skipped", c.prefetch_skipped as f64),
+            ("expert_lookahead_accuracy_decode", st.accuracy[0]),
+            ("expert_lookahead_accuracy_prefill", st.accuracy[1]),
+            ("expert_reads", c.reads as f64),
+            ("expert_read_errors", c.read_errors as f64),
+            ("expert_read_mib", c.read_bytes as f64 / mib),
+            (
+                "expert_read_mib_per_step",
+                per_step(c.read_bytes as f64 / mib),
+            ),
+            ("expert_read_busy_s", busy.as_secs_f64()),
+            (
+                "expert_read_gbps",
+                if busy > Duration::ZERO {
+                    c.read_bytes as f64 / busy.as_secs_f64() / 1e9
+                } else {
+                    0.0
+                },
+            ),
+            ("expert_wait_s", c.wait.as_secs_f64()),
+            (
+                "expert_wait_ms_per_step",
+                per_step(c.wait.as_secs_f64() * 1e3),
+            ),
+        ];
+        v.into_iter().map(|(k, x)| (k.to_string(), x)).collect()
+    }
+
+    /// Books what was read so far as start-up (`took` long) rather than as serving.
+    pub(crate) fn end_start(&self, took: Duration) {
+        let mut st = self.lock();
+        let c = &mut st.c;
+        c.start_bytes = std::mem::take(&mut c.read_bytes);
+        c.start_time = took;
+        c.reads = 0;
+        c.busy = Duration::ZERO;
+    }
+
+    /// Stops the reader threads (once each finishes its current read).
+    pub(crate) fn shut_down(&self) {
+        self.lock().shutdown = true;
+        self.work.notify_all();
+    }
+
+    /// A hint from the forward path that `experts` of `layer` will soon be asked for.
+    pub(crate) fn prefetch(&self, layer: usize, experts: &[usize]) {
+        self.hinted.store(true, Ordering::Relaxed);
+        let mut st = self.lock();
+        self.prefetch_locked(&mut st, layer, experts);
     }
 
     fn streams(&self, layer: usize) -> bool {
@@ -180,7 +364,7 @@ impl Shared {
     }
 
     /// Reads experts of a coming call at low priority and holds them for `layer`.
-    pub(crate) fn prefetch_locked(&self, st: &mut State, layer: usize, experts: &[usize]) {
+    fn prefetch_locked(&self, st: &mut State, layer: usize, experts: &[usize]) {
         if !self.streams(layer) || self.resident.contains(&layer) {
             return;
         }
@@ -288,7 +472,7 @@ impl Shared {
         }
         let n_expert = n_expert_of(&self.model, layer).unwrap_or(0);
         let mut pins = Pins {
-            shared: self,
+            cache: self,
             slots: Vec::new(),
         };
         let mut ready: Vec<(usize, usize)> = Vec::new();
@@ -508,8 +692,8 @@ impl Shared {
 
 /// The pins one call holds; dropped ones are released even when the call fails or its sink
 /// panics.
-pub(crate) struct Pins<'a> {
-    shared: &'a Shared,
+struct Pins<'a> {
+    cache: &'a Cache,
     slots: Vec<usize>,
 }
 
@@ -525,12 +709,12 @@ impl Pins<'_> {
 impl Drop for Pins<'_> {
     fn drop(&mut self) {
         if !self.slots.is_empty() {
-            let mut st = self.shared.lock();
+            let mut st = self.cache.lock();
             for s in self.slots.drain(..) {
                 st.policy.unpin(s);
             }
             drop(st);
-            self.shared.done.notify_all();
+            self.cache.done.notify_all();
         }
     }
 }

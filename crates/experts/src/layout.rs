@@ -57,6 +57,14 @@ fn align_up(x: u64) -> u64 {
     x.div_ceil(ALIGN) * ALIGN
 }
 
+/// How many routed experts `layer` has (`None` for a dense layer).
+pub(crate) fn n_expert_of(model: &Model, layer: usize) -> Option<usize> {
+    match &model.layer(layer).ffn {
+        Ffn::Moe { experts, .. } => Some(experts.gate.n_expert),
+        Ffn::Dense { .. } => None,
+    }
+}
+
 /// The read plan of one expert, or `None` when `layer` has no routed expert `expert`.
 pub fn plan(model: &Model, layer: usize, expert: usize) -> Option<ExpertPlan> {
     if layer >= model.n_layer() {

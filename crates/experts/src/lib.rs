@@ -13,8 +13,9 @@ pub mod profile;
 mod slab;
 mod source;
 
-pub use budget::{available_memory, parse_size};
+pub use budget::{CacheSize, available_memory, parse_size};
+pub use cache::OwnedFn;
 pub use error::StreamError;
 pub use io::{InjectedFault, ReadEvent, ReadHook};
 pub use profile::Profile;
-pub use source::{CacheSize, OwnedFn, StreamedExperts, StreamingOptions};
+pub use source::{StreamedExperts, StreamingOptions};

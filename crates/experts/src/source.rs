@@ -10,39 +10,24 @@
 //! hints (router look-ahead, or the next layer's experts during a prefill chunk) are read at low
 //! priority and held until their layer is asked for. Policy: [`crate::policy`].
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use model::experts::ExpertSink;
 use model::{ExpertSource, Model, WeightSelection};
 
-use crate::budget;
-use crate::cache::{Counters, Shared, State, n_expert_of};
+use crate::budget::{self, CacheSize};
+use crate::cache::{Cache, CacheConfig, OwnedFn};
 use crate::error::{Result, StreamError};
 use crate::io::{ModelFiles, ReadHook};
-use crate::layout;
+use crate::layout::{self, n_expert_of};
 use crate::policy::{Key, Policy};
 use crate::profile::Profile;
 use crate::slab::Slab;
-
-/// How big the cache is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum CacheSize {
-    /// What fits in available memory after the resident weights, `reserve_bytes` and a margin.
-    #[default]
-    Auto,
-    Bytes(u64),
-    /// A number of expert slots.
-    Count(usize),
-}
-
-/// Which experts this process computes (`(layer, expert) -> bool`), for a node of a cluster.
-pub type OwnedFn = Arc<dyn Fn(usize, usize) -> bool + Send + Sync>;
 
 #[derive(Clone)]
 pub struct StreamingOptions {
@@ -100,8 +85,9 @@ impl Default for StreamingOptions {
 
 /// The SSD-streaming expert source (module doc).
 pub struct StreamedExperts {
-    shared: Arc<Shared>,
+    cache: Arc<Cache>,
     readers: Vec<JoinHandle<()>>,
+    lookahead: bool,
     save_profile: Option<PathBuf>,
     loaded_profile: Option<Profile>,
 }
@@ -142,6 +128,7 @@ impl StreamedExperts {
         let mut n_streamed = 0usize;
         let n_resident_layers = opts.resident_layers.min(moe_layers.len());
         let resident: HashSet<usize> = moe_layers[..n_resident_layers].iter().copied().collect();
+        let streamed: Vec<usize> = moe_layers[n_resident_layers..].to_vec();
         let mut resident_keys = Vec::new();
         for &l in &moe_layers {
             for k in owned_keys(l) {
@@ -246,65 +233,52 @@ impl StreamedExperts {
                 }
             }
         }
-        let shared = Arc::new(Shared {
+        let cache = Arc::new(Cache::new(CacheConfig {
             model: Arc::clone(&model),
+            fingerprint,
             files,
             slab,
-            state: Mutex::new(State {
-                policy,
-                demand: VecDeque::new(),
-                prefetch: VecDeque::new(),
-                failure: vec![None; n_slots],
-                counts: Profile::new(&fingerprint, n_layer, n_expert),
-                c: Counters::default(),
-                predicted: vec![None; n_layer],
-                accuracy: [1.0; 2],
-                calls: 0,
-                shutdown: false,
-            }),
-            work: Condvar::new(),
-            done: Condvar::new(),
+            policy,
             layers,
             moe_layers: moe_layers.clone(),
             resident,
             owned: opts.owned.clone(),
             n_expert,
             cache_slots,
-            lookahead: opts.lookahead,
-            hinted: AtomicBool::new(false),
-        });
+        }));
         let mut me = StreamedExperts {
-            shared,
+            cache,
             readers: Vec::new(),
+            lookahead: opts.lookahead,
             save_profile: opts.save_profile.clone(),
             loaded_profile,
         };
         // From here on, an early return drops `me`, which stops the readers started so far.
         for i in 0..opts.readers.max(1) {
-            let sh = Arc::clone(&me.shared);
+            let cache = Arc::clone(&me.cache);
             let handle = std::thread::Builder::new()
                 .name(format!("expert-read-{i}"))
-                .spawn(move || sh.reader())
+                .spawn(move || cache.reader())
                 .map_err(|e| StreamError::Config(format!("starting reader threads: {e}")))?;
             me.readers.push(handle);
         }
         let t0 = Instant::now();
-        me.shared.load(&resident_keys, true)?;
+        me.cache.load(&resident_keys, true)?;
         let n_preload = if opts.cold {
             0
         } else {
             opts.preload.unwrap_or(cache_slots).min(cache_slots)
         };
-        let preload = me.preload_order(&moe_layers, n_preload, &owns);
-        me.shared.load(&preload, false)?;
-        {
-            let mut st = me.shared.lock();
-            let c = &mut st.c;
-            c.start_bytes = std::mem::take(&mut c.read_bytes);
-            c.start_time = t0.elapsed();
-            c.reads = 0;
-            c.busy = Duration::ZERO;
-        }
+        let preload = preload_order(
+            &model,
+            &streamed,
+            n_expert,
+            me.loaded_profile.as_ref(),
+            n_preload,
+            &owns,
+        );
+        me.cache.load(&preload, false)?;
+        me.cache.end_start(t0.elapsed());
         tracing::info!(
             "streaming experts: {} cache slots × {:.2} MiB = {:.2} GiB for {} experts ({:.2} GiB) \
              of {} MoE layers; {} resident layers ({:.2} GiB); {} preloaded in {:.2?}; {} reads",
@@ -318,7 +292,7 @@ impl StreamedExperts {
             resident_bytes as f64 / (1u64 << 30) as f64,
             preload.len(),
             t0.elapsed(),
-            if me.shared.files.direct() {
+            if me.cache.direct_io() {
                 "O_DIRECT"
             } else {
                 "buffered"
@@ -327,72 +301,28 @@ impl StreamedExperts {
         Ok(me)
     }
 
-    /// The `n` experts to preload: the hottest of the profile, then an even spread over the
-    /// streamed layers.
-    fn preload_order(
-        &self,
-        moe_layers: &[usize],
-        n: usize,
-        owns: &dyn Fn(usize, usize) -> bool,
-    ) -> Vec<Key> {
-        let sh = &self.shared;
-        let streamed: Vec<usize> = moe_layers
-            .iter()
-            .copied()
-            .filter(|l| !sh.resident.contains(l))
-            .collect();
-        let mut seen = HashSet::new();
-        let mut out = Vec::with_capacity(n);
-        let from_profile = self
-            .loaded_profile
-            .iter()
-            .flat_map(|p| p.hottest())
-            .filter(|&(l, _)| streamed.contains(&l));
-        let even = (0..sh.n_expert).flat_map(|e| streamed.iter().map(move |&l| (l, e)));
-        for (l, e) in from_profile.chain(even) {
-            if out.len() >= n {
-                break;
-            }
-            if e < n_expert_of(&sh.model, l).unwrap_or(0) && owns(l, e) && seen.insert((l, e)) {
-                out.push(Key::new(l, e));
-            }
-        }
-        out
-    }
-
     /// Cache slots (not counting resident layers).
     pub fn cache_slots(&self) -> usize {
-        self.shared.cache_slots
+        self.cache.cache_slots()
     }
 
     pub fn slot_bytes(&self) -> usize {
-        self.shared.slab.slot_bytes()
+        self.cache.slot_bytes()
     }
 
     /// Whether reads bypass the page cache.
     pub fn direct_io(&self) -> bool {
-        self.shared.files.direct()
+        self.cache.direct_io()
     }
 
     /// Cached (layer, expert) pairs, any state, in slot order.
     pub fn cached(&self) -> Vec<(usize, usize)> {
-        let st = self.shared.lock();
-        st.policy
-            .keys()
-            .into_iter()
-            .map(|k| (k.layer as usize, k.expert as usize))
-            .collect()
+        self.cache.cached()
     }
 
     /// The routing counts gathered so far (merged with the loaded profile).
     pub fn profile(&self) -> Profile {
-        let st = self.shared.lock();
-        let mut p = st.counts.clone();
-        p.steps = if st.calls > 0 {
-            st.policy.step() + 1
-        } else {
-            0
-        };
+        let mut p = self.cache.routing();
         if let Some(old) = &self.loaded_profile
             && old.counts.len() == p.counts.len()
         {
@@ -406,78 +336,41 @@ impl StreamedExperts {
 
     /// Statistics as `(name, value)` pairs: hits, misses, bytes and time spent reading.
     pub fn stats(&self) -> Vec<(String, f64)> {
-        let st = self.shared.lock();
-        let c = &st.c;
-        let steps = if st.calls > 0 {
-            st.policy.step() + 1
-        } else {
-            0
-        };
-        let busy = c.busy + c.busy_since.map_or(Duration::ZERO, |t| t.elapsed());
-        let per_step = |x: f64| if steps > 0 { x / steps as f64 } else { 0.0 };
-        let streamed = c.hits + c.inflight_hits + c.misses;
-        let mib = (1u64 << 20) as f64;
-        let v = [
-            ("expert_cache_slots", self.shared.cache_slots as f64),
-            (
-                "expert_cache_gib",
-                (self.shared.cache_slots * self.slot_bytes()) as f64 / (1u64 << 30) as f64,
-            ),
-            ("expert_cache_used_slots", st.policy.n_used() as f64),
-            ("expert_direct_io", f64::from(u8::from(self.direct_io()))),
-            (
-                "expert_start_read_gib",
-                c.start_bytes as f64 / (1u64 << 30) as f64,
-            ),
-            ("expert_start_s", c.start_time.as_secs_f64()),
-            ("expert_steps", steps as f64),
-            ("expert_requests", c.requests as f64),
-            ("expert_resident_hits", c.resident_hits as f64),
-            ("expert_hits", c.hits as f64),
-            ("expert_inflight_hits", c.inflight_hits as f64),
-            ("expert_misses", c.misses as f64),
-            (
-                "expert_hit_rate",
-                if streamed > 0 {
-                    c.hits as f64 / streamed as f64
-                } else {
-                    0.0
-                },
-            ),
-            ("expert_prefetch_reads", c.prefetch_reads as f64),
-            ("expert_prefetch_used", c.prefetch_used as f64),
-            ("expert_prefetch_skipped", c.prefetch_skipped as f64),
-            ("expert_lookahead_accuracy_decode", st.accuracy[0]),
-            ("expert_lookahead_accuracy_prefill", st.accuracy[1]),
-            ("expert_reads", c.reads as f64),
-            ("expert_read_errors", c.read_errors as f64),
-            ("expert_read_mib", c.read_bytes as f64 / mib),
-            (
-                "expert_read_mib_per_step",
-                per_step(c.read_bytes as f64 / mib),
-            ),
-            ("expert_read_busy_s", busy.as_secs_f64()),
-            (
-                "expert_read_gbps",
-                if busy > Duration::ZERO {
-                    c.read_bytes as f64 / busy.as_secs_f64() / 1e9
-                } else {
-                    0.0
-                },
-            ),
-            ("expert_wait_s", c.wait.as_secs_f64()),
-            (
-                "expert_wait_ms_per_step",
-                per_step(c.wait.as_secs_f64() * 1e3),
-            ),
-        ];
-        v.into_iter().map(|(k, x)| (k.to_string(), x)).collect()
+        self.cache.stats()
     }
+}
+
+/// The `n` experts to preload: the hottest of the profile, then an even spread over the
+/// `streamed` layers.
+fn preload_order(
+    model: &Model,
+    streamed: &[usize],
+    n_expert: usize,
+    profile: Option<&Profile>,
+    n: usize,
+    owns: &dyn Fn(usize, usize) -> bool,
+) -> Vec<Key> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(n);
+    let from_profile = profile
+        .into_iter()
+        .flat_map(|p| p.hottest())
+        .filter(|&(l, _)| streamed.contains(&l));
+    let even = (0..n_expert).flat_map(|e| streamed.iter().map(move |&l| (l, e)));
+    for (l, e) in from_profile.chain(even) {
+        if out.len() >= n {
+            break;
+        }
+        if e < n_expert_of(model, l).unwrap_or(0) && owns(l, e) && seen.insert((l, e)) {
+            out.push(Key::new(l, e));
+        }
+    }
+    out
 }
 
 impl ExpertSource for StreamedExperts {
     fn owns(&self, layer: usize, expert: usize) -> bool {
-        self.shared.owns(layer, expert)
+        self.cache.owns(layer, expert)
     }
 
     fn with_experts(
@@ -486,11 +379,11 @@ impl ExpertSource for StreamedExperts {
         experts: &[usize],
         sink: &mut ExpertSink<'_>,
     ) -> model::Result<()> {
-        self.shared.with_experts(layer, experts, sink)
+        self.cache.with_experts(layer, experts, sink)
     }
 
     fn lookahead(&self) -> bool {
-        self.shared.lookahead
+        self.lookahead
     }
 
     fn stats(&self) -> Vec<(String, f64)> {
@@ -498,23 +391,20 @@ impl ExpertSource for StreamedExperts {
     }
 
     fn prefetch(&self, layer: usize, experts: &[usize]) {
-        self.shared.hinted.store(true, Ordering::Relaxed);
-        let mut st = self.shared.lock();
-        self.shared.prefetch_locked(&mut st, layer, experts);
+        self.cache.prefetch(layer, experts);
     }
 }
 
 impl Drop for StreamedExperts {
     fn drop(&mut self) {
-        let used = self.shared.lock().calls > 0;
+        let used = self.cache.used();
         if let Some(path) = self.save_profile.as_ref().filter(|_| used) {
             match self.profile().save(path) {
                 Ok(()) => tracing::info!("saved the expert routing profile to {}", path.display()),
                 Err(e) => tracing::warn!("{e}"),
             }
         }
-        self.shared.lock().shutdown = true;
-        self.shared.work.notify_all();
+        self.cache.shut_down();
         for r in self.readers.drain(..) {
             let _ = r.join();
         }

@@ -8,7 +8,8 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-use crate::reader::GgufFile;
+use crate::metadata::Metadata;
+use crate::tensor::TensorInfo;
 use crate::value::encode_string;
 
 /// Domain separation, bumped if the hashed encoding ever changes.
@@ -46,14 +47,15 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
-/// Hashes the metadata and tensor index of `files`, in order.
-pub(crate) fn fingerprint_files(files: &[GgufFile]) -> Fingerprint {
+/// Hashes the metadata and tensor index of each file (split) of `files`, in order.
+pub(crate) fn fingerprint_files<'a>(
+    files: impl ExactSizeIterator<Item = (&'a Metadata, &'a [TensorInfo])>,
+) -> Fingerprint {
     let mut hasher = Sha256::new();
     let mut buf = Vec::with_capacity(FLUSH_BYTES * 2);
     buf.extend_from_slice(DOMAIN);
     buf.extend_from_slice(&(files.len() as u64).to_le_bytes());
-    for file in files {
-        let metadata = file.metadata();
+    for (metadata, tensors) in files {
         buf.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
         for (key, value) in metadata.iter() {
             encode_string(key, &mut buf);
@@ -64,8 +66,8 @@ pub(crate) fn fingerprint_files(files: &[GgufFile]) -> Fingerprint {
                 buf.clear();
             }
         }
-        buf.extend_from_slice(&(file.tensors().len() as u64).to_le_bytes());
-        for tensor in file.tensors() {
+        buf.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+        for tensor in tensors {
             encode_string(&tensor.name, &mut buf);
             buf.extend_from_slice(&tensor.dtype.id().to_le_bytes());
             buf.extend_from_slice(&(tensor.shape.len() as u32).to_le_bytes());

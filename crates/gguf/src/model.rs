@@ -196,7 +196,7 @@ impl GgufModel {
 
     /// SHA-256 over all splits' metadata and tensor indexes: the model identity peers compare.
     pub fn fingerprint(&self) -> Fingerprint {
-        fingerprint_files(&self.splits)
+        fingerprint_files(self.splits.iter().map(|f| (f.metadata(), f.tensors())))
     }
 }
 

@@ -175,7 +175,7 @@ impl GgufFile {
     /// SHA-256 over this file's metadata and tensor index; equal to the fingerprint of a
     /// [`crate::GgufModel`] made of this one file.
     pub fn fingerprint(&self) -> Fingerprint {
-        fingerprint_files(std::slice::from_ref(self))
+        fingerprint_files([(self.metadata(), self.tensors())].into_iter())
     }
 }
 

@@ -2,18 +2,9 @@
 //! the map) here; streamed from disk and sharded across ranks elsewhere. The forward path only
 //! asks for the experts the router chose, and only for those the source owns.
 
-use kernels::Weights;
-
 use crate::Model;
 use crate::error::Result;
-
-/// One expert's three projections.
-#[derive(Clone, Copy)]
-pub struct ExpertMatrices<'a> {
-    pub gate: Weights<'a>,
-    pub up: Weights<'a>,
-    pub down: Weights<'a>,
-}
+pub use crate::weights::ExpertMatrices;
 
 /// Called with experts as they become available: `(expert id, matrices)` pairs.
 pub type ExpertSink<'s> = dyn FnMut(&[(usize, ExpertMatrices<'_>)]) -> Result<()> + 's;

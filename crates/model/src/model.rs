@@ -10,11 +10,10 @@ use gguf::GgufModel;
 
 use crate::arch::{self, ArchSpec};
 use crate::error::{ModelError, Result};
-use crate::experts::ExpertMatrices;
 use crate::hparams::Hparams;
 use crate::kv::{KvLayout, KvType};
 use crate::names::TensorName;
-use crate::weights::{Binder, Ffn, Layer, Matrix};
+use crate::weights::{Binder, ExpertMatrices, Ffn, Layer, Matrix};
 
 pub struct Model {
     files: Arc<GgufModel>,

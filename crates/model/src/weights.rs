@@ -99,6 +99,14 @@ impl ExpertTensors {
     }
 }
 
+/// One expert's three projections.
+#[derive(Clone, Copy)]
+pub struct ExpertMatrices<'a> {
+    pub gate: Weights<'a>,
+    pub up: Weights<'a>,
+    pub down: Weights<'a>,
+}
+
 #[derive(Clone, Debug)]
 pub struct SharedExpert {
     /// `sigmoid(x · gate_inp)` scales the shared expert's output.

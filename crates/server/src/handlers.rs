@@ -309,7 +309,7 @@ async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError
         prefix: String::new(),
     };
     let rx = st.sched.submit(id, prompt, params)?;
-    Ok(respond(&st, reply, req.stream, rx).await)
+    Ok(respond(reply, req.stream, rx, st.keepalive).await)
 }
 
 pub async fn completions(State(st): Shared, body: Bytes) -> Response {
@@ -392,5 +392,5 @@ async fn completions_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, A
         prefix,
     };
     let rx = st.sched.submit(id, prompt, params)?;
-    Ok(respond(&st, reply, req.stream, rx).await)
+    Ok(respond(reply, req.stream, rx, st.keepalive).await)
 }

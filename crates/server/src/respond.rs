@@ -14,7 +14,6 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::api::{ApiError, Usage};
-use crate::handlers::AppState;
 use crate::job::{Event, Outcome};
 
 fn finish_reason(f: FinishReason) -> &'static str {
@@ -174,18 +173,15 @@ fn stream(reply: Reply, rx: UnboundedReceiver<Event>, keepalive: Duration) -> Re
         .into_response()
 }
 
-pub(crate) fn respond(
-    st: &AppState,
+pub(crate) async fn respond(
     reply: Reply,
     stream_mode: bool,
     rx: UnboundedReceiver<Event>,
-) -> impl Future<Output = Response> {
-    let keepalive = st.keepalive;
-    async move {
-        if stream_mode {
-            stream(reply, rx, keepalive)
-        } else {
-            collect(reply, rx).await
-        }
+    keepalive: Duration,
+) -> Response {
+    if stream_mode {
+        stream(reply, rx, keepalive)
+    } else {
+        collect(reply, rx).await
     }
 }
