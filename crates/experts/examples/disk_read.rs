@@ -22,6 +22,7 @@ fn main() {
         .get(2)
         .and_then(|s| s.parse::<usize>().ok())
         .unwrap_or(1024)
+        .max(1)
         * 1024;
     let threads = args
         .get(3)
@@ -48,9 +49,13 @@ fn main() {
             let (file, done, mode) = (Arc::clone(&file), Arc::clone(&done), mode.clone());
             std::thread::spawn(move || {
                 let layout = std::alloc::Layout::from_size_align(block, ALIGN).unwrap();
-                // SAFETY: non-zero size; zeroed so the slice is initialized.
+                // SAFETY: `layout` has a non-zero size (`block` is at least 1 KiB).
                 let p = unsafe { std::alloc::alloc_zeroed(layout) };
-                // SAFETY: `p` is a live allocation of `block` bytes owned by this thread.
+                if p.is_null() {
+                    std::alloc::handle_alloc_error(layout);
+                }
+                // SAFETY: `p` is a live, zeroed (so initialized) allocation of `block` bytes that
+                // only this thread uses, until the `dealloc` below.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p, block) };
                 let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
                 let mut rng = || {
@@ -70,7 +75,8 @@ fn main() {
                     let n = file.read_at(buf, b * block as u64).expect("read");
                     done.fetch_add(n as u64, Ordering::Relaxed);
                 }
-                // SAFETY: allocated above with this layout.
+                // SAFETY: allocated above with this layout; `buf`, the only use of it, is not used
+                // after this.
                 unsafe { std::alloc::dealloc(p, layout) };
             })
         })

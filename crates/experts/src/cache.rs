@@ -441,8 +441,9 @@ impl Cache {
         slot: usize,
     ) -> model::Result<ExpertMatrices<'_>> {
         let plan = self.plan(Key::new(layer, expert)).map_err(to_model)?;
-        // SAFETY: the caller holds a pin on `slot` and its entry is `Ready`: nothing writes the
-        // slot until the pin is dropped, which happens after the returned borrows end.
+        // SAFETY: the only caller (`with_experts`) passes slots of `ready`, which it pinned while
+        // their entries were `Ready`. A pinned entry is never evicted, so nothing writes the slot
+        // until the pin is released, which it does only after the returned borrows are dropped.
         let bytes = unsafe { self.slab.slot(slot) };
         let w = |i: usize| {
             let p = plan.matrices[i];

@@ -253,7 +253,8 @@ impl ModelFiles {
                 let buf = &mut slot[seg.slot_off + lead..seg.slot_off + lead + want];
                 let n = pread_full(&f.buffered, buf, seg.data_start, false).map_err(read_err)?;
                 // Streamed bytes are not worth keeping in the page cache (they are in the slot).
-                // SAFETY: a plain advice syscall on an open descriptor.
+                // SAFETY: an advice syscall that takes no pointers, on the descriptor of
+                // `f.buffered`, which stays open for the call; its result only affects caching.
                 unsafe {
                     libc::posix_fadvise(
                         f.buffered.as_raw_fd(),

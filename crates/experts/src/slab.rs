@@ -17,9 +17,13 @@ pub struct Slab {
     n_slots: usize,
 }
 
-// SAFETY: the slab is plain memory; access is coordinated by the cache state (module doc).
+// SAFETY: a `Slab` owns its anonymous mapping (unmapped only in `Drop`), plain memory with no tie
+// to the thread that mapped it.
 unsafe impl Send for Slab {}
-// SAFETY: as above.
+// SAFETY: through `&Slab` the slots are reachable only by the `unsafe` `slot`/`slot_mut`, whose
+// contracts leave it to the callers that no slot is written while another reference to it
+// lives; the cache grants that under its lock (module doc), so sharing a slab between threads
+// adds no data race.
 unsafe impl Sync for Slab {}
 
 impl Slab {
@@ -95,7 +99,8 @@ impl Slab {
 
 impl Drop for Slab {
     fn drop(&mut self) {
-        // SAFETY: mapped in `new` with this size; no slice outlives the slab.
+        // SAFETY: mapped in `new` with this size and not unmapped since; the slices of `slot` and
+        // `slot_mut` borrow the slab, so none outlives it.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.size) };
     }
 }

@@ -68,12 +68,18 @@ fn run_pool(kernels: &Kernels, pool: &ThreadPool, products: &[Product], out: &mu
     let dot = kernels.dot_fn(GgmlType::Q4K).expect("q4_K dot");
     for p in products {
         let w = Weights::new(GgmlType::Q4K, p.rows, p.cols, &p.weights).expect("weights");
+        assert!(
+            p.rows <= out.len(),
+            "{} output rows for {} values",
+            p.rows,
+            out.len()
+        );
         let shared = SharedOut(out.as_mut_ptr());
         pool.for_each_chunk(p.rows, rows_per_item(p.rows, pool.n_threads()), |range| {
             let shared = &shared;
             for r in range {
                 let v = dot(p.cols, w.row(r), &p.acts);
-                // SAFETY: see `SharedOut`; `r < p.rows <= out.len()`.
+                // SAFETY: see `SharedOut`; `r < p.rows <= out.len()` (asserted above).
                 unsafe { *shared.0.add(r) = v };
             }
         });

@@ -35,14 +35,18 @@ pub struct Rows<'a> {
 }
 
 impl Rows<'_> {
+    /// Panics unless `data` holds all `n` rows (the SIMD paths read them through raw pointers).
     fn check(&self) {
-        let need = if self.n == 0 {
-            0
-        } else {
-            (self.n - 1) * self.stride + self.d * self.elem.bytes()
+        let need = match self.n {
+            0 => Some(0),
+            n => (n - 1).checked_mul(self.stride).and_then(|s| {
+                self.d
+                    .checked_mul(self.elem.bytes())
+                    .and_then(|row| s.checked_add(row))
+            }),
         };
         assert!(
-            self.data.len() >= need,
+            need.is_some_and(|need| self.data.len() >= need),
             "attention rows: {} bytes for {} rows of {}",
             self.data.len(),
             self.n,
@@ -72,7 +76,8 @@ pub fn scores(isa: Isa, q: &[f32], keys: Rows, scale: f32, out: &mut [f32]) {
     assert!(q.len() >= keys.d && out.len() >= keys.n);
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 && Isa::Avx512.is_supported() {
-        // SAFETY: the CPU supports AVX-512 (checked); bounds checked above.
+        // SAFETY: the CPU has the AVX-512 level's features (checked), which include the
+        // function's; `keys.check()` and the assert above are its bounds contract.
         return unsafe { x86::scores_avx512(q, keys, scale, out) };
     } else if isa >= Isa::Avx2 && Isa::Avx2.is_supported() {
         // SAFETY: as above, for AVX2.
@@ -93,7 +98,7 @@ pub fn softmax(isa: Isa, x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && Isa::Avx2.is_supported() {
-        // SAFETY: the CPU supports AVX2 + FMA (checked).
+        // SAFETY: the CPU has AVX2 and FMA (checked as part of the AVX2 level).
         let sum = unsafe { x86::exp_sub_sum_avx2(x, max) };
         let inv = 1.0 / sum;
         x.iter_mut().for_each(|v| *v *= inv);
@@ -115,7 +120,8 @@ pub fn weighted_sum(isa: Isa, p: &[f32], values: Rows, out: &mut [f32]) {
     assert!(p.len() >= values.n && out.len() >= values.d);
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 && Isa::Avx512.is_supported() {
-        // SAFETY: the CPU supports AVX-512 (checked); bounds checked above.
+        // SAFETY: the CPU has the AVX-512 level's features (checked), which include the
+        // function's; `values.check()` and the assert above are its bounds contract.
         return unsafe { x86::weighted_sum_avx512(p, values, out) };
     } else if isa >= Isa::Avx2 && Isa::Avx2.is_supported() {
         // SAFETY: as above, for AVX2.
@@ -162,40 +168,62 @@ mod x86 {
 
     use super::{EXP_C, KvElem, LN2_HI, LN2_LO, Rows};
 
+    /// Values `c..c + 16` of row `j` as f32.
+    ///
+    /// # Safety
+    /// `rows` passed `Rows::check`, `j < rows.n` and `c + 16 <= rows.d`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
     unsafe fn load16(rows: &Rows, j: usize, c: usize) -> __m512 {
+        // SAFETY: row j < n starts at j·stride, and its values c..c + 16 end within its
+        // d·bytes, inside `data` (checked by `Rows::check`).
         let p = unsafe {
             rows.data
                 .as_ptr()
                 .add(j * rows.stride + c * rows.elem.bytes())
         };
         match rows.elem {
+            // SAFETY: 16 values of 4 bytes from `p`, in bounds as above; unaligned load.
             KvElem::F32 => unsafe { _mm512_loadu_ps(p as *const f32) },
+            // SAFETY: 16 values of 2 bytes from `p`, in bounds as above; unaligned load.
             KvElem::F16 => unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) },
         }
     }
 
+    /// Values `c..c + 8` of row `j` as f32.
+    ///
+    /// # Safety
+    /// `rows` passed `Rows::check`, `j < rows.n` and `c + 8 <= rows.d`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load8(rows: &Rows, j: usize, c: usize) -> __m256 {
+        // SAFETY: row j < n starts at j·stride, and its values c..c + 8 end within its
+        // d·bytes, inside `data` (checked by `Rows::check`).
         let p = unsafe {
             rows.data
                 .as_ptr()
                 .add(j * rows.stride + c * rows.elem.bytes())
         };
         match rows.elem {
+            // SAFETY: 8 values of 4 bytes from `p`, in bounds as above; unaligned load.
             KvElem::F32 => unsafe { _mm256_loadu_ps(p as *const f32) },
+            // SAFETY: 8 values of 2 bytes from `p`, in bounds as above; unaligned load.
             KvElem::F16 => unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) },
         }
     }
 
+    /// [`super::scores`] with AVX-512.
+    ///
+    /// # Safety
+    /// `keys` passed `Rows::check`, `q.len() >= keys.d`, and the CPU has the features this
+    /// function is compiled for.
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
     pub unsafe fn scores_avx512(q: &[f32], keys: Rows, scale: f32, out: &mut [f32]) {
         let d16 = keys.d / 16 * 16;
         for (j, o) in out.iter_mut().enumerate().take(keys.n) {
             let mut acc = _mm512_setzero_ps();
             for c in (0..d16).step_by(16) {
+                // SAFETY: c + 16 <= d16 <= d <= q.len(), and j < n (the contract above).
                 acc = unsafe {
                     _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(c)), load16(&keys, j, c), acc)
                 };
@@ -208,12 +236,17 @@ mod x86 {
         }
     }
 
+    /// [`super::scores`] with AVX2.
+    ///
+    /// # Safety
+    /// `keys` passed `Rows::check`, `q.len() >= keys.d`, and the CPU has AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn scores_avx2(q: &[f32], keys: Rows, scale: f32, out: &mut [f32]) {
         let d8 = keys.d / 8 * 8;
         for (j, o) in out.iter_mut().enumerate().take(keys.n) {
             let mut acc = _mm256_setzero_ps();
             for c in (0..d8).step_by(8) {
+                // SAFETY: c + 8 <= d8 <= d <= q.len(), and j < n (the contract above).
                 acc = unsafe {
                     _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(c)), load8(&keys, j, c), acc)
                 };
@@ -228,14 +261,22 @@ mod x86 {
         }
     }
 
+    /// [`super::weighted_sum`] with AVX-512.
+    ///
+    /// # Safety
+    /// `values` passed `Rows::check`, `out.len() >= values.d`, and the CPU has the features
+    /// this function is compiled for.
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
     pub unsafe fn weighted_sum_avx512(p: &[f32], values: Rows, out: &mut [f32]) {
         let d16 = values.d / 16 * 16;
         for c in (0..d16).step_by(16) {
+            // SAFETY: c + 16 <= d16 <= d <= out.len() (the contract above).
             let mut acc = unsafe { _mm512_loadu_ps(out.as_ptr().add(c)) };
             for (j, &pj) in p.iter().enumerate().take(values.n) {
+                // SAFETY: j < n, c + 16 <= d, and `values` passed `Rows::check`.
                 acc = unsafe { _mm512_fmadd_ps(_mm512_set1_ps(pj), load16(&values, j, c), acc) };
             }
+            // SAFETY: as for the load of `acc`.
             unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(c), acc) };
         }
         for c in d16..values.d {
@@ -245,14 +286,22 @@ mod x86 {
         }
     }
 
+    /// [`super::weighted_sum`] with AVX2.
+    ///
+    /// # Safety
+    /// `values` passed `Rows::check`, `out.len() >= values.d`, and the CPU has AVX2, FMA and
+    /// F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn weighted_sum_avx2(p: &[f32], values: Rows, out: &mut [f32]) {
         let d8 = values.d / 8 * 8;
         for c in (0..d8).step_by(8) {
+            // SAFETY: c + 8 <= d8 <= d <= out.len() (the contract above).
             let mut acc = unsafe { _mm256_loadu_ps(out.as_ptr().add(c)) };
             for (j, &pj) in p.iter().enumerate().take(values.n) {
+                // SAFETY: j < n, c + 8 <= d, and `values` passed `Rows::check`.
                 acc = unsafe { _mm256_fmadd_ps(_mm256_set1_ps(pj), load8(&values, j, c), acc) };
             }
+            // SAFETY: as for the load of `acc`.
             unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c), acc) };
         }
         for c in d8..values.d {
@@ -264,11 +313,12 @@ mod x86 {
 
     /// `x[i] = e^(x[i] - max)`, returning the sum (same operations as `super::exp_poly`).
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn exp_sub_sum_avx2(x: &mut [f32], max: f32) -> f32 {
+    pub fn exp_sub_sum_avx2(x: &mut [f32], max: f32) -> f32 {
         let n8 = x.len() / 8 * 8;
         let mut sum = _mm256_setzero_ps();
         let vmax = _mm256_set1_ps(max);
         for i in (0..n8).step_by(8) {
+            // SAFETY: elements i..i + 8 of `x` (i + 8 <= n8 <= x.len()).
             let v = unsafe { _mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vmax) };
             let v = _mm256_min_ps(
                 _mm256_max_ps(v, _mm256_set1_ps(-87.3)),
@@ -289,6 +339,7 @@ mod x86 {
                 _mm256_set1_epi32(127),
             )));
             let e = _mm256_mul_ps(p, pow2);
+            // SAFETY: as for the load above.
             unsafe { _mm256_storeu_ps(x.as_mut_ptr().add(i), e) };
             sum = _mm256_add_ps(sum, e);
         }

@@ -69,6 +69,34 @@ impl<'a> Weights<'a> {
         self.row_bytes
     }
 
+    /// Checks that `data` holds every row as the fields describe them. The constructors make
+    /// it so, but `dtype`, `rows` and `cols` are public fields of a `Copy` type; the panel
+    /// kernels read the rows through raw pointers, so the matmuls check again first.
+    fn check_rows(&self) -> Result<(), MatmulError> {
+        let row_bytes = self.dtype.row_bytes(self.cols as u64).map(|b| b as usize);
+        let end = match self.rows {
+            0 => Some(0),
+            r => (r - 1)
+                .checked_mul(self.row_stride)
+                .and_then(|s| s.checked_add(self.row_bytes)),
+        };
+        if row_bytes == Some(self.row_bytes) && end.is_some_and(|e| e <= self.data.len()) {
+            return Ok(());
+        }
+        Err(MatmulError::Shape {
+            what: "weights",
+            detail: format!(
+                "{}×{} {} with rows of {} bytes every {} bytes do not fit {} bytes",
+                self.rows,
+                self.cols,
+                self.dtype,
+                self.row_bytes,
+                self.row_stride,
+                self.data.len()
+            ),
+        })
+    }
+
     pub fn row_stride(&self) -> usize {
         self.row_stride
     }
@@ -170,7 +198,9 @@ impl<'a> Input<'a> {
             let ptr = SyncPtr(out.as_mut_ptr());
             pool.for_each_chunk(self.n, 4, |rows| {
                 for t in rows {
-                    // SAFETY: each row `t` is written by exactly one chunk.
+                    // SAFETY: row t < n lies inside `out` (n·rb initialized bytes), which outlives
+                    // `for_each_chunk`; each row belongs to exactly one chunk, so no other
+                    // reference to these bytes exists while `dst` lives.
                     let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(t * rb), rb) };
                     kind.quantize_row(&self.data[t * self.k..(t + 1) * self.k], dst);
                 }
@@ -180,10 +210,17 @@ impl<'a> Input<'a> {
     }
 }
 
+/// A pointer into a buffer that the tasks of one parallel region share, each touching only its
+/// own elements.
 #[derive(Clone, Copy)]
 struct SyncPtr<T>(*mut T);
-unsafe impl<T> Sync for SyncPtr<T> {}
-unsafe impl<T> Send for SyncPtr<T> {}
+// SAFETY: a `SyncPtr` is only the address; every dereference is an `unsafe` block of its own
+// that names its elements, which no other task touches (disjoint rows or (row, token) pairs),
+// inside a buffer that outlives the parallel region (`for_each_chunk` returns after every task).
+// `T: Send` because the tasks write `T` values from other threads.
+unsafe impl<T: Send> Sync for SyncPtr<T> {}
+// SAFETY: as for `Sync`.
+unsafe impl<T: Send> Send for SyncPtr<T> {}
 impl<T> SyncPtr<T> {
     fn get(self) -> *mut T {
         self.0
@@ -284,6 +321,7 @@ impl Kernels {
         out: &mut [f64],
     ) -> Result<(), MatmulError> {
         let fmt = formats::format(w.dtype).ok_or(MatmulError::UnsupportedType(w.dtype))?;
+        w.check_rows()?;
         let unit = Self::reduction_chunk(w.dtype, 1).expect("format known");
         if x.k != w.cols || chunk == 0 || !chunk.is_multiple_of(unit) || out.len() != x.n * w.rows {
             return Err(MatmulError::Shape {
@@ -330,7 +368,8 @@ impl Kernels {
                             let al = fmt.act.row_bytes(len);
                             acc += dot(len, &row[wo..wo + wl], &a[ao..ao + al]) as f64;
                         }
-                        // SAFETY: (t, r) pairs are disjoint across tasks.
+                        // SAFETY: t < n and r < rows, inside `out` (n·rows values, checked above);
+                        // row r belongs to this task only.
                         unsafe { *out_ptr.get().add(t * rows + r) = acc };
                     }
                 }
@@ -343,7 +382,8 @@ impl Kernels {
             let mut part = vec![0f32; n * m];
             for t in 0..n {
                 for r in range.clone() {
-                    // SAFETY: (t, r) pairs are disjoint across tasks.
+                    // SAFETY: t < n and r < rows, inside `out` (n·rows values, checked above);
+                    // the rows of `range` belong to this task only.
                     unsafe { *out_ptr.get().add(t * rows + r) = 0.0 };
                 }
             }
@@ -362,12 +402,14 @@ impl Kernels {
                     out: part.as_mut_ptr(),
                     out_stride: m,
                 };
-                // SAFETY: the panel covers rows `range` and the columns of this chunk of `w`,
-                // and every token's chunk of `acts`; `part` holds n × m values.
+                // SAFETY: the panel covers rows `range` and the columns of this chunk of `w`
+                // (inside `w.data`: `check_rows` above), every token's chunk of `acts`
+                // (n rows of `arb` bytes), and `part`, which holds n × m values and aliases
+                // neither input; the kernel comes from `crate::isa` (`row_kernel`).
                 unsafe { kernel.run(w.dtype, &panel) };
                 for t in 0..n {
                     for (i, r) in range.clone().enumerate() {
-                        // SAFETY: as above.
+                        // SAFETY: as for the zeroing above.
                         unsafe { *out_ptr.get().add(t * rows + r) += part[t * m + i] as f64 };
                     }
                 }
@@ -412,6 +454,7 @@ impl Kernels {
         for job in jobs.iter_mut() {
             let fmt =
                 formats::format(job.w.dtype).ok_or(MatmulError::UnsupportedType(job.w.dtype))?;
+            job.w.check_rows()?;
             let act_row_bytes = fmt.act.row_bytes(job.w.cols);
             if job.acts.len() != act_row_bytes * job.n {
                 return Err(MatmulError::Shape {
@@ -470,8 +513,11 @@ impl Kernels {
                 out: p.out.get().wrapping_add(start),
                 out_stride: p.rows,
             };
-            // SAFETY: the pointers come from slices whose lengths were checked above; each
-            // (job, token, row) output is written by exactly one task.
+            // SAFETY: the pointers come from the job's slices, whose lengths were checked above
+            // (the weights' by `check_rows`); rows start..end ≤ rows of every token are
+            // in bounds, and each (job, token, row) output is written by exactly one task and
+            // aliases no input (`out` is a `&mut`); the kernel comes from `crate::isa`
+            // (`row_kernel`).
             unsafe { p.kernel.run(p.dtype, &panel) };
         };
         if n_tasks == 1 || n_threads == 1 {

@@ -60,17 +60,20 @@ impl RowKernel {
     #[inline]
     pub unsafe fn run(self, dtype: GgmlType, p: &Panel) {
         match self {
-            // SAFETY: forwarded contract.
+            // SAFETY: our caller gives `PanelFn`'s guarantees (the contract of this function).
             RowKernel::Panel(f) => unsafe { f(p) },
             RowKernel::Dot(dot) => {
                 let act = formats::format(dtype).expect("computable format").act;
                 let wb = dtype.row_bytes(p.k as u64).expect("whole blocks") as usize;
                 let ab = act.row_bytes(p.k);
                 for t in 0..p.n {
-                    // SAFETY: in bounds by the caller's contract.
+                    // SAFETY: activation row t < n, `ab` bytes, is readable by the caller's
+                    // contract, and not written while `a` lives (outputs alias no input).
                     let a = unsafe { std::slice::from_raw_parts(p.a.add(t * p.a_stride), ab) };
                     for r in 0..p.rows {
+                        // SAFETY: weight row r < rows, `wb` bytes, likewise.
                         let w = unsafe { std::slice::from_raw_parts(p.w.add(r * p.w_stride), wb) };
+                        // SAFETY: output (t, r) is inside the panel, writable by the contract.
                         unsafe { *p.out.add(t * p.out_stride + r) = dot(p.k, w, a) };
                     }
                 }
@@ -124,7 +127,10 @@ pub fn run_checked(
         out_stride,
     };
     if rows > 0 && n > 0 {
-        // SAFETY: bounds checked above; kernels come from `crate::isa` after feature detection.
+        // SAFETY: bounds and the overlap of output rows checked above; `out` is a `&mut`, so it
+        // aliases neither input. The CPU features rest on where the kernel came from:
+        // `crate::isa` hands out panel kernels only after detecting them (a convention of the
+        // callers, since `RowKernel::Panel` is public, not something the types enforce).
         unsafe { kernel.run(dtype, &p) };
     }
 }

@@ -44,9 +44,13 @@ struct Shared {
     sleepers: AtomicUsize,
 }
 
-// SAFETY: `job` is only written while no worker is inside a job (guarded by open/active), and
-// the pointee is `Sync`.
+// SAFETY: the only field that is not `Sync` is `job`. It is written only by `run_open` (callers
+// serialized by `busy`) while `open` is false and `active` is zero, and read only by workers
+// that incremented `active` and then saw `open` true (all SeqCst), so no read overlaps a write;
+// the closure it points to is `Sync`, so several threads may call it at once.
 unsafe impl Sync for Shared {}
+// SAFETY: the only field that is not `Send` is `job`, a pointer to a `Sync` closure: using it from
+// another thread is what `Sync` allows, and the closure outlives every use (see `run_open`).
 unsafe impl Send for Shared {}
 
 pub struct ThreadPool {
@@ -149,6 +153,8 @@ impl ThreadPool {
         // SAFETY: erase the lifetime; we do not return before every worker that joined is done
         // with `job`, and no worker joins after `open` is cleared.
         let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(job) };
+        // SAFETY: no worker reads `job` now: `open` is false (the previous job cleared it and
+        // waited for `active` to reach zero before returning), and callers hold `busy`.
         unsafe { *self.shared.job.get() = Some(job) };
         self.shared.open.store(true, Ordering::SeqCst);
         // A worker registers in `sleepers` under the lock before it checks `generation` and
@@ -168,6 +174,8 @@ impl ThreadPool {
         while self.shared.active.load(Ordering::SeqCst) != 0 {
             std::hint::spin_loop();
         }
+        // SAFETY: `open` is false and `active` is zero, so every worker that joined is done, and
+        // one that increments `active` from now on sees `open` false and does not read `job`.
         unsafe { *self.shared.job.get() = None };
         if let Err(p) = mine {
             resume_unwind(p);
@@ -262,9 +270,12 @@ fn worker_loop(shared: &Shared, tid: usize) {
         // `active`, so either it sees us or we see it closed.
         shared.active.fetch_add(1, Ordering::SeqCst);
         if shared.open.load(Ordering::SeqCst) {
-            // SAFETY: the job is open, so its pointer is published and stays valid until
-            // `active` drops back to zero.
+            // SAFETY: we incremented `active` before seeing `open` true, so `job` was written
+            // before we read it and the caller does not write it again until `active` drops
+            // back to zero.
             if let Some(job) = unsafe { *shared.job.get() } {
+                // SAFETY: the closure lives on the caller's stack until `run_open` returns, which
+                // it does only after `active` is zero again, after this call; it is `Sync`.
                 let result = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(tid) }));
                 if let Err(p) = result {
                     *shared.panicked.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);

@@ -33,16 +33,6 @@ pub(crate) fn e8m0x8(blocks: &[BlockMxfp4]) -> __m256 {
     _mm256_setr_ps(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7))
 }
 
-/// The sum of 8 lanes of f32.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(crate) fn hsum_ps(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
-
 /// Σ over the blocks of one row of `scale · lanes`, where `body(x, y) -> __m256i` gives the
 /// integer lanes of one block and each lane's f32 multiplier alternates between two values
 /// `(p, q)` of the block (`p = q = d·dy` for most formats; `d·dy, m·dy` for Q4_1/Q5_1, whose
@@ -87,7 +77,7 @@ macro_rules! sum_blocks {
             let s: __m256i = $body;
             acc[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[0]);
         }
-        $crate::x86::blocks32::hsum_ps(_mm256_add_ps(acc[0], acc[1]))
+        $crate::x86::simd256::hsum_ps(_mm256_add_ps(acc[0], acc[1]))
     }};
 }
 pub(crate) use sum_blocks;

@@ -18,18 +18,16 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::load256;
-
 /// What the kernel macros below use, imported at the start of each expansion.
 pub(crate) mod prelude {
-    pub(crate) use super::{
-        K4_MINS, K4_SCALE, Q2K_SCALE, Q3K_SCALE, Q6K_SCALE, fma_d_dmin, load_ctrl,
-    };
+    pub(crate) use super::{K4_MINS, K4_SCALE, Q2K_SCALE, Q3K_SCALE, Q6K_SCALE, fma_d_dmin};
     pub(crate) use crate::blocks::{
         BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K,
     };
-    pub(crate) use crate::x86::avx2::{f16_scalar, hsum_epi32, hsum_ps, load128, load256};
     pub(crate) use crate::x86::scales::{unpack_k4, unpack_q3k};
+    pub(crate) use crate::x86::simd256::{
+        f16_scalar, hsum_epi32, hsum_ps, load128, load128_of, load256, load256_of,
+    };
     pub(crate) use std::arch::x86_64::*;
 }
 
@@ -100,12 +98,10 @@ pub(crate) static Q3K_SCALE: [[u8; 32]; 4] = [
     word_words(6, 7),
 ];
 
-#[inline]
-pub(crate) unsafe fn load_ctrl(c: &[u8; 32]) -> __m256i {
-    unsafe { load256(c.as_ptr()) }
-}
-
 /// `acc_d + d·dy·isum` and `acc_m − dmin·dy·msum` from the f16 pair `[d, dmin]` at `dm`.
+///
+/// # Safety
+/// `dm..dm + 4` is readable: the pair, through a pointer to the whole block (not to `d` alone).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn fma_d_dmin(
@@ -115,6 +111,7 @@ pub(crate) unsafe fn fma_d_dmin(
     dm: *const u8,
     dy: f32,
 ) {
+    // SAFETY: the caller's contract; `read_unaligned` has no alignment requirement.
     let dm = _mm_cvtph_ps(_mm_set1_epi32(unsafe {
         (dm as *const i32).read_unaligned()
     }));
@@ -139,13 +136,14 @@ macro_rules! q2k_256 {
         let m4 = _mm_set1_epi8(0x0F);
         let mut acc = [_mm256_setzero_ps(); 2];
         for (x, y) in w[..nb].iter().zip(&a[..nb]) {
-            let raw = unsafe { load128(x.scales.as_ptr()) };
+            let raw = load128_of(&x.scales);
             let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4));
-            let msum = _mm256_madd_epi16(mins, unsafe { load256(y.bsums.as_ptr()) });
+            let msum = _mm256_madd_epi16(mins, load256_of(&y.bsums));
             let sc = _mm256_broadcastsi128_si256(_mm_and_si128(raw, m4));
             let q8 = y.qs.as_ptr() as *const u8;
             let mut sum = [_mm256_setzero_si256(); 2];
             for h in 0..2 {
+                // SAFETY: bytes 32h..32h + 32 of the 64 in `x.qs` (h < 2).
                 let q = unsafe { load256(x.qs.as_ptr().add(32 * h)) };
                 let parts = [
                     q,
@@ -154,16 +152,19 @@ macro_rules! q2k_256 {
                     _mm256_srli_epi16::<6>(q),
                 ];
                 for (s, part) in parts.into_iter().enumerate() {
+                    // SAFETY: bytes 128h + 32s.. + 32 of the 256 in `y.qs` (h < 2, s < 4).
                     let a8 = unsafe { load256(q8.add(128 * h + 32 * s)) };
                     let p = _mm256_maddubs_epi16(_mm256_and_si256(part, m3), a8);
-                    let scale =
-                        _mm256_shuffle_epi8(sc, unsafe { load_ctrl(&Q2K_SCALE[4 * h + s]) });
+                    let scale = _mm256_shuffle_epi8(sc, load256_of(&Q2K_SCALE[4 * h + s]));
                     sum[s % 2] = $acc(sum[s % 2], p, scale);
                 }
             }
             let isum = _mm256_add_epi32(sum[0], sum[1]);
             // d and dmin are adjacent at offset 80.
+            // SAFETY: offset 80 stays inside the 84-byte block `x`.
             let dm = unsafe { (x as *const BlockQ2K as *const u8).add(80) };
+            // SAFETY: `dm..dm + 4` is `d` and `dmin`, the last 4 bytes of `x`, reached through a
+            // pointer to the whole block.
             unsafe { fma_d_dmin(&mut acc, isum, msum, dm, y.d()) };
         }
         hsum_ps(_mm256_add_ps(acc[0], acc[1]))
@@ -184,20 +185,23 @@ macro_rules! q3k_256 {
         for (x, y) in w[..nb].iter().zip(&a[..nb]) {
             // The 16 bytes ending at the block's end: scales at 2..14 (a load past the scales
             // could leave the row).
+            // SAFETY: bytes 94..110 of the 110-byte block `x`, through a pointer to the whole
+            // block.
             let tail = unsafe { load128((x as *const BlockQ3K as *const u8).add(94)) };
             let sc16 = _mm256_cvtepi8_epi16(unpack_q3k(tail));
             // Quants are stored as `lo + 4·hbit − 4`: we multiply `lo + 4·hbit` and subtract
             // 4·Σ scale·(sum of the 16 activations).
-            let bias = _mm256_madd_epi16(sc16, unsafe { load256(y.bsums.as_ptr()) });
+            let bias = _mm256_madd_epi16(sc16, load256_of(&y.bsums));
             let halves = [
                 _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)),
                 _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sc16)),
             ];
             let q8 = y.qs.as_ptr() as *const u8;
             // Bit 4h+s of hmask is the high bit of half h, shift s; it is moved to bit 2.
-            let mut hbits = unsafe { load256(x.hmask.as_ptr()) };
+            let mut hbits = load256_of(&x.hmask);
             let mut sum = [_mm256_setzero_si256(); 2];
             for (h, sc) in halves.into_iter().enumerate() {
+                // SAFETY: bytes 32h..32h + 32 of the 64 in `x.qs` (h < 2).
                 let q = unsafe { load256(x.qs.as_ptr().add(32 * h)) };
                 let parts = [
                     q,
@@ -210,9 +214,10 @@ macro_rules! q3k_256 {
                     let hb = _mm256_and_si256(_mm256_slli_epi16::<2>(hbits), k4);
                     hbits = _mm256_srli_epi16::<1>(hbits);
                     let u = _mm256_or_si256(_mm256_and_si256(part, m3), hb);
+                    // SAFETY: bytes 128h + 32s.. + 32 of the 256 in `y.qs` (h < 2, s < 4).
                     let a8 = unsafe { load256(q8.add(128 * h + 32 * s)) };
                     let p = _mm256_maddubs_epi16(u, a8);
-                    let scale = _mm256_shuffle_epi8(sc, unsafe { load_ctrl(&Q3K_SCALE[s]) });
+                    let scale = _mm256_shuffle_epi8(sc, load256_of(&Q3K_SCALE[s]));
                     sum[s % 2] = $acc(sum[s % 2], p, scale);
                 }
             }
@@ -221,7 +226,7 @@ macro_rules! q3k_256 {
                 _mm256_slli_epi32::<2>(bias),
             );
             // Reduced in integers: the bias sits in other lanes than the products it cancels.
-            acc += unsafe { f16_scalar(x.d.as_ptr()) } * y.d() * hsum_epi32(isum) as f32;
+            acc += f16_scalar(&x.d) * y.d() * hsum_epi32(isum) as f32;
         }
         acc
     }};
@@ -239,8 +244,8 @@ macro_rules! q6k_256 {
         let m30 = _mm256_set1_epi8(0x30);
         let mut acc = 0f32;
         for (x, y) in w[..nb].iter().zip(&a[..nb]) {
-            let scales16 = _mm256_cvtepi8_epi16(unsafe { load128(x.scales.as_ptr() as *const u8) });
-            let bsums = unsafe { load256(y.bsums.as_ptr()) };
+            let scales16 = _mm256_cvtepi8_epi16(load128_of(&x.scales));
+            let bsums = load256_of(&y.bsums);
             // The quants are stored biased by 32: subtract 32·Σ scale·(sum of the 16
             // activations).
             let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(scales16, bsums));
@@ -250,6 +255,8 @@ macro_rules! q6k_256 {
             ];
             let mut sum = [_mm256_setzero_si256(); 2];
             for (half, sc) in halves.into_iter().enumerate() {
+                // SAFETY: bytes 64·half.. + 64 of the 128 in `x.ql` and 32·half.. + 32 of the
+                // 64 in `x.qh` (half < 2).
                 let (ql0, ql1, qh) = unsafe {
                     (
                         load256(x.ql.as_ptr().add(64 * half)),
@@ -277,9 +284,10 @@ macro_rules! q6k_256 {
                 ];
                 for (k, qk) in q.into_iter().enumerate() {
                     let off = 128 * half + 32 * k;
+                    // SAFETY: bytes off..off + 32 of the 256 in `y.qs` (half < 2, k < 4).
                     let q8 = unsafe { load256(y.qs.as_ptr().add(off) as *const u8) };
                     // Lanes 0..8 use scale 8·half + 2k, lanes 8..16 the next one.
-                    let scale = _mm256_shuffle_epi8(sc, unsafe { load_ctrl(&Q6K_SCALE[k]) });
+                    let scale = _mm256_shuffle_epi8(sc, load256_of(&Q6K_SCALE[k]));
                     let p = _mm256_maddubs_epi16(qk, q8);
                     sum[k % 2] = $acc(sum[k % 2], p, scale);
                 }
@@ -287,7 +295,7 @@ macro_rules! q6k_256 {
             let isum = _mm256_sub_epi32(_mm256_add_epi32(sum[0], sum[1]), bias);
             // Reduced in integers: the bias sits in other lanes than the products it cancels, and
             // converting lanes first would round terms much larger than the result.
-            acc += unsafe { f16_scalar(x.d.as_ptr()) } * y.d() * hsum_epi32(isum) as f32;
+            acc += f16_scalar(&x.d) * y.d() * hsum_epi32(isum) as f32;
         }
         acc
     }};
@@ -323,7 +331,7 @@ macro_rules! q5k_256 {
         let mut facc = [_mm256_setzero_ps(); 2];
         for (x, y) in w[..nb].iter().zip(&a[..nb]) {
             // Bit 2g of qh[l] is the fifth bit of the low nibble of group g, bit 2g+1 of the high.
-            let mut hbits = unsafe { load256(x.qh.as_ptr()) };
+            let mut hbits = load256_of(&x.qh);
             $crate::x86::kq256::q4k_q5k_body!(x, y, facc, m4, $acc, |g, lo, hi| {
                 let hlo = _mm256_and_si256(_mm256_slli_epi16::<4>(hbits), k16);
                 let hhi = _mm256_and_si256(_mm256_slli_epi16::<3>(hbits), k16);
@@ -344,20 +352,24 @@ macro_rules! q4k_q5k_body {
      |$g:ident, $lo:ident, $hi:ident| $fifth:expr) => {{
         use $crate::x86::kq256::prelude::*;
         // d, dmin and the 12 scale bytes.
+        // SAFETY: the first 16 bytes of the 144-byte (Q4_K) or 176-byte (Q5_K) block `$x`,
+        // through a pointer to the whole block.
         let u = unpack_k4(unsafe { load128($x as *const _ as *const u8) });
         let u = _mm256_broadcastsi128_si256(u);
-        let mins = _mm256_shuffle_epi8(u, unsafe { load_ctrl(&K4_MINS) });
-        let msum = _mm256_madd_epi16(mins, unsafe { load256($y.bsums.as_ptr()) });
+        let mins = _mm256_shuffle_epi8(u, load256_of(&K4_MINS));
+        let msum = _mm256_madd_epi16(mins, load256_of(&$y.bsums));
         let q8 = $y.qs.as_ptr() as *const u8;
         let mut sum = [_mm256_setzero_si256(); 2];
         for $g in 0..4 {
+            // SAFETY: bytes 32g..32g + 32 of the 128 in `qs` (g < 4).
             let q = unsafe { load256($x.qs.as_ptr().add(32 * $g)) };
             let $lo = _mm256_and_si256(q, $m4);
             let $hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), $m4);
             let ($lo, $hi) = $fifth;
+            // SAFETY: bytes 64g..64g + 64 of the 256 in `y.qs` (g < 4).
             let (alo, ahi) = unsafe { (load256(q8.add(64 * $g)), load256(q8.add(64 * $g + 32))) };
-            let slo = _mm256_shuffle_epi8(u, unsafe { load_ctrl(&K4_SCALE[2 * $g]) });
-            let shi = _mm256_shuffle_epi8(u, unsafe { load_ctrl(&K4_SCALE[2 * $g + 1]) });
+            let slo = _mm256_shuffle_epi8(u, load256_of(&K4_SCALE[2 * $g]));
+            let shi = _mm256_shuffle_epi8(u, load256_of(&K4_SCALE[2 * $g + 1]));
             let plo = _mm256_maddubs_epi16($lo, alo);
             let phi = _mm256_maddubs_epi16($hi, ahi);
             sum[0] = $accf(sum[0], plo, slo);
@@ -365,6 +377,7 @@ macro_rules! q4k_q5k_body {
         }
         let isum = _mm256_add_epi32(sum[0], sum[1]);
         // d and dmin are the block's first four bytes.
+        // SAFETY: bytes 0..4 of the block `$x`, through a pointer to the whole block.
         unsafe { fma_d_dmin(&mut $acc, isum, msum, $x as *const _ as *const u8, $y.d()) };
     }};
 }

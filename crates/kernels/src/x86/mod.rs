@@ -1,11 +1,20 @@
 //! x86-64 SIMD kernels. `avx2` and `avx512` expose the same functions; each is compiled with its
 //! own `#[target_feature]` set and only handed out by `crate::isa` after run-time detection.
+//! Neither imports from the other: what both use lives beside them — `simd256` (loads, f16
+//! scales, horizontal sums), `scales` (K-quant scale unpacking), `kq256` (the K-quant loops),
+//! `blocks32` (the loop of the 32-element formats) and `tiles` (the panel loop).
+//!
+//! Every kernel function carries the `#[target_feature]`s it needs, so the intrinsics without
+//! pointer arguments are safe to call inside it; what stays `unsafe` is reading through raw
+//! pointers (each block says why the bytes are in bounds) and entering a kernel from code
+//! compiled without those features (only after `crate::isa` detected them).
 
 pub mod avx2;
 pub mod avx512;
 mod blocks32;
 mod kq256;
 mod scales;
+mod simd256;
 mod tiles;
 
 /// Wraps a `#[target_feature]` kernel `fn(usize, &[u8], &[u8]) -> f32` into a plain `DotFn`.
@@ -21,9 +30,11 @@ macro_rules! dot_wrapper {
                 w.len(),
                 a.len()
             );
-            // SAFETY: this wrapper is only reachable through `dot()` of its ISA module, which
-            // `crate::isa::simd_dot` calls after checking that the CPU supports the features the
-            // kernel was compiled for; lengths are checked above.
+            // SAFETY: `$imp` is compiled for its ISA module's features. This wrapper is private
+            // to that module and handed out only by its `dot()`, which only
+            // `crate::isa::simd_dot` calls, after `Isa::is_supported` found those features on
+            // this CPU. The kernels that read the rows through raw pointers need `n` elements
+            // of both, checked above.
             unsafe { $imp(n, w, a) }
         }
     };

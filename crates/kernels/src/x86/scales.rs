@@ -65,7 +65,8 @@ mod tests {
     use crate::blocks::{q3k_scales, unpack_scales_mins_k4};
 
     fn bytes(v: __m128i) -> [u8; 16] {
-        // SAFETY: plain reinterpretation of 16 bytes.
+        // SAFETY: `__m128i` and `[u8; 16]` have the same size, and every bit pattern is a valid
+        // value of both.
         unsafe { std::mem::transmute(v) }
     }
 
@@ -83,18 +84,17 @@ mod tests {
                 s ^= s << 17;
                 *b = s as u8;
             }
-            // SAFETY: avx2 checked above; the load reads the 16-byte array.
-            let v = unsafe { _mm_loadu_si128(raw.as_ptr() as *const __m128i) };
+            let v = crate::x86::simd256::load128_of(&raw);
             let k4: [u8; 12] = raw[4..16].try_into().unwrap();
             let want: Vec<u8> = unpack_scales_mins_k4(&k4)
                 .iter()
                 .flat_map(|w| w.to_le_bytes())
                 .collect();
-            // SAFETY: avx2 checked above.
+            // SAFETY: `unpack_k4` needs AVX2, which this CPU has (checked above).
             assert_eq!(bytes(unsafe { unpack_k4(v) }).to_vec(), want);
             let q3: [u8; 12] = raw[2..14].try_into().unwrap();
             let want: Vec<u8> = q3k_scales(&q3).iter().map(|&x| (x - 32) as u8).collect();
-            // SAFETY: avx2 checked above.
+            // SAFETY: `unpack_q3k` needs AVX2, which this CPU has (checked above).
             assert_eq!(bytes(unsafe { unpack_q3k(v) }).to_vec(), want);
         }
     }

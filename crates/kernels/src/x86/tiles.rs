@@ -17,7 +17,8 @@
 
 use crate::panel::Panel;
 
-/// Pointers to `N` consecutive rows starting at row `first`.
+/// Pointers to `N` consecutive rows starting at row `first` (computed with wrapping arithmetic,
+/// so safe; reading through them is the caller's business).
 #[inline(always)]
 pub(crate) fn rows<const N: usize>(base: *const u8, stride: usize, first: usize) -> [*const u8; N] {
     std::array::from_fn(|i| base.wrapping_add((first + i) * stride))
@@ -36,7 +37,8 @@ pub(crate) unsafe fn store<const R: usize, const T: usize>(
 ) {
     for (r, row) in v.iter().enumerate() {
         for (t, &x) in row.iter().enumerate() {
-            // SAFETY: inside the panel, which the caller guarantees is in bounds.
+            // SAFETY: row r0 + r and token t0 + t lie inside the panel (the contract above), whose
+            // output elements the caller of the panel kernel guarantees writable and unaliased.
             unsafe { *p.out.add((t0 + t) * p.out_stride + r0 + r) = x };
         }
     }
@@ -46,9 +48,17 @@ pub(crate) unsafe fn store<const R: usize, const T: usize>(
 /// `$tile::<R, T>(p.k / $block, rows, tokens)` over the panel: token tiles of up to the largest
 /// of `$tokens` tokens (the list must hold 2..=T) with R = `$rows` rows, and single tokens
 /// (decode) through `$tile1::<R, 1>` with R = `$rows1` rows; leftover rows go one at a time.
+/// The tiles must be compiled with (a subset of) `$features` and read `nb` blocks of each row
+/// and token they are given, no more.
 macro_rules! panel_kernel {
     ($vis:vis $name:ident, $features:literal, block = $block:expr,
      batch = $tile:ident($rows:literal, [$($t:literal),+]), single = $tile1:ident($rows1:literal)) => {
+        /// A panel kernel (`crate::panel::PanelFn`).
+        ///
+        /// # Safety
+        /// As for [`crate::panel::PanelFn`]: the panel's rows, tokens and outputs are in bounds,
+        /// the outputs alias no input, and the CPU has the features this function is compiled
+        /// for.
         #[target_feature(enable = $features)]
         $vis unsafe fn $name(p: &$crate::panel::Panel) {
             use $crate::x86::tiles::{rows, store};
@@ -60,9 +70,12 @@ macro_rules! panel_kernel {
                 let mut r0 = 0;
                 while r0 < p.rows {
                     let left = p.rows - r0;
-                    // SAFETY (all arms): the tile's rows and tokens lie inside the panel, which
-                    // the caller guarantees is in bounds.
+                    // In every arm, the tile's rows r0..r0 + R (R ≤ left) and tokens t0..t0 + tn
+                    // lie inside the panel, whose rows and tokens of `nb` whole blocks the caller
+                    // guarantees readable and whose outputs writable; the tile is compiled for
+                    // features this function has.
                     match tn {
+                        // SAFETY: see above the `match`; R = $rows1 ≤ left.
                         1 if left >= $rows1 => unsafe {
                             let v = $tile1::<$rows1, 1>(
                                 nb,
@@ -72,6 +85,7 @@ macro_rules! panel_kernel {
                             store(p, r0, t0, &v);
                             r0 += $rows1;
                         },
+                        // SAFETY: see above the `match`; R = 1 ≤ left.
                         1 => unsafe {
                             let v = $tile1::<1, 1>(
                                 nb,
@@ -82,6 +96,7 @@ macro_rules! panel_kernel {
                             r0 += 1;
                         },
                         $(
+                            // SAFETY: see above the `match`; R = $rows ≤ left, T = tn.
                             $t if left >= $rows => unsafe {
                                 let v = $tile::<$rows, $t>(
                                     nb,
@@ -91,6 +106,7 @@ macro_rules! panel_kernel {
                                 store(p, r0, t0, &v);
                                 r0 += $rows;
                             },
+                            // SAFETY: see above the `match`; R = 1 ≤ left, T = tn.
                             $t => unsafe {
                                 let v = $tile::<1, $t>(
                                     nb,
@@ -116,6 +132,8 @@ pub(crate) use panel_kernel;
 /// superblock, group g's nibbles and scales are unpacked once per row and used for every token.
 macro_rules! q4k_rows {
     ($name:ident, $features:literal, $acc:path) => {
+        /// # Safety
+        /// Each `w[r]` points at `nb` readable Q4_K blocks and each `a[t]` at `nb` Q8_K blocks.
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn $name<const R: usize, const T: usize>(
@@ -130,11 +148,16 @@ macro_rules! q4k_rows {
             let zero = _mm256_setzero_si256();
             let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
             for b in 0..nb {
-                // SAFETY (whole loop): block b of every row and token is in bounds (caller).
-                let xs: [*const u8; R] =
-                    std::array::from_fn(|r| unsafe { w[r].add(b) } as *const u8);
+                let xs: [*const u8; R] = std::array::from_fn(|r| {
+                    // SAFETY: block b < nb of every row is readable (the contract above), so its
+                    // start is in bounds.
+                    unsafe { w[r].add(b) as *const u8 }
+                });
+                // SAFETY: block b < nb of every token is readable (the contract above); the
+                // blocks have alignment 1 and are plain bytes, so a reference to one is valid.
                 let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
                 let u: [__m256i; R] = std::array::from_fn(|r| {
+                    // SAFETY: the first 16 of the 144 bytes of block `xs[r]`.
                     _mm256_broadcastsi128_si256(unpack_k4(unsafe { load128(xs[r]) }))
                 });
                 // Low and high nibbles in separate accumulators, as in the single-row kernel: two
@@ -142,16 +165,19 @@ macro_rules! q4k_rows {
                 let mut isum = [[[zero; 2]; T]; R];
                 for g in 0..4 {
                     for r in 0..R {
+                        // SAFETY: bytes 16 + 32g.. + 32 of the 144 in block `xs[r]` (its `qs`;
+                        // g < 4).
                         let q = unsafe { load256(xs[r].add(16 + 32 * g)) };
                         let lo = _mm256_and_si256(q, m4);
                         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-                        let slo = _mm256_shuffle_epi8(u[r], unsafe { load_ctrl(&K4_SCALE[2 * g]) });
-                        let shi =
-                            _mm256_shuffle_epi8(u[r], unsafe { load_ctrl(&K4_SCALE[2 * g + 1]) });
+                        let slo = _mm256_shuffle_epi8(u[r], load256_of(&K4_SCALE[2 * g]));
+                        let shi = _mm256_shuffle_epi8(u[r], load256_of(&K4_SCALE[2 * g + 1]));
                         for t in 0..T {
                             let q8 = ys[t].qs.as_ptr() as *const u8;
-                            let (alo, ahi) =
-                                unsafe { (load256(q8.add(64 * g)), load256(q8.add(64 * g + 32))) };
+                            // SAFETY: bytes 64g..64g + 32 of the 256 in `ys[t].qs` (g < 4).
+                            let alo = unsafe { load256(q8.add(64 * g)) };
+                            // SAFETY: bytes 64g + 32..64g + 64 of the 256 in `ys[t].qs`.
+                            let ahi = unsafe { load256(q8.add(64 * g + 32)) };
                             let [s0, s1] = isum[r][t];
                             isum[r][t] = [
                                 $acc(s0, _mm256_maddubs_epi16(lo, alo), slo),
@@ -161,13 +187,14 @@ macro_rules! q4k_rows {
                     }
                 }
                 for r in 0..R {
+                    // SAFETY: the first 4 bytes (d, dmin) of block `xs[r]`; `read_unaligned`
+                    // has no alignment requirement.
                     let dm = _mm_cvtph_ps(_mm_set1_epi32(unsafe {
                         (xs[r] as *const i32).read_unaligned()
                     }));
-                    let mins = _mm256_shuffle_epi8(u[r], unsafe { load_ctrl(&K4_MINS) });
+                    let mins = _mm256_shuffle_epi8(u[r], load256_of(&K4_MINS));
                     for t in 0..T {
-                        let msum =
-                            _mm256_madd_epi16(mins, unsafe { load256(ys[t].bsums.as_ptr()) });
+                        let msum = _mm256_madd_epi16(mins, load256_of(&ys[t].bsums));
                         let p = _mm_mul_ps(dm, _mm_set1_ps(ys[t].d()));
                         let [s0, s1] = isum[r][t];
                         acc[r][t][0] = _mm256_fmadd_ps(
@@ -194,6 +221,10 @@ pub(crate) use q4k_rows;
 /// tiling has nothing to share (see the module notes) and the tuned single-row loop is fastest.
 macro_rules! dot_tile {
     ($name:ident, $features:literal, $dot:path, $wblock:ty, $ablock:ty, $block:expr) => {
+        /// # Safety
+        /// Each `w[r]` points at `nb` readable weight blocks and each `a[t]` at `nb` activation
+        /// blocks (of the types named where the macro is called), not written while the tile
+        /// runs.
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn $name<const R: usize, const T: usize>(
@@ -206,8 +237,10 @@ macro_rules! dot_tile {
                 nb * std::mem::size_of::<$ablock>(),
             );
             std::array::from_fn(|r| {
+                // SAFETY: `nb` blocks of every row and token are readable and not written (the
+                // contract above): `wb` and `ab` bytes; `$dot` is compiled for features this
+                // function has.
                 std::array::from_fn(|t| unsafe {
-                    // SAFETY: nb blocks of every row and token are in bounds (caller).
                     $dot(
                         nb * $block,
                         std::slice::from_raw_parts(w[r], wb),

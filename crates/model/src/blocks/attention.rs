@@ -32,9 +32,15 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The address of `attend`'s output, shared by its tasks.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
+// SAFETY: an `OutPtr` is only the address of `out`, which outlives the parallel region
+// (`for_each_chunk` returns after every task); each task writes only the (row, head) slices of
+// its own (token, kv head) pairs, which no other task touches (`attend` checks that the spans'
+// rows are disjoint and inside `out`).
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for OutPtr {}
 impl OutPtr {
     fn get(self) -> *mut f32 {
@@ -75,6 +81,23 @@ pub fn attend(
     let (n_head, n_kv) = (shape.n_head, shape.n_kv_head);
     let group = n_head / n_kv;
     let (dk, dv) = (shape.head_dim_k, shape.head_dim_v);
+    // The tasks write `out` through a raw pointer: every span's rows must lie inside it, and no
+    // two spans may share a row.
+    let mut span_rows: Vec<(usize, usize)> = spans
+        .iter()
+        .map(|s| (s.row0, s.row0 + s.n_tokens))
+        .collect();
+    span_rows.sort_unstable();
+    let end = span_rows.last().map_or(0, |r| r.1);
+    assert!(
+        span_rows.windows(2).all(|w| w[0].1 <= w[1].0)
+            && end
+                .checked_mul(n_head)
+                .and_then(|x| x.checked_mul(dv))
+                .is_some_and(|need| need <= out.len()),
+        "attention spans {span_rows:?} overlap or do not fit an output of {} values",
+        out.len()
+    );
     let esz = kv_type.bytes();
     let k_row = n_kv * dk * esz;
     let v_row = n_kv * dv * esz;
@@ -108,7 +131,9 @@ pub fn attend(
                     let qh = &q[(row * n_head + h) * dk..(row * n_head + h + 1) * dk];
                     attn::scores(isa, qh, krows, shape.scale, scores);
                     attn::softmax(isa, scores);
-                    // SAFETY: every (row, head) output slice is written by exactly one task.
+                    // SAFETY: row < end and h < n_head, so the slice lies inside `out` (checked
+                    // above); (row, h) belongs to this task's (token, kv head) pair only, and the
+                    // spans' rows are disjoint, so no other reference to it exists.
                     let o = unsafe {
                         std::slice::from_raw_parts_mut(
                             out_ptr.get().add((row * n_head + h) * dv),

@@ -5,10 +5,11 @@ use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
-use super::{hsum_ps, load256, mul_sum_i8_pairs};
+use super::mul_sum_i8_pairs;
 use crate::blocks::*;
 use crate::x86::dot_wrapper;
 use crate::x86::kq256::{q2k_256, q3k_256, q4k_256, q5k_256, q6k_256};
+use crate::x86::simd256::{hsum_ps, load256};
 
 dot_wrapper!(pub dot_q2_k => dot_q2_k_impl, GgmlType::Q2K, GgmlType::Q8K);
 dot_wrapper!(pub dot_q3_k => dot_q3_k_impl, GgmlType::Q3K, GgmlType::Q8K);
@@ -25,32 +26,32 @@ pub(super) fn madd_acc(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q2_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q2_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q2k_256!(n, w, a, madd_acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q3_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q3_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q3k_256!(n, w, a, madd_acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q4k_256!(n, w, a, madd_acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q5_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q5k_256!(n, w, a, madd_acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_q6_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q6_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q6k_256!(n, w, a, madd_acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q8_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let nb = n / QK_K;
     let (w, a): (&[BlockQ8K], &[BlockQ8K]) = (bytemuck::cast_slice(w), bytemuck::cast_slice(a));
     let ones = _mm256_set1_epi16(1);
@@ -60,6 +61,7 @@ unsafe fn dot_q8_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let mut sum = [_mm256_setzero_si256(); 2];
         for k in 0..8 {
             // Weights may hold -128, activations (from our quantizer) never do.
+            // SAFETY: bytes 32k..32k + 32 of the 256 in `x.qs` and in `y.qs` (k < 8).
             let p =
                 unsafe { mul_sum_i8_pairs(load256(xq.add(32 * k)), load256(yq.add(32 * k)), ones) };
             sum[k % 2] = _mm256_add_epi32(sum[k % 2], p);

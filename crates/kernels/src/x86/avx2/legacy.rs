@@ -13,9 +13,10 @@ use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
-use super::{bcast_f16, load128, load256, mul_sum_i8_pairs};
+use super::mul_sum_i8_pairs;
 use crate::blocks::*;
 use crate::x86::blocks32::{e8m0x8, f16x8, sum_blocks};
+use crate::x86::simd256::{bcast_f16, load128_of, load256_of};
 use crate::x86::{E8M0_HALF, dot_wrapper};
 
 dot_wrapper!(pub dot_q4_0 => dot_q4_0_impl, GgmlType::Q4_0, GgmlType::Q8_0);
@@ -28,8 +29,8 @@ dot_wrapper!(pub dot_mxfp4 => dot_mxfp4_impl, GgmlType::Mxfp4, GgmlType::Q8_0);
 /// 16 bytes of packed nibbles as 32 bytes: the low nibbles, then the high nibbles.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn nibbles(p: *const u8, m4: __m256i) -> __m256i {
-    let q = unsafe { load128(p) };
+fn nibbles(qs: &[u8; 16], m4: __m256i) -> __m256i {
+    let q = load128_of(qs);
     _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), m4)
 }
 
@@ -64,11 +65,11 @@ impl FifthBits {
     /// The quants of a Q5 block, 0..32: `nibbles | 16·(bit j of qh)`.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn quants(&self, qh: &[u8; 4], qs: &[u8; 16], m4: __m256i) -> __m256i {
+    fn quants(&self, qh: &[u8; 4], qs: &[u8; 16], m4: __m256i) -> __m256i {
         let h = _mm256_set1_epi32(i32::from_le_bytes(*qh));
         let h = _mm256_or_si256(_mm256_shuffle_epi8(h, self.spread), self.others);
         let h = _mm256_and_si256(_mm256_cmpeq_epi8(h, self.ones), self.k16);
-        _mm256_or_si256(unsafe { nibbles(qs.as_ptr(), m4) }, h)
+        _mm256_or_si256(nibbles(qs, m4), h)
     }
 }
 
@@ -83,13 +84,17 @@ fn dot_and_sum(q: __m256i, y: __m256i, k1: __m256i, ones: __m256i) -> __m256i {
 }
 
 /// `[d·dy, m·dy]` repeated, from the adjacent f16 pair `d, m` at `dm` and the f16 `dy`.
+///
+/// # Safety
+/// `dm..dm + 4` is readable: the pair, through a pointer to the whole block (not to `d` alone).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn scale_and_min(dm: *const u8, dy: *const u8) -> __m256 {
+unsafe fn scale_and_min(dm: *const u8, dy: &[u8; 2]) -> __m256 {
+    // SAFETY: the caller's contract; `read_unaligned` has no alignment requirement.
     let dm = _mm256_cvtph_ps(_mm_set1_epi32(unsafe {
         (dm as *const i32).read_unaligned()
     }));
-    _mm256_mul_ps(dm, unsafe { bcast_f16(dy) })
+    _mm256_mul_ps(dm, bcast_f16(dy))
 }
 
 /// `Σ q·y − k·Σy` over one block as 8 lanes, for unsigned quants `q` and `offset = [k; 32]`.
@@ -101,7 +106,7 @@ fn offset_dot(q: __m256i, y: __m256i, offset: __m256i, ones: __m256i) -> __m256i
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let k8 = _mm256_set1_epi8(8);
     let ones = _mm256_set1_epi16(1);
@@ -110,16 +115,13 @@ unsafe fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
             (d, d)
         },
-        scales1: |x, y| unsafe { _mm256_mul_ps(bcast_f16(x.d.as_ptr()), bcast_f16(y.d.as_ptr())) },
-        body: |x, y| unsafe {
-            let q = nibbles(x.qs.as_ptr(), m4);
-            offset_dot(q, load256(y.qs.as_ptr() as *const u8), k8, ones)
-        },
+        scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
+        body: |x, y| offset_dot(nibbles(&x.qs, m4), load256_of(&y.qs), k8, ones),
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     let ones = _mm256_set1_epi16(1);
@@ -128,16 +130,15 @@ unsafe fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let dy = f16x8(ys, |b| b.d);
             (_mm256_mul_ps(f16x8(xs, |b| b.d), dy), _mm256_mul_ps(f16x8(xs, |b| b.m), dy))
         },
-        scales1: |x, y| unsafe { scale_and_min(x as *const BlockQ4_1 as *const u8, y.d.as_ptr()) },
-        body: |x, y| unsafe {
-            let q = nibbles(x.qs.as_ptr(), m4);
-            dot_and_sum(q, load256(y.qs.as_ptr() as *const u8), k1, ones)
-        },
+        // SAFETY: `d` and `m` are the first 4 bytes of the block `x`, reached through a pointer
+        // to the whole block.
+        scales1: |x, y| unsafe { scale_and_min(x as *const BlockQ4_1 as *const u8, &y.d) },
+        body: |x, y| dot_and_sum(nibbles(&x.qs, m4), load256_of(&y.qs), k1, ones),
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let fifth = FifthBits::new();
@@ -146,16 +147,16 @@ unsafe fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
             (d, d)
         },
-        scales1: |x, y| unsafe { _mm256_mul_ps(bcast_f16(x.d.as_ptr()), bcast_f16(y.d.as_ptr())) },
-        body: |x, y| unsafe {
+        scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
+        body: |x, y| {
             let q = fifth.quants(&x.qh, &x.qs, m4);
-            offset_dot(q, load256(y.qs.as_ptr() as *const u8), fifth.k16, ones)
+            offset_dot(q, load256_of(&y.qs), fifth.k16, ones)
         },
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     let ones = _mm256_set1_epi16(1);
@@ -165,49 +166,43 @@ unsafe fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let dy = f16x8(ys, |b| b.d);
             (_mm256_mul_ps(f16x8(xs, |b| b.d), dy), _mm256_mul_ps(f16x8(xs, |b| b.m), dy))
         },
-        scales1: |x, y| unsafe { scale_and_min(x as *const BlockQ5_1 as *const u8, y.d.as_ptr()) },
-        body: |x, y| unsafe {
+        // SAFETY: `d` and `m` are the first 4 bytes of the block `x`, reached through a pointer
+        // to the whole block.
+        scales1: |x, y| unsafe { scale_and_min(x as *const BlockQ5_1 as *const u8, &y.d) },
+        body: |x, y| {
             let q = fifth.quants(&x.qh, &x.qs, m4);
-            dot_and_sum(q, load256(y.qs.as_ptr() as *const u8), k1, ones)
+            dot_and_sum(q, load256_of(&y.qs), k1, ones)
         },
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let ones = _mm256_set1_epi16(1);
     sum_blocks!(BlockQ8_0, n, w, a,
         scales8: |xs, ys| {
             let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
             (d, d)
         },
-        scales1: |x, y| unsafe { _mm256_mul_ps(bcast_f16(x.d.as_ptr()), bcast_f16(y.d.as_ptr())) },
-        body: |x, y| unsafe {
-            let qx = load256(x.qs.as_ptr() as *const u8);
-            let qy = load256(y.qs.as_ptr() as *const u8);
-            mul_sum_i8_pairs(qx, qy, ones)
-        },
+        scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
+        body: |x, y| mul_sum_i8_pairs(load256_of(&x.qs), load256_of(&y.qs), ones),
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_mxfp4_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_mxfp4_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    // SAFETY (load): the table is 16 bytes.
-    let table =
-        _mm256_broadcastsi128_si256(unsafe { load128(KVALUES_MXFP4.as_ptr() as *const u8) });
+    let table = _mm256_broadcastsi128_si256(load128_of(&KVALUES_MXFP4));
     sum_blocks!(BlockMxfp4, n, w, a,
         scales8: |xs, ys| {
             let d = _mm256_mul_ps(e8m0x8(xs), f16x8(ys, |b| b.d));
             (d, d)
         },
-        scales1: |x, y| unsafe {
-            _mm256_mul_ps(_mm256_set1_ps(E8M0_HALF[x.e as usize]), bcast_f16(y.d.as_ptr()))
-        },
-        body: |x, y| unsafe {
-            let v = _mm256_shuffle_epi8(table, nibbles(x.qs.as_ptr(), m4));
-            mul_sum_i8_pairs(v, load256(y.qs.as_ptr() as *const u8), ones)
+        scales1: |x, y| _mm256_mul_ps(_mm256_set1_ps(E8M0_HALF[x.e as usize]), bcast_f16(&y.d)),
+        body: |x, y| {
+            let v = _mm256_shuffle_epi8(table, nibbles(&x.qs, m4));
+            mul_sum_i8_pairs(v, load256_of(&y.qs), ones)
         },
     )
 }

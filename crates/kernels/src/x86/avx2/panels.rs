@@ -10,10 +10,10 @@
 use std::arch::x86_64::*;
 
 use super::kquants::madd_acc;
-use super::{bcast_f16, hsum_ps, hsums, lanes, load128, load256};
 use crate::blocks::{BlockQ4K, BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, QK8_0};
 use crate::x86::blocks32::f16x8;
-use crate::x86::kq256::{Q6K_SCALE, load_ctrl};
+use crate::x86::kq256::Q6K_SCALE;
+use crate::x86::simd256::{bcast_f16, hsum_ps, hsums, lanes, load128_of, load256, load256_of};
 use crate::x86::tiles::{dot_tile, panel_kernel, q4k_rows};
 
 panel_kernel!(pub panel_q4_k, "avx2,fma,f16c",
@@ -28,6 +28,9 @@ q4k_rows!(q4k_tile, "avx2,fma,f16c", madd_acc);
 /// Q6_K × Q8_K: `kq256::q6k_256`'s integer work with each row's quants unpacked once for T
 /// tokens; each superblock's integers of the T tokens are reduced together (`hsums`) and the
 /// float steps (`acc + (d·dy)·total`) run with one token per lane.
+///
+/// # Safety
+/// Each `w[r]` points at `nb` readable Q6_K blocks and each `a[t]` at `nb` Q8_K blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6k_tile<const R: usize, const T: usize>(
@@ -42,12 +45,13 @@ unsafe fn q6k_tile<const R: usize, const T: usize>(
     let zero = _mm256_setzero_si256();
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..nb {
-        // SAFETY (whole loop): block b of every row and token is in bounds (caller).
+        // SAFETY: block b < nb of every row and token is readable (the contract above); the
+        // blocks have alignment 1 and are plain bytes, so a reference to one is valid.
         let xs: [&BlockQ6K; R] = std::array::from_fn(|r| unsafe { &*w[r].add(b) });
+        // SAFETY: as above.
         let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
-        let scales16: [__m256i; R] = std::array::from_fn(|r| {
-            _mm256_cvtepi8_epi16(unsafe { load128(xs[r].scales.as_ptr() as *const u8) })
-        });
+        let scales16: [__m256i; R] =
+            std::array::from_fn(|r| _mm256_cvtepi8_epi16(load128_of(&xs[r].scales)));
         let mut isum = [[zero; T]; R];
         for half in 0..2 {
             for r in 0..R {
@@ -57,6 +61,8 @@ unsafe fn q6k_tile<const R: usize, const T: usize>(
                 } else {
                     _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(scales16[r]))
                 };
+                // SAFETY: bytes 64·half.. + 64 of the 128 in `x.ql` and 32·half.. + 32 of the
+                // 64 in `x.qh` (half < 2).
                 let (ql0, ql1, qh) = unsafe {
                     (
                         load256(x.ql.as_ptr().add(64 * half)),
@@ -83,8 +89,10 @@ unsafe fn q6k_tile<const R: usize, const T: usize>(
                     ),
                 ];
                 for (k, qk) in q.into_iter().enumerate() {
-                    let scale = _mm256_shuffle_epi8(sc, unsafe { load_ctrl(&Q6K_SCALE[k]) });
+                    let scale = _mm256_shuffle_epi8(sc, load256_of(&Q6K_SCALE[k]));
                     for t in 0..T {
+                        // SAFETY: bytes 128·half + 32k.. + 32 of the 256 in `ys[t].qs`
+                        // (half < 2, k < 4).
                         let y = unsafe {
                             load256((ys[t].qs.as_ptr() as *const u8).add(128 * half + 32 * k))
                         };
@@ -94,16 +102,16 @@ unsafe fn q6k_tile<const R: usize, const T: usize>(
             }
         }
         let dy: [f32; 8] = std::array::from_fn(|t| if t < T { ys[t].d() } else { 0.0 });
-        // SAFETY: 8 floats.
+        // SAFETY: the load reads the 8 floats of `dy`.
         let dy = unsafe { _mm256_loadu_ps(dy.as_ptr()) };
         for r in 0..R {
             // The quants are stored biased by 32: subtract 32·Σ scale·(sum of 16 activations).
             let tot: [__m256i; T] = std::array::from_fn(|t| {
-                let bias = _mm256_madd_epi16(scales16[r], unsafe { load256(ys[t].bsums.as_ptr()) });
+                let bias = _mm256_madd_epi16(scales16[r], load256_of(&ys[t].bsums));
                 _mm256_sub_epi32(isum[r][t], _mm256_slli_epi32::<5>(bias))
             });
             let tot = _mm256_cvtepi32_ps(hsums(&tot));
-            let dd = _mm256_mul_ps(unsafe { bcast_f16(xs[r].d.as_ptr()) }, dy);
+            let dd = _mm256_mul_ps(bcast_f16(&xs[r].d), dy);
             acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dd, tot));
         }
     }
@@ -130,6 +138,9 @@ dot_tile!(
 /// Q8_0 × Q8_0: the single-row dot's lanes (`mul_sum_i8_pairs`: the weight's sign moved onto
 /// the activation, `vpmaddubsw` then `vpmaddwd` by ones) and float steps (see the AVX-512
 /// `q8_0_tile`), with each weight block's magnitudes shared by the tile's tokens.
+///
+/// # Safety
+/// Each `w[r]` and each `a[t]` points at `nb` readable Q8_0 blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_0_tile<const R: usize, const T: usize>(
@@ -141,17 +152,19 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
     let a = a.map(|p| p as *const BlockQ8_0);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-    // SAFETY (both loops): blocks 0..nb of every row and token are in bounds (caller).
+    // SAFETY: `block` and `act` are only called with j < nb (the loops below), and blocks 0..nb
+    // of every row and token are readable (the contract above); the blocks have alignment 1 and
+    // are plain bytes, so a reference to one is valid.
     let block = |j: usize, r: usize| unsafe { &*w[r].add(j) };
+    // SAFETY: as for `block`.
     let act = |j: usize, t: usize| unsafe { &*a[t].add(j) };
     // The lanes of block j for every (row, token).
     let lanes = |j: usize| -> [[__m256i; T]; R] {
-        let x: [__m256i; R] =
-            std::array::from_fn(|r| unsafe { load256(block(j, r).qs.as_ptr() as *const u8) });
+        let x: [__m256i; R] = std::array::from_fn(|r| load256_of(&block(j, r).qs));
         let ax: [__m256i; R] = std::array::from_fn(|r| _mm256_sign_epi8(x[r], x[r]));
         let mut out = [[_mm256_setzero_si256(); T]; R];
         for t in 0..T {
-            let y = unsafe { load256(act(j, t).qs.as_ptr() as *const u8) };
+            let y = load256_of(&act(j, t).qs);
             for r in 0..R {
                 let sy = _mm256_sign_epi8(y, x[r]);
                 out[r][t] = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[r], sy), ones);
@@ -163,12 +176,15 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
     for j0 in (0..main).step_by(8) {
         let dx: [__m256; R] = std::array::from_fn(|r| {
             f16x8(
+                // SAFETY: blocks j0..j0 + 8 lie below `main` ≤ nb, readable by the contract
+                // above and not written while the slice lives.
                 unsafe { std::slice::from_raw_parts(w[r].add(j0), 8) },
                 |b| b.d,
             )
         });
         let dy: [__m256; T] = std::array::from_fn(|t| {
             f16x8(
+                // SAFETY: as for `dx`.
                 unsafe { std::slice::from_raw_parts(a[t].add(j0), 8) },
                 |b| b.d,
             )
@@ -190,9 +206,9 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
     for j in main..nb {
         let s = lanes(j);
         for r in 0..R {
-            let dx = unsafe { bcast_f16(block(j, r).d.as_ptr()) };
+            let dx = bcast_f16(&block(j, r).d);
             for t in 0..T {
-                let dj = _mm256_mul_ps(dx, unsafe { bcast_f16(act(j, t).d.as_ptr()) });
+                let dj = _mm256_mul_ps(dx, bcast_f16(&act(j, t).d));
                 acc[r][t][0] = _mm256_fmadd_ps(dj, _mm256_cvtepi32_ps(s[r][t]), acc[r][t][0]);
             }
         }

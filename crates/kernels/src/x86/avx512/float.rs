@@ -28,16 +28,23 @@ macro_rules! float_dot {
         let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
         let mut sum = _mm512_reduce_add_ps(v);
         while i < $n {
-            sum += $tail(i) * *a.add(i);
+            sum += $tail(i) * a.add(i).read_unaligned();
             i += 1;
         }
         sum
     }};
 }
 
+/// `Σ w[i]·a[i]` over `n` f32 weights and f32 activations.
+///
+/// # Safety
+/// `w` holds at least `n` f32 values and `a` at least `n` f32 (any alignment), and the CPU
+/// supports AVX-512F/BW/VL/DQ, AVX2, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn dot_f32_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let wp = w.as_ptr() as *const f32;
+    // SAFETY: every load reads elements below `n` (the loops stop there) of `w` and `a`, which
+    // hold `n` by the contract above; all loads are unaligned.
     unsafe {
         float_dot!(n, a, |i| _mm512_loadu_ps(wp.add(i)), |i| wp
             .add(i)
@@ -45,9 +52,16 @@ unsafe fn dot_f32_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     }
 }
 
+/// `Σ w[i]·a[i]` over `n` f16 weights and f32 activations.
+///
+/// # Safety
+/// `w` holds at least `n` f16 values and `a` at least `n` f32 (any alignment), and the CPU
+/// supports AVX-512F/BW/VL/DQ, AVX2, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn dot_f16_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let wp = w.as_ptr() as *const u16;
+    // SAFETY: every load reads elements below `n` (the loops stop there) of `w` and `a`, which
+    // hold `n` by the contract above; all loads are unaligned.
     unsafe {
         float_dot!(
             n,
@@ -58,9 +72,16 @@ unsafe fn dot_f16_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     }
 }
 
+/// `Σ w[i]·a[i]` over `n` bf16 weights and f32 activations.
+///
+/// # Safety
+/// `w` holds at least `n` bf16 values and `a` at least `n` f32 (any alignment), and the CPU
+/// supports AVX-512F/BW/VL/DQ, AVX2, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn dot_bf16_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let wp = w.as_ptr() as *const u16;
+    // SAFETY: every load reads elements below `n` (the loops stop there) of `w` and `a`, which
+    // hold `n` by the contract above; all loads are unaligned.
     unsafe {
         float_dot!(
             n,

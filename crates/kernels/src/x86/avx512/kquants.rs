@@ -29,7 +29,9 @@ dot_wrapper!(pub dot_q8_k => dot_q8_k_impl, GgmlType::Q8K, GgmlType::Q8K);
 #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2")]
 pub(super) fn dpwssd(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
     let mut acc = acc;
-    // SAFETY: a register-only instruction of the features this function is compiled for.
+    // SAFETY: `vpdpwssd` on ymm registers needs AVX512-VNNI and AVX512VL, which this function
+    // is compiled for; it only reads and writes the three registers named (no memory, stack or
+    // flags, as the options say).
     unsafe {
         std::arch::asm!(
             "vpdpwssd {acc}, {p}, {s}",
@@ -43,32 +45,32 @@ pub(super) fn dpwssd(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q2_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q2_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q2k_256!(n, w, a, dpwssd)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q3_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q3_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q3k_256!(n, w, a, dpwssd)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q4k_256!(n, w, a, dpwssd)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q5_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q5_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q5k_256!(n, w, a, dpwssd)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn dot_q6_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q6_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q6k_256!(n, w, a, dpwssd)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q8_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q8_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let nb = n / QK_K;
     let (w, a): (&[BlockQ8K], &[BlockQ8K]) = (bytemuck::cast_slice(w), bytemuck::cast_slice(a));
     let zero = _mm512_setzero_si512();
@@ -80,6 +82,7 @@ unsafe fn dot_q8_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
             // |x| read as unsigned is exact even for -128; the sign moves onto y (activations
             // never hold -128). Making x unsigned as x + 128 and removing 128·Σy through bsums
             // would save two operations but leave lanes much larger than the result.
+            // SAFETY: bytes 64j..64j + 64 of the 256 in `x.qs` and in `y.qs` (j < 4).
             let (xv, yv) = unsafe { (load512(xq.add(64 * j)), load512(yq.add(64 * j))) };
             let yv = _mm512_mask_sub_epi8(yv, _mm512_movepi8_mask(xv), zero, yv);
             sum[j % 2] = _mm512_dpbusd_epi32(sum[j % 2], _mm512_abs_epi8(xv), yv);

@@ -15,10 +15,9 @@ use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
-use super::{load128, load256};
 use crate::blocks::*;
-use crate::x86::avx2::bcast_f16;
 use crate::x86::blocks32::{e8m0x8, f16x8, sum_blocks};
+use crate::x86::simd256::{bcast_f16, load128_of, load256_of};
 use crate::x86::{E8M0_HALF, KVALUES_MXFP4_ABS, dot_wrapper};
 
 dot_wrapper!(pub dot_q4_0 => dot_q4_0_impl, GgmlType::Q4_0, GgmlType::Q8_0);
@@ -31,8 +30,8 @@ dot_wrapper!(pub dot_mxfp4 => dot_mxfp4_impl, GgmlType::Mxfp4, GgmlType::Q8_0);
 /// 16 bytes of packed nibbles as 32 bytes: the low nibbles, then the high nibbles.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
-unsafe fn nibbles(p: *const u8, m4: __m256i) -> __m256i {
-    let q = _mm256_broadcastsi128_si256(unsafe { load128(p) });
+fn nibbles(qs: &[u8; 16], m4: __m256i) -> __m256i {
+    let q = _mm256_broadcastsi128_si256(load128_of(qs));
     // Shift the high 128-bit lane (16-bit lanes 8..16).
     _mm256_and_si256(_mm256_mask_srli_epi16::<4>(q, 0xFF00, q), m4)
 }
@@ -56,22 +55,21 @@ fn signed_dot(mag: __m256i, neg: __mmask32, y: __m256i) -> __m256i {
 }
 
 /// `[d·dy, m·dy]` repeated, from the adjacent f16 pair `d, m` at `dm` and the f16 `dy`.
+///
+/// # Safety
+/// `dm..dm + 4` is readable: the pair, through a pointer to the whole block (not to `d` alone).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn scale_and_min(dm: *const u8, dy: *const u8) -> __m256 {
+unsafe fn scale_and_min(dm: *const u8, dy: &[u8; 2]) -> __m256 {
+    // SAFETY: the caller's contract; `read_unaligned` has no alignment requirement.
     let dm = _mm256_cvtph_ps(_mm_set1_epi32(unsafe {
         (dm as *const i32).read_unaligned()
     }));
-    _mm256_mul_ps(dm, unsafe { bcast_f16(dy) })
-}
-
-#[inline]
-unsafe fn acts(y: &BlockQ8_0) -> __m256i {
-    unsafe { load256(y.qs.as_ptr() as *const u8) }
+    _mm256_mul_ps(dm, bcast_f16(dy))
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let k8 = _mm256_set1_epi8(8);
     let zero = _mm256_setzero_si256();
@@ -80,16 +78,16 @@ unsafe fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
             (d, d)
         },
-        scales1: |x, y| unsafe { _mm256_mul_ps(bcast_f16(x.d.as_ptr()), bcast_f16(y.d.as_ptr())) },
-        body: |x, y| unsafe {
-            let (q, y) = (nibbles(x.qs.as_ptr(), m4), acts(y));
+        scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
+        body: |x, y| {
+            let (q, y) = (nibbles(&x.qs, m4), load256_of(&y.qs));
             _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, q, y), _mm256_dpbusd_epi32(zero, k8, y))
         },
     )
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     sum_blocks!(BlockQ4_1, n, w, a,
@@ -97,13 +95,15 @@ unsafe fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let dy = f16x8(ys, |b| b.d);
             (_mm256_mul_ps(f16x8(xs, |b| b.d), dy), _mm256_mul_ps(f16x8(xs, |b| b.m), dy))
         },
-        scales1: |x, y| unsafe { scale_and_min(x as *const BlockQ4_1 as *const u8, y.d.as_ptr()) },
-        body: |x, y| unsafe { dot_and_sum(nibbles(x.qs.as_ptr(), m4), acts(y), k1) },
+        // SAFETY: `d` and `m` are the first 4 bytes of the block `x`, reached through a pointer
+        // to the whole block.
+        scales1: |x, y| unsafe { scale_and_min(x as *const BlockQ4_1 as *const u8, &y.d) },
+        body: |x, y| dot_and_sum(nibbles(&x.qs, m4), load256_of(&y.qs), k1),
     )
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let k16 = _mm256_set1_epi8(16);
     sum_blocks!(BlockQ5_0, n, w, a,
@@ -111,19 +111,19 @@ unsafe fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
             (d, d)
         },
-        scales1: |x, y| unsafe { _mm256_mul_ps(bcast_f16(x.d.as_ptr()), bcast_f16(y.d.as_ptr())) },
-        body: |x, y| unsafe {
-            let q = nibbles(x.qs.as_ptr(), m4);
+        scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
+        body: |x, y| {
+            let q = nibbles(&x.qs, m4);
             // A weight is q - 16 where its fifth bit (bit j of qh for element j) is clear:
             // negative, magnitude 16 - q. Where the bit is set it is q.
             let neg = _cvtu32_mask32(!u32::from_le_bytes(x.qh));
-            signed_dot(_mm256_mask_sub_epi8(q, neg, k16, q), neg, acts(y))
+            signed_dot(_mm256_mask_sub_epi8(q, neg, k16, q), neg, load256_of(&y.qs))
         },
     )
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     let k16 = _mm256_set1_epi8(16);
@@ -132,50 +132,49 @@ unsafe fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let dy = f16x8(ys, |b| b.d);
             (_mm256_mul_ps(f16x8(xs, |b| b.d), dy), _mm256_mul_ps(f16x8(xs, |b| b.m), dy))
         },
-        scales1: |x, y| unsafe { scale_and_min(x as *const BlockQ5_1 as *const u8, y.d.as_ptr()) },
-        body: |x, y| unsafe {
-            let q = nibbles(x.qs.as_ptr(), m4);
+        // SAFETY: `d` and `m` are the first 4 bytes of the block `x`, reached through a pointer
+        // to the whole block.
+        scales1: |x, y| unsafe { scale_and_min(x as *const BlockQ5_1 as *const u8, &y.d) },
+        body: |x, y| {
+            let q = nibbles(&x.qs, m4);
             let q = _mm256_mask_add_epi8(q, _cvtu32_mask32(u32::from_le_bytes(x.qh)), q, k16);
-            dot_and_sum(q, acts(y), k1)
+            dot_and_sum(q, load256_of(&y.qs), k1)
         },
     )
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum_blocks!(BlockQ8_0, n, w, a,
         scales8: |xs, ys| {
             let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
             (d, d)
         },
-        scales1: |x, y| unsafe { _mm256_mul_ps(bcast_f16(x.d.as_ptr()), bcast_f16(y.d.as_ptr())) },
-        body: |x, y| unsafe {
+        scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
+        body: |x, y| {
             // |x| read as unsigned is exact even for -128.
-            let x = load256(x.qs.as_ptr() as *const u8);
-            signed_dot(_mm256_abs_epi8(x), _mm256_movepi8_mask(x), acts(y))
+            let x = load256_of(&x.qs);
+            signed_dot(_mm256_abs_epi8(x), _mm256_movepi8_mask(x), load256_of(&y.qs))
         },
     )
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_mxfp4_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+fn dot_mxfp4_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let k8 = _mm256_set1_epi8(8);
-    // SAFETY (load): the table is 16 bytes.
-    let table =
-        _mm256_broadcastsi128_si256(unsafe { load128(KVALUES_MXFP4_ABS.as_ptr() as *const u8) });
+    let table = _mm256_broadcastsi128_si256(load128_of(&KVALUES_MXFP4_ABS));
     sum_blocks!(BlockMxfp4, n, w, a,
         scales8: |xs, ys| {
             let d = _mm256_mul_ps(e8m0x8(xs), f16x8(ys, |b| b.d));
             (d, d)
         },
-        scales1: |x, y| unsafe {
-            _mm256_mul_ps(_mm256_set1_ps(E8M0_HALF[x.e as usize]), bcast_f16(y.d.as_ptr()))
-        },
-        body: |x, y| unsafe {
+        scales1: |x, y| _mm256_mul_ps(_mm256_set1_ps(E8M0_HALF[x.e as usize]), bcast_f16(&y.d)),
+        body: |x, y| {
             // E2M1 magnitude from the table, sign in nibble bit 3 (moved onto y).
-            let nib = nibbles(x.qs.as_ptr(), m4);
-            signed_dot(_mm256_shuffle_epi8(table, nib), _mm256_test_epi8_mask(nib, k8), acts(y))
+            let nib = nibbles(&x.qs, m4);
+            let (mag, neg) = (_mm256_shuffle_epi8(table, nib), _mm256_test_epi8_mask(nib, k8));
+            signed_dot(mag, neg, load256_of(&y.qs))
         },
     )
 }

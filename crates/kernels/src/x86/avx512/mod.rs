@@ -7,7 +7,8 @@
 //! gains is needing fewer instructions. Most quantized kernels here therefore work on 256-bit
 //! registers with the AVX-512VL forms of VNNI and masks, which measured faster than assembling
 //! 512-bit registers from two blocks or groups (see `legacy` and `kquants`); F32/F16/BF16 and
-//! Q8_K, which need no assembly, use 512 bits.
+//! Q8_K, which need no assembly, use 512 bits. The 256-bit helpers shared with the AVX2 set are
+//! in `crate::x86::simd256`.
 
 mod float;
 mod kquants;
@@ -21,7 +22,9 @@ use gguf::GgmlType;
 use crate::formats::DotFn;
 use crate::panel::PanelFn;
 
-/// The AVX-512 dot product for `dtype`, if there is one.
+/// The AVX-512 dot product for `dtype`, if there is one. Only for `crate::isa`, after it
+/// checked that the CPU has every feature of `Isa::Avx512` (which include AVX2, FMA and F16C):
+/// the functions returned run AVX-512 code.
 pub fn dot(dtype: GgmlType) -> Option<DotFn> {
     use GgmlType as T;
     Some(match dtype {
@@ -44,7 +47,7 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
     })
 }
 
-/// The AVX-512 panel kernel for `dtype`, if there is one.
+/// The AVX-512 panel kernel for `dtype`, if there is one (the same condition as [`dot`]).
 pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
     use GgmlType as T;
     Some(match dtype {
@@ -55,17 +58,13 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
     })
 }
 
+/// 64 bytes from `p` (any alignment).
+///
+/// # Safety
+/// `p..p + 64` is readable and initialized, and the CPU supports AVX-512F (the caller is
+/// compiled with it).
 #[inline]
 unsafe fn load512(p: *const u8) -> __m512i {
+    // SAFETY: the caller's contract.
     unsafe { _mm512_loadu_si512(p as *const __m512i) }
-}
-
-#[inline]
-unsafe fn load256(p: *const u8) -> __m256i {
-    unsafe { _mm256_loadu_si256(p as *const __m256i) }
-}
-
-#[inline]
-unsafe fn load128(p: *const u8) -> __m128i {
-    unsafe { _mm_loadu_si128(p as *const __m128i) }
 }

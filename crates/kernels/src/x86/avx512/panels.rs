@@ -21,12 +21,13 @@
 use std::arch::x86_64::*;
 
 use super::kquants::dpwssd;
-use super::{load128, load256};
 use crate::blocks::{BlockQ4K, BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, QK8_0};
-use crate::x86::avx2::{bcast_f16, hsum_ps, hsums, lanes};
 use crate::x86::blocks32::f16x8;
-use crate::x86::kq256::{K4_MINS, load_ctrl};
+use crate::x86::kq256::K4_MINS;
 use crate::x86::scales::unpack_k4;
+use crate::x86::simd256::{
+    bcast_f16, hsum_ps, hsums, lanes, load128, load128_of, load256, load256_of,
+};
 use crate::x86::tiles::{dot_tile, panel_kernel};
 
 panel_kernel!(pub panel_q4_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
@@ -66,6 +67,9 @@ static K4_SCALE_PAIR: [[u8; 32]; 4] = {
 /// Q4_K × Q8_K. Per superblock and (row, token): the lanes of `kq256::q4k_q5k_body` (lane l =
 /// Σ_j scale_j · Σ of elements 4l..4l+4 of sub-block j) and its mins lanes, then the two FMAs of
 /// `kq256::fma_d_dmin`; the result is `hsum(acc0 + acc1)` as there.
+///
+/// # Safety
+/// Each `w[r]` points at `nb` readable Q4_K blocks and each `a[t]` at `nb` Q8_K blocks.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4k_tile<const R: usize, const T: usize>(
@@ -79,11 +83,15 @@ unsafe fn q4k_tile<const R: usize, const T: usize>(
     let zero = _mm256_setzero_si256();
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
     for b in 0..nb {
-        // SAFETY (whole loop): block b of every row and token is in bounds (caller).
+        // SAFETY: block b < nb of every row is readable (the contract above), so its start is
+        // in bounds.
         let xs: [*const u8; R] = std::array::from_fn(|r| unsafe { w[r].add(b) } as *const u8);
+        // SAFETY: block b < nb of every token is readable (the contract above); the blocks have
+        // alignment 1 and are plain bytes, so a reference to one is valid.
         let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
         // Scales (bytes 0..8) and mins (8..16) in both 128-bit lanes.
         let u: [__m256i; R] = std::array::from_fn(|r| {
+            // SAFETY: the first 16 of the 144 bytes of block `xs[r]`.
             _mm256_broadcastsi128_si256(unpack_k4(unsafe { load128(xs[r]) }))
         });
         let mut isum = [[zero; T]; R];
@@ -92,13 +100,15 @@ unsafe fn q4k_tile<const R: usize, const T: usize>(
             let mut hi = [zero; R];
             let mut sc = [zero; R];
             for r in 0..R {
+                // SAFETY: bytes 16 + 32g.. + 32 of the 144 in block `xs[r]` (its `qs`; g < 4).
                 let q = unsafe { load256(xs[r].add(16 + 32 * g)) };
                 lo[r] = _mm256_and_si256(q, m4);
                 hi[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-                sc[r] = _mm256_shuffle_epi8(u[r], unsafe { load_ctrl(&K4_SCALE_PAIR[g]) });
+                sc[r] = _mm256_shuffle_epi8(u[r], load256_of(&K4_SCALE_PAIR[g]));
             }
             for t in 0..T {
                 let q8 = ys[t].qs.as_ptr() as *const u8;
+                // SAFETY: bytes 64g..64g + 64 of the 256 in `ys[t].qs` (g < 4).
                 let (alo, ahi) = unsafe { (load256(q8.add(64 * g)), load256(q8.add(64 * g + 32))) };
                 for r in 0..R {
                     let plo = _mm256_dpbusd_epi32(zero, lo[r], alo);
@@ -109,12 +119,14 @@ unsafe fn q4k_tile<const R: usize, const T: usize>(
         }
         for r in 0..R {
             // [d, dmin] (the block's first four bytes) times dy, as in `fma_d_dmin`.
+            // SAFETY: the first 4 bytes of block `xs[r]`; `read_unaligned` has no alignment
+            // requirement.
             let dm = _mm_cvtph_ps(_mm_set1_epi32(unsafe {
                 (xs[r] as *const i32).read_unaligned()
             }));
-            let mins = _mm256_shuffle_epi8(u[r], unsafe { load_ctrl(&K4_MINS) });
+            let mins = _mm256_shuffle_epi8(u[r], load256_of(&K4_MINS));
             for t in 0..T {
-                let msum = _mm256_madd_epi16(mins, unsafe { load256(ys[t].bsums.as_ptr()) });
+                let msum = _mm256_madd_epi16(mins, load256_of(&ys[t].bsums));
                 let p = _mm_mul_ps(dm, _mm_set1_ps(ys[t].d()));
                 acc[r][t][0] = _mm256_fmadd_ps(
                     _mm256_broadcastss_ps(p),
@@ -159,6 +171,9 @@ static Q6K_SCALE_PAIR: [[u8; 32]; 2] = {
 /// `Σ_j scale_j · Σ (q − 32)·a` over its sixteen 16-element sub-blocks and adds
 /// `(d·dy)·total` to a scalar; here the integers of T tokens are reduced together
 /// (`hsums`) and the float steps run with one token per lane — the same operations per token.
+///
+/// # Safety
+/// Each `w[r]` points at `nb` readable Q6_K blocks and each `a[t]` at `nb` Q8_K blocks.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn q6k_tile<const R: usize, const T: usize>(
@@ -174,18 +189,21 @@ unsafe fn q6k_tile<const R: usize, const T: usize>(
     // One lane per token.
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..nb {
-        // SAFETY (whole loop): block b of every row and token is in bounds (caller).
+        // SAFETY: block b < nb of every row and token is readable (the contract above); the
+        // blocks have alignment 1 and are plain bytes, so a reference to one is valid.
         let xs: [&BlockQ6K; R] = std::array::from_fn(|r| unsafe { &*w[r].add(b) });
+        // SAFETY: as above.
         let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
-        let scales16: [__m256i; R] = std::array::from_fn(|r| {
-            _mm256_cvtepi8_epi16(unsafe { load128(xs[r].scales.as_ptr() as *const u8) })
-        });
+        let scales16: [__m256i; R] =
+            std::array::from_fn(|r| _mm256_cvtepi8_epi16(load128_of(&xs[r].scales)));
         let mut isum = [[zero; T]; R];
         for half in 0..2 {
             let mut q = [[zero; 4]; R];
             let mut sc = [[zero; 2]; R];
             for r in 0..R {
                 let x = xs[r];
+                // SAFETY: bytes 64·half.. + 64 of the 128 in `x.ql` and 32·half.. + 32 of the
+                // 64 in `x.qh` (half < 2).
                 let (ql0, ql1, qh) = unsafe {
                     (
                         load256(x.ql.as_ptr().add(64 * half)),
@@ -216,11 +234,12 @@ unsafe fn q6k_tile<const R: usize, const T: usize>(
                 } else {
                     _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(scales16[r]))
                 };
-                sc[r] = [0, 1]
-                    .map(|p| _mm256_shuffle_epi8(s, unsafe { load_ctrl(&Q6K_SCALE_PAIR[p]) }));
+                sc[r] = [0, 1].map(|p| _mm256_shuffle_epi8(s, load256_of(&Q6K_SCALE_PAIR[p])));
             }
             for t in 0..T {
                 let q8 = ys[t].qs.as_ptr() as *const u8;
+                // SAFETY: bytes 128·half + 32k.. + 32 of the 256 in `ys[t].qs` (half < 2,
+                // k < 4).
                 let y: [__m256i; 4] =
                     std::array::from_fn(|k| unsafe { load256(q8.add(128 * half + 32 * k)) });
                 for r in 0..R {
@@ -233,16 +252,16 @@ unsafe fn q6k_tile<const R: usize, const T: usize>(
             }
         }
         let dy: [f32; 8] = std::array::from_fn(|t| if t < T { ys[t].d() } else { 0.0 });
-        // SAFETY: 8 floats.
+        // SAFETY: the load reads the 8 floats of `dy`.
         let dy = unsafe { _mm256_loadu_ps(dy.as_ptr()) };
         for r in 0..R {
             // The quants are stored biased by 32: subtract 32·Σ scale·(sum of 16 activations).
             let tot: [__m256i; T] = std::array::from_fn(|t| {
-                let bias = _mm256_madd_epi16(scales16[r], unsafe { load256(ys[t].bsums.as_ptr()) });
+                let bias = _mm256_madd_epi16(scales16[r], load256_of(&ys[t].bsums));
                 _mm256_sub_epi32(isum[r][t], _mm256_slli_epi32::<5>(bias))
             });
             let tot = _mm256_cvtepi32_ps(hsums(&tot));
-            let dd = _mm256_mul_ps(unsafe { bcast_f16(xs[r].d.as_ptr()) }, dy);
+            let dd = _mm256_mul_ps(bcast_f16(&xs[r].d), dy);
             acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dd, tot));
         }
     }
@@ -254,6 +273,9 @@ unsafe fn q6k_tile<const R: usize, const T: usize>(
 /// of eight, to `acc[0]` for the rest, and returns `hsum(acc0 + acc1)`. Here the products come
 /// from `vpdpbusd` with the weights made unsigned (`x + 128`, shared by the tile's tokens) and
 /// `128·Σy` removed through the accumulator's start value (shared by its rows).
+///
+/// # Safety
+/// Each `w[r]` and each `a[t]` points at `nb` readable Q8_0 blocks.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn q8_0_tile<const R: usize, const T: usize>(
@@ -266,20 +288,19 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let zero = _mm256_setzero_si256();
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-    // SAFETY (both loops): blocks 0..nb of every row and token are in bounds (caller).
+    // SAFETY: `block` and `act` are only called with j < nb (the loops below), and blocks 0..nb
+    // of every row and token are readable (the contract above); the blocks have alignment 1 and
+    // are plain bytes, so a reference to one is valid.
     let block = |j: usize, r: usize| unsafe { &*w[r].add(j) };
+    // SAFETY: as for `block`.
     let act = |j: usize, t: usize| unsafe { &*a[t].add(j) };
     // The lanes of block j for every (row, token).
     let lanes = |j: usize| -> [[__m256i; T]; R] {
-        let xu: [__m256i; R] = std::array::from_fn(|r| {
-            _mm256_xor_si256(
-                unsafe { load256(block(j, r).qs.as_ptr() as *const u8) },
-                k80,
-            )
-        });
+        let xu: [__m256i; R] =
+            std::array::from_fn(|r| _mm256_xor_si256(load256_of(&block(j, r).qs), k80));
         let mut out = [[zero; T]; R];
         for t in 0..T {
-            let y = unsafe { load256(act(j, t).qs.as_ptr() as *const u8) };
+            let y = load256_of(&act(j, t).qs);
             let start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, k80, y));
             for r in 0..R {
                 out[r][t] = _mm256_dpbusd_epi32(start, xu[r], y);
@@ -291,12 +312,15 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
     for j0 in (0..main).step_by(8) {
         let dx: [__m256; R] = std::array::from_fn(|r| {
             f16x8(
+                // SAFETY: blocks j0..j0 + 8 lie below `main` ≤ nb, readable by the contract
+                // above and not written while the slice lives.
                 unsafe { std::slice::from_raw_parts(w[r].add(j0), 8) },
                 |b| b.d,
             )
         });
         let dy: [__m256; T] = std::array::from_fn(|t| {
             f16x8(
+                // SAFETY: as for `dx`.
                 unsafe { std::slice::from_raw_parts(a[t].add(j0), 8) },
                 |b| b.d,
             )
@@ -318,9 +342,9 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
     for j in main..nb {
         let s = lanes(j);
         for r in 0..R {
-            let dx = unsafe { bcast_f16(block(j, r).d.as_ptr()) };
+            let dx = bcast_f16(&block(j, r).d);
             for t in 0..T {
-                let dj = _mm256_mul_ps(dx, unsafe { bcast_f16(act(j, t).d.as_ptr()) });
+                let dj = _mm256_mul_ps(dx, bcast_f16(&act(j, t).d));
                 acc[r][t][0] = _mm256_fmadd_ps(dj, _mm256_cvtepi32_ps(s[r][t]), acc[r][t][0]);
             }
         }
