@@ -1,5 +1,6 @@
-//! Flags that make a model-running command the coordinator of a pipeline. Parsed here; the
-//! executor they select is built in `common::build_engine`.
+//! Cluster flags (pipeline and tensor parallel) and the configurations they give. Which of them
+//! applies is decided once by `topology::Topology`; the executor is built in
+//! `common::build_engine`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,8 +14,8 @@ use cluster::wire::{AuthMode, ClusterKey};
 pub struct ClusterArgs {
     /// Run only layers A:B here as the coordinator of a pipeline (A must be 0); workers serve
     /// the rest and register at --listen.
-    #[arg(long)]
-    pub layers: Option<String>,
+    #[arg(long, value_name = "A:B|A:output")]
+    pub layers: Option<engine::RangeSpec>,
     /// Where pipeline workers register (host:port).
     #[arg(long)]
     pub listen: Option<String>,
@@ -68,17 +69,10 @@ pub fn auth_mode(key_file: Option<&std::path::Path>, insecure: bool) -> anyhow::
 }
 
 impl ClusterArgs {
-    pub fn is_pipeline(&self) -> bool {
-        !self.tensor_parallel && (self.layers.is_some() || self.listen.is_some())
-    }
-
     pub fn tp_config(&self) -> anyhow::Result<cluster::tp::TpConfig> {
         let Some(listen) = self.listen.clone() else {
             bail!("--tensor-parallel needs --listen HOST:PORT for the ranks")
         };
-        if self.layers.is_some() {
-            bail!("--layers and --tensor-parallel cannot be combined: every rank runs every layer");
-        }
         let host = listen
             .rsplit_once(':')
             .map(|(h, _)| h.to_string())

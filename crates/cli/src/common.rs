@@ -1,14 +1,17 @@
 //! What every model-running subcommand shares: the model flags, loading with a progress bar,
-//! and building the engine (the executor behind it is chosen here and nowhere else).
+//! and building the engine (the executor behind it follows from the `Topology`, here and
+//! nowhere else).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use engine::{Engine, LocalExecutor};
+use engine::{Engine, LocalExecutor, Runner};
 use indicatif::{ProgressBar, ProgressStyle};
-use model::{Compute, KvType, Model, WeightSelection};
+use model::{Compute, KvType, Model};
+
+use crate::topology::{Side, Topology};
 
 /// The demo model committed to the repository, used when `-m` is not given.
 pub fn default_model_path() -> PathBuf {
@@ -51,20 +54,19 @@ impl ModelArgs {
     }
 }
 
-/// Loads the model and faults in the weights this process will read, with a progress bar.
-pub fn load_model(
-    args: &ModelArgs,
-    select: impl FnOnce(&Model) -> Option<WeightSelection>,
-) -> anyhow::Result<Arc<Model>> {
+/// Opens the model as `topology` says (the shard of a tensor-parallel rank is fixed here, once)
+/// and faults in the weights this process will read, with a progress bar. A worker rank, whose
+/// rank is not known yet, gets the whole model bound; it rebinds its shard when it registers.
+pub fn load_model(args: &ModelArgs, topology: &Topology) -> anyhow::Result<Arc<Model>> {
     let path = args.model_path();
     let t0 = Instant::now();
-    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-    let sel = select(&model).unwrap_or(WeightSelection {
-        layers: 0..=model.n_layer() - 1,
-        embeddings: true,
-        head: true,
-        experts: true,
-    });
+    let files = Arc::new(
+        gguf::GgufModel::open(&path).with_context(|| format!("loading {}", path.display()))?,
+    );
+    let (rank, n_ranks) = topology.shard().unwrap_or((0, 1));
+    let model = Model::from_gguf_rank(files, rank, n_ranks)
+        .with_context(|| format!("loading {}", path.display()))?;
+    let sel = topology.selection(&model, args.streaming.ssd_streaming)?;
     let ranges = model.weight_ranges(&sel);
     let total: u64 = ranges.iter().map(|r| r.len).sum();
     if !args.no_warm && fits_in_memory(total) {
@@ -117,89 +119,66 @@ pub fn context_size(args: &ModelArgs, model: &Model) -> usize {
     }
 }
 
-/// The layers this process runs and whether it holds the head.
-pub fn local_layers(
+/// The runner of this process's layers (with its streamed experts, if any).
+pub fn runner(
     args: &ModelArgs,
-    model: &Model,
-) -> anyhow::Result<(std::ops::RangeInclusive<usize>, bool)> {
-    match &args.cluster.layers {
-        None => Ok((0..=model.n_layer() - 1, true)),
-        Some(r) => {
-            let (layers, head) =
-                cluster::stage::parse_range(r, model.n_layer()).map_err(anyhow::Error::msg)?;
-            anyhow::ensure!(
-                *layers.start() == 0,
-                "--layers {r}: the coordinator's range must start at layer 0"
-            );
-            Ok((layers, head))
-        }
-    }
-}
-
-/// What this process reads of the model, for warming.
-pub fn selection(args: &ModelArgs, model_layers: usize) -> Option<WeightSelection> {
-    if args.cluster.tensor_parallel {
-        // Each rank faults in only its own experts, on first use.
-        return Some(WeightSelection {
-            layers: 0..=model_layers.checked_sub(1)?,
-            embeddings: true,
-            head: true,
-            experts: false,
-        });
-    }
-    let (layers, head) = match &args.cluster.layers {
-        Some(r) => cluster::stage::parse_range(r, model_layers).ok()?,
-        None => (0..=model_layers.checked_sub(1)?, true),
-    };
-    Some(WeightSelection {
-        layers,
-        embeddings: true,
-        head,
-        experts: !args.streaming.ssd_streaming,
-    })
-}
-
-/// The engine for these flags: local, or the coordinator of a pipeline.
-pub fn build_engine(args: &ModelArgs, model: Arc<Model>) -> anyhow::Result<Engine> {
-    let n_ctx = context_size(args, &model);
-    let compute = Compute::new(args.threads);
-    if args.cluster.tensor_parallel {
-        // Rank 0's share: a fresh instance (cheap: a map and the small vectors) to shard.
-        let fresh = Model::load(args.model_path())
-            .with_context(|| format!("loading {}", args.model_path().display()))?;
-        let mut cfg = args.cluster.tp_config()?;
-        cfg.experts = args.streaming.expert_factory(n_ctx, args.kv_type);
-        let exec = cluster::tp::TpExecutor::new(fresh, args.threads, args.kv_type, n_ctx, cfg)?;
-        return Ok(Engine::new(Box::new(exec)));
-    }
-    let (layers, head) = local_layers(args, &model)?;
+    topology: &Topology,
+    model: Arc<Model>,
+    n_ctx: usize,
+) -> anyhow::Result<Runner> {
+    let range = topology.layers(model.n_layer())?;
     let cx = crate::streaming_args::StreamingContext {
-        layers: Some(layers.clone()),
+        layers: Some(range.layers()),
         n_ctx,
         kv_type: args.kv_type,
         owned: None,
     };
     let experts = args.streaming.expert_source_for(&model, cx)?;
-    if args.cluster.is_pipeline() {
-        let mut stage =
-            cluster::stage::StageRuntime::new(model, compute, layers, head, args.kv_type, n_ctx);
-        if let Some(e) = experts {
-            stage = stage.with_experts(e);
+    Ok(Runner::new(
+        model,
+        Compute::new(args.threads),
+        range,
+        args.kv_type,
+        n_ctx,
+    )
+    .with_experts(experts))
+}
+
+/// The engine for these flags: local, the coordinator of a pipeline, or rank 0 of a
+/// tensor-parallel group.
+pub fn build_engine(
+    args: &ModelArgs,
+    topology: &Topology,
+    model: Arc<Model>,
+) -> anyhow::Result<Engine> {
+    let n_ctx = context_size(args, &model);
+    let exec: Box<dyn engine::Executor> = match topology {
+        Topology::TensorParallel { .. } => {
+            let mut cfg = args.cluster.tp_config()?;
+            cfg.experts = args.streaming.expert_factory(n_ctx, args.kv_type);
+            Box::new(cluster::tp::TpExecutor::new(
+                model,
+                args.threads,
+                args.kv_type,
+                n_ctx,
+                cfg,
+            )?)
         }
-        let exec =
-            cluster::pipeline::PipelineExecutor::new(stage, args.cluster.pipeline_config()?)?;
-        return Ok(Engine::new(Box::new(exec)));
-    }
-    let mut exec = LocalExecutor::new(model, compute, args.kv_type, n_ctx);
-    if let Some(e) = experts {
-        exec = exec.with_experts(engine::ExpertMode::Custom(e));
-    }
-    Ok(Engine::new(Box::new(exec)))
+        Topology::Pipeline { .. } => Box::new(cluster::pipeline::PipelineExecutor::new(
+            runner(args, topology, model, n_ctx)?,
+            args.cluster.pipeline_config()?,
+        )?),
+        Topology::Local => Box::new(LocalExecutor::from_runner(runner(
+            args, topology, model, n_ctx,
+        )?)),
+    };
+    Ok(Engine::new(exec))
 }
 
 /// Loads the model for these flags (only this process's share is warmed) and builds the engine.
 pub fn open(args: &ModelArgs) -> anyhow::Result<(Arc<Model>, Engine)> {
-    let model = load_model(args, |m| selection(args, m.n_layer()))?;
-    let engine = build_engine(args, Arc::clone(&model))?;
+    let topology = Topology::from_flags(&args.cluster, Side::Coordinator)?;
+    let model = load_model(args, &topology)?;
+    let engine = build_engine(args, &topology, Arc::clone(&model))?;
     Ok((model, engine))
 }

@@ -14,6 +14,7 @@ mod sampling;
 mod serve;
 mod streaming_args;
 mod synth;
+mod topology;
 mod upcycle;
 mod worker;
 

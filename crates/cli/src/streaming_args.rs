@@ -79,7 +79,7 @@ impl StreamingArgs {
         &self,
         model: &Arc<Model>,
         cx: StreamingContext,
-    ) -> anyhow::Result<Option<cluster::stage::SharedExperts>> {
+    ) -> anyhow::Result<Option<engine::SharedExperts>> {
         if !self.ssd_streaming {
             return Ok(None);
         }
@@ -91,14 +91,13 @@ impl StreamingArgs {
         Ok(Some(Arc::new(source)))
     }
 
-    /// For a tensor-parallel rank (`TpConfig::experts`): builds the streamed source of the experts the rank owns
-    /// (`owned[expert]`, every layer), or `None` when streaming is off. The shape matches
-    /// `cluster::tp::coordinator::ExpertFactory`.
+    /// For a tensor-parallel rank (`TpConfig::experts`): builds the streamed source of the
+    /// experts the rank owns (`owned[expert]`, every layer), or `None` when streaming is off.
     pub fn expert_factory(
         &self,
         n_ctx: usize,
         kv_type: KvType,
-    ) -> Option<cluster::tp::coordinator::ExpertFactory> {
+    ) -> Option<cluster::tp::ExpertFactory> {
         if !self.ssd_streaming {
             return None;
         }
@@ -112,8 +111,11 @@ impl StreamingArgs {
                 kv_type,
                 owned: Some(owned),
             };
-            args.expert_source_for(model, cx)?
-                .ok_or_else(|| anyhow::anyhow!("streaming is off"))
+            match args.expert_source_for(model, cx) {
+                Ok(Some(source)) => Ok(source),
+                Ok(None) => Err("streaming is off".into()),
+                Err(e) => Err(format!("{e:#}").into()),
+            }
         }))
     }
 

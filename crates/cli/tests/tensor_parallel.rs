@@ -513,3 +513,77 @@ fn ranks_streaming_their_own_experts_match_single_node() {
         );
     }
 }
+
+/// Snapshots are topology-free across tensor parallel too: a session saved by a 3-rank group
+/// (SmolLM2's 3 kv heads split one per rank, merged back on save) continues on a single node
+/// with the single node's greedy tokens, and one saved on a single node continues on the group
+/// (split again on restore).
+#[test]
+fn a_snapshot_moves_between_a_group_and_a_single_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    let prompt = "The three primary colors are";
+    let single = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-m",
+            m,
+            "--temp",
+            "0",
+            "--kv-type",
+            "f32",
+            "--no-warm",
+        ];
+        args.extend_from_slice(extra);
+        run_ok(&args)
+    };
+    let want = single(&["-p", prompt, "-n", "16"]);
+    let want = want.trim_end().strip_prefix(prompt).unwrap().trim_end();
+    let from_group = dir.path().join("group.snap");
+    let from_group = from_group.to_str().unwrap();
+    let (ok, _, err, _) = with_group(
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            prompt,
+            "-n",
+            "0",
+            "--save-snapshot",
+            from_group,
+        ],
+        m,
+        3,
+        &[],
+    );
+    assert!(ok, "saving on the group failed:\n{err}");
+    let out = single(&["-n", "16", "--load-snapshot", from_group]);
+    assert_eq!(out.trim_end(), want, "group snapshot continued on one node");
+    let from_single = dir.path().join("single.snap");
+    let from_single = from_single.to_str().unwrap();
+    single(&["-p", prompt, "-n", "0", "--save-snapshot", from_single]);
+    let (ok, out, err, _) = with_group(
+        &[
+            "run",
+            "-m",
+            m,
+            "-n",
+            "16",
+            "--temp",
+            "0",
+            "--load-snapshot",
+            from_single,
+        ],
+        m,
+        3,
+        &[],
+    );
+    assert!(ok, "loading on the group failed:\n{err}");
+    assert_eq!(
+        out.trim_end(),
+        want,
+        "single-node snapshot continued on the group"
+    );
+}

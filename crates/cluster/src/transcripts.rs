@@ -6,11 +6,9 @@
 use std::collections::{HashMap, HashSet};
 
 use engine::executor::{EvalRequest, SessionId};
-use engine::{EngineError, Result};
+use engine::prefix_hash as hash;
+use engine::{EngineError, Result, SeqWork};
 use model::LogitsWanted;
-
-use crate::hash;
-use crate::stage::SeqWork;
 
 /// A work item: its sequences and their tokens, in order.
 pub type WorkItem = (Vec<SeqWork>, Vec<u32>);

@@ -16,6 +16,9 @@ pub enum EngineError {
     Snapshot(String),
     #[error("{0}")]
     Executor(String),
+    /// A failure of a distributed executor (a peer, a link, the group), with its source chain.
+    #[error(transparent)]
+    Cluster(Box<dyn std::error::Error + Send + Sync>),
     #[error("I/O on {path}: {source}")]
     Io {
         path: String,

@@ -53,6 +53,37 @@ impl EvalResult {
     pub fn last(&self) -> Option<&[f32]> {
         self.n_rows.checked_sub(1).map(|i| self.row(i))
     }
+
+    /// Hands out logits rows produced for `batch` as one item (in request order, each request
+    /// the rows its `logits` asks for) to one result per request.
+    pub fn split(batch: &[EvalRequest], rows: &[f32], n_vocab: usize) -> Vec<EvalResult> {
+        let mut off = 0;
+        batch
+            .iter()
+            .map(|r| {
+                let n_rows = r.rows_wanted();
+                let end = (off + n_rows * n_vocab).min(rows.len());
+                let logits = rows[off.min(end)..end].to_vec();
+                off = end;
+                EvalResult {
+                    n_rows: logits.len() / n_vocab.max(1),
+                    n_vocab,
+                    logits,
+                }
+            })
+            .collect()
+    }
+}
+
+impl EvalRequest<'_> {
+    /// Logits rows this request asks for.
+    pub fn rows_wanted(&self) -> usize {
+        match self.logits {
+            LogitsWanted::None => 0,
+            LogitsWanted::Last => usize::from(!self.tokens.is_empty()),
+            LogitsWanted::All => self.tokens.len(),
+        }
+    }
 }
 
 pub trait Executor: Send {

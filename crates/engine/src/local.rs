@@ -1,17 +1,15 @@
-//! The local executor: the whole model in this process, one KV cache per session, batches run
-//! through the single forward path.
+//! The local executor: the whole model in this process, run by one [`Runner`] (one KV cache
+//! per session, batches through the single forward path).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use model::{
-    Compute, ExpertSource, KvCache, KvType, LogitsWanted, Model, NoHooks, ResidentExperts,
-    SeqInput, StageInput, StageOutput,
-};
+use model::{Compute, KvType, Model};
 
 use crate::error::{EngineError, Result};
 use crate::executor::{EvalRequest, EvalResult, Executor, ModelInfo, SessionId};
-use crate::snapshot::Snapshot;
+use crate::layer_range::LayerRange;
+use crate::runner::{Runner, SharedExperts};
+use crate::snapshot::{Snapshot, SnapshotLayout};
 
 /// Builds the info a frontend sees from a loaded model.
 pub fn model_info(model: &Model, n_ctx: usize) -> ModelInfo {
@@ -49,16 +47,13 @@ pub fn model_info_kv(model: &Model, n_ctx: usize, kv_type: KvType) -> ModelInfo 
 pub enum ExpertMode {
     Resident,
     /// Another source (SSD streaming), shared with whoever reports its statistics.
-    Custom(Arc<dyn ExpertSource + Send + Sync>),
+    Custom(SharedExperts),
 }
 
 pub struct LocalExecutor {
-    model: Arc<Model>,
-    compute: Compute,
-    kv_type: KvType,
+    runner: Runner,
     info: ModelInfo,
-    experts: ExpertMode,
-    sessions: HashMap<SessionId, KvCache>,
+    layout: SnapshotLayout,
 }
 
 impl LocalExecutor {
@@ -68,32 +63,30 @@ impl LocalExecutor {
         kv_type: KvType,
         n_ctx: usize,
     ) -> LocalExecutor {
-        let info = model_info_kv(&model, n_ctx, kv_type);
+        let range = LayerRange::whole(model.n_layer());
+        LocalExecutor::from_runner(Runner::new(model, compute, range, kv_type, n_ctx))
+    }
+
+    /// The executor of a runner that holds the whole model (embeddings to head).
+    pub fn from_runner(runner: Runner) -> LocalExecutor {
+        let (model, kv_type, n_ctx) = (runner.model(), runner.kv_type(), runner.n_ctx());
         LocalExecutor {
-            model,
-            compute,
-            kv_type,
-            info,
-            experts: ExpertMode::Resident,
-            sessions: HashMap::new(),
+            info: model_info_kv(model, n_ctx, kv_type),
+            layout: SnapshotLayout::of(model, kv_type, n_ctx),
+            runner,
         }
     }
 
     pub fn with_experts(mut self, experts: ExpertMode) -> Self {
-        self.experts = experts;
+        self.runner = self.runner.with_experts(match experts {
+            ExpertMode::Resident => None,
+            ExpertMode::Custom(e) => Some(e),
+        });
         self
     }
 
     pub fn model(&self) -> &Arc<Model> {
-        &self.model
-    }
-
-    fn new_cache(&self) -> KvCache {
-        let last = self.model.n_layer() - 1;
-        KvCache::new(
-            self.model
-                .kv_layout(self.kv_type, 0..=last, self.info.n_ctx),
-        )
+        self.runner.model()
     }
 }
 
@@ -103,178 +96,51 @@ impl Executor for LocalExecutor {
     }
 
     fn eval(&mut self, batch: &[EvalRequest]) -> Result<Vec<EvalResult>> {
-        for r in batch {
-            if !self.sessions.contains_key(&r.session) {
-                let c = self.new_cache();
-                self.sessions.insert(r.session, c);
-            }
-            let have = self.sessions[&r.session].len();
-            if have + r.tokens.len() > self.info.n_ctx {
-                return Err(EngineError::ContextFull {
-                    needed: have + r.tokens.len(),
-                    n_ctx: self.info.n_ctx,
-                });
-            }
-        }
-        let ids: Vec<SessionId> = batch.iter().map(|r| r.session).collect();
-        if (1..ids.len()).any(|i| ids[..i].contains(&ids[i])) {
-            return Err(EngineError::Executor(
-                "a batch names the same session twice".into(),
-            ));
-        }
-        let tokens: Vec<u32> = batch
-            .iter()
-            .flat_map(|r| r.tokens.iter().copied())
-            .collect();
-        // Borrow every session's cache mutably at once, in batch order.
-        let mut caches: Vec<(SessionId, KvCache)> = ids
-            .iter()
-            .map(|id| (*id, self.sessions.remove(id).expect("inserted above")))
-            .collect();
-        let result = {
-            let mut seqs: Vec<SeqInput> = caches
-                .iter_mut()
-                .zip(batch)
-                .map(|((_, kv), r)| SeqInput {
-                    kv,
-                    n_tokens: r.tokens.len(),
-                    logits: r.logits,
-                })
-                .collect();
-            let last = self.model.n_layer() - 1;
-            let resident;
-            let source: &dyn ExpertSource = match &self.experts {
-                ExpertMode::Resident => {
-                    resident = ResidentExperts::new(&self.model);
-                    &resident
-                }
-                ExpertMode::Custom(s) => s.as_ref(),
-            };
-            self.model.forward(
-                &self.compute,
-                source,
-                0..=last,
-                true,
-                StageInput::Tokens(&tokens),
-                &mut seqs,
-                &mut NoHooks,
-            )
-        };
-        for (id, kv) in caches {
-            self.sessions.insert(id, kv);
-        }
-        let StageOutput::Logits(logits) = result? else {
-            return Err(EngineError::Executor(
-                "the local forward did not produce logits".into(),
-            ));
-        };
-        let mut out = Vec::with_capacity(batch.len());
-        let mut row_iter = 0;
-        let mut row0 = 0;
-        for r in batch {
-            let n_rows = match r.logits {
-                LogitsWanted::None => 0,
-                LogitsWanted::Last => usize::from(!r.tokens.is_empty()),
-                LogitsWanted::All => r.tokens.len(),
-            };
-            let mut data = Vec::with_capacity(n_rows * logits.n_vocab);
-            for i in 0..n_rows {
-                debug_assert!(logits.rows[row_iter] >= row0);
-                data.extend_from_slice(logits.row(row_iter + i));
-            }
-            row_iter += n_rows;
-            row0 += r.tokens.len();
-            out.push(EvalResult {
-                n_rows,
-                n_vocab: logits.n_vocab,
-                logits: data,
-            });
-        }
-        Ok(out)
+        self.runner.eval(batch)
     }
 
     fn truncate(&mut self, session: SessionId, n: usize) -> Result<()> {
-        if let Some(kv) = self.sessions.get_mut(&session) {
-            kv.truncate(n);
-        } else if n > 0 {
+        if !self.runner.contains(session) && n > 0 {
             return Err(EngineError::Executor(format!(
                 "session {session} does not exist"
             )));
         }
+        self.runner.truncate(session, n);
         Ok(())
     }
 
     fn session_len(&self, session: SessionId) -> usize {
-        self.sessions.get(&session).map_or(0, |kv| kv.len())
+        self.runner.session_len(session)
     }
 
     fn destroy(&mut self, session: SessionId) {
-        self.sessions.remove(&session);
+        self.runner.destroy(session);
     }
 
     fn snapshot(&mut self, session: SessionId) -> Result<Snapshot> {
-        let kv = self
-            .sessions
-            .get(&session)
-            .ok_or_else(|| EngineError::Executor(format!("session {session} does not exist")))?;
-        let n = kv.len();
-        let l = kv.layout();
-        let layers = (0..self.model.n_layer())
-            .map(|il| kv.export(il, n).map(|(k, v)| (k.to_vec(), v.to_vec())))
-            .collect::<model::Result<Vec<_>>>()?;
-        Ok(Snapshot {
-            fingerprint: self.info.fingerprint.clone(),
-            tokens: Vec::new(),
-            kv_type: l.kv_type,
-            n_kv_head: l.n_kv_head,
-            head_dim_k: l.head_dim_k,
-            head_dim_v: l.head_dim_v,
-            layers,
-            last_logits: Vec::new(),
-        })
+        let n = self.runner.session_len(session);
+        let layers = self.runner.export(session, n)?;
+        Ok(self.layout.assemble(Vec::new(), layers))
     }
 
     fn restore(&mut self, session: SessionId, s: &Snapshot) -> Result<()> {
-        s.check_model(&self.info.fingerprint)?;
-        let mut kv = self.new_cache();
-        let l = kv.layout().clone();
-        if (s.kv_type, s.n_kv_head, s.head_dim_k, s.head_dim_v)
-            != (l.kv_type, l.n_kv_head, l.head_dim_k, l.head_dim_v)
-            || s.layers.len() != self.model.n_layer()
-        {
-            return Err(EngineError::Snapshot(
-                "snapshot KV layout differs from this executor's (kv type, heads or layers)".into(),
-            ));
-        }
-        let n = s.tokens.len();
-        if n > self.info.n_ctx {
-            return Err(EngineError::ContextFull {
-                needed: n,
-                n_ctx: self.info.n_ctx,
-            });
-        }
-        kv.reserve(0, n)?;
-        for (il, (k, v)) in s.layers.iter().enumerate() {
-            kv.import(il, n, k, v)?;
-        }
-        self.sessions.insert(session, kv);
+        s.check_layout(&self.layout)?;
+        self.runner.import(session, &s.tokens, &s.layers)?;
         Ok(())
     }
 
     fn stats(&self) -> Vec<(String, f64)> {
-        match &self.experts {
-            ExpertMode::Resident => Vec::new(),
-            ExpertMode::Custom(s) => s.stats(),
-        }
+        self.runner.stats()
     }
 
     fn describe(&self) -> String {
+        let c = self.runner.compute();
         format!(
             "local: {} layers, {} threads, kernels {}, KV {}",
-            self.model.n_layer(),
-            self.compute.n_threads(),
-            self.compute.kernels.isa.name(),
-            self.kv_type.name()
+            self.runner.model().n_layer(),
+            c.n_threads(),
+            c.kernels.isa.name(),
+            self.runner.kv_type().name()
         )
     }
 }

@@ -4,11 +4,14 @@
 use std::io::{Read, Write};
 use std::path::Path;
 
-use model::KvType;
+use model::{KvType, Model};
 
 use crate::error::{EngineError, Result};
 
 const MAGIC: &[u8; 8] = b"MSSNAP01";
+
+/// Keys and values of consecutive layers, each position-major.
+pub type LayersKv = Vec<(Vec<u8>, Vec<u8>)>;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Snapshot {
@@ -20,8 +23,60 @@ pub struct Snapshot {
     pub head_dim_k: usize,
     pub head_dim_v: usize,
     /// Keys and values of positions `0..tokens.len()` for every layer, in layer order.
-    pub layers: Vec<(Vec<u8>, Vec<u8>)>,
+    pub layers: LayersKv,
     pub last_logits: Vec<f32>,
+}
+
+/// What a snapshot must match to be restored by an executor: the model, and the KV layout of
+/// the whole (unsplit) model. Every executor checks restores against this one description.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SnapshotLayout {
+    pub fingerprint: String,
+    pub kv_type: KvType,
+    pub n_layer: usize,
+    pub n_kv_head: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    /// Positions a session may hold.
+    pub n_ctx: usize,
+}
+
+impl SnapshotLayout {
+    /// The layout of `model` (all layers, all kv heads, whatever this process's share is).
+    pub fn of(model: &Model, kv_type: KvType, n_ctx: usize) -> SnapshotLayout {
+        SnapshotLayout {
+            fingerprint: model.files().fingerprint().to_string(),
+            kv_type,
+            n_layer: model.hp.n_layer,
+            n_kv_head: model.hp.n_head_kv,
+            head_dim_k: model.hp.head_dim_k,
+            head_dim_v: model.hp.head_dim_v,
+            n_ctx,
+        }
+    }
+
+    /// Bytes per position of one layer's keys and of its values (all kv heads).
+    pub fn row_bytes(&self) -> (usize, usize) {
+        let e = self.kv_type.bytes();
+        (
+            self.n_kv_head * self.head_dim_k * e,
+            self.n_kv_head * self.head_dim_v * e,
+        )
+    }
+
+    /// A snapshot of `tokens` with `layers` (every layer, all kv heads, position-major).
+    pub fn assemble(&self, tokens: Vec<u32>, layers: LayersKv) -> Snapshot {
+        Snapshot {
+            fingerprint: self.fingerprint.clone(),
+            tokens,
+            kv_type: self.kv_type,
+            n_kv_head: self.n_kv_head,
+            head_dim_k: self.head_dim_k,
+            head_dim_v: self.head_dim_v,
+            layers,
+            last_logits: Vec::new(),
+        }
+    }
 }
 
 fn w_u64(w: &mut impl Write, v: u64) -> std::io::Result<()> {
@@ -58,6 +113,65 @@ impl Snapshot {
                 self.fingerprint
             )))
         }
+    }
+
+    /// Refuses a snapshot that this layout cannot hold: another model, another KV type or
+    /// shape, a different layer count, more positions than the context, or any layer whose
+    /// bytes do not cover exactly its positions (a corrupt or truncated file). After this
+    /// check, slicing any layer by position and head cannot go out of bounds.
+    pub fn check_layout(&self, want: &SnapshotLayout) -> Result<(), EngineError> {
+        self.check_model(&want.fingerprint)?;
+        let bad = |what: String| Err(EngineError::Snapshot(what));
+        if (
+            self.kv_type,
+            self.n_kv_head,
+            self.head_dim_k,
+            self.head_dim_v,
+        ) != (
+            want.kv_type,
+            want.n_kv_head,
+            want.head_dim_k,
+            want.head_dim_v,
+        ) {
+            return bad(format!(
+                "KV layout {} × {} kv heads × {}/{} dims differs from this executor's {} × {} × {}/{}",
+                self.kv_type.name(),
+                self.n_kv_head,
+                self.head_dim_k,
+                self.head_dim_v,
+                want.kv_type.name(),
+                want.n_kv_head,
+                want.head_dim_k,
+                want.head_dim_v
+            ));
+        }
+        if self.layers.len() != want.n_layer {
+            return bad(format!(
+                "{} layers of KV for a model of {}",
+                self.layers.len(),
+                want.n_layer
+            ));
+        }
+        let n = self.tokens.len();
+        if n > want.n_ctx {
+            return Err(EngineError::ContextFull {
+                needed: n,
+                n_ctx: want.n_ctx,
+            });
+        }
+        let (kr, vr) = want.row_bytes();
+        for (il, (k, v)) in self.layers.iter().enumerate() {
+            if k.len() != n * kr || v.len() != n * vr {
+                return bad(format!(
+                    "layer {il} holds {} key and {} value bytes; {n} positions need {} and {}",
+                    k.len(),
+                    v.len(),
+                    n * kr,
+                    n * vr
+                ));
+            }
+        }
+        Ok(())
     }
 
     pub fn write_to(&self, w: &mut impl Write) -> std::io::Result<()> {
@@ -208,5 +322,46 @@ mod tests {
         let mut bad = buf.clone();
         bad[0] = b'X';
         assert!(Snapshot::read_from(&mut bad.as_slice(), bad.len() as u64).is_err());
+    }
+
+    #[test]
+    fn layout_check_refuses_what_a_restore_could_not_hold() {
+        let want = SnapshotLayout {
+            fingerprint: "abc".into(),
+            kv_type: KvType::F16,
+            n_layer: 2,
+            n_kv_head: 2,
+            head_dim_k: 4,
+            head_dim_v: 4,
+            n_ctx: 8,
+        };
+        // 3 positions × 2 heads × 4 dims × 2 bytes = 48 bytes per layer.
+        let good = want.assemble(vec![1, 2, 3], vec![(vec![0; 48], vec![0; 48]); 2]);
+        good.check_layout(&want).unwrap();
+        let mut cases: Vec<(&str, Snapshot)> = Vec::new();
+        let mut s = good.clone();
+        s.fingerprint = "other".into();
+        cases.push(("model", s));
+        let mut s = good.clone();
+        s.kv_type = KvType::F32;
+        cases.push(("kv type", s));
+        let mut s = good.clone();
+        s.n_kv_head = 1;
+        cases.push(("heads", s));
+        let mut s = good.clone();
+        s.layers.pop();
+        cases.push(("layer count", s));
+        let mut s = good.clone();
+        s.layers[1].1.truncate(47);
+        cases.push(("short values", s));
+        let mut s = good.clone();
+        s.tokens.push(4);
+        cases.push(("tokens without KV", s));
+        let mut s = want.assemble(vec![0; 9], vec![(vec![0; 144], vec![0; 144]); 2]);
+        s.fingerprint = "abc".into();
+        cases.push(("past the context", s));
+        for (what, s) in cases {
+            assert!(s.check_layout(&want).is_err(), "{what} must be refused");
+        }
     }
 }

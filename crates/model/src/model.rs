@@ -32,7 +32,14 @@ impl Model {
         Model::from_gguf(Arc::new(GgufModel::open(path)?))
     }
 
+    /// The whole model (one node).
     pub fn from_gguf(files: Arc<GgufModel>) -> Result<Model> {
+        Model::from_gguf_rank(files, 0, 1)
+    }
+
+    /// Rank `rank` of a tensor-parallel group of `n_ranks`: its share of heads, FFN columns and
+    /// vocabulary is fixed here, before any KV cache is made for it.
+    pub fn from_gguf_rank(files: Arc<GgufModel>, rank: usize, n_ranks: usize) -> Result<Model> {
         let meta = files.metadata();
         let arch_name = meta.arch()?;
         let spec = arch::lookup(arch_name).ok_or_else(|| ModelError::UnsupportedArch {
@@ -51,7 +58,11 @@ impl Model {
         let layers = (0..hp.n_layer)
             .map(|il| b.layer(spec, &hp, il))
             .collect::<Result<Vec<_>>>()?;
-        let shard = crate::shard::Shard::full(&hp);
+        let o_dtype = layers
+            .first()
+            .map(|l| l.attn.o.dtype)
+            .unwrap_or(gguf::GgmlType::F32);
+        let shard = crate::shard::Shard::new(&hp, spec.qk_norm, o_dtype, rank, n_ranks);
         Ok(Model {
             files,
             spec,
@@ -70,15 +81,21 @@ impl Model {
         &self.shard
     }
 
-    /// Makes this model instance a tensor-parallel rank: `rank` of `n_ranks`. Call before
-    /// creating KV caches (they hold only this rank's kv heads).
-    pub fn set_tensor_parallel(&mut self, rank: usize, n_ranks: usize) {
+    /// The share rank `rank` of a group of this model's size has (every rank computes the
+    /// others' the same way).
+    pub fn shard_of(&self, rank: usize) -> crate::shard::Shard {
         let o_dtype = self
             .layers
             .first()
             .map(|l| l.attn.o.dtype)
             .unwrap_or(gguf::GgmlType::F32);
-        self.shard = crate::shard::Shard::new(&self.hp, self.spec.qk_norm, o_dtype, rank, n_ranks);
+        crate::shard::Shard::new(
+            &self.hp,
+            self.spec.qk_norm,
+            o_dtype,
+            rank,
+            self.shard.n_ranks,
+        )
     }
 
     pub fn files(&self) -> &GgufModel {

@@ -112,9 +112,106 @@ impl Shard {
     }
 }
 
+/// A layer's keys or values as a rank holds them: position-major rows of `heads` kv heads of
+/// `head_bytes` each, cut out of rows of all `n_head_kv` heads (`all`, `n_pos` rows).
+pub fn kv_heads_slice(
+    all: &[u8],
+    n_pos: usize,
+    n_head_kv: usize,
+    heads: &Range<usize>,
+    head_bytes: usize,
+) -> crate::Result<Vec<u8>> {
+    let row = n_head_kv * head_bytes;
+    if all.len() != n_pos * row || heads.end > n_head_kv || heads.start > heads.end {
+        return Err(crate::ModelError::Input(format!(
+            "KV of {} bytes is not {n_pos} positions of {n_head_kv} heads × {head_bytes} bytes \
+             (heads {heads:?} wanted)",
+            all.len()
+        )));
+    }
+    let (a, b) = (heads.start * head_bytes, heads.end * head_bytes);
+    Ok(all
+        .chunks_exact(row.max(1))
+        .flat_map(|r| &r[a..b])
+        .copied()
+        .collect())
+}
+
+/// The inverse of [`kv_heads_slice`] over a whole group: `parts[r]` holds `n_pos` rows of the
+/// heads `heads[r]` (in rank order, together covering `0..n_head_kv` once); the result is
+/// `n_pos` rows of all heads.
+pub fn kv_heads_merge(
+    parts: &[&[u8]],
+    heads: &[Range<usize>],
+    n_pos: usize,
+    n_head_kv: usize,
+    head_bytes: usize,
+) -> crate::Result<Vec<u8>> {
+    let bad = |what: String| {
+        Err(crate::ModelError::Input(format!(
+            "merging KV heads: {what}"
+        )))
+    };
+    if parts.len() != heads.len() {
+        return bad(format!(
+            "{} parts for {} head ranges",
+            parts.len(),
+            heads.len()
+        ));
+    }
+    let mut next = 0;
+    for (p, h) in parts.iter().zip(heads) {
+        if h.start != next || h.end < h.start {
+            return bad(format!(
+                "head ranges {heads:?} do not cover 0..{n_head_kv} in order"
+            ));
+        }
+        next = h.end;
+        if p.len() != n_pos * h.len() * head_bytes {
+            return bad(format!(
+                "a part of {} bytes for {n_pos} positions of heads {h:?}",
+                p.len()
+            ));
+        }
+    }
+    if next != n_head_kv {
+        return bad(format!("head ranges {heads:?} do not cover 0..{n_head_kv}"));
+    }
+    let mut out = Vec::with_capacity(n_pos * n_head_kv * head_bytes);
+    for pos in 0..n_pos {
+        for (p, h) in parts.iter().zip(heads) {
+            let w = h.len() * head_bytes;
+            out.extend_from_slice(&p[pos * w..(pos + 1) * w]);
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kv_heads_split_and_merge_are_inverse_and_check_sizes() {
+        let (n_pos, n_head_kv, hb) = (3, 4, 2);
+        let all: Vec<u8> = (0..(n_pos * n_head_kv * hb) as u8).collect();
+        let heads = [0..1, 1..3, 3..4];
+        let parts: Vec<Vec<u8>> = heads
+            .iter()
+            .map(|h| kv_heads_slice(&all, n_pos, n_head_kv, h, hb).unwrap())
+            .collect();
+        assert_eq!(parts[1], vec![2, 3, 4, 5, 10, 11, 12, 13, 18, 19, 20, 21]);
+        let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        assert_eq!(
+            kv_heads_merge(&refs, &heads, n_pos, n_head_kv, hb).unwrap(),
+            all
+        );
+        assert!(kv_heads_slice(&all[1..], n_pos, n_head_kv, &(0..1), hb).is_err());
+        assert!(kv_heads_slice(&all, n_pos, n_head_kv, &(3..5), hb).is_err());
+        assert!(kv_heads_merge(&refs[..2], &heads[..2], n_pos, n_head_kv, hb).is_err());
+        let short = [&parts[0][..], &parts[1][1..], &parts[2][..]];
+        assert!(kv_heads_merge(&short, &heads, n_pos, n_head_kv, hb).is_err());
+    }
 
     #[test]
     fn split_ranges_cover_everything_once_and_align() {

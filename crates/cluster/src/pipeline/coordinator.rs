@@ -3,24 +3,22 @@
 //! request in progress finishes with the same tokens.
 
 use std::collections::VecDeque;
-use std::net::TcpListener;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 use engine::executor::{EvalRequest, EvalResult, Executor, ModelInfo, SessionId};
-use engine::snapshot::Snapshot;
-use engine::{EngineError, Result};
+use engine::snapshot::{Snapshot, SnapshotLayout};
+use engine::{EngineError, Result, RunError, Runner};
 use model::{StageInput, StageOutput};
 
 use super::protocol::*;
-use super::registry::{Expect, Registry, Worker, wait_reply};
+use super::registry::{StageAdmission, chain};
+use super::route::{Attempt, Route, RouteParams};
 use crate::activation::ActFormat;
-use crate::stage::{StageError, StageRuntime};
+use crate::error::{ClusterError, bind};
+use crate::registry::Registry;
 use crate::transcripts::{Transcripts, WorkItem};
-use crate::wire::messages::build_id;
-use crate::wire::{self, AuthMode, Connection, Frame, Hello, Kind, Role};
+use crate::wire::{AuthMode, Kind, f32_values, pack};
 
 #[derive(Clone, Debug)]
 pub struct PipelineConfig {
@@ -43,67 +41,37 @@ pub struct PipelineConfig {
 /// What comes back for an item that asked for logits: the header and the raw f32 rows.
 type ItemResult = (ResultHeader, Vec<u8>);
 
-struct Route {
-    workers: Vec<Arc<Worker>>,
-    data: Connection,
-    results: Receiver<Frame>,
-    broken: Arc<AtomicBool>,
-    generation: u64,
-}
-
-/// Why an evaluation attempt failed.
-enum Attempt {
-    /// The route broke: rebuild, replay, retry.
-    RouteLost(String),
-    /// A stage's history of a session differs: replay it, retry.
-    Desync(u64),
-    Fatal(EngineError),
-}
-
-impl From<EngineError> for Attempt {
-    fn from(e: EngineError) -> Self {
-        Attempt::Fatal(e)
-    }
-}
-
 pub struct PipelineExecutor {
-    local: StageRuntime,
-    registry: Arc<Registry>,
-    route: Option<Route>,
-    cfg: PipelineConfig,
-    info: ModelInfo,
-    sessions: Transcripts,
+    pub(super) local: Runner,
+    pub(super) registry: Arc<Registry<StageAdmission>>,
+    pub(super) route: Option<Route>,
+    pub(super) cfg: PipelineConfig,
+    pub(super) info: ModelInfo,
+    pub(super) layout: SnapshotLayout,
+    pub(super) sessions: Transcripts,
     next_request: u64,
     bound: std::net::SocketAddr,
 }
 
-fn exec_err(msg: impl Into<String>) -> EngineError {
+pub(super) fn exec_err(msg: impl Into<String>) -> EngineError {
     EngineError::Executor(msg.into())
 }
 
 impl PipelineExecutor {
     /// Starts listening for workers. `local` runs layers `0..=k` with the embeddings.
-    pub fn new(local: StageRuntime, cfg: PipelineConfig) -> Result<PipelineExecutor> {
+    pub fn new(local: Runner, cfg: PipelineConfig) -> Result<PipelineExecutor> {
         let model = Arc::clone(local.model());
         let n_ctx = local.n_ctx();
         let info = engine::local::model_info_kv(&model, n_ctx, local.kv_type());
-        let expect = Expect {
+        let layout = SnapshotLayout::of(&model, local.kv_type(), n_ctx);
+        let admission = StageAdmission {
             fingerprint: info.fingerprint.clone(),
             n_layer: model.n_layer(),
-            local_last: *local.layers.end(),
+            local_last: local.range().last,
             n_ctx,
         };
-        let registry = Registry::new(expect);
-        let listener = TcpListener::bind(&cfg.listen)
-            .map_err(|e| exec_err(format!("binding --listen {}: {e}", cfg.listen)))?;
-        let bound = listener.local_addr().map_err(|e| exec_err(e.to_string()))?;
-        {
-            let (reg, auth) = (Arc::clone(&registry), cfg.auth.clone());
-            std::thread::Builder::new()
-                .name("coord-listen".into())
-                .spawn(move || reg.serve(listener, auth))
-                .map_err(|e| exec_err(e.to_string()))?;
-        }
+        let (listener, bound) = bind("--listen", &cfg.listen)?;
+        let registry = Registry::start(admission, listener, cfg.auth.clone())?;
         tracing::info!(
             "pipeline coordinator: layers {} here, workers register at {bound}",
             local.label()
@@ -114,6 +82,7 @@ impl PipelineExecutor {
             route: None,
             cfg,
             info,
+            layout,
             sessions: Transcripts::default(),
             next_request: 1,
             bound,
@@ -125,14 +94,12 @@ impl PipelineExecutor {
         self.bound
     }
 
-    fn all_local(&self) -> bool {
-        self.local.head
+    pub(super) fn all_local(&self) -> bool {
+        self.local.range().head
     }
 
     fn route_ok(&self) -> bool {
-        self.route.as_ref().is_some_and(|r| {
-            !r.broken.load(Ordering::Acquire) && r.generation == self.registry.generation()
-        })
+        self.route.as_ref().is_some_and(|r| r.is_ok(&self.registry))
     }
 
     fn drop_route(&mut self, why: &str) {
@@ -144,7 +111,7 @@ impl PipelineExecutor {
     }
 
     /// Waits (up to `route_wait`) for workers forming a complete chain, and wires them up.
-    fn ensure_route(&mut self) -> Result<()> {
+    pub(super) fn ensure_route(&mut self) -> Result<()> {
         if self.all_local() || self.route_ok() {
             return Ok(());
         }
@@ -154,185 +121,71 @@ impl PipelineExecutor {
         let deadline = Instant::now() + self.cfg.route_wait;
         loop {
             let generation = self.registry.generation();
-            match self.registry.chain() {
-                Ok(chain) => match self.wire_route(chain, generation) {
-                    Ok(route) => {
-                        tracing::info!(
-                            "route: {} → {}",
-                            self.local.label(),
-                            route
-                                .workers
-                                .iter()
-                                .map(|w| format!("{} ({})", w.label(), w.listen))
-                                .collect::<Vec<_>>()
-                                .join(" → ")
-                        );
-                        self.route = Some(route);
-                        self.sessions.mark_all_stale();
-                        return Ok(());
-                    }
-                    Err(e) => {
-                        tracing::warn!("could not wire the route: {e}");
-                        if Instant::now() >= deadline {
-                            return Err(exec_err(format!(
-                                "no working route within {:?}: {e}",
-                                self.cfg.route_wait
-                            )));
-                        }
-                        std::thread::sleep(Duration::from_millis(200));
-                    }
-                },
-                Err(missing) => {
-                    if Instant::now() >= deadline {
-                        return Err(exec_err(format!(
-                            "no complete route after {:?}: no stage serves layer {missing}{}",
-                            self.cfg.route_wait,
-                            if missing >= self.info.n_layer {
-                                " (the output head)".to_string()
-                            } else {
-                                String::new()
-                            }
-                        )));
-                    }
-                    self.registry.wait_change(
-                        generation,
-                        deadline.min(Instant::now() + Duration::from_millis(500)),
-                    );
-                }
-            }
-        }
-    }
-
-    fn wire_route(
-        &mut self,
-        chain: Vec<Arc<Worker>>,
-        generation: u64,
-    ) -> std::result::Result<Route, String> {
-        let epoch = self.next_request;
-        self.next_request += 1;
-        // Back to front, so each stage's next hop is listening when it connects.
-        for (i, w) in chain.iter().enumerate().rev() {
-            let next = chain.get(i + 1).map(|n| n.listen.clone());
-            let msg = Control::Route {
-                epoch,
-                next,
-                act: self.cfg.act,
-            };
-            w.control
-                .send_msg(Kind::Route, epoch, &msg)
-                .map_err(|e| format!("stage {}: {e}", w.label()))?;
-            let _ = w.control.send_msg(Kind::Route, 0, &Control::ResetSessions);
-            match wait_reply(w, epoch, Duration::from_secs(15))? {
-                ControlReply::RouteReady { .. } => {}
-                ControlReply::RouteFailed { detail, .. } => {
-                    return Err(format!("stage {}: {detail}", w.label()));
-                }
-            }
-        }
-        let first = &chain[0];
-        let stream = wire::dial(&first.listen).map_err(|e| e.to_string())?;
-        let hello = Hello {
-            protocol: wire::PROTOCOL_VERSION,
-            build: build_id(),
-            role: Role::Hop,
-            fingerprint: self.info.fingerprint.clone(),
-            n_ctx: self.info.n_ctx as u32,
-            listen: None,
-            nonce: [0; 32],
-            keyless: false,
-        };
-        let (data, mut reader, _) = wire::connect(stream, &self.cfg.auth, hello)
-            .map_err(|e| format!("data link to {}: {e}", first.listen))?;
-        let broken = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = mpsc::channel();
-        let b2 = Arc::clone(&broken);
-        std::thread::Builder::new()
-            .name("coord-results".into())
-            .spawn(move || {
-                loop {
-                    match reader.recv() {
-                        Ok(f) => {
-                            if tx.send(f).is_err() {
-                                return;
-                            }
+            let missing = match chain(&self.registry) {
+                Ok((workers, generation)) => {
+                    let epoch = self.request_id();
+                    let params = RouteParams {
+                        epoch,
+                        act: self.cfg.act,
+                        auth: &self.cfg.auth,
+                        fingerprint: &self.info.fingerprint,
+                        n_ctx: self.info.n_ctx,
+                    };
+                    match Route::wire(workers, generation, params) {
+                        Ok(route) => {
+                            tracing::info!("route: {}{}", self.local.label(), route.describe());
+                            self.route = Some(route);
+                            self.sessions.mark_all_stale();
+                            return Ok(());
                         }
                         Err(e) => {
-                            tracing::warn!("data link to the first stage: {e}");
-                            b2.store(true, Ordering::Release);
-                            let fail = StageFailure::LinkLost {
-                                stage: "coordinator".into(),
-                                detail: e.to_string(),
-                            };
-                            let mut f = pack(Kind::WorkResult, 0, &fail, &[]);
-                            f.flags = FLAG_FAILURE;
-                            let _ = tx.send(f);
-                            return;
+                            tracing::warn!("could not wire the route: {e}");
+                            if Instant::now() >= deadline {
+                                return Err(ClusterError::Formation(format!(
+                                    "no working route within {:?}: {e}",
+                                    self.cfg.route_wait
+                                ))
+                                .into());
+                            }
+                            std::thread::sleep(Duration::from_millis(200));
+                            continue;
                         }
                     }
                 }
-            })
-            .map_err(|e| e.to_string())?;
-        Ok(Route {
-            workers: chain,
-            data,
-            results: rx,
-            broken,
-            generation,
-        })
+                Err(missing) => missing,
+            };
+            if Instant::now() >= deadline {
+                return Err(ClusterError::Formation(format!(
+                    "no complete route after {:?}: no stage serves layer {missing}{}",
+                    self.cfg.route_wait,
+                    if missing >= self.info.n_layer {
+                        " (the output head)"
+                    } else {
+                        ""
+                    }
+                ))
+                .into());
+            }
+            self.registry.wait_change(
+                generation,
+                deadline.min(Instant::now() + Duration::from_millis(500)),
+            );
+        }
     }
 
-    fn request_id(&mut self) -> u64 {
+    pub(super) fn request_id(&mut self) -> u64 {
         self.next_request += 1;
         self.next_request
     }
 
-    /// Waits for the result of `rid`; stage failures and a lost link become `Attempt`s.
-    fn wait_result(&self, rid: u64) -> std::result::Result<(ResultHeader, Vec<u8>), Attempt> {
-        let route = self
-            .route
+    fn route(&self) -> std::result::Result<&Route, Attempt> {
+        self.route
             .as_ref()
-            .ok_or_else(|| Attempt::RouteLost("no route".into()))?;
-        loop {
-            let f = match route.results.recv_timeout(Duration::from_millis(250)) {
-                Ok(f) => f,
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if route.generation != self.registry.generation()
-                        && self.registry.chain().is_err()
-                    {
-                        return Err(Attempt::RouteLost("a stage left".into()));
-                    }
-                    continue;
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(Attempt::RouteLost("data link closed".into()));
-                }
-            };
-            if f.kind == Kind::WorkResult && f.flags & FLAG_FAILURE != 0 {
-                let fail: StageFailure = unpack("stage failure", &f.payload)
-                    .map(|(x, _)| x)
-                    .map_err(|e| Attempt::RouteLost(e.to_string()))?;
-                return Err(match fail {
-                    StageFailure::Desync { session, stage } => {
-                        tracing::warn!(
-                            "stage {stage} lost track of session {session}; replaying it"
-                        );
-                        Attempt::Desync(session)
-                    }
-                    StageFailure::LinkLost { stage, detail } => {
-                        Attempt::RouteLost(format!("{stage}: {detail}"))
-                    }
-                    StageFailure::Failed { stage, detail } => {
-                        Attempt::Fatal(exec_err(format!("stage {stage}: {detail}")))
-                    }
-                });
-            }
-            if f.request_id != rid || f.kind != Kind::WorkResult {
-                continue;
-            }
-            let (h, raw): (ResultHeader, &[u8]) = unpack("result", &f.payload)
-                .map_err(|e| Attempt::Fatal(exec_err(e.to_string())))?;
-            return Ok((h, raw.to_vec()));
-        }
+            .ok_or_else(|| Attempt::RouteLost("no route".into()))
+    }
+
+    fn wait_result(&self, rid: u64) -> std::result::Result<ItemResult, Attempt> {
+        self.route()?.wait_result(rid, &self.registry)
     }
 
     /// Runs work items through the local stage and the route, `window` in flight; returns the
@@ -351,21 +204,12 @@ impl PipelineExecutor {
                 .local
                 .run(&seqs, &tokens, StageInput::Tokens(&tokens))
                 .map_err(|e| match e {
-                    StageError::HashMismatch { session, .. } => Attempt::Desync(session),
-                    StageError::Model { .. } => Attempt::Fatal(exec_err(e.to_string())),
+                    RunError::HashMismatch { session, .. } => Attempt::Desync(session),
+                    e @ RunError::Model { .. } => Attempt::Fatal(e.into()),
                 })?;
             let local_us = t0.elapsed().as_micros() as u64;
             match produced {
-                StageOutput::Logits(l) => {
-                    let raw: Vec<u8> = l.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    let h = ResultHeader {
-                        n_rows: l.rows.len() as u32,
-                        n_vocab: l.n_vocab as u32,
-                        rows: l.rows.iter().map(|&r| r as u32).collect(),
-                        timings: Vec::new(),
-                    };
-                    out[i] = Some((h, raw));
-                }
+                StageOutput::Logits(l) => out[i] = Some(ResultHeader::of(&l)),
                 StageOutput::Hidden(h) => {
                     let mut enc =
                         Vec::with_capacity(self.cfg.act.encoded_len(tokens.len(), n_embd));
@@ -377,14 +221,7 @@ impl PipelineExecutor {
                         n_embd: n_embd as u32,
                     };
                     let rid = self.request_id();
-                    let frame = pack(Kind::Work, rid, &header, &enc);
-                    let route = self
-                        .route
-                        .as_ref()
-                        .ok_or_else(|| Attempt::RouteLost("no route".into()))?;
-                    route.data.send(&frame).map_err(|e| {
-                        Attempt::RouteLost(format!("sending to the first stage: {e}"))
-                    })?;
+                    self.route()?.send(&pack(Kind::Work, rid, &header, &enc))?;
                     in_flight.push_back((i, rid, Instant::now(), local_us));
                     while in_flight.len() >= self.cfg.window.max(1) {
                         let (j, rid, sent, lus) = in_flight.pop_front().expect("non-empty");
@@ -425,7 +262,7 @@ impl PipelineExecutor {
     }
 
     /// Replays a session's transcript onto a fresh state in every stage (local included).
-    fn replay(&mut self, session: SessionId) -> std::result::Result<Vec<u8>, Attempt> {
+    pub(super) fn replay(&mut self, session: SessionId) -> std::result::Result<Vec<u8>, Attempt> {
         if self.sessions.len(session) == 0 {
             self.local.destroy(session);
             self.sessions.mark_synced(session);
@@ -453,40 +290,15 @@ impl PipelineExecutor {
             }
         }
         let items = self.sessions.eval_items(batch, self.cfg.chunk);
-        let chunked = batch.len() == 1;
         let outs = self.run_items(items)?;
-        // Map logits rows back to requests.
-        let mut results: Vec<EvalResult> = batch.iter().map(|_| EvalResult::default()).collect();
-        let n_vocab = self.info.n_vocab;
-        for out in outs.into_iter().flatten() {
-            let (h, raw) = out;
-            let rows: Vec<f32> = raw
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            if chunked {
-                let r = &mut results[0];
-                r.n_vocab = n_vocab;
-                r.n_rows += h.n_rows as usize;
-                r.logits.extend_from_slice(&rows);
-            } else {
-                let mut starts = Vec::with_capacity(batch.len());
-                let mut acc = 0;
-                for r in batch {
-                    starts.push(acc);
-                    acc += r.tokens.len();
-                }
-                for (i, &row) in h.rows.iter().enumerate() {
-                    let q = starts.partition_point(|&s| s <= row as usize) - 1;
-                    let res = &mut results[q];
-                    res.n_vocab = n_vocab;
-                    res.n_rows += 1;
-                    res.logits
-                        .extend_from_slice(&rows[i * n_vocab..(i + 1) * n_vocab]);
-                }
-            }
-        }
-        Ok(results)
+        // A single request may come in several chunks, a batch as one item: either way the
+        // rows arrive in request order.
+        let rows: Vec<f32> = outs
+            .into_iter()
+            .flatten()
+            .flat_map(|(_, raw)| f32_values(&raw))
+            .collect();
+        Ok(EvalResult::split(batch, &rows, self.info.n_vocab))
     }
 }
 
@@ -552,9 +364,8 @@ impl Executor for PipelineExecutor {
     fn destroy(&mut self, session: SessionId) {
         self.sessions.remove(session);
         self.local.destroy(session);
+        let rid = self.request_id();
         if let Some(route) = &self.route {
-            let rid = self.next_request + 1;
-            self.next_request += 1;
             let _ = route.data.send(&pack(
                 Kind::SessionOp,
                 rid,
@@ -565,136 +376,11 @@ impl Executor for PipelineExecutor {
     }
 
     fn snapshot(&mut self, session: SessionId) -> Result<Snapshot> {
-        if !self.sessions.contains(session) {
-            return Err(exec_err(format!("session {session} does not exist")));
-        }
-        let tokens = self.sessions.get(session).to_vec();
-        let n = tokens.len();
-        // Make sure every stage holds the session (after a failure it may need a replay).
-        if !self.all_local() && !self.sessions.is_synced(session) {
-            self.ensure_route()?;
-            self.replay(session)
-                .map_err(|_| exec_err("replay before snapshot failed"))?;
-        }
-        let n_layer = self.info.n_layer;
-        let mut layers: Vec<Option<(Vec<u8>, Vec<u8>)>> = vec![None; n_layer];
-        for l in self.local.layers.clone() {
-            layers[l] = self.local.export_layer(session, l, n);
-        }
-        if !self.all_local() {
-            let rid = self.request_id();
-            let route = self.route.as_ref().ok_or_else(|| exec_err("no route"))?;
-            route
-                .data
-                .send(&pack(
-                    Kind::SessionOp,
-                    rid,
-                    &SessionOp::Snapshot {
-                        session,
-                        n: n as u32,
-                    },
-                    &[],
-                ))
-                .map_err(|e| exec_err(e.to_string()))?;
-            let deadline = Instant::now() + Duration::from_secs(120);
-            loop {
-                let f = route
-                    .results
-                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                    .map_err(|_| exec_err("snapshot: no answer from the stages"))?;
-                if f.request_id != rid {
-                    continue;
-                }
-                match f.kind {
-                    Kind::SnapshotPart => {
-                        let (p, _): (SnapshotPart, _) = unpack("snapshot part", &f.payload)
-                            .map_err(|e| exec_err(e.to_string()))?;
-                        if (p.layer as usize) < n_layer {
-                            layers[p.layer as usize] = Some((p.k, p.v));
-                        }
-                    }
-                    Kind::SessionOpDone => break,
-                    Kind::WorkResult => return Err(exec_err("snapshot: a stage failed")),
-                    _ => {}
-                }
-            }
-        }
-        let model = self.local.model();
-        let layers = layers
-            .into_iter()
-            .enumerate()
-            .map(|(i, l)| l.ok_or_else(|| exec_err(format!("snapshot: no stage sent layer {i}"))))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Snapshot {
-            fingerprint: self.info.fingerprint.clone(),
-            tokens,
-            kv_type: self.local.kv_type(),
-            n_kv_head: model.hp.n_head_kv,
-            head_dim_k: model.hp.head_dim_k,
-            head_dim_v: model.hp.head_dim_v,
-            layers,
-            last_logits: Vec::new(),
-        })
+        self.snapshot_session(session)
     }
 
     fn restore(&mut self, session: SessionId, s: &Snapshot) -> Result<()> {
-        s.check_model(&self.info.fingerprint)?;
-        if s.layers.len() != self.info.n_layer || s.kv_type != self.local.kv_type() {
-            return Err(EngineError::Snapshot(
-                "snapshot KV layout (layers or KV type) differs from this cluster's".into(),
-            ));
-        }
-        self.ensure_route()?;
-        self.local
-            .begin_restore(session, &s.tokens)
-            .map_err(|e| exec_err(e.to_string()))?;
-        for l in self.local.layers.clone() {
-            let (k, v) = &s.layers[l];
-            self.local
-                .import_layer(session, l, k, v)
-                .map_err(|e| EngineError::Snapshot(e.to_string()))?;
-        }
-        if !self.all_local() {
-            let rid = self.request_id();
-            let route = self.route.as_ref().ok_or_else(|| exec_err("no route"))?;
-            let send = |op: &SessionOp| {
-                route
-                    .data
-                    .send(&pack(Kind::SessionOp, rid, op, &[]))
-                    .map_err(|e| exec_err(e.to_string()))
-            };
-            send(&SessionOp::Restore {
-                session,
-                tokens: s.tokens.clone(),
-            })?;
-            for l in (*self.local.layers.end() + 1)..self.info.n_layer {
-                let (k, v) = &s.layers[l];
-                send(&SessionOp::RestoreLayer {
-                    session,
-                    layer: l as u32,
-                    k: k.clone(),
-                    v: v.clone(),
-                })?;
-            }
-            send(&SessionOp::Barrier)?;
-            let deadline = Instant::now() + Duration::from_secs(120);
-            loop {
-                let f = route
-                    .results
-                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                    .map_err(|_| exec_err("restore: no answer from the stages"))?;
-                if f.kind == Kind::WorkResult && f.flags & FLAG_FAILURE != 0 {
-                    let (fail, _): (StageFailure, _) =
-                        unpack("failure", &f.payload).map_err(|e| exec_err(e.to_string()))?;
-                    return Err(EngineError::Snapshot(format!("{fail:?}")));
-                }
-                if f.request_id == rid && f.kind == Kind::SessionOpDone {
-                    break;
-                }
-            }
-        }
-        self.sessions.set(session, s.tokens.clone());
-        Ok(())
+        self.restore_session(session, s)
     }
 
     fn stats(&self) -> Vec<(String, f64)> {
@@ -708,9 +394,7 @@ impl Executor for PipelineExecutor {
     fn describe(&self) -> String {
         let mut s = format!("pipeline: {} (coordinator)", self.local.label());
         if let Some(r) = &self.route {
-            for w in &r.workers {
-                s.push_str(&format!(" → {} at {}", w.label(), w.listen));
-            }
+            s.push_str(&r.describe());
         }
         s.push_str(&format!(
             "; chunk {} window {} activations {}-bit",
@@ -739,10 +423,7 @@ impl PipelineExecutor {
         let raw = self
             .replay(session)
             .map_err(|_| exec_err("--dist-replay-check: the replay failed"))?;
-        let replayed: Vec<f32> = raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let replayed = f32_values(&raw);
         let same = replayed.len() == want.len()
             && replayed
                 .iter()

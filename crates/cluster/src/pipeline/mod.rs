@@ -5,6 +5,9 @@
 pub mod coordinator;
 pub mod protocol;
 pub mod registry;
+mod route;
+mod snapshot;
+mod stage_loop;
 pub mod worker;
 
 pub use coordinator::{PipelineConfig, PipelineExecutor};

@@ -4,9 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use engine::SeqWork;
+
 use crate::activation::ActFormat;
-use crate::stage::SeqWork;
-use crate::wire::{Frame, Kind, WireError, decode, encode};
 
 /// Header of a `Work` frame; the activations (`n_rows × n_embd` in `act`) follow it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -39,6 +39,19 @@ pub struct ResultHeader {
     pub rows: Vec<u32>,
     /// Stages in route order.
     pub timings: Vec<HopTiming>,
+}
+
+impl ResultHeader {
+    /// The header and raw rows of a work item's logits, before any stage adds its timing.
+    pub fn of(l: &model::Logits) -> (ResultHeader, Vec<u8>) {
+        let h = ResultHeader {
+            n_rows: l.rows.len() as u32,
+            n_vocab: l.n_vocab as u32,
+            rows: l.rows.iter().map(|&r| r as u32).collect(),
+            timings: Vec::new(),
+        };
+        (h, crate::wire::f32_bytes(&l.data))
+    }
 }
 
 /// Why a stage could not complete a work item (sent upstream as a `WorkResult` with an error).
@@ -105,36 +118,6 @@ pub enum Control {
 pub enum ControlReply {
     RouteReady { epoch: u64 },
     RouteFailed { epoch: u64, detail: String },
-}
-
-/// `[u32 header length][postcard header][raw bytes]`.
-pub fn pack<T: Serialize>(kind: Kind, request_id: u64, header: &T, raw: &[u8]) -> Frame {
-    let h = encode(header);
-    let mut payload = Vec::with_capacity(4 + h.len() + raw.len());
-    payload.extend_from_slice(&(h.len() as u32).to_le_bytes());
-    payload.extend_from_slice(&h);
-    payload.extend_from_slice(raw);
-    Frame::new(kind, request_id, payload)
-}
-
-pub fn unpack<'a, T: Deserialize<'a>>(
-    what: &'static str,
-    payload: &'a [u8],
-) -> Result<(T, &'a [u8]), WireError> {
-    if payload.len() < 4 {
-        return Err(WireError::Decode {
-            what,
-            detail: "payload shorter than its header length".into(),
-        });
-    }
-    let n = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]) as usize;
-    if 4 + n > payload.len() {
-        return Err(WireError::Decode {
-            what,
-            detail: format!("header of {n} bytes in a payload of {}", payload.len()),
-        });
-    }
-    Ok((decode(what, &payload[4..4 + n])?, &payload[4 + n..]))
 }
 
 /// Flag on a `WorkResult` frame whose header is a [`StageFailure`] instead of a result.

@@ -8,14 +8,14 @@ use std::net::TcpListener;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use crate::wire::messages::build_id;
+use crate::error::{ClusterError, Result};
 use crate::wire::{self, AuthMode, Connection, Frame, Hello, Kind, Role, WireError};
 
 /// One peer of the mesh.
 struct Peer {
     rank: usize,
     conn: Connection,
-    frames: Receiver<Result<Frame, WireError>>,
+    frames: Receiver<std::result::Result<Frame, WireError>>,
 }
 
 pub struct Mesh {
@@ -33,7 +33,9 @@ pub struct Mesh {
     pub exchange_min: Duration,
 }
 
-fn spawn_reader(mut reader: wire::ConnectionReader) -> Receiver<Result<Frame, WireError>> {
+fn spawn_reader(
+    mut reader: wire::ConnectionReader,
+) -> Result<Receiver<std::result::Result<Frame, WireError>>> {
     let (tx, rx) = mpsc::channel();
     std::thread::Builder::new()
         .name("tp-mesh-reader".into())
@@ -46,24 +48,23 @@ fn spawn_reader(mut reader: wire::ConnectionReader) -> Receiver<Result<Frame, Wi
                 }
             }
         })
-        .expect("spawning a mesh reader");
-    rx
+        .map_err(|source| ClusterError::Io {
+            what: "spawning a mesh reader".into(),
+            source,
+        })?;
+    Ok(rx)
 }
 
 fn hello(rank: usize, epoch: u64) -> Hello {
-    Hello {
-        protocol: wire::PROTOCOL_VERSION,
-        build: build_id(),
-        role: Role::Rank {
-            rank: Some(rank as u32),
-            expert_weight: 0.0,
-        },
-        fingerprint: format!("mesh-epoch-{epoch}"),
-        n_ctx: 0,
-        listen: None,
-        nonce: [0; 32],
-        keyless: false,
-    }
+    let role = Role::Rank {
+        rank: Some(rank as u32),
+        expert_weight: 0.0,
+    };
+    Hello::new(role, &format!("mesh-epoch-{epoch}"), 0, None)
+}
+
+fn formation(detail: String) -> ClusterError {
+    ClusterError::Formation(detail)
 }
 
 impl Mesh {
@@ -76,29 +77,37 @@ impl Mesh {
         listener: &TcpListener,
         auth: &AuthMode,
         timeout: Duration,
-    ) -> Result<Mesh, String> {
+    ) -> Result<Mesh> {
         let n = peers.len();
         let mut out: Vec<Peer> = Vec::with_capacity(n.saturating_sub(1));
         for (r, addr) in peers.iter().enumerate().take(rank) {
-            let stream = wire::dial(addr).map_err(|e| format!("rank {r}: {e}"))?;
+            let stream = wire::dial(addr).map_err(|e| formation(format!("rank {r}: {e}")))?;
             let (conn, reader, _) = wire::connect(stream, auth, hello(rank, epoch))
-                .map_err(|e| format!("rank {r} at {addr}: {e}"))?;
+                .map_err(|e| ClusterError::link(format!("rank {r} at {addr}"), e))?;
             out.push(Peer {
                 rank: r,
                 conn,
-                frames: spawn_reader(reader),
+                frames: spawn_reader(reader)?,
             });
         }
         let deadline = Instant::now() + Duration::from_secs(30);
-        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let io = |source| ClusterError::Io {
+            what: "the mesh port".into(),
+            source,
+        };
+        listener.set_nonblocking(true).map_err(io)?;
         while out.len() < n - 1 {
             match listener.accept() {
                 Ok((stream, _)) => {
-                    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+                    stream.set_nonblocking(false).map_err(io)?;
                     let want = format!("mesh-epoch-{epoch}");
+                    let taken = |r: u32| out.iter().any(|p| p.rank == r as usize);
                     let accepted = wire::accept(stream, auth, |h| match h.role {
                         Role::Rank { rank: Some(r), .. }
-                            if (r as usize) > rank && (r as usize) < n && h.fingerprint == want =>
+                            if (r as usize) > rank
+                                && (r as usize) < n
+                                && h.fingerprint == want
+                                && !taken(r) =>
                         {
                             Ok(wire::Welcome::default())
                         }
@@ -109,12 +118,12 @@ impl Mesh {
                     match accepted {
                         Ok((conn, reader, h)) => {
                             let Role::Rank { rank: Some(r), .. } = h.role else {
-                                unreachable!("checked")
+                                continue;
                             };
                             out.push(Peer {
                                 rank: r as usize,
                                 conn,
-                                frames: spawn_reader(reader),
+                                frames: spawn_reader(reader)?,
                             });
                         }
                         Err(e) => tracing::warn!("rank {rank}: refused a mesh link: {e}"),
@@ -123,18 +132,18 @@ impl Mesh {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if Instant::now() > deadline {
                         listener.set_nonblocking(false).ok();
-                        return Err(format!(
+                        return Err(formation(format!(
                             "rank {rank}: only {} of {} mesh links within 30 s",
                             out.len(),
                             n - 1
-                        ));
+                        )));
                     }
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(io(e)),
             }
         }
-        listener.set_nonblocking(false).map_err(|e| e.to_string())?;
+        listener.set_nonblocking(false).map_err(io)?;
         out.sort_by_key(|p| p.rank);
         Ok(Mesh {
             rank,
@@ -150,7 +159,7 @@ impl Mesh {
 
     /// Sums `data` across all ranks in rank order, in place. `tag` identifies the exchange
     /// (step, layer, point) so a rank out of step is caught.
-    pub fn all_reduce(&mut self, tag: u64, data: &mut [f64]) -> Result<(), String> {
+    pub fn all_reduce(&mut self, tag: u64, data: &mut [f64]) -> std::result::Result<(), String> {
         if self.n_ranks <= 1 {
             return Ok(());
         }
@@ -194,10 +203,15 @@ impl Mesh {
             );
         }
         partials[self.rank] = Some(data.to_vec());
-        let mut parts = partials.into_iter().map(|p| p.expect("every rank present"));
-        let mut acc = parts.next().expect("at least one rank");
+        // Every rank appears once (the mesh refuses duplicates), so each slot is filled; the
+        // sum starts from rank 0's partial (not from zero, which would turn -0.0 into +0.0).
+        let mut parts = partials
+            .into_iter()
+            .enumerate()
+            .map(|(r, p)| p.ok_or_else(|| format!("no partial sum from rank {r}")));
+        let mut acc = parts.next().ok_or("a mesh without ranks")??;
         for p in parts {
-            for (a, b) in acc.iter_mut().zip(&p) {
+            for (a, b) in acc.iter_mut().zip(&p?) {
                 *a += b;
             }
         }

@@ -2,9 +2,10 @@
 //! each rank's control link and every rank executes them in the same order (lockstep);
 //! partial sums travel on the data mesh.
 
+use engine::SeqWork;
 use serde::{Deserialize, Serialize};
 
-use crate::stage::SeqWork;
+use crate::wire::{Connection, Frame, Kind, WireError, pack, unpack};
 
 /// Coordinator → rank.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -77,4 +78,25 @@ pub enum TpReply {
     Restored {
         step: u64,
     },
+}
+
+/// Sends a command to a rank.
+pub fn send_command(conn: &Connection, step: u64, cmd: &TpCommand) -> Result<(), WireError> {
+    conn.send(&pack(Kind::TpOp, step, cmd, &[]))
+}
+
+/// Sends a reply (with raw bytes: logits rows) to the coordinator.
+pub fn send_reply(conn: &Connection, reply: &TpReply, raw: &[u8]) -> Result<(), WireError> {
+    conn.send(&pack(Kind::TpDone, 0, reply, raw))
+}
+
+/// The reply a frame from a rank carries (`None` for other frames), for `Member::wait`.
+pub fn reply_of(f: Frame) -> Option<Result<(TpReply, Vec<u8>), WireError>> {
+    if f.kind != Kind::TpDone {
+        return Some(Err(WireError::Unexpected {
+            expected: Kind::TpDone,
+            got: f.kind,
+        }));
+    }
+    Some(unpack::<TpReply>("tp reply", &f.payload).map(|(r, raw)| (r, raw.to_vec())))
 }

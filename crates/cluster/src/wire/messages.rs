@@ -32,6 +32,22 @@ pub struct Hello {
     pub keyless: bool,
 }
 
+impl Hello {
+    /// A hello of this build and protocol; the handshake fills in the nonce and key mode.
+    pub fn new(role: Role, fingerprint: &str, n_ctx: u32, listen: Option<String>) -> Hello {
+        Hello {
+            protocol: super::PROTOCOL_VERSION,
+            build: build_id(),
+            role,
+            fingerprint: fingerprint.to_string(),
+            n_ctx,
+            listen,
+            nonce: [0; 32],
+            keyless: false,
+        }
+    }
+}
+
 /// The server's answer to a hello: its nonce and its proof of the key.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Challenge {

@@ -3,12 +3,14 @@
 //! control messages are serde structs in postcard.
 
 pub mod auth;
+pub mod codec;
 pub mod conn;
 pub mod frame;
 pub mod handshake;
 pub mod messages;
 
 pub use auth::{AuthMode, ClusterKey};
+pub use codec::{f32_bytes, f32_values, pack, unpack};
 pub use conn::{Connection, ConnectionReader, dial};
 pub use frame::{Frame, Kind, PROTOCOL_VERSION};
 pub use handshake::{accept, connect, log_rejected};

@@ -1,0 +1,205 @@
+//! The coordinator's route: the chain of workers after its own layers, told their next hops
+//! back to front, the data link to the first of them, and the thread that collects what comes
+//! back (results, snapshot parts, failures) from that link.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver};
+use std::time::Duration;
+
+use engine::EngineError;
+
+use super::protocol::*;
+use super::registry::{StageAdmission, Worker, chain};
+use crate::activation::ActFormat;
+use crate::error::{ClusterError, Result};
+use crate::registry::Registry;
+use crate::wire::{self, AuthMode, Connection, Frame, Hello, Kind, Role, pack, unpack};
+
+/// How long a worker may take to confirm its next hop.
+const ROUTE_CONFIRM: Duration = Duration::from_secs(15);
+
+/// Why an evaluation attempt failed.
+pub(super) enum Attempt {
+    /// The route broke: rebuild, replay, retry.
+    RouteLost(String),
+    /// A stage's history of a session differs: replay it, retry.
+    Desync(u64),
+    Fatal(EngineError),
+}
+
+impl From<EngineError> for Attempt {
+    fn from(e: EngineError) -> Self {
+        Attempt::Fatal(e)
+    }
+}
+
+impl From<ClusterError> for Attempt {
+    fn from(e: ClusterError) -> Self {
+        Attempt::Fatal(e.into())
+    }
+}
+
+pub(super) struct Route {
+    pub workers: Vec<Arc<Worker>>,
+    pub data: Connection,
+    pub results: Receiver<Frame>,
+    broken: Arc<AtomicBool>,
+    generation: u64,
+}
+
+/// What a route needs to know of its coordinator.
+pub(super) struct RouteParams<'a> {
+    pub epoch: u64,
+    pub act: ActFormat,
+    pub auth: &'a AuthMode,
+    pub fingerprint: &'a str,
+    pub n_ctx: usize,
+}
+
+impl Route {
+    /// Wires `chain` (registry generation `generation`): each worker learns its next hop,
+    /// back to front so that every hop is listening when its upstream connects.
+    pub fn wire(chain: Vec<Arc<Worker>>, generation: u64, p: RouteParams) -> Result<Route> {
+        for (i, w) in chain.iter().enumerate().rev() {
+            let next = chain.get(i + 1).map(|n| n.listen.clone());
+            let msg = Control::Route {
+                epoch: p.epoch,
+                next,
+                act: p.act,
+            };
+            w.control
+                .send_msg(Kind::Route, p.epoch, &msg)
+                .map_err(|e| ClusterError::link(&w.name, e))?;
+            let _ = w.control.send_msg(Kind::Route, 0, &Control::ResetSessions);
+            let reply = w.wait("the route", ROUTE_CONFIRM, |f| {
+                (f.kind == Kind::Route && f.request_id == p.epoch)
+                    .then(|| wire::decode::<ControlReply>("control reply", &f.payload))
+            })?;
+            if let ControlReply::RouteFailed { detail, .. } = reply {
+                return Err(ClusterError::peer(&w.name, detail));
+            }
+        }
+        let first = &chain[0];
+        let stream = wire::dial(&first.listen).map_err(|source| ClusterError::Io {
+            what: format!("data link to {}", first.name),
+            source,
+        })?;
+        let hello = Hello::new(Role::Hop, p.fingerprint, p.n_ctx as u32, None);
+        let (data, mut reader, _) = wire::connect(stream, p.auth, hello)
+            .map_err(|e| ClusterError::link(format!("data link to {}", first.name), e))?;
+        let broken = Arc::new(AtomicBool::new(false));
+        let (tx, results) = mpsc::channel();
+        let flag = Arc::clone(&broken);
+        std::thread::Builder::new()
+            .name("coord-results".into())
+            .spawn(move || {
+                loop {
+                    match reader.recv() {
+                        Ok(f) => {
+                            if tx.send(f).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!("data link to the first stage: {e}");
+                            flag.store(true, Ordering::Release);
+                            let fail = StageFailure::LinkLost {
+                                stage: "coordinator".into(),
+                                detail: e.to_string(),
+                            };
+                            let mut f = pack(Kind::WorkResult, 0, &fail, &[]);
+                            f.flags = FLAG_FAILURE;
+                            let _ = tx.send(f);
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(|source| ClusterError::Io {
+                what: "spawning the result reader".into(),
+                source,
+            })?;
+        Ok(Route {
+            workers: chain,
+            data,
+            results,
+            broken,
+            generation,
+        })
+    }
+
+    /// Whether the data link is up and no stage joined or left since the route was wired.
+    pub fn is_ok(&self, registry: &Registry<StageAdmission>) -> bool {
+        !self.broken.load(Ordering::Acquire) && self.generation == registry.generation()
+    }
+
+    pub fn send(&self, frame: &Frame) -> std::result::Result<(), Attempt> {
+        self.data
+            .send(frame)
+            .map_err(|e| Attempt::RouteLost(format!("sending to the first stage: {e}")))
+    }
+
+    /// Waits for the result of request `rid`; stage failures and a lost link become
+    /// [`Attempt`]s.
+    pub fn wait_result(
+        &self,
+        rid: u64,
+        registry: &Registry<StageAdmission>,
+    ) -> std::result::Result<(ResultHeader, Vec<u8>), Attempt> {
+        loop {
+            let f = match self.results.recv_timeout(Duration::from_millis(250)) {
+                Ok(f) => f,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if self.generation != registry.generation() && chain(registry).is_err() {
+                        return Err(Attempt::RouteLost("a stage left".into()));
+                    }
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(Attempt::RouteLost("data link closed".into()));
+                }
+            };
+            if let Some(fail) = failure_of(&f) {
+                return Err(fail);
+            }
+            if f.request_id != rid || f.kind != Kind::WorkResult {
+                continue;
+            }
+            let (h, raw): (ResultHeader, &[u8]) = unpack("result", &f.payload)
+                .map_err(|e| Attempt::Fatal(ClusterError::link("the first stage", e).into()))?;
+            return Ok((h, raw.to_vec()));
+        }
+    }
+
+    /// `→ 4:11 at 10.0.0.2:7001 → 12:output at …`
+    pub fn describe(&self) -> String {
+        self.workers
+            .iter()
+            .map(|w| format!(" → {} at {}", w.claim, w.listen))
+            .collect()
+    }
+}
+
+/// The failure a frame reports, if it is a failure.
+pub(super) fn failure_of(f: &Frame) -> Option<Attempt> {
+    if f.kind != Kind::WorkResult || f.flags & FLAG_FAILURE == 0 {
+        return None;
+    }
+    let fail: StageFailure = match unpack("stage failure", &f.payload) {
+        Ok((x, _)) => x,
+        Err(e) => return Some(Attempt::RouteLost(e.to_string())),
+    };
+    Some(match fail {
+        StageFailure::Desync { session, stage } => {
+            tracing::warn!("stage {stage} lost track of session {session}; replaying it");
+            Attempt::Desync(session)
+        }
+        StageFailure::LinkLost { stage, detail } => {
+            Attempt::RouteLost(format!("{stage}: {detail}"))
+        }
+        StageFailure::Failed { stage, detail } => {
+            Attempt::Fatal(ClusterError::peer(format!("stage {stage}"), detail).into())
+        }
+    })
+}

@@ -1,0 +1,82 @@
+//! A tensor-parallel session's KV in the topology-free snapshot form: when attention is split
+//! by heads each rank holds its kv heads, which are interleaved back into rows of all heads for
+//! a snapshot and cut out again on restore; replicated attention needs only rank 0's copy.
+
+use std::ops::Range;
+
+use engine::snapshot::LayersKv;
+use model::shard::{kv_heads_merge, kv_heads_slice};
+use model::{KvType, Model};
+
+use crate::error::Result;
+
+fn rank_heads(model: &Model) -> Vec<Range<usize>> {
+    (0..model.shard().n_ranks)
+        .map(|r| model.shard_of(r).kv_heads)
+        .collect()
+}
+
+/// The snapshot layers (all kv heads) of `n_pos` positions from every rank's export, in rank
+/// order. Sizes come from peers, so every one is checked.
+pub fn merge(
+    model: &Model,
+    kv_type: KvType,
+    n_pos: usize,
+    per_rank: &[LayersKv],
+) -> Result<LayersKv> {
+    let hp = &model.hp;
+    let Some(first) = per_rank.first() else {
+        return Ok(Vec::new());
+    };
+    if !model.shard().attention_split {
+        return Ok(first.clone());
+    }
+    let heads = rank_heads(model);
+    let e = kv_type.bytes();
+    (0..hp.n_layer)
+        .map(|il| {
+            // A rank that sent too few layers contributes an empty part, which the merge refuses.
+            let (ks, vs): (Vec<&[u8]>, Vec<&[u8]>) = per_rank
+                .iter()
+                .map(|layers| {
+                    layers
+                        .get(il)
+                        .map_or((&[][..], &[][..]), |(k, v)| (&k[..], &v[..]))
+                })
+                .unzip();
+            let k = kv_heads_merge(&ks, &heads, n_pos, hp.n_head_kv, hp.head_dim_k * e)?;
+            let v = kv_heads_merge(&vs, &heads, n_pos, hp.n_head_kv, hp.head_dim_v * e)?;
+            Ok((k, v))
+        })
+        .collect()
+}
+
+/// Every rank's share of snapshot `layers` (all kv heads, `n_pos` positions, already checked
+/// against the model's layout).
+pub fn split(
+    model: &Model,
+    kv_type: KvType,
+    n_pos: usize,
+    layers: &[(Vec<u8>, Vec<u8>)],
+) -> Result<Vec<LayersKv>> {
+    let n_ranks = model.shard().n_ranks;
+    if !model.shard().attention_split {
+        return Ok(vec![layers.to_vec(); n_ranks]);
+    }
+    let hp = &model.hp;
+    let e = kv_type.bytes();
+    rank_heads(model)
+        .iter()
+        .map(|heads| {
+            layers
+                .iter()
+                .map(|(k, v)| {
+                    Ok((
+                        kv_heads_slice(k, n_pos, hp.n_head_kv, heads, hp.head_dim_k * e)?,
+                        kv_heads_slice(v, n_pos, hp.n_head_kv, heads, hp.head_dim_v * e)?,
+                    ))
+                })
+                .collect()
+        })
+        .collect()
+}
