@@ -4,6 +4,7 @@
 pub mod chat_template;
 pub mod error;
 pub mod executor;
+pub mod file;
 pub mod generate;
 pub mod layer_range;
 pub mod local;

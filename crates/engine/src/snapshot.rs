@@ -1,5 +1,10 @@
 //! Session snapshots that do not depend on the split: tokens, every layer's KV (position-major,
 //! all kv heads) and the last logits. Saved by one topology, loadable by any other.
+//!
+//! File format (version 2, magic `MSSNAP02`): the magic, length-prefixed little-endian fields,
+//! then an XXH3-128 checksum of everything before it ([`crate::file`]), checked on every read.
+//! Files are written atomically with mode 0600. A version-1 file (`MSSNAP01`, no checksum) is
+//! refused as an old format.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -7,8 +12,11 @@ use std::path::Path;
 use model::{KvType, Model};
 
 use crate::error::{EngineError, Result};
+use crate::file::{self, ChecksumReader, ChecksumWriter};
 
-const MAGIC: &[u8; 8] = b"MSSNAP01";
+/// Version 2: the fields of version 1, then a checksum of everything before it.
+const MAGIC: &[u8; 8] = b"MSSNAP02";
+const OLD_MAGIC: &[u8; 8] = b"MSSNAP01";
 
 /// Keys and values of consecutive layers, each position-major.
 pub type LayersKv = Vec<(Vec<u8>, Vec<u8>)>;
@@ -83,22 +91,27 @@ fn w_u64(w: &mut impl Write, v: u64) -> std::io::Result<()> {
     w.write_all(&v.to_le_bytes())
 }
 
-fn r_u64(r: &mut impl Read) -> std::io::Result<u64> {
+fn r_u64(r: &mut impl Read) -> Result<u64> {
     let mut b = [0u8; 8];
-    r.read_exact(&mut b)?;
+    r.read_exact(&mut b).map_err(truncated)?;
     Ok(u64::from_le_bytes(b))
 }
 
-fn r_bytes(r: &mut impl Read, limit: u64) -> Result<Vec<u8>> {
-    let n = r_u64(r).map_err(|e| EngineError::Snapshot(format!("truncated: {e}")))?;
-    if n > limit {
+fn truncated(e: std::io::Error) -> EngineError {
+    EngineError::Snapshot(format!("truncated: {e}"))
+}
+
+/// A length-prefixed field; its length may not exceed what is left of the checksummed part.
+fn r_bytes<R: Read>(r: &mut ChecksumReader<R>) -> Result<Vec<u8>> {
+    let n = r_u64(r)?;
+    if n > r.left() {
         return Err(EngineError::Snapshot(format!(
-            "a field of {n} bytes exceeds the remaining {limit}"
+            "a field of {n} bytes exceeds the remaining {}",
+            r.left()
         )));
     }
     let mut v = vec![0u8; n as usize];
-    r.read_exact(&mut v)
-        .map_err(|e| EngineError::Snapshot(format!("truncated: {e}")))?;
+    r.read_exact(&mut v).map_err(truncated)?;
     Ok(v)
 }
 
@@ -174,76 +187,106 @@ impl Snapshot {
         Ok(())
     }
 
+    /// Writes the snapshot: magic, fields, then the checksum of everything before it.
     pub fn write_to(&self, w: &mut impl Write) -> std::io::Result<()> {
+        let mut w = ChecksumWriter::new(w);
         w.write_all(MAGIC)?;
         let fp = self.fingerprint.as_bytes();
-        w_u64(w, fp.len() as u64)?;
+        w_u64(&mut w, fp.len() as u64)?;
         w.write_all(fp)?;
-        w_u64(w, self.tokens.len() as u64 * 4)?;
-        for t in &self.tokens {
-            w.write_all(&t.to_le_bytes())?;
-        }
+        w_u64(&mut w, self.tokens.len() as u64 * 4)?;
+        let tokens: Vec<u8> = self.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        w.write_all(&tokens)?;
         w_u64(
-            w,
+            &mut w,
             match self.kv_type {
                 KvType::F32 => 0,
                 KvType::F16 => 1,
             },
         )?;
-        w_u64(w, self.n_kv_head as u64)?;
-        w_u64(w, self.head_dim_k as u64)?;
-        w_u64(w, self.head_dim_v as u64)?;
-        w_u64(w, self.layers.len() as u64)?;
+        w_u64(&mut w, self.n_kv_head as u64)?;
+        w_u64(&mut w, self.head_dim_k as u64)?;
+        w_u64(&mut w, self.head_dim_v as u64)?;
+        w_u64(&mut w, self.layers.len() as u64)?;
         for (k, v) in &self.layers {
-            w_u64(w, k.len() as u64)?;
+            w_u64(&mut w, k.len() as u64)?;
             w.write_all(k)?;
-            w_u64(w, v.len() as u64)?;
+            w_u64(&mut w, v.len() as u64)?;
             w.write_all(v)?;
         }
-        w_u64(w, self.last_logits.len() as u64 * 4)?;
-        for l in &self.last_logits {
-            w.write_all(&l.to_le_bytes())?;
-        }
+        w_u64(&mut w, self.last_logits.len() as u64 * 4)?;
+        let logits: Vec<u8> = self
+            .last_logits
+            .iter()
+            .flat_map(|l| l.to_le_bytes())
+            .collect();
+        w.write_all(&logits)?;
+        w.finish()?;
         Ok(())
     }
 
-    /// Reads a snapshot; `total` bounds every length field (the file size).
+    /// Reads a snapshot of `total` bytes (the file size) and checks its checksum. A corrupt
+    /// stream is an error whichever byte changed: when a damaged field makes the fields
+    /// unreadable, the checksum is still compared and its mismatch reported.
     pub fn read_from(r: &mut impl Read, total: u64) -> Result<Snapshot> {
-        let io = |e: std::io::Error| EngineError::Snapshot(format!("truncated: {e}"));
+        let mut r = ChecksumReader::new(r, total).map_err(truncated)?;
         let mut magic = [0u8; 8];
-        r.read_exact(&mut magic).map_err(io)?;
+        r.read_exact(&mut magic).map_err(truncated)?;
+        if &magic == OLD_MAGIC {
+            return Err(EngineError::Snapshot(format!(
+                "old snapshot format ({}, without a checksum); this version reads {}: save the session again",
+                String::from_utf8_lossy(OLD_MAGIC),
+                String::from_utf8_lossy(MAGIC)
+            )));
+        }
         if &magic != MAGIC {
             return Err(EngineError::Snapshot(
                 "not a moeshard snapshot (bad magic)".into(),
             ));
         }
-        let fingerprint = String::from_utf8(r_bytes(r, total)?)
+        let parsed = Snapshot::read_fields(&mut r).and_then(|s| match r.left() {
+            0 => Ok(s),
+            n => Err(EngineError::Snapshot(format!(
+                "{n} bytes after the last field"
+            ))),
+        });
+        match r.verify() {
+            Ok(Ok(())) => parsed,
+            Ok(Err(mismatch)) => Err(EngineError::Snapshot(mismatch.to_string())),
+            Err(e) => parsed.and(Err(truncated(e))),
+        }
+    }
+
+    /// The fields after the magic.
+    fn read_fields<R: Read>(r: &mut ChecksumReader<R>) -> Result<Snapshot> {
+        let fingerprint = String::from_utf8(r_bytes(r)?)
             .map_err(|_| EngineError::Snapshot("fingerprint is not UTF-8".into()))?;
-        let tokens = r_bytes(r, total)?
+        let tokens = r_bytes(r)?
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        let kv_type = match r_u64(r).map_err(io)? {
+        let kv_type = match r_u64(r)? {
             0 => KvType::F32,
             1 => KvType::F16,
             other => return Err(EngineError::Snapshot(format!("unknown KV type {other}"))),
         };
-        let n_kv_head = r_u64(r).map_err(io)? as usize;
-        let head_dim_k = r_u64(r).map_err(io)? as usize;
-        let head_dim_v = r_u64(r).map_err(io)? as usize;
-        let n_layers = r_u64(r).map_err(io)?;
-        if n_layers > 100_000 {
+        let n_kv_head = r_u64(r)? as usize;
+        let head_dim_k = r_u64(r)? as usize;
+        let head_dim_v = r_u64(r)? as usize;
+        let n_layers = r_u64(r)?;
+        // Each layer has two length fields at least.
+        if n_layers > 100_000 || n_layers.saturating_mul(16) > r.left() {
             return Err(EngineError::Snapshot(format!(
                 "{n_layers} layers is not plausible"
             )));
         }
         let mut layers = Vec::with_capacity(n_layers as usize);
         for _ in 0..n_layers {
-            let k = r_bytes(r, total)?;
-            let v = r_bytes(r, total)?;
+            let k = r_bytes(r)?;
+            let v = r_bytes(r)?;
             layers.push((k, v));
         }
-        let last_logits = r_bytes(r, total)?
+        let last_logits = r_bytes(r)?
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
@@ -259,19 +302,16 @@ impl Snapshot {
         })
     }
 
+    /// Writes the snapshot to `path` atomically (see [`file::write_atomic`]: mode 0600, a
+    /// temporary file fsynced and renamed into place).
     pub fn save(&self, path: &Path) -> Result<()> {
-        let io = |source| EngineError::Io {
+        file::write_atomic(path, |w| self.write_to(w)).map_err(|source| EngineError::Io {
             path: path.display().to_string(),
             source,
-        };
-        let tmp = path.with_extension("tmp");
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
-        self.write_to(&mut f).map_err(io)?;
-        f.flush().map_err(io)?;
-        drop(f);
-        std::fs::rename(&tmp, path).map_err(io)
+        })
     }
 
+    /// Reads and checks a snapshot file; errors name the file.
     pub fn load(path: &Path) -> Result<Snapshot> {
         let io = |source| EngineError::Io {
             path: path.display().to_string(),
@@ -279,7 +319,14 @@ impl Snapshot {
         };
         let f = std::fs::File::open(path).map_err(io)?;
         let total = f.metadata().map_err(io)?.len();
-        Snapshot::read_from(&mut std::io::BufReader::new(f), total)
+        Snapshot::read_from(&mut std::io::BufReader::with_capacity(1 << 20, f), total).map_err(
+            |e| match e {
+                EngineError::Snapshot(m) => {
+                    EngineError::Snapshot(format!("{}: {m}", path.display()))
+                }
+                other => other,
+            },
+        )
     }
 
     /// Bytes of one layer's keys + values per position.
@@ -297,9 +344,8 @@ impl Snapshot {
 mod tests {
     use super::*;
 
-    #[test]
-    fn round_trip_and_corruption_are_detected() {
-        let s = Snapshot {
+    fn sample() -> Snapshot {
+        Snapshot {
             fingerprint: "abc".into(),
             tokens: vec![1, 2, 3],
             kv_type: KvType::F16,
@@ -308,7 +354,12 @@ mod tests {
             head_dim_v: 4,
             layers: vec![(vec![1; 48], vec![2; 48]), (vec![3; 48], vec![4; 48])],
             last_logits: vec![0.5, -1.0],
-        };
+        }
+    }
+
+    #[test]
+    fn round_trip_and_corruption_are_detected() {
+        let s = sample();
         let mut buf = Vec::new();
         s.write_to(&mut buf).unwrap();
         let back = Snapshot::read_from(&mut buf.as_slice(), buf.len() as u64).unwrap();
@@ -322,6 +373,55 @@ mod tests {
         let mut bad = buf.clone();
         bad[0] = b'X';
         assert!(Snapshot::read_from(&mut bad.as_slice(), bad.len() as u64).is_err());
+        // Any other byte changed — a length, the fingerprint, the KV, the logits, the checksum
+        // itself — is a checksum mismatch, never a panic or a different snapshot.
+        for i in 8..buf.len() {
+            let mut bad = buf.clone();
+            bad[i] ^= 0x04;
+            let err = Snapshot::read_from(&mut bad.as_slice(), bad.len() as u64)
+                .expect_err("a changed byte is refused");
+            assert!(
+                err.to_string().contains("checksum mismatch"),
+                "byte {i}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_old_snapshot_is_named_as_such() {
+        let mut buf = Vec::new();
+        sample().write_to(&mut buf).unwrap();
+        buf[..8].copy_from_slice(OLD_MAGIC);
+        let err = Snapshot::read_from(&mut buf.as_slice(), buf.len() as u64).unwrap_err();
+        assert!(err.to_string().contains("old snapshot format"), "{err}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn files_are_private_checked_and_named_in_errors() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.snap");
+        let mut s = sample();
+        s.layers = vec![(vec![9; 1 << 16], vec![8; 1 << 16]); 4];
+        s.save(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{mode:o}");
+        assert_eq!(Snapshot::load(&path).unwrap(), s);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Snapshot::load(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("checksum mismatch") && err.contains(&path.display().to_string()),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary file is left"
+        );
     }
 
     #[test]

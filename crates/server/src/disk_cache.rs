@@ -4,12 +4,16 @@
 //! shared prefix). The directory is bounded in bytes; the least recently used sessions go first.
 //!
 //! Layout: `DIR/<first 16 hex digits of the model fingerprint>/<hash>-<n_tokens>.kv` (the
-//! snapshot) and `.tokens` beside it (the sequence as little-endian u32, written last). The
-//! index — every saved sequence, kept in memory, a few bytes per token — is rebuilt from the
-//! `.tokens` files with the `.kv` modification times as the LRU order; there is no index file
-//! to corrupt. Writes go through a background thread (a long session's KV is large; the
-//! scheduler must not wait for the disk), each to a temporary name renamed into place.
+//! snapshot) and `.tokens` beside it (magic, the sequence as little-endian u32, checksum;
+//! written last). The index — every saved sequence, kept in memory, a few bytes per token — is
+//! rebuilt from the `.tokens` files with the `.kv` modification times as the LRU order; there is
+//! no index file to corrupt. Writes go through a background thread (a long session's KV is
+//! large; the scheduler must not wait for the disk). Both files carry a checksum of their whole
+//! content, checked when read (a `.kv` when it is restored: a mismatch drops the entry and the
+//! prompt is evaluated instead), and are written atomically with mode 0600
+//! ([`engine::file::write_atomic`]); the directories are created with mode 0700.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
@@ -17,6 +21,7 @@ use std::thread::JoinHandle;
 use std::time::SystemTime;
 
 use engine::Snapshot;
+use engine::file::{self, CHECKSUM_LEN, Checksum};
 
 /// FNV-1a over the tokens' little-endian bytes: the file name of a saved sequence.
 #[derive(Clone, Copy)]
@@ -108,18 +113,52 @@ fn enforce_bound(dir: &Path, index: &mut Index, max_bytes: u64) {
     }
 }
 
+/// Magic of a `.tokens` file (version 1: magic, tokens, checksum).
+const TOKENS_MAGIC: &[u8; 8] = b"MSTOKS01";
+
+/// Reads a `.tokens` file, checking its magic and checksum.
 fn read_tokens(path: &Path) -> std::io::Result<Vec<u32>> {
     let b = std::fs::read(path)?;
-    Ok(b.chunks_exact(4)
+    let bad = |why: &str| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: {why}", path.display()),
+        )
+    };
+    let Some(body) = b.len().checked_sub(CHECKSUM_LEN) else {
+        return Err(bad("too short"));
+    };
+    if !b.starts_with(TOKENS_MAGIC) {
+        return Err(bad("not a tokens file of this version (bad magic)"));
+    }
+    if b[body..] != Checksum::of(&b[..body]) {
+        return Err(bad("checksum mismatch: the file is corrupt or cut short"));
+    }
+    let tokens = &b[TOKENS_MAGIC.len()..body];
+    if tokens.len() % 4 != 0 {
+        return Err(bad("not a whole number of tokens"));
+    }
+    Ok(tokens
+        .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
 }
 
 fn write_tokens(path: &Path, tokens: &[u32]) -> std::io::Result<()> {
-    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    let mut bytes = TOKENS_MAGIC.to_vec();
+    bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    let sum = Checksum::of(&bytes);
+    bytes.extend_from_slice(&sum);
+    file::write_atomic(path, |w| w.write_all(&bytes))
+}
+
+/// Creates `dir` and its missing parents, private to this user.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b.create(dir)
 }
 
 fn writer_loop(dir: PathBuf, max_bytes: u64, index: Arc<Mutex<Index>>, rx: Receiver<Snapshot>) {
@@ -176,7 +215,7 @@ impl DiskCache {
         } else {
             sub
         });
-        std::fs::create_dir_all(&dir)?;
+        create_private_dir(&dir)?;
         let mut index = Index::default();
         let mut orphans = Vec::new();
         for entry in std::fs::read_dir(&dir)? {
@@ -184,7 +223,8 @@ impl DiskCache {
             match path.extension().and_then(|e| e.to_str()) {
                 Some("kv") => {
                     let meta = std::fs::metadata(&path)?;
-                    match read_tokens(&path.with_extension("tokens")) {
+                    let tokens_file = path.with_extension("tokens");
+                    match read_tokens(&tokens_file) {
                         Ok(tokens)
                             if path.file_stem().and_then(|s| s.to_str())
                                 == Some(stem(PrefixHash::of(&tokens), tokens.len()).as_str()) =>
@@ -196,17 +236,33 @@ impl DiskCache {
                                 used: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
                             })
                         }
-                        _ => orphans.push(path),
+                        other => {
+                            if let Err(e) = other
+                                && e.kind() != std::io::ErrorKind::NotFound
+                            {
+                                tracing::warn!("disk KV cache: {e}");
+                            }
+                            orphans.push(tokens_file);
+                            orphans.push(path);
+                        }
                     }
                 }
                 // A write cut short by a crash.
                 Some("tmp") => orphans.push(path),
+                // Tokens whose KV is gone.
+                Some("tokens") if !path.with_extension("kv").exists() => orphans.push(path),
                 _ => {}
             }
         }
         for p in orphans {
-            tracing::info!("disk KV cache: removing incomplete {}", p.display());
-            let _ = std::fs::remove_file(&p);
+            match std::fs::remove_file(&p) {
+                Ok(()) => tracing::info!(
+                    "disk KV cache: removed incomplete or unreadable {}",
+                    p.display()
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!("disk KV cache: removing {}: {e}", p.display()),
+            }
         }
         enforce_bound(&dir, &mut index, max_bytes);
         tracing::info!(
@@ -291,10 +347,7 @@ impl DiskCache {
                     || "other tokens than indexed".to_string(),
                     |e| e.to_string(),
                 );
-                tracing::warn!(
-                    "disk KV cache: dropping unreadable {}: {why}",
-                    path.display()
-                );
+                tracing::warn!("disk KV cache: dropping an unreadable entry: {why}");
                 remove(&self.dir, &entry);
                 let mut idx = self.index.lock().expect("disk index lock");
                 idx.entries.retain(|e| e.tokens != entry.tokens);
@@ -407,6 +460,83 @@ mod tests {
             2,
             "one .kv and one .tokens"
         );
+    }
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_corrupt_entry_is_refused_and_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = DiskCache::open(dir.path(), "fp", 1 << 20).unwrap();
+        c.save(snap(&[1, 2, 3], 1000));
+        c.flush();
+        let c = DiskCache::open(dir.path(), "fp", 1 << 20).unwrap();
+        let kv = c
+            .dir()
+            .join(format!("{}.kv", stem(PrefixHash::of(&[1, 2, 3]), 3)));
+        let mut bytes = std::fs::read(&kv).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x20;
+        std::fs::write(&kv, &bytes).unwrap();
+        let err = Snapshot::load(&kv).unwrap_err().to_string();
+        assert!(err.contains("checksum mismatch"), "{err}");
+        assert!(c.lookup(&[1, 2, 3, 4], 0).is_none(), "not restored");
+        assert_eq!(c.usage().0, 0, "dropped from the index");
+        assert!(files(c.dir()).is_empty(), "{:?}", files(c.dir()));
+    }
+
+    #[test]
+    fn crash_leftovers_and_corrupt_sidecars_are_removed_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = DiskCache::open(dir.path(), "fp", 1 << 20).unwrap();
+        c.save(snap(&[1, 2], 10));
+        c.save(snap(&[5, 6], 10));
+        c.flush();
+        let d = c.dir().to_path_buf();
+        drop(c);
+        let good = stem(PrefixHash::of(&[1, 2]), 2);
+        let bad = stem(PrefixHash::of(&[5, 6]), 2);
+        // A write interrupted by a crash leaves only its temporary file.
+        std::fs::write(d.join(format!(".{bad}.kv.77.0.tmp")), b"partial").unwrap();
+        let tokens = d.join(format!("{bad}.tokens"));
+        let mut t = std::fs::read(&tokens).unwrap();
+        t[9] ^= 1;
+        std::fs::write(&tokens, t).unwrap();
+        std::fs::write(d.join("0000000000000000-1.tokens"), b"no kv").unwrap();
+        let c = DiskCache::open(dir.path(), "fp", 1 << 20).unwrap();
+        assert_eq!(c.usage().0, 1);
+        assert_eq!(
+            files(&d),
+            [format!("{good}.kv"), format!("{good}.tokens")],
+            "only the intact entry is left"
+        );
+        assert!(c.lookup(&[1, 2], 0).is_some());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn files_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("cache");
+        let mut c = DiskCache::open(&root, "fp", 1 << 20).unwrap();
+        c.save(snap(&[1, 2], 10));
+        c.flush();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(c.dir()), 0o700);
+        assert_eq!(mode(&root), 0o700);
+        let names = files(c.dir());
+        assert_eq!(names.len(), 2);
+        for n in names {
+            assert_eq!(mode(&c.dir().join(&n)), 0o600, "{n}");
+        }
     }
 
     #[test]
