@@ -77,3 +77,26 @@ fn streams_multi_byte_characters_split_across_tokens() {
         "expected several byte-level tokens"
     );
 }
+
+/// `max_bytes_per_token` bounds how much text a token stands for, so the server can refuse a
+/// prompt too long for the context before tokenizing it: every piece is at most that long and
+/// texts that tokenize sparsely (long runs of one character, markup) stay within the bound.
+#[test]
+fn max_bytes_per_token_bounds_the_token_count() {
+    let tokenizer = smollm2();
+    let max = tokenizer.max_bytes_per_token();
+    assert!((4..=256).contains(&max), "{max}");
+    assert!((0..tokenizer.vocab_size() as u32).all(|id| tokenizer.token_to_piece(id).len() <= max));
+    let texts = [
+        " ".repeat(5000),
+        "\n".repeat(3000),
+        "=".repeat(4000),
+        "<|im_start|>user\n".repeat(200),
+        "The capital of Germany is Berlin. ".repeat(100),
+        "ünïcödé 漢字 🙂 ".repeat(100),
+    ];
+    for t in &texts {
+        let n = tokenizer.encode(t, false, true).len();
+        assert!(n * max >= t.len(), "{n} tokens × {max} < {} bytes", t.len());
+    }
+}

@@ -142,6 +142,8 @@ pub struct Tokenizer {
     /// concatenated; token `i` is `pieces[piece_ends[i-1]..piece_ends[i]]`.
     pieces: Vec<u8>,
     piece_ends: Vec<usize>,
+    /// Bytes of the longest piece.
+    longest_piece: usize,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -257,6 +259,7 @@ impl Tokenizer {
             kind,
             pieces: Vec::new(),
             piece_ends: Vec::new(),
+            longest_piece: 0,
         };
         tokenizer.build_pieces();
         tokenizer
@@ -285,6 +288,8 @@ impl Tokenizer {
             } else if attrs.contains_any(TokenAttrs::BYTE) {
                 pieces.extend(parse_byte_token(text));
             }
+            let start = ends.last().copied().unwrap_or(0);
+            self.longest_piece = self.longest_piece.max(pieces.len() - start);
             ends.push(pieces.len());
         }
         self.pieces = pieces;
@@ -337,6 +342,13 @@ impl Tokenizer {
             out.extend(self.vocab.special.eos);
         }
         out
+    }
+
+    /// The most bytes of text one token can stand for: the longest piece, and at least a whole
+    /// UTF-8 character (an unknown one becomes one token). A text of `n` bytes encodes to at
+    /// least `n / max_bytes_per_token()` tokens, which bounds a prompt before tokenizing it.
+    pub fn max_bytes_per_token(&self) -> usize {
+        self.longest_piece.max(4)
     }
 
     /// The bytes token `id` stands for, control tokens rendered as their text; empty for an
