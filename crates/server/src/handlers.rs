@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -17,7 +17,7 @@ use engine::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 
 use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, Sampling};
-use crate::job::{GenParams, SchedulerHandle};
+use crate::job::{Admission, GenParams, SchedulerHandle};
 use crate::metrics::Metrics;
 use crate::respond::{Kind, Reply, respond};
 
@@ -88,19 +88,23 @@ pub async fn model(State(st): Shared, Path(id): Path<String>) -> Response {
     axum::Json(model_card(&st)).into_response()
 }
 
+/// `200 {"status": "ok", …}`; 503 while shutting down or once the scheduler thread is gone
+/// (it panicked or returned: nothing would be served).
 pub async fn health(State(st): Shared) -> Response {
     let processing = st.metrics.processing.get() as u64;
+    let (status, text) = if !st.sched.is_alive() {
+        (StatusCode::SERVICE_UNAVAILABLE, "scheduler_stopped")
+    } else if st.shutting_down.load(Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting_down")
+    } else {
+        (StatusCode::OK, "ok")
+    };
     let body = json!({
-        "status": if st.shutting_down.load(Ordering::Acquire) { "shutting_down" } else { "ok" },
+        "status": text,
         "slots_processing": processing,
         "slots_idle": (st.metrics.slots.get() as u64).saturating_sub(processing),
         "requests_queued": st.metrics.queued.load(Ordering::Relaxed),
     });
-    let status = if st.shutting_down.load(Ordering::Acquire) {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        StatusCode::OK
-    };
     (status, axum::Json(body)).into_response()
 }
 
@@ -243,6 +247,25 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// Refuses, before tokenizing it, a prompt text too long for the context: `bytes` of text are at
+/// least `bytes / max_bytes_per_token` tokens (see [`Tokenizer::max_bytes_per_token`]).
+fn check_prompt_bytes(st: &AppState, param: &'static str, bytes: usize) -> Result<(), ApiError> {
+    let per_token = st.tokenizer.max_bytes_per_token();
+    if bytes > st.n_ctx.saturating_mul(per_token) {
+        return Err(ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::invalid_param(
+                param,
+                format!(
+                    "This model's maximum context length is {} tokens. However, your prompt is {bytes} bytes of text, which is more than {} tokens of at most {per_token} bytes each.",
+                    st.n_ctx, st.n_ctx
+                ),
+            )
+        });
+    }
+    Ok(())
+}
+
 /// Renders and tokenizes a conversation (CPU work: off the async workers).
 fn chat_prompt(st: &AppState, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
     if req.messages.is_empty() {
@@ -264,18 +287,36 @@ fn chat_prompt(st: &AppState, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
         .template
         .render(&msgs, true, &Default::default())
         .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
+    check_prompt_bytes(st, "messages", rendered.len())?;
     let bos = st.template.bos_token();
     let starts_with_bos = !bos.is_empty() && rendered.starts_with(bos);
     Ok(st.tokenizer.encode(&rendered, !starts_with_bos, true))
 }
 
-pub async fn chat(State(st): Shared, body: Bytes) -> Response {
-    chat_inner(st, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+pub async fn chat(State(st): Shared, req: Request) -> Response {
+    match admit(&st, req).await {
+        Ok((admission, body)) => chat_inner(st, admission, body)
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
+        Err(refused) => refused,
+    }
 }
 
-async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
+/// Admission first (a full or stopping server refuses before reading, parsing or tokenizing
+/// anything), then the body.
+async fn admit(st: &AppState, req: Request) -> Result<(Admission, Bytes), Response> {
+    let admission = st.sched.admit().map_err(IntoResponse::into_response)?;
+    let body = Bytes::from_request(req, &())
+        .await
+        .map_err(IntoResponse::into_response)?;
+    Ok((admission, body))
+}
+
+async fn chat_inner(
+    st: Arc<AppState>,
+    admission: Admission,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let req: ChatRequest = parse(&body)?;
     check_model(&st, req.model.as_deref())?;
     if req.logprobs == Some(true) {
@@ -308,17 +349,24 @@ async fn chat_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         prefix: String::new(),
     };
-    let rx = st.sched.submit(id, prompt, params)?;
+    let rx = st.sched.submit(admission, id, prompt, params)?;
     Ok(respond(reply, req.stream, rx, st.keepalive).await)
 }
 
-pub async fn completions(State(st): Shared, body: Bytes) -> Response {
-    completions_inner(st, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+pub async fn completions(State(st): Shared, req: Request) -> Response {
+    match admit(&st, req).await {
+        Ok((admission, body)) => completions_inner(st, admission, body)
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
+        Err(refused) => refused,
+    }
 }
 
-async fn completions_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn completions_inner(
+    st: Arc<AppState>,
+    admission: Admission,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(&body)?;
     check_model(&st, req.model.as_deref())?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
@@ -362,6 +410,7 @@ async fn completions_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, A
         }
         (None, text) => {
             let (st2, text) = (Arc::clone(&st), text.clone().unwrap_or_default());
+            check_prompt_bytes(&st, "prompt", text.len())?;
             tokio::task::spawn_blocking(move || st2.tokenizer.encode(&text, true, true))
                 .await
                 .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?
@@ -391,6 +440,6 @@ async fn completions_inner(st: Arc<AppState>, body: Bytes) -> Result<Response, A
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         prefix,
     };
-    let rx = st.sched.submit(id, prompt, params)?;
+    let rx = st.sched.submit(admission, id, prompt, params)?;
     Ok(respond(reply, req.stream, rx, st.keepalive).await)
 }

@@ -1,6 +1,8 @@
 //! What passes between the HTTP handlers and the scheduler thread: a [`Job`] (prompt tokens and
 //! generation parameters) with its own reply channel of [`Event`]s, and the handlers' side of
-//! the scheduler, [`SchedulerHandle`], which does admission control (queue limit → 503).
+//! the scheduler, [`SchedulerHandle`], which does admission control (queue limit → 503) before
+//! a request costs anything (parsing, the template, the tokenizer) and knows whether the
+//! scheduler thread is still alive.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,15 +36,31 @@ pub struct Job {
     pub params: GenParams,
     pub reply: UnboundedSender<Event>,
     /// Counts the request as outstanding until the job is dropped (however it ends).
-    _ticket: Ticket,
+    _admission: Admission,
 }
 
-/// One outstanding request (admitted or waiting) in [`Metrics::outstanding`].
-struct Ticket(Arc<Metrics>);
+/// A request's place among those the server holds (being prepared, waiting or running), taken
+/// by [`SchedulerHandle::admit`] before the request is parsed or tokenized; counted in
+/// [`Metrics::outstanding`] until dropped.
+pub struct Admission(Arc<Metrics>);
 
-impl Drop for Ticket {
+impl Drop for Admission {
     fn drop(&mut self) {
         self.0.outstanding.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Cleared when the scheduler is dropped: its thread returned or unwound from a panic.
+pub(crate) struct Alive(pub(crate) Arc<AtomicBool>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+        if std::thread::panicking() {
+            tracing::error!(
+                "the scheduler thread panicked: requests are refused and /health reports 503"
+            );
+        }
     }
 }
 
@@ -78,7 +96,7 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
 }
 
-/// The handlers' side: submission with admission control.
+/// The handlers' side: admission control and submission.
 pub struct SchedulerHandle {
     tx: Sender<Command>,
     metrics: Arc<Metrics>,
@@ -86,6 +104,7 @@ pub struct SchedulerHandle {
     capacity: u64,
     max_queue: usize,
     closed: AtomicBool,
+    alive: Arc<AtomicBool>,
 }
 
 impl SchedulerHandle {
@@ -93,6 +112,7 @@ impl SchedulerHandle {
         tx: Sender<Command>,
         metrics: Arc<Metrics>,
         cfg: &SchedulerConfig,
+        alive: Arc<AtomicBool>,
     ) -> SchedulerHandle {
         SchedulerHandle {
             tx,
@@ -100,11 +120,47 @@ impl SchedulerHandle {
             capacity: (cfg.parallel + cfg.max_queue) as u64,
             max_queue: cfg.max_queue,
             closed: AtomicBool::new(false),
+            alive,
         }
     }
 
+    /// Whether the scheduler thread is still there (it has not returned or panicked).
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Takes a place for a new request, or refuses it (503): shutting down, the scheduler
+    /// gone, or every slot busy with `max_queue` requests waiting or being prepared. Called
+    /// before the request is parsed or tokenized, so a full server spends nothing on it.
+    pub fn admit(&self) -> Result<Admission, ApiError> {
+        // A refusal counts as a request (rejected); an admitted request counts when submitted
+        // (one refused as invalid in between counts in neither).
+        let refuse = |e: ApiError| {
+            self.metrics.requests.inc();
+            self.metrics.requests_rejected.inc();
+            Err(e)
+        };
+        if self.closed.load(Ordering::Acquire) {
+            return refuse(ApiError::unavailable("the server is shutting down"));
+        }
+        if !self.is_alive() {
+            return refuse(ApiError::unavailable("the scheduler has stopped"));
+        }
+        let held = self.metrics.outstanding.fetch_add(1, Ordering::AcqRel);
+        let admission = Admission(Arc::clone(&self.metrics));
+        if held >= self.capacity {
+            return refuse(ApiError::unavailable(format!(
+                "the server is busy: all slots are in use and {} requests are waiting; retry later",
+                self.max_queue
+            )));
+        }
+        Ok(admission)
+    }
+
+    /// Hands an admitted request to the scheduler.
     pub fn submit(
         &self,
+        admission: Admission,
         id: u64,
         prompt: Vec<u32>,
         params: GenParams,
@@ -113,16 +169,6 @@ impl SchedulerHandle {
         if self.closed.load(Ordering::Acquire) {
             self.metrics.requests_rejected.inc();
             return Err(ApiError::unavailable("the server is shutting down"));
-        }
-        // Admission: every slot busy and `max_queue` requests waiting → 503.
-        let held = self.metrics.outstanding.fetch_add(1, Ordering::AcqRel);
-        let ticket = Ticket(Arc::clone(&self.metrics));
-        if held >= self.capacity {
-            self.metrics.requests_rejected.inc();
-            return Err(ApiError::unavailable(format!(
-                "the server is busy: all slots are in use and {} requests are waiting; retry later",
-                self.max_queue
-            )));
         }
         self.metrics.queued.fetch_add(1, Ordering::AcqRel);
         let (reply, rx) = unbounded_channel();
@@ -133,11 +179,12 @@ impl SchedulerHandle {
                 prompt,
                 params,
                 reply,
-                _ticket: ticket,
+                _admission: admission,
             }))
             .is_err()
         {
             self.metrics.queued.fetch_sub(1, Ordering::AcqRel);
+            self.metrics.requests_rejected.inc();
             return Err(ApiError::unavailable("the scheduler has stopped"));
         }
         Ok(rx)

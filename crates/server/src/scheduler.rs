@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ use model::LogitsWanted;
 
 use crate::api::ApiError;
 use crate::disk_cache::DiskCache;
-use crate::job::{Command, Event, Job, SchedulerConfig, SchedulerHandle};
+use crate::job::{Alive, Command, Event, Job, SchedulerConfig, SchedulerHandle};
 use crate::metrics::Metrics;
 use crate::prefix_cache::{self, IdleSlot};
 use crate::slot::{Active, Slot};
@@ -41,6 +41,8 @@ pub struct Scheduler {
     last_gauges: Instant,
     last_rates: Instant,
     published_tokens: (u64, u64),
+    /// Tells the handles this scheduler is gone when it is dropped (returned or panicked).
+    _alive: Alive,
 }
 
 impl Scheduler {
@@ -57,7 +59,8 @@ impl Scheduler {
         metrics
             .kv_capacity_tokens
             .set((cfg.parallel * n_ctx) as f64);
-        let handle = SchedulerHandle::new(tx, Arc::clone(&metrics), &cfg);
+        let alive = Arc::new(AtomicBool::new(true));
+        let handle = SchedulerHandle::new(tx, Arc::clone(&metrics), &cfg, Arc::clone(&alive));
         let slots = (0..cfg.parallel.max(1)).map(|_| Slot::default()).collect();
         let s = Scheduler {
             engine,
@@ -73,6 +76,7 @@ impl Scheduler {
             last_gauges: Instant::now(),
             last_rates: Instant::now(),
             published_tokens: (0, 0),
+            _alive: Alive(alive),
         };
         (s, handle)
     }
