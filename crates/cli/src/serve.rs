@@ -29,9 +29,14 @@ pub struct ServeArgs {
     /// Prompt tokens evaluated per step next to the decoding sessions.
     #[arg(long, default_value_t = 256)]
     pub prefill_chunk: usize,
-    /// Require `Authorization: Bearer KEY` on /v1/ endpoints.
-    #[arg(long)]
+    /// Require `Authorization: Bearer KEY` on /v1/ endpoints (visible in `ps`: prefer
+    /// --api-key-file or MOESHARD_API_KEY).
+    #[arg(long, conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
+    /// File holding the API key (surrounding whitespace ignored). Without --api-key or
+    /// --api-key-file, MOESHARD_API_KEY is used when set.
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
     /// Model name clients send (default: the model file's stem).
     #[arg(long)]
     pub alias: Option<String>,
@@ -47,9 +52,75 @@ pub struct ServeArgs {
     /// Seconds between SSE keep-alive comments while a stream waits (queue, long prefill).
     #[arg(long, default_value_t = 10.0)]
     pub sse_keepalive: f64,
+    /// Seconds from a request's head to its response's head: the body, tokenizing and, for a
+    /// non-streamed completion, the whole generation (then cancelled, 408). A stream's head is
+    /// sent once it is admitted, so streamed tokens are not cut by it.
+    #[arg(long, default_value_t = 600.0)]
+    pub http_timeout: f64,
+    /// Seconds a connection may wait for, or take to send, a request's head (idle keep-alive
+    /// connections are closed after it).
+    #[arg(long, default_value_t = 30.0)]
+    pub http_idle_timeout: f64,
+    /// Open HTTP connections at most (idle keep-alive ones included); more are answered 503.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+}
+
+/// The API key from --api-key, --api-key-file or MOESHARD_API_KEY (in that order), if any.
+fn read_api_key(args: &ServeArgs) -> anyhow::Result<Option<String>> {
+    let key = if let Some(k) = &args.api_key {
+        k.clone()
+    } else if let Some(path) = &args.api_key_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the API key from {}", path.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            if let Ok(m) = std::fs::metadata(path)
+                && m.permissions().mode() & 0o077 != 0
+            {
+                tracing::warn!(
+                    "{} is readable by other users (mode {:o}); chmod 600 it",
+                    path.display(),
+                    m.permissions().mode() & 0o777
+                );
+            }
+        }
+        let key = text.trim().to_string();
+        anyhow::ensure!(!key.is_empty(), "{} holds no API key", path.display());
+        key
+    } else {
+        match std::env::var("MOESHARD_API_KEY") {
+            Ok(k) if !k.trim().is_empty() => k.trim().to_string(),
+            Ok(_) | Err(std::env::VarError::NotPresent) => return Ok(None),
+            Err(e) => anyhow::bail!("MOESHARD_API_KEY: {e}"),
+        }
+    };
+    anyhow::ensure!(!key.is_empty(), "the API key is empty");
+    Ok(Some(key))
+}
+
+/// A duration flag in seconds, finite and above zero.
+fn seconds(flag: &str, v: f64) -> anyhow::Result<Duration> {
+    anyhow::ensure!(
+        v.is_finite() && v > 0.0,
+        "{flag} must be a positive number of seconds"
+    );
+    Ok(Duration::from_secs_f64(v))
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+    // Flags first: a mistake should not wait for the model to load.
+    anyhow::ensure!(
+        args.max_connections >= 1,
+        "--max-connections must be at least 1"
+    );
+    let http = server::HttpLimits {
+        request_timeout: seconds("--http-timeout", args.http_timeout)?,
+        idle_timeout: seconds("--http-idle-timeout", args.http_idle_timeout)?,
+        max_connections: args.max_connections,
+    };
+    let api_key = read_api_key(args)?;
     let (model, engine) = common::open(&args.model)?;
     let meta = model.files().metadata();
     let tokenizer = Tokenizer::from_metadata(meta).context("building the tokenizer")?;
@@ -84,10 +155,11 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         parallel: args.parallel,
         max_queue: args.max_queue,
         prefill_chunk: args.prefill_chunk,
-        api_key: args.api_key.clone(),
+        api_key,
         kv_disk: args.kv_disk_dir.clone().map(|d| (d, args.kv_disk_max)),
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
         sse_keepalive: Duration::from_secs_f64(args.sse_keepalive),
+        http,
         ..Default::default()
     };
     server::serve(cfg, engine, tokenizer, template).context("serving")

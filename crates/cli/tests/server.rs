@@ -23,10 +23,14 @@ struct Server {
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Server {
+        Server::start_env(model, extra, &[])
+    }
+
+    fn start_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let m = model.to_str().unwrap();
         let mut args = vec!["serve", "-m", m, "--port", "0", "-t", "1"];
         args.extend_from_slice(extra);
-        let proc = Proc::spawn("serve", &args);
+        let proc = Proc::spawn_env("serve", &args, env);
         let line = proc.wait_for_stderr("listening on http://", Duration::from_secs(120));
         let addr = line
             .rsplit("http://")
@@ -419,4 +423,53 @@ fn disconnect_cancels_queue_limit_refuses_and_api_key_guards() {
     }
     assert_eq!(server.metric("moeshard_requests_rejected_total"), 1.0);
     server.terminate();
+}
+
+#[test]
+fn api_key_from_a_file_or_the_environment() {
+    let model = fixture("qwen3moe", "model-q8_0.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("api.key");
+    std::fs::write(&key_file, "from-the-file\n").unwrap();
+    let key_file = key_file.to_str().unwrap();
+    let check = |server: &Server, key: &str| {
+        let models = |h: &[(&str, &str)]| http(&server.addr, "GET", "/v1/models", None, h).0;
+        assert_eq!(models(&[]), 401);
+        assert_eq!(models(&[("Authorization", "Bearer wrong")]), 401);
+        assert_eq!(models(&[("Authorization", &format!("Bearer {key}"))]), 200);
+        assert_eq!(http(&server.addr, "GET", "/health", None, &[]).0, 200);
+    };
+    // The flags of the HTTP limits parse and show in the log.
+    let flags = [
+        "--http-timeout",
+        "120",
+        "--http-idle-timeout",
+        "5",
+        "--max-connections",
+        "16",
+    ];
+    let mut args = vec!["--api-key-file", key_file];
+    args.extend_from_slice(&flags);
+    let server = Server::start_env(&model, &args, &[("MOESHARD_API_KEY", "from-the-env")]);
+    check(&server, "from-the-file");
+    let log = server.terminate();
+    assert!(log.contains("at most 16 connections"), "{log}");
+    let server = Server::start_env(&model, &[], &[("MOESHARD_API_KEY", "from-the-env")]);
+    check(&server, "from-the-env");
+    server.terminate();
+    // Both flags at once is a usage error; an empty key file is refused before the model loads.
+    let both = Proc::spawn(
+        "serve",
+        &["serve", "--api-key", "k", "--api-key-file", key_file],
+    );
+    let (ok, _, stderr) = both.finish(Duration::from_secs(30));
+    assert!(!ok && stderr.contains("cannot be used with"), "{stderr}");
+    let empty = dir.path().join("empty.key");
+    std::fs::write(&empty, "\n").unwrap();
+    let p = Proc::spawn(
+        "serve",
+        &["serve", "--api-key-file", empty.to_str().unwrap()],
+    );
+    let (ok, _, stderr) = p.finish(Duration::from_secs(30));
+    assert!(!ok && stderr.contains("holds no API key"), "{stderr}");
 }

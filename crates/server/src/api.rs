@@ -75,6 +75,20 @@ impl ApiError {
         }
     }
 
+    /// A request that did not get its response within the request timeout.
+    pub fn timeout(limit: std::time::Duration) -> ApiError {
+        ApiError {
+            status: 408,
+            message: format!(
+                "the request did not complete within {:.1} s (--http-timeout); stream long generations (\"stream\": true)",
+                limit.as_secs_f64()
+            ),
+            kind: "server_error",
+            param: None,
+            code: Some("timeout"),
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError {
             status: 500,

@@ -9,7 +9,6 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use engine::SamplerConfig;
 use engine::chat_template::{ChatMessage, ChatTemplate};
@@ -31,7 +30,6 @@ pub struct AppState {
     pub n_vocab: usize,
     pub fingerprint: String,
     pub created: u64,
-    pub api_key: Option<String>,
     pub keepalive: Duration,
     pub next_id: AtomicU64,
     pub shutting_down: AtomicBool,
@@ -45,23 +43,6 @@ impl IntoResponse for ApiError {
 }
 
 pub type Shared = State<Arc<AppState>>;
-
-/// `Authorization: Bearer KEY` on `/v1/…` when the server has a key.
-pub async fn auth(State(st): Shared, req: Request, next: Next) -> Response {
-    if let Some(key) = &st.api_key
-        && req.uri().path().starts_with("/v1/")
-    {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given.map(str::trim) != Some(key.as_str()) {
-            return ApiError::unauthorized().into_response();
-        }
-    }
-    next.run(req).await
-}
 
 pub async fn not_found(req: Request) -> Response {
     ApiError::not_found(&format!("{} {}", req.method(), req.uri().path())).into_response()

@@ -5,7 +5,9 @@
 //! | module | owns |
 //! |---|---|
 //! | [`api`] | OpenAI request/response types and the error shape |
-//! | [`handlers`] | HTTP: validation, chat template + tokenization, submission |
+//! | [`http`] | the connection loop: connection cap, idle and request timeouts, graceful stop |
+//! | [`auth`] | the API key, compared in constant time |
+//! | [`handlers`] | HTTP: admission, validation, chat template + tokenization, submission |
 //! | `respond` | events → a JSON response or an SSE stream |
 //! | [`job`] | what handlers and the scheduler exchange; admission control |
 //! | [`scheduler`] | the engine's owner: slots, queue, continuous batching |
@@ -16,8 +18,10 @@
 //! | [`text`] | UTF-8 and stop-string handling of the streamed text |
 
 pub mod api;
+pub mod auth;
 pub mod disk_cache;
 pub mod handlers;
+pub mod http;
 pub mod job;
 pub mod metrics;
 pub mod prefix_cache;
@@ -40,6 +44,7 @@ use engine::chat_template::ChatTemplate;
 use engine::tokenizer::Tokenizer;
 use tokio::sync::oneshot;
 
+use crate::auth::ApiKey;
 use crate::disk_cache::DiskCache;
 use crate::handlers::AppState;
 use crate::job::SchedulerConfig;
@@ -47,6 +52,7 @@ use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
 
 pub use disk_cache::parse_size;
+pub use http::HttpLimits;
 
 /// Request bodies above this are refused (a long prompt is a few MiB of JSON at most).
 const MAX_BODY_BYTES: usize = 32 << 20;
@@ -72,6 +78,8 @@ pub struct ServerConfig {
     pub sse_keepalive: Duration,
     /// Worker threads of the HTTP runtime (the engine has its own pool).
     pub http_threads: usize,
+    /// Request timeout, idle timeout, connection cap.
+    pub http: HttpLimits,
 }
 
 impl Default for ServerConfig {
@@ -88,6 +96,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(30),
             sse_keepalive: Duration::from_secs(10),
             http_threads: 2,
+            http: HttpLimits::default(),
         }
     }
 }
@@ -208,7 +217,6 @@ pub fn start(
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-        api_key: cfg.api_key.clone(),
         keepalive: cfg.sse_keepalive,
         next_id: AtomicU64::new(1),
         shutting_down: AtomicBool::new(false),
@@ -222,11 +230,13 @@ pub fn start(
         .route("/metrics", get(handlers::metrics))
         .fallback(handlers::not_found)
         .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&state),
-            handlers::auth,
+            cfg.api_key.as_deref().map(|k| Arc::new(ApiKey::new(k))),
+            auth::require_key,
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(Arc::clone(&state));
+    let app = http::with_request_timeout(app, cfg.http.request_timeout);
+    let limits = cfg.http;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.http_threads.max(1))
         .thread_name("http")
@@ -235,12 +245,16 @@ pub fn start(
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let grace = cfg.shutdown_grace;
     tracing::info!(
-        "listening on http://{addr} (model `{}`, {} slots, queue {}, prefill chunk {}, ctx {})",
+        "listening on http://{addr} (model `{}`, {} slots, queue {}, prefill chunk {}, ctx {}; \
+         request timeout {:?}, idle timeout {:?}, at most {} connections)",
         cfg.model_id,
         sched_cfg.parallel,
         sched_cfg.max_queue,
         sched_cfg.prefill_chunk,
-        info.n_ctx
+        info.n_ctx,
+        limits.request_timeout,
+        limits.idle_timeout,
+        limits.max_connections
     );
     let thread = std::thread::Builder::new().name("http-main".into()).spawn(move || {
         let result = rt.block_on(async {
@@ -265,7 +279,7 @@ pub fn start(
                     st2.sched.cancel_all();
                 });
             };
-            axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+            http::serve(listener, app, limits, Arc::clone(&state.metrics), shutdown).await
         });
         state.sched.shutdown();
         let joined = sched_thread.join();

@@ -66,6 +66,10 @@ pub struct Metrics {
     pub kv_capacity_tokens: Gauge,
     pub disk_bytes: Gauge,
     pub disk_entries: Gauge,
+    /// Open HTTP connections.
+    pub connections: AtomicU64,
+    /// Connections refused at `--max-connections`.
+    pub connections_refused: Counter,
     /// `Executor::stats()` as of the last publication.
     pub executor: Mutex<Vec<(String, f64)>>,
 }
@@ -272,6 +276,20 @@ impl Metrics {
             "gauge",
             "Sessions in the disk KV cache.",
             self.disk_entries.get(),
+        );
+        metric(
+            &mut o,
+            "http_connections",
+            "gauge",
+            "Open HTTP connections.",
+            self.connections.load(Ordering::Relaxed) as f64,
+        );
+        metric(
+            &mut o,
+            "http_connections_refused_total",
+            "counter",
+            "Connections refused with 503 at --max-connections.",
+            c(&self.connections_refused),
         );
         let stats = self.executor.lock().map(|s| s.clone()).unwrap_or_default();
         for (name, value) in &stats {

@@ -1,7 +1,8 @@
 //! The server on a real socket (127.0.0.1, an ephemeral port), in this process, over a fixture
-//! model: `/health` once the scheduler thread is gone, refusals before tokenizing (prompt text
-//! too long for the context, a full queue), and a disk KV entry whose layout the executor
-//! refuses. HTTP is spoken over plain `TcpStream`s.
+//! model: `/health` once the scheduler thread is gone, the request and idle timeouts, the
+//! connection cap, refusals before tokenizing (prompt text too long for the context, a full
+//! queue), and a disk KV entry whose layout the executor refuses. HTTP is spoken over plain
+//! `TcpStream`s.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -14,7 +15,7 @@ use engine::tokenizer::Tokenizer;
 use engine::{Engine, EvalRequest, EvalResult, Executor, LocalExecutor, ModelInfo, Snapshot};
 use model::{Compute, KvType, Model};
 use serde_json::{Value, json};
-use server::{RunningServer, ServerConfig};
+use server::{HttpLimits, RunningServer, ServerConfig};
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -164,6 +165,106 @@ fn health_reports_503_once_the_scheduler_thread_is_gone() {
         server.shutdown().is_err(),
         "the panic is reported at shutdown"
     );
+}
+
+#[test]
+fn the_request_timeout_cuts_a_long_response_but_not_a_flowing_stream() {
+    let (exec, ..) = parts(8192);
+    let timeout = Duration::from_millis(300);
+    let cfg = ServerConfig {
+        http: HttpLimits {
+            request_timeout: timeout,
+            ..HttpLimits::default()
+        },
+        ..ServerConfig::default()
+    };
+    let server = start(cfg, exec);
+    let addr = server.addr();
+    // A non-streamed generation of thousands of tokens: 408, and it is cancelled.
+    let t0 = Instant::now();
+    let (status, body) = http(addr, "POST", "/v1/completions", &long(false, 8000));
+    assert_eq!(status, 408, "{body}");
+    assert_eq!(json_of(&body)["error"]["code"], "timeout");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    wait_until("the cancellation", || {
+        metric(addr, "moeshard_requests_cancelled_total") == 1.0
+    });
+    // The same as a stream runs past the timeout to its end.
+    let t0 = Instant::now();
+    let (status, body) = http(addr, "POST", "/v1/completions", &long(true, 3000));
+    let took = t0.elapsed();
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.trim_end().ends_with("data: [DONE]"),
+        "{}",
+        &body[body.len().saturating_sub(300)..]
+    );
+    assert!(
+        took > timeout,
+        "the stream should outlast the timeout ({took:?})"
+    );
+    assert_eq!(metric(addr, "moeshard_requests_succeeded_total"), 1.0);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn idle_connections_are_closed_and_connections_are_capped() {
+    let (exec, ..) = parts(256);
+    let idle = Duration::from_millis(700);
+    let cfg = ServerConfig {
+        http: HttpLimits {
+            idle_timeout: idle,
+            max_connections: 2,
+            ..HttpLimits::default()
+        },
+        ..ServerConfig::default()
+    };
+    let server = start(cfg, exec);
+    let addr = server.addr();
+    // Two connections that send nothing hold both places; a third is answered 503 at once.
+    let t0 = Instant::now();
+    let mut a = TcpStream::connect(addr).unwrap();
+    let mut b = TcpStream::connect(addr).unwrap();
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).unwrap();
+    let (status, body) = parse_response(&raw);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("too many open connections"), "{body}");
+    assert!(
+        t0.elapsed() < idle,
+        "refused at once, not after the idle timeout"
+    );
+    // The idle ones are closed by the server after the idle timeout.
+    for s in [&mut a, &mut b] {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(s.read(&mut buf).unwrap(), 0, "closed by the server");
+    }
+    assert!(t0.elapsed() >= idle, "{:?}", t0.elapsed());
+    wait_until("the connections to be released", || {
+        metric(addr, "moeshard_http_connections") <= 1.0
+    });
+    assert_eq!(metric(addr, "moeshard_http_connections_refused_total"), 1.0);
+    // A keep-alive connection is served, then closed when it stays idle.
+    let mut k = TcpStream::connect(addr).unwrap();
+    k.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    k.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = k.read(&mut buf).unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    let t1 = Instant::now();
+    assert_eq!(k.read(&mut buf).unwrap(), 0, "closed once idle");
+    assert!(t1.elapsed() >= idle / 2, "{:?}", t1.elapsed());
+    server.shutdown().unwrap();
 }
 
 #[test]

@@ -54,9 +54,16 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(name: &str, args: &[&str]) -> Proc {
+        Proc::spawn_env(name, args, &[])
+    }
+
+    /// `spawn` with these environment variables set (and no `MOESHARD_API_KEY` but these).
+    pub fn spawn_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
         let mut child = Command::new(bin())
             .args(args)
             .env("MOESHARD_LOG", "info")
+            .env_remove("MOESHARD_API_KEY")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
