@@ -23,16 +23,34 @@ use crate::respond::{Kind, Reply, respond};
 pub struct AppState {
     pub sched: SchedulerHandle,
     pub metrics: Arc<Metrics>,
-    pub tokenizer: Arc<Tokenizer>,
-    pub template: ChatTemplate,
-    pub model_id: String,
-    pub n_ctx: usize,
-    pub n_vocab: usize,
+    pub requests: RequestContext,
     pub fingerprint: String,
     pub created: u64,
     pub keepalive: Duration,
     pub next_id: AtomicU64,
     pub shutting_down: AtomicBool,
+}
+
+/// What turning a request body into a job needs (no scheduler, no HTTP): the model's name,
+/// tokenizer, chat template and sizes.
+pub struct RequestContext {
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    pub model_id: String,
+    pub n_ctx: usize,
+    pub n_vocab: usize,
+}
+
+/// A request body parsed, validated and tokenized: what is submitted to the scheduler, and what
+/// the reply needs besides the generated text.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    pub prompt: Vec<u32>,
+    pub params: GenParams,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// Text the reply's output starts with (a completion's `echo`).
+    pub prefix: String,
 }
 
 impl IntoResponse for ApiError {
@@ -49,12 +67,13 @@ pub async fn not_found(req: Request) -> Response {
 }
 
 fn model_card(st: &AppState) -> Value {
+    let r = &st.requests;
     json!({
-        "id": st.model_id,
+        "id": r.model_id,
         "object": "model",
         "created": st.created,
         "owned_by": "moeshard",
-        "meta": {"n_ctx": st.n_ctx, "n_vocab": st.n_vocab, "fingerprint": st.fingerprint},
+        "meta": {"n_ctx": r.n_ctx, "n_vocab": r.n_vocab, "fingerprint": st.fingerprint},
     })
 }
 
@@ -63,7 +82,7 @@ pub async fn models(State(st): Shared) -> Response {
 }
 
 pub async fn model(State(st): Shared, Path(id): Path<String>) -> Response {
-    if id != st.model_id {
+    if id != st.requests.model_id {
         return ApiError::model_not_found(&id).into_response();
     }
     axum::Json(model_card(&st)).into_response()
@@ -106,7 +125,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     })
 }
 
-fn check_model(st: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+fn check_model(st: &RequestContext, model: Option<&str>) -> Result<(), ApiError> {
     match model {
         Some(m) if m != st.model_id => Err(ApiError::model_not_found(m)),
         _ => Ok(()),
@@ -123,7 +142,7 @@ fn random_seed(id: u64) -> u64 {
 
 /// Sampling and limits from the request; `default_max` applies without `max_tokens`.
 fn gen_params(
-    st: &AppState,
+    st: &RequestContext,
     id: u64,
     s: &Sampling,
     max_tokens: Option<i64>,
@@ -230,7 +249,11 @@ fn unix_now() -> u64 {
 
 /// Refuses, before tokenizing it, a prompt text too long for the context: `bytes` of text are at
 /// least `bytes / max_bytes_per_token` tokens (see [`Tokenizer::max_bytes_per_token`]).
-fn check_prompt_bytes(st: &AppState, param: &'static str, bytes: usize) -> Result<(), ApiError> {
+fn check_prompt_bytes(
+    st: &RequestContext,
+    param: &'static str,
+    bytes: usize,
+) -> Result<(), ApiError> {
     let per_token = st.tokenizer.max_bytes_per_token();
     if bytes > st.n_ctx.saturating_mul(per_token) {
         return Err(ApiError {
@@ -248,7 +271,7 @@ fn check_prompt_bytes(st: &AppState, param: &'static str, bytes: usize) -> Resul
 }
 
 /// Renders and tokenizes a conversation (CPU work: off the async workers).
-fn chat_prompt(st: &AppState, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+fn chat_prompt(st: &RequestContext, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::invalid_param(
             "messages",
@@ -293,13 +316,11 @@ async fn admit(st: &AppState, req: Request) -> Result<(Admission, Bytes), Respon
     Ok((admission, body))
 }
 
-async fn chat_inner(
-    st: Arc<AppState>,
-    admission: Admission,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let req: ChatRequest = parse(&body)?;
-    check_model(&st, req.model.as_deref())?;
+/// A chat completion request body (`/v1/chat/completions`) as the job it asks for. CPU work
+/// (JSON, template, tokenizer): the handler runs it off the async workers.
+pub fn prepare_chat(st: &RequestContext, id: u64, body: &[u8]) -> Result<Prepared, ApiError> {
+    let req: ChatRequest = parse(body)?;
+    check_model(st, req.model.as_deref())?;
     if req.logprobs == Some(true) {
         return Err(ApiError::invalid_param(
             "logprobs",
@@ -312,26 +333,40 @@ async fn chat_inner(
             "tool calls are not supported",
         ));
     }
-    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
-    let (st2, req) = (Arc::clone(&st), Arc::new(req));
-    let r2 = Arc::clone(&req);
-    let prompt = tokio::task::spawn_blocking(move || chat_prompt(&st2, &r2))
-        .await
-        .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))??;
+    let prompt = chat_prompt(st, &req)?;
     let max = req.max_completion_tokens.or(req.sampling.max_tokens);
-    let mut params = gen_params(&st, id, &req.sampling, max, usize::MAX, prompt.len())?;
+    let mut params = gen_params(st, id, &req.sampling, max, usize::MAX, prompt.len())?;
     params.stream = req.stream;
+    Ok(Prepared {
+        prompt,
+        params,
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        prefix: String::new(),
+    })
+}
+
+async fn chat_inner(
+    st: Arc<AppState>,
+    admission: Admission,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let st2 = Arc::clone(&st);
+    let job = tokio::task::spawn_blocking(move || prepare_chat(&st2.requests, id, &body))
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the request: {e}")))??;
     let reply = Reply {
         kind: Kind::Chat,
         id: format!("chatcmpl-{id:x}{:x}", st.created),
         created: unix_now(),
-        model: st.model_id.clone(),
+        model: st.requests.model_id.clone(),
         fingerprint: st.fingerprint.clone(),
-        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
-        prefix: String::new(),
+        include_usage: job.include_usage,
+        prefix: job.prefix,
     };
-    let rx = st.sched.submit(admission, id, prompt, params)?;
-    Ok(respond(reply, req.stream, rx, st.keepalive).await)
+    let stream = job.params.stream;
+    let rx = st.sched.submit(admission, id, job.prompt, job.params)?;
+    Ok(respond(reply, stream, rx, st.keepalive).await)
 }
 
 pub async fn completions(State(st): Shared, req: Request) -> Response {
@@ -343,13 +378,11 @@ pub async fn completions(State(st): Shared, req: Request) -> Response {
     }
 }
 
-async fn completions_inner(
-    st: Arc<AppState>,
-    admission: Admission,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let req: CompletionRequest = parse(&body)?;
-    check_model(&st, req.model.as_deref())?;
+/// A completion request body (`/v1/completions`) as the job it asks for; CPU work like
+/// [`prepare_chat`].
+pub fn prepare_completion(st: &RequestContext, id: u64, body: &[u8]) -> Result<Prepared, ApiError> {
+    let req: CompletionRequest = parse(body)?;
+    check_model(st, req.model.as_deref())?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid_param("suffix", "suffix is not supported"));
     }
@@ -365,13 +398,12 @@ async fn completions_inner(
             "logprobs are not supported",
         ));
     }
-    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
     // One prompt per request: text (tokenized here) or token ids.
-    let (prompt_text, tokens) = match &req.prompt {
-        Prompt::Text(t) => (Some(t.clone()), None),
-        Prompt::Texts(v) if v.len() == 1 => (Some(v[0].clone()), None),
-        Prompt::Tokens(t) => (None, Some(t.clone())),
-        Prompt::TokenLists(v) if v.len() == 1 => (None, Some(v[0].clone())),
+    let (prompt_text, tokens) = match req.prompt {
+        Prompt::Text(t) => (Some(t), None),
+        Prompt::Texts(mut v) if v.len() == 1 => (v.pop(), None),
+        Prompt::Tokens(t) => (None, Some(t)),
+        Prompt::TokenLists(mut v) if v.len() == 1 => (None, v.pop()),
         _ => {
             return Err(ApiError::invalid_param(
                 "prompt",
@@ -390,16 +422,14 @@ async fn completions_inner(
             t
         }
         (None, text) => {
-            let (st2, text) = (Arc::clone(&st), text.clone().unwrap_or_default());
-            check_prompt_bytes(&st, "prompt", text.len())?;
-            tokio::task::spawn_blocking(move || st2.tokenizer.encode(&text, true, true))
-                .await
-                .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?
+            let text = text.as_deref().unwrap_or_default();
+            check_prompt_bytes(st, "prompt", text.len())?;
+            st.tokenizer.encode(text, true, true)
         }
     };
     // OpenAI's default for this endpoint.
     let mut params = gen_params(
-        &st,
+        st,
         id,
         &req.sampling,
         req.sampling.max_tokens,
@@ -412,15 +442,34 @@ async fn completions_inner(
         (true, Some(t)) => t,
         (true, None) => st.tokenizer.decode(&prompt),
     };
+    Ok(Prepared {
+        prompt,
+        params,
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        prefix,
+    })
+}
+
+async fn completions_inner(
+    st: Arc<AppState>,
+    admission: Admission,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let st2 = Arc::clone(&st);
+    let job = tokio::task::spawn_blocking(move || prepare_completion(&st2.requests, id, &body))
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the request: {e}")))??;
     let reply = Reply {
         kind: Kind::Completion,
         id: format!("cmpl-{id:x}{:x}", st.created),
         created: unix_now(),
-        model: st.model_id.clone(),
+        model: st.requests.model_id.clone(),
         fingerprint: st.fingerprint.clone(),
-        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
-        prefix,
+        include_usage: job.include_usage,
+        prefix: job.prefix,
     };
-    let rx = st.sched.submit(admission, id, prompt, params)?;
-    Ok(respond(reply, req.stream, rx, st.keepalive).await)
+    let stream = job.params.stream;
+    let rx = st.sched.submit(admission, id, job.prompt, job.params)?;
+    Ok(respond(reply, stream, rx, st.keepalive).await)
 }

@@ -46,7 +46,7 @@ use tokio::sync::oneshot;
 
 use crate::auth::ApiKey;
 use crate::disk_cache::DiskCache;
-use crate::handlers::AppState;
+use crate::handlers::{AppState, RequestContext};
 use crate::job::SchedulerConfig;
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
@@ -204,11 +204,13 @@ pub fn start(
     let state = Arc::new(AppState {
         sched: handle,
         metrics,
-        tokenizer,
-        template,
-        model_id: cfg.model_id.clone(),
-        n_ctx: info.n_ctx,
-        n_vocab: info.n_vocab,
+        requests: RequestContext {
+            tokenizer,
+            template,
+            model_id: cfg.model_id.clone(),
+            n_ctx: info.n_ctx,
+            n_vocab: info.n_vocab,
+        },
         fingerprint: format!(
             "fp_{}",
             info.fingerprint.chars().take(10).collect::<String>()
