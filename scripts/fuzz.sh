@@ -16,7 +16,7 @@
 #     --build     build only
 #     --list      print the targets and exit
 #
-# New inputs go to fuzz/work/corpus/<target> (ignored by git); the committed seeds in
+# New inputs go to fuzz/work/<target>/corpus (ignored by git); the committed seeds in
 # fuzz/corpus/<target> are read, never written, unless --cmin is given. Exit status: 0 when no
 # target left a crash, hang or out-of-memory artifact, 1 otherwise, 2 on a usage or build error.
 set -euo pipefail
@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
     --seeds) seeds=1; shift ;;
     --build) build_only=1; shift ;;
     --list) list_only=1; shift ;;
-    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
     esac
@@ -81,10 +81,6 @@ fi
 
 # One build of every target (they share the instrumented dependencies): release with debug
 # assertions and AddressSanitizer, cargo-fuzz's defaults.
-build_args=()
-for t in "${targets[@]}"; do
-    build_args+=("$t")
-done
 if [ ${#targets[@]} -eq ${#all[@]} ]; then
     cargo +nightly fuzz build --fuzz-dir "$fuzz" || exit 2
 else
