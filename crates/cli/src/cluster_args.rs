@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use cluster::activation::ActFormat;
 use cluster::pipeline::PipelineConfig;
-use cluster::wire::{AuthMode, ClusterKey};
+use cluster::wire::{AuthMode, ClusterKey, LinkConfig};
 
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct ClusterArgs {
@@ -61,14 +61,26 @@ pub struct ClusterArgs {
     /// Seconds a rank may take to send a partial sum before the step fails.
     #[arg(long, default_value_t = 30.0)]
     pub tp_timeout: f64,
-}
-
-pub fn auth_mode(key_file: Option<&std::path::Path>, insecure: bool) -> anyhow::Result<AuthMode> {
-    let key = ClusterKey::from_flag_or_env(key_file)?;
-    Ok(AuthMode::from_flags(key, insecure)?)
+    /// Seconds a peer may stay silent (no frame, not even a heartbeat) before its link counts
+    /// as dead; heartbeats go out at a quarter of this.
+    #[arg(long, default_value_t = 10.0)]
+    pub peer_timeout: f64,
 }
 
 impl ClusterArgs {
+    /// How this process's links are protected and how long a peer may stay silent.
+    pub fn link(&self) -> anyhow::Result<LinkConfig> {
+        let key = ClusterKey::from_flag_or_env(self.cluster_key_file.as_deref())?;
+        let auth = AuthMode::from_flags(key, self.insecure)?;
+        if !(self.peer_timeout > 0.0 && self.peer_timeout.is_finite()) {
+            bail!(
+                "--peer-timeout {}: must be a positive number of seconds",
+                self.peer_timeout
+            );
+        }
+        Ok(LinkConfig::new(auth).with_peer_timeout(Duration::from_secs_f64(self.peer_timeout)))
+    }
+
     pub fn tp_config(&self) -> anyhow::Result<cluster::tp::TpConfig> {
         let Some(listen) = self.listen.clone() else {
             bail!("--tensor-parallel needs --listen HOST:PORT for the ranks")
@@ -80,7 +92,7 @@ impl ClusterArgs {
         Ok(cluster::tp::TpConfig {
             listen,
             data_listen: format!("{host}:0"),
-            auth: auth_mode(self.cluster_key_file.as_deref(), self.insecure)?,
+            link: self.link()?,
             n_ranks: self.tp_size.max(1),
             expert_weights: self.expert_weights.clone(),
             route_wait: Duration::from_secs_f64(self.route_wait.max(0.0)),
@@ -107,7 +119,7 @@ impl ClusterArgs {
         }
         Ok(PipelineConfig {
             listen,
-            auth: auth_mode(self.cluster_key_file.as_deref(), self.insecure)?,
+            link: self.link()?,
             route_wait: Duration::from_secs_f64(self.route_wait.max(0.0)),
             chunk: self.dist_prefill_chunk,
             window: self.dist_prefill_window,

@@ -5,6 +5,7 @@ mod chat;
 mod cluster_args;
 mod common;
 mod inspect;
+mod keygen;
 mod logits;
 mod npy;
 mod perplexity;
@@ -45,8 +46,10 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Write the logits of every position as a NumPy array.
     Logits(logits::LogitsArgs),
-    /// Serve a layer range of a pipeline for a coordinator.
+    /// Serve a layer range of a pipeline, or a rank of a tensor-parallel group.
     Worker(worker::WorkerArgs),
+    /// Write a new cluster key (32 random bytes, mode 0600).
+    Keygen(keygen::KeygenArgs),
     /// Print a GGUF file's architecture, hyperparameters, tokenizer and tensor table.
     Inspect(inspect::InspectArgs),
     /// Write a random-weight GGUF with a real model's shapes and quant mix.
@@ -74,6 +77,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(a) => bench::run(&a),
         Command::Logits(a) => logits::run(&a),
         Command::Worker(a) => worker::run(&a),
+        Command::Keygen(a) => keygen::run(&a),
         Command::Inspect(a) => inspect::run(&a),
         Command::Upcycle(a) => upcycle::run(&a),
         Command::Quantize(a) => quantize::run(&a),

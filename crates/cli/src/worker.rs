@@ -7,7 +7,6 @@ use cluster::membership::Membership;
 use cluster::pipeline::{WorkerConfig, run_worker};
 use cluster::tp::{TpWorkerConfig, run_tp_worker};
 
-use crate::cluster_args::auth_mode;
 use crate::common::{self, ModelArgs};
 use crate::topology::{Side, Topology};
 
@@ -18,10 +17,13 @@ pub struct WorkerArgs {
     /// The coordinator to register with (host:port).
     #[arg(long)]
     pub coordinator: String,
-    /// Where to accept the data link from the previous stage (host:port; port 0 picks one).
-    #[arg(long = "data-listen", default_value = "127.0.0.1:0")]
-    pub data_listen: String,
-    /// Address to announce for the data link (default: as seen by the coordinator).
+    /// Where to accept data links: the previous stage's, or the other ranks' (host:port; port 0
+    /// picks one). Default: every interface of the coordinator's address family (loopback
+    /// with --insecure).
+    #[arg(long = "data-listen")]
+    pub data_listen: Option<String>,
+    /// Address to announce for data links (default: this host's address on its link to the
+    /// coordinator, with the bound port).
     #[arg(long)]
     pub advertise: Option<String>,
     /// Stop trying to reach the coordinator after this many seconds (0: retry forever).
@@ -40,15 +42,19 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     let membership = Membership {
         coordinator: args.coordinator.clone(),
         advertise: args.advertise.clone(),
-        auth: auth_mode(c.cluster_key_file.as_deref(), c.insecure)?,
+        link: c.link()?,
         retry: Duration::from_millis(500),
         give_up_after: (args.give_up > 0.0).then(|| Duration::from_secs_f64(args.give_up)),
+    };
+    let data_listen = match &args.data_listen {
+        Some(a) => a.clone(),
+        None => default_data_listen(&args.coordinator, c.insecure),
     };
     let served = match topology {
         Topology::TensorParallel { .. } => {
             let cfg = TpWorkerConfig {
                 membership,
-                data_listen: args.data_listen.clone(),
+                data_listen: data_listen.clone(),
                 rank: args.rank,
                 expert_weight: 1.0,
                 tp_timeout: Duration::from_secs_f64(c.tp_timeout.max(0.1)),
@@ -65,11 +71,27 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         _ => {
             let runner = common::runner(&args.model, &topology, model, n_ctx)?;
             let cfg = WorkerConfig {
-                listen: args.data_listen.clone(),
+                listen: data_listen.clone(),
                 membership,
             };
             run_worker(runner, cfg)
         }
     };
     Ok(served?)
+}
+
+/// Where a worker takes data links by default: every interface of the family the coordinator
+/// is reached by (so peers on other machines can connect), or loopback when keyless.
+fn default_data_listen(coordinator: &str, insecure: bool) -> String {
+    let v6 = std::net::ToSocketAddrs::to_socket_addrs(coordinator)
+        .ok()
+        .and_then(|mut a| a.next())
+        .is_some_and(|a| a.is_ipv6());
+    match (insecure, v6) {
+        (true, false) => "127.0.0.1:0",
+        (true, true) => "[::1]:0",
+        (false, false) => "0.0.0.0:0",
+        (false, true) => "[::]:0",
+    }
+    .to_string()
 }

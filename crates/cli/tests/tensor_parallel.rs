@@ -402,10 +402,23 @@ fn wrong_model_key_and_version_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let m = smollm2();
     let m = m.to_str().unwrap();
+    // Keys as users make them: `moeshard keygen` (32 random bytes, mode 0600).
     let key = dir.path().join("key");
-    std::fs::write(&key, "the right key, long enough 123").unwrap();
     let wrong = dir.path().join("wrong");
-    std::fs::write(&wrong, "the wrong key, also long enough").unwrap();
+    for k in [&key, &wrong] {
+        run_ok(&["keygen", k.to_str().unwrap()]);
+        let meta = std::fs::metadata(k).unwrap();
+        assert_eq!(meta.len(), 32);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    }
+    let (ok, _, err) = Proc::spawn("keygen again", &["keygen", key.to_str().unwrap()]).finish(T);
+    assert!(
+        !ok && err.contains("exists"),
+        "keygen must not overwrite a key:\n{err}"
+    );
+    let short = dir.path().join("short");
+    std::fs::write(&short, [7u8; 31]).unwrap();
     let (k, w) = (key.to_str().unwrap(), wrong.to_str().unwrap());
     let other = fixture("llama", "model-f32.gguf");
     let coord = Proc::spawn(
@@ -454,6 +467,11 @@ fn wrong_model_key_and_version_are_refused_by_name() {
         "different model",
     );
     refused(m, &["--cluster-key-file", w], "different cluster key");
+    refused(
+        m,
+        &["--cluster-key-file", short.to_str().unwrap()],
+        "at least 32",
+    );
     refused(m, &["--cluster-key-file", k, "--rank", "5"], "outside");
     {
         use std::io::{Read, Write};

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::error::{ClusterError, Result};
-use crate::wire::{self, AuthMode, Connection, ConnectionReader, Hello, Role, Welcome};
+use crate::wire::{self, Connection, ConnectionReader, Hello, LinkConfig, Role, Welcome};
 
 /// How a worker reaches its coordinator.
 #[derive(Clone, Debug)]
@@ -17,7 +17,7 @@ pub struct Membership {
     /// Address to announce for data links (default: the local address of the link to the
     /// coordinator, with the bound port).
     pub advertise: Option<String>,
-    pub auth: AuthMode,
+    pub link: LinkConfig,
     /// Pause between attempts to reach the coordinator.
     pub retry: Duration,
     /// Give up after this long without reaching the coordinator (`None`: never).
@@ -60,7 +60,7 @@ impl Membership {
             None => data.to_string(),
         };
         let hello = Hello::new(role, fingerprint, n_ctx as u32, Some(listen));
-        wire::connect(stream, &self.auth, hello)
+        wire::connect(stream, &self.link, hello)
             .map_err(|e| ClusterError::link(format!("the coordinator {}", self.coordinator), e))
     }
 
@@ -99,3 +99,15 @@ impl Membership {
         }
     }
 }
+
+/// The message of a caught panic.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// The exit status of a worker that panicked (after it told the coordinator).
+pub const PANIC_EXIT: i32 = 101;

@@ -10,7 +10,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{ClusterError, Result};
-use crate::wire::{self, AuthMode, Connection, Frame, Hello, Kind, Welcome, WireError};
+use crate::wire::{
+    self, Connection, Frame, HandshakeSlot, Hello, LinkConfig, PendingHandshakes, Welcome,
+    WireError,
+};
 
 /// What a coordinator accepts from a registering peer.
 pub trait Admission: Send + Sync + 'static {
@@ -124,8 +127,8 @@ pub struct Registry<A: Admission> {
 }
 
 impl<A: Admission> Registry<A> {
-    /// Accepts peers on `listener` from now on (a thread per handshake).
-    pub fn start(admission: A, listener: TcpListener, auth: AuthMode) -> Result<Arc<Self>> {
+    /// Accepts peers on `listener` from now on (a thread per handshake, a bounded number at once).
+    pub fn start(admission: A, listener: TcpListener, link: LinkConfig) -> Result<Arc<Self>> {
         let registry = Arc::new(Registry {
             admission,
             state: Mutex::new(State {
@@ -139,12 +142,11 @@ impl<A: Admission> Registry<A> {
         std::thread::Builder::new()
             .name("registry-accept".into())
             .spawn(move || {
+                let pending = PendingHandshakes::default();
                 for stream in listener.incoming() {
                     let Ok(stream) = stream else { continue };
-                    let (reg, auth) = (Arc::clone(&reg), auth.clone());
-                    let _ = std::thread::Builder::new()
-                        .name("registry-admit".into())
-                        .spawn(move || reg.admit(stream, &auth));
+                    let (reg, link) = (Arc::clone(&reg), link.clone());
+                    pending.spawn(stream, move |stream, slot| reg.admit(stream, slot, &link));
                 }
             })
             .map_err(|source| ClusterError::Io {
@@ -188,19 +190,20 @@ impl<A: Admission> Registry<A> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn admit(self: Arc<Self>, stream: TcpStream, auth: &AuthMode) {
+    fn admit(self: Arc<Self>, stream: TcpStream, slot: HandshakeSlot, link: &LinkConfig) {
         let peer = stream
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "?".into());
         let mut claimed = None;
-        let accepted = wire::accept(stream, auth, |hello| {
+        let accepted = wire::accept(stream, link, |hello| {
             let members = self.lock().members.clone();
             let claim = self.admission.claim(hello, &members)?;
             let welcome = self.admission.welcome(&claim);
             claimed = Some(claim);
             Ok(welcome)
         });
+        drop(slot);
         let (conn, mut reader, hello) = match accepted {
             Ok(x) => x,
             Err(e) => {
@@ -210,7 +213,9 @@ impl<A: Admission> Registry<A> {
         };
         let Some(claim) = claimed else { return };
         let name = format!("{} ({peer})", A::describe(&claim));
-        let (tx, rx) = mpsc::channel();
+        // Bounded: a member answers commands; one that sends unasked frames faster than they
+        // are taken stalls its own link (and is dropped when it stays stalled).
+        let (tx, rx) = mpsc::sync_channel(64);
         let member = {
             let mut st = self.lock();
             if let Some(reason) = self.admission.conflict(&claim, &st.members) {
@@ -239,7 +244,6 @@ impl<A: Admission> Registry<A> {
         // stream removes it.
         loop {
             match reader.recv() {
-                Ok(f) if f.kind == Kind::Pong => {}
                 Ok(f) => {
                     if tx.send(Ok(f)).is_err() {
                         break;

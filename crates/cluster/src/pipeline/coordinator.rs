@@ -18,13 +18,13 @@ use crate::activation::ActFormat;
 use crate::error::{ClusterError, bind};
 use crate::registry::Registry;
 use crate::transcripts::{Transcripts, WorkItem};
-use crate::wire::{AuthMode, Kind, f32_values, pack};
+use crate::wire::{Kind, LinkConfig, f32_values, pack};
 
 #[derive(Clone, Debug)]
 pub struct PipelineConfig {
     /// Where workers register (`host:port`).
     pub listen: String,
-    pub auth: AuthMode,
+    pub link: LinkConfig,
     /// How long to wait for a complete route before failing a request.
     pub route_wait: Duration,
     /// Prompt tokens per pipelined chunk.
@@ -71,7 +71,7 @@ impl PipelineExecutor {
             n_ctx,
         };
         let (listener, bound) = bind("--listen", &cfg.listen)?;
-        let registry = Registry::start(admission, listener, cfg.auth.clone())?;
+        let registry = Registry::start(admission, listener, cfg.link.clone())?;
         tracing::info!(
             "pipeline coordinator: layers {} here, workers register at {bound}",
             local.label()
@@ -127,7 +127,7 @@ impl PipelineExecutor {
                     let params = RouteParams {
                         epoch,
                         act: self.cfg.act,
-                        auth: &self.cfg.auth,
+                        link: &self.cfg.link,
                         fingerprint: &self.info.fingerprint,
                         n_ctx: self.info.n_ctx,
                     };
@@ -185,7 +185,8 @@ impl PipelineExecutor {
     }
 
     fn wait_result(&self, rid: u64) -> std::result::Result<ItemResult, Attempt> {
-        self.route()?.wait_result(rid, &self.registry)
+        self.route()?
+            .wait_result(rid, &self.registry, self.info.n_vocab)
     }
 
     /// Runs work items through the local stage and the route, `window` in flight; returns the

@@ -14,7 +14,10 @@ use super::registry::{StageAdmission, Worker, chain};
 use crate::activation::ActFormat;
 use crate::error::{ClusterError, Result};
 use crate::registry::Registry;
-use crate::wire::{self, AuthMode, Connection, Frame, Hello, Kind, Role, pack, unpack};
+use crate::wire::{self, Connection, Frame, Hello, Kind, LinkConfig, Role, pack, unpack};
+
+/// Frames from the first stage waiting for the coordinator, at most.
+const RESULT_QUEUE: usize = 1024;
 
 /// How long a worker may take to confirm its next hop.
 const ROUTE_CONFIRM: Duration = Duration::from_secs(15);
@@ -52,7 +55,7 @@ pub(super) struct Route {
 pub(super) struct RouteParams<'a> {
     pub epoch: u64,
     pub act: ActFormat,
-    pub auth: &'a AuthMode,
+    pub link: &'a LinkConfig,
     pub fingerprint: &'a str,
     pub n_ctx: usize,
 }
@@ -86,10 +89,12 @@ impl Route {
             source,
         })?;
         let hello = Hello::new(Role::Hop, p.fingerprint, p.n_ctx as u32, None);
-        let (data, mut reader, _) = wire::connect(stream, p.auth, hello)
+        let (data, mut reader, _) = wire::connect(stream, p.link, hello)
             .map_err(|e| ClusterError::link(format!("data link to {}", first.name), e))?;
         let broken = Arc::new(AtomicBool::new(false));
-        let (tx, results) = mpsc::channel();
+        // Bounded: results come only for items in flight (a window) and snapshot parts that the
+        // coordinator is collecting; a stage that floods the link waits.
+        let (tx, results) = mpsc::sync_channel(RESULT_QUEUE);
         let flag = Arc::clone(&broken);
         std::thread::Builder::new()
             .name("coord-results".into())
@@ -146,6 +151,7 @@ impl Route {
         &self,
         rid: u64,
         registry: &Registry<StageAdmission>,
+        n_vocab: usize,
     ) -> std::result::Result<(ResultHeader, Vec<u8>), Attempt> {
         loop {
             let f = match self.results.recv_timeout(Duration::from_millis(250)) {
@@ -168,6 +174,27 @@ impl Route {
             }
             let (h, raw): (ResultHeader, &[u8]) = unpack("result", &f.payload)
                 .map_err(|e| Attempt::Fatal(ClusterError::link("the first stage", e).into()))?;
+            // Sizes come from a peer: check them before anyone indexes by them.
+            let n_rows = h.n_rows as usize;
+            if h.n_vocab as usize != n_vocab
+                || h.rows.len() != n_rows
+                || raw.len() != n_rows * n_vocab * 4
+            {
+                let stage = h.timings.last().map_or("the last stage", |t| &t.stage[..]);
+                return Err(Attempt::Fatal(
+                    ClusterError::peer(
+                        stage,
+                        format!(
+                            "a result of {} rows × {} vocabulary ({} bytes, {} row ids) for a model of {n_vocab}",
+                            h.n_rows,
+                            h.n_vocab,
+                            raw.len(),
+                            h.rows.len()
+                        ),
+                    )
+                    .into(),
+                ));
+            }
             return Ok((h, raw.to_vec()));
         }
     }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::TcpListener;
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::{self, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -15,10 +15,14 @@ use super::protocol::*;
 use super::stage_loop::{Job, Shared, compute_loop, failure, send_on};
 use crate::activation::ActFormat;
 use crate::error::{ClusterError, Result, bind};
-use crate::membership::{Ended, Membership};
+use crate::membership::{Ended, Membership, PANIC_EXIT, panic_message};
 use crate::wire::{
-    self, AuthMode, ConnectionReader, Frame, Hello, Kind, Role, WireError, pack, unpack,
+    self, ConnectionReader, Hello, Kind, LinkConfig, PendingHandshakes, Role, WireError, pack,
+    unpack,
 };
+
+/// Work items and session operations waiting for the compute thread, at most.
+const JOB_QUEUE: usize = 64;
 
 pub struct WorkerConfig {
     /// Where to accept the upstream data link (`host:port`; port 0 picks one).
@@ -41,27 +45,45 @@ pub fn run_worker(stage: Runner, cfg: WorkerConfig) -> Result<()> {
         timings: Mutex::new(HashMap::new()),
         label: label.clone(),
     });
-    let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
+    // Bounded: an upstream that sends faster than the stage computes waits (TCP backpressure)
+    // instead of growing the queue.
+    let (jobs_tx, jobs_rx) = mpsc::sync_channel::<Job>(JOB_QUEUE);
     let spawn_err = |source| ClusterError::Io {
         what: "spawning the stage threads".into(),
         source,
     };
     {
-        let (auth, shared, jobs) = (
-            cfg.membership.auth.clone(),
+        let (link, shared, jobs) = (
+            cfg.membership.link.clone(),
             Arc::clone(&shared),
             jobs_tx.clone(),
         );
         std::thread::Builder::new()
             .name("stage-accept".into())
-            .spawn(move || accept_upstream(listener, auth, shared, jobs))
+            .spawn(move || accept_upstream(listener, link, shared, jobs))
             .map_err(spawn_err)?;
     }
     {
         let shared = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("stage-compute".into())
-            .spawn(move || compute_loop(stage, jobs_rx, shared))
+            .spawn(move || {
+                let label = shared.label.clone();
+                let upstream = Arc::clone(&shared.upstream);
+                let run = std::panic::AssertUnwindSafe(|| compute_loop(stage, jobs_rx, shared));
+                if let Err(payload) = std::panic::catch_unwind(run) {
+                    // Tell the coordinator (as a failure of whatever was in flight), then end
+                    // the process: a stage without its compute thread must not linger.
+                    let detail = format!("stage {label} panicked: {}", panic_message(&*payload));
+                    tracing::error!("{detail}");
+                    let fail = StageFailure::Failed {
+                        stage: label,
+                        detail,
+                    };
+                    let _ = send_on(&upstream, &failure(0, &fail));
+                    std::process::exit(PANIC_EXIT);
+                }
+            })
             .map_err(spawn_err)?;
     }
     tracing::info!(
@@ -99,7 +121,7 @@ fn control_session(
     conn: wire::Connection,
     mut reader: ConnectionReader,
     shared: &Arc<Shared>,
-    jobs: &Sender<Job>,
+    jobs: &SyncSender<Job>,
 ) -> Result<Ended> {
     let link = |e| ClusterError::link("the coordinator", e);
     loop {
@@ -129,9 +151,6 @@ fn control_session(
                     Control::Shutdown => return Ok(Ended::Shutdown),
                 }
             }
-            Kind::Ping => conn
-                .send(&Frame::new(Kind::Pong, f.request_id, Vec::new()))
-                .map_err(link)?,
             other => tracing::warn!(
                 "stage {}: unexpected {other:?} on the control link",
                 shared.label
@@ -155,7 +174,7 @@ fn connect_downstream(cfg: &WorkerConfig, next: Option<&str>, shared: &Arc<Share
         source,
     })?;
     let hello = Hello::new(Role::Hop, "", 0, None);
-    let (conn, reader, _) = wire::connect(stream, &cfg.membership.auth, hello)
+    let (conn, reader, _) = wire::connect(stream, &cfg.membership.link, hello)
         .map_err(|e| ClusterError::link(format!("the next stage {next}"), e))?;
     *shared.downstream.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
     let shared2 = Arc::clone(shared);
@@ -211,45 +230,51 @@ fn relay_upstream(mut reader: ConnectionReader, shared: Arc<Shared>) {
     }
 }
 
-fn accept_upstream(listener: TcpListener, auth: AuthMode, shared: Arc<Shared>, jobs: Sender<Job>) {
+fn accept_upstream(
+    listener: TcpListener,
+    link: LinkConfig,
+    shared: Arc<Shared>,
+    jobs: SyncSender<Job>,
+) {
+    let pending = PendingHandshakes::default();
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
-        let peer = stream
-            .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
-        let accepted = wire::accept(stream, &auth, |h| match h.role {
-            Role::Hop => Ok(wire::Welcome {
-                message: format!("stage {}", shared.label),
-                ..Default::default()
-            }),
-            _ => Err("this port only takes the upstream data link of a pipeline".into()),
-        });
-        let (conn, reader, _) = match accepted {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!("stage {}: refused data link from {peer}: {e}", shared.label);
-                continue;
+        let (link, shared, jobs) = (link.clone(), Arc::clone(&shared), jobs.clone());
+        pending.spawn(stream, move |stream, slot| {
+            let peer = stream
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            let accepted = wire::accept(stream, &link, |h| match h.role {
+                Role::Hop => Ok(wire::Welcome {
+                    message: format!("stage {}", shared.label),
+                    ..Default::default()
+                }),
+                _ => Err("this port only takes the upstream data link of a pipeline".into()),
+            });
+            drop(slot);
+            let (conn, reader, _) = match accepted {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("stage {}: refused data link from {peer}: {e}", shared.label);
+                    return;
+                }
+            };
+            tracing::info!("stage {}: upstream data link from {peer}", shared.label);
+            let old = shared
+                .upstream
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .replace(conn);
+            if let Some(old) = old {
+                old.shutdown();
             }
-        };
-        tracing::info!("stage {}: upstream data link from {peer}", shared.label);
-        let old = shared
-            .upstream
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .replace(conn);
-        if let Some(old) = old {
-            old.shutdown();
-        }
-        let jobs = jobs.clone();
-        let label = shared.label.clone();
-        let _ = std::thread::Builder::new()
-            .name("stage-upstream".into())
-            .spawn(move || read_upstream(reader, jobs, label));
+            read_upstream(reader, jobs, shared.label.clone());
+        });
     }
 }
 
-fn read_upstream(mut reader: ConnectionReader, jobs: Sender<Job>, label: String) {
+fn read_upstream(mut reader: ConnectionReader, jobs: SyncSender<Job>, label: String) {
     loop {
         match reader.recv() {
             Ok(f) if f.kind == Kind::Work => {

@@ -52,6 +52,7 @@ impl Admission for RankAdmission {
             message: format!("rank {rank} of {}", self.n_ranks),
             rank: Some(*rank as u32),
             group_size: Some(self.n_ranks as u32),
+            ..Welcome::default()
         }
     }
 

@@ -21,7 +21,7 @@ use super::{BALANCE_NEEDS_RESIDENT, ExpertFactory, snapshot};
 use crate::error::{ClusterError, bind};
 use crate::registry::Registry;
 use crate::transcripts::Transcripts;
-use crate::wire::AuthMode;
+use crate::wire::LinkConfig;
 
 /// How long ranks may take to export or import a session's KV.
 const SESSION_OP_TIMEOUT: Duration = Duration::from_secs(120);
@@ -31,7 +31,7 @@ pub struct TpConfig {
     pub listen: String,
     /// Where rank 0 accepts mesh links.
     pub data_listen: String,
-    pub auth: AuthMode,
+    pub link: LinkConfig,
     pub n_ranks: usize,
     /// Relative expert shares per rank (equal when empty).
     pub expert_weights: Vec<f32>,
@@ -56,7 +56,9 @@ pub struct TpExecutor {
     threads: usize,
     registry: Arc<Registry<RankAdmission>>,
     data_listener: TcpListener,
-    data_addr: String,
+    /// The mesh port's address (its IP unspecified when bound to all interfaces: each rank is
+    /// then told the address it reached the coordinator at).
+    data_bound: std::net::SocketAddr,
     shares: Vec<Share>,
     group: Option<Group>,
     sessions: Transcripts,
@@ -95,19 +97,14 @@ impl TpExecutor {
         let layout = SnapshotLayout::of(&model, kv_type, n_ctx);
         let (listener, bound) = bind("--listen", &cfg.listen)?;
         let (data_listener, data_bound) = bind("the mesh port", &cfg.data_listen)?;
-        let data_addr = if data_bound.ip().is_unspecified() {
-            format!("127.0.0.1:{}", data_bound.port())
-        } else {
-            data_bound.to_string()
-        };
         let admission = RankAdmission {
             fingerprint: info.fingerprint.clone(),
             n_ctx,
             n_ranks: cfg.n_ranks,
         };
-        let registry = Registry::start(admission, listener, cfg.auth.clone())?;
+        let registry = Registry::start(admission, listener, cfg.link.clone())?;
         tracing::info!(
-            "tensor-parallel coordinator: {} ranks, attention {}, workers register at {bound}",
+            "tensor-parallel coordinator: {} ranks, attention {}, mesh port {data_bound}, workers register at {bound}",
             cfg.n_ranks,
             if shard.attention_split {
                 format!("split by heads ({} per rank)", shard.heads.len())
@@ -130,7 +127,7 @@ impl TpExecutor {
             threads,
             registry,
             data_listener,
-            data_addr,
+            data_bound,
             shares,
             group: None,
             sessions: Transcripts::default(),
@@ -211,7 +208,7 @@ impl TpExecutor {
 
     fn form(&mut self, links: Vec<Arc<RankLink>>, generation: u64) -> crate::Result<Group> {
         self.epoch += 1;
-        let mut peers = vec![self.data_addr.clone()];
+        let mut peers = vec![self.data_bound.to_string()];
         peers.extend(links.iter().map(|l| l.listen.clone()));
         let spec = JoinSpec {
             model: &self.model,
@@ -219,14 +216,23 @@ impl TpExecutor {
             peers: &peers,
             share: &self.shares[0],
             listener: &self.data_listener,
-            auth: &self.cfg.auth,
+            link: &self.cfg.link,
             tp_timeout: self.cfg.tp_timeout,
             threads: self.threads,
             kv_type: self.kv_type,
             n_ctx: self.info.n_ctx,
             experts: self.cfg.experts.as_ref(),
         };
-        let group = Group::form(links, generation, &self.shares, spec)?;
+        let data = self.data_bound;
+        let mesh_addr = |l: &RankLink| {
+            let ip = if data.ip().is_unspecified() {
+                l.control.local().ip()
+            } else {
+                data.ip()
+            };
+            std::net::SocketAddr::new(ip, data.port()).to_string()
+        };
+        let group = Group::form(links, generation, &self.shares, spec, mesh_addr)?;
         tracing::info!(
             "tensor-parallel group epoch {}: {}",
             group.epoch,

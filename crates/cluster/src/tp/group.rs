@@ -15,7 +15,7 @@ use super::mesh::{Mesh, MeshHooks};
 use super::placement::Share;
 use super::protocol::{TpCommand, TpReply, reply_of, send_command};
 use crate::error::{ClusterError, Result};
-use crate::wire::{AuthMode, f32_values};
+use crate::wire::{LinkConfig, f32_values};
 
 /// How long ranks may take to join a group.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -29,7 +29,7 @@ pub struct JoinSpec<'a> {
     pub peers: &'a [String],
     pub share: &'a Share,
     pub listener: &'a TcpListener,
-    pub auth: &'a AuthMode,
+    pub link: &'a LinkConfig,
     pub tp_timeout: Duration,
     pub threads: usize,
     pub kv_type: KvType,
@@ -67,7 +67,7 @@ pub fn join(spec: JoinSpec) -> Result<RankState> {
         spec.peers,
         spec.epoch,
         spec.listener,
-        spec.auth,
+        spec.link,
         spec.tp_timeout,
     )?;
     let runner = Runner::new(
@@ -133,12 +133,14 @@ pub struct StepStats {
 
 impl Group {
     /// Forms group `spec.epoch` with `links` (ranks 1.., in order): every rank is told the
-    /// peers and its share, rank 0 joins, and every other rank must confirm.
+    /// peers (rank 0 at the address `mesh_addr` gives for that rank's link) and its share,
+    /// rank 0 joins, and every other rank must confirm.
     pub fn form(
         links: Vec<Arc<RankLink>>,
         generation: u64,
         shares: &[Share],
         spec: JoinSpec,
+        mesh_addr: impl Fn(&RankLink) -> String,
     ) -> Result<Group> {
         let n_ranks = spec.peers.len() as u32;
         for l in &links {
@@ -146,10 +148,13 @@ impl Group {
                 Share::Owned(o) => (o.clone(), None),
                 Share::Balanced(w) => (Vec::new(), Some(w.clone())),
             };
+            let mut peers = spec.peers.to_vec();
+            peers[0] = mesh_addr(l);
+            tracing::info!("{}: mesh peers {peers:?}", l.name);
             let cmd = TpCommand::Start {
                 epoch: spec.epoch,
                 n_ranks,
-                peers: spec.peers.to_vec(),
+                peers,
                 owned,
                 balance,
             };

@@ -9,7 +9,9 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use crate::error::{ClusterError, Result};
-use crate::wire::{self, AuthMode, Connection, Frame, Hello, Kind, Role, WireError};
+use crate::wire::{
+    self, Connection, Frame, Hello, Kind, LinkConfig, PendingHandshakes, Role, WireError,
+};
 
 /// One peer of the mesh.
 struct Peer {
@@ -36,7 +38,9 @@ pub struct Mesh {
 fn spawn_reader(
     mut reader: wire::ConnectionReader,
 ) -> Result<Receiver<std::result::Result<Frame, WireError>>> {
-    let (tx, rx) = mpsc::channel();
+    // Bounded: a rank cannot be more than one exchange ahead of the slowest (it waits for
+    // everyone's partial before sending its next), so a few frames suffice.
+    let (tx, rx) = mpsc::sync_channel(8);
     std::thread::Builder::new()
         .name("tp-mesh-reader".into())
         .spawn(move || {
@@ -75,14 +79,14 @@ impl Mesh {
         peers: &[String],
         epoch: u64,
         listener: &TcpListener,
-        auth: &AuthMode,
+        link: &LinkConfig,
         timeout: Duration,
     ) -> Result<Mesh> {
         let n = peers.len();
         let mut out: Vec<Peer> = Vec::with_capacity(n.saturating_sub(1));
         for (r, addr) in peers.iter().enumerate().take(rank) {
             let stream = wire::dial(addr).map_err(|e| formation(format!("rank {r}: {e}")))?;
-            let (conn, reader, _) = wire::connect(stream, auth, hello(rank, epoch))
+            let (conn, reader, _) = wire::connect(stream, link, hello(rank, epoch))
                 .map_err(|e| ClusterError::link(format!("rank {r} at {addr}"), e))?;
             out.push(Peer {
                 rank: r,
@@ -96,38 +100,54 @@ impl Mesh {
             source,
         };
         listener.set_nonblocking(true).map_err(io)?;
+        // Handshakes run on their own threads (a slow or hostile connection cannot hold up the
+        // others); the ranks they admit are collected here, a duplicate rank refused.
+        let (admitted, arrivals) = mpsc::channel::<(usize, Connection, wire::ConnectionReader)>();
+        let pending = PendingHandshakes::default();
+        let want = format!("mesh-epoch-{epoch}");
         while out.len() < n - 1 {
+            while let Ok((r, conn, reader)) = arrivals.try_recv() {
+                if out.iter().any(|p| p.rank == r) {
+                    tracing::warn!("rank {rank}: refused a second mesh link claiming rank {r}");
+                    conn.shutdown();
+                    continue;
+                }
+                out.push(Peer {
+                    rank: r,
+                    conn,
+                    frames: spawn_reader(reader)?,
+                });
+            }
+            if out.len() >= n - 1 {
+                break;
+            }
             match listener.accept() {
                 Ok((stream, _)) => {
                     stream.set_nonblocking(false).map_err(io)?;
-                    let want = format!("mesh-epoch-{epoch}");
-                    let taken = |r: u32| out.iter().any(|p| p.rank == r as usize);
-                    let accepted = wire::accept(stream, auth, |h| match h.role {
-                        Role::Rank { rank: Some(r), .. }
-                            if (r as usize) > rank
-                                && (r as usize) < n
-                                && h.fingerprint == want
-                                && !taken(r) =>
-                        {
-                            Ok(wire::Welcome::default())
+                    let (admitted, link, want) = (admitted.clone(), link.clone(), want.clone());
+                    pending.spawn(stream, move |stream, slot| {
+                        let accepted = wire::accept(stream, &link, |h| match h.role {
+                            Role::Rank { rank: Some(r), .. }
+                                if (r as usize) > rank
+                                    && (r as usize) < n
+                                    && h.fingerprint == want =>
+                            {
+                                Ok(wire::Welcome::default())
+                            }
+                            _ => Err(format!(
+                                "not a rank of mesh epoch {epoch} above rank {rank}"
+                            )),
+                        });
+                        drop(slot);
+                        match accepted {
+                            Ok((conn, reader, h)) => {
+                                if let Role::Rank { rank: Some(r), .. } = h.role {
+                                    let _ = admitted.send((r as usize, conn, reader));
+                                }
+                            }
+                            Err(e) => tracing::warn!("rank {rank}: refused a mesh link: {e}"),
                         }
-                        _ => Err(format!(
-                            "not a rank of mesh epoch {epoch} above rank {rank}"
-                        )),
                     });
-                    match accepted {
-                        Ok((conn, reader, h)) => {
-                            let Role::Rank { rank: Some(r), .. } = h.role else {
-                                continue;
-                            };
-                            out.push(Peer {
-                                rank: r as usize,
-                                conn,
-                                frames: spawn_reader(reader)?,
-                            });
-                        }
-                        Err(e) => tracing::warn!("rank {rank}: refused a mesh link: {e}"),
-                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if Instant::now() > deadline {

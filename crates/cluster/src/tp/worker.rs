@@ -14,7 +14,7 @@ use super::group::{JoinSpec, RankState, join};
 use super::placement::Share;
 use super::protocol::{TpCommand, TpReply, send_reply};
 use crate::error::{ClusterError, Result, bind};
-use crate::membership::{Ended, Membership};
+use crate::membership::{Ended, Membership, PANIC_EXIT, panic_message};
 use crate::wire::{Connection, ConnectionReader, Kind, Role, f32_bytes, unpack};
 
 pub struct TpWorkerConfig {
@@ -58,7 +58,18 @@ pub fn run_tp_worker(files: Arc<GgufModel>, cfg: TpWorkerConfig) -> Result<()> {
                 conn.peer()
             );
             let model = Arc::new(Model::from_gguf_rank(Arc::clone(&files), rank, n_ranks)?);
-            serve(&model, &cfg, &listener, conn, reader)
+            let control = conn.clone();
+            let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                serve(&model, &cfg, &listener, conn, reader)
+            }));
+            served.unwrap_or_else(|payload| {
+                // Tell the coordinator, then end the process: nothing is left half running.
+                let detail = format!("rank {rank} panicked: {}", panic_message(&*payload));
+                tracing::error!("{detail}");
+                control.send_error(0, &detail);
+                control.shutdown();
+                std::process::exit(PANIC_EXIT)
+            })
         },
         || {},
     )
@@ -110,7 +121,7 @@ fn serve(
                     peers: &peers,
                     share: &share,
                     listener,
-                    auth: &cfg.membership.auth,
+                    link: &cfg.membership.link,
                     tp_timeout: cfg.tp_timeout,
                     threads: cfg.threads,
                     kv_type: cfg.kv_type,

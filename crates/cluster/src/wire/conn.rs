@@ -1,41 +1,121 @@
 //! A framed connection over TCP: a writer shared by threads (one frame at a time) and a reader
 //! owned by one thread. `TCP_NODELAY` is on: frames are latency-bound, not throughput-bound.
+//!
+//! After the handshake of a keyed link every frame travels as Noise transport records: the
+//! 28-byte header sealed into one record, then the payload in records of at most
+//! [`RECORD_PLAIN`] bytes, each with its own nonce (a counter per direction), so a record that
+//! is altered, dropped, replayed or reordered fails authentication and ends the link.
+//!
+//! Liveness: once established, each side sends a heartbeat (a `Ping` frame) when it has sent
+//! nothing for a quarter of the peer timeout, from a thread of its own (so a long computation
+//! does not silence it), reads with the peer timeout as deadline, writes with it as deadline,
+//! and has TCP keepalive on. A stopped, half-open or partitioned peer therefore surfaces as
+//! [`WireError::Silent`] within the timeout. Heartbeats are consumed by `recv`.
 
-use std::io::{BufReader, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
-use super::frame::{Frame, Kind, read_frame};
+use snow::StatelessTransportState;
+
+use super::frame::{Frame, HEADER_LEN, Kind, MAX_PAYLOAD, parse_header, read_frame};
 use super::{WireError, decode, encode};
+
+/// Plaintext bytes of one Noise transport record (the protocol's 65535-byte message limit
+/// less the 16-byte tag).
+pub const RECORD_PLAIN: usize = 65535 - TAG;
+const TAG: usize = 16;
+/// Payload cap before the peer has authenticated: a hello, a welcome, a refusal.
+pub const PRE_AUTH_MAX_PAYLOAD: u64 = 64 * 1024;
+/// Sealed records are written in batches of about this many bytes.
+const WRITE_BATCH: usize = 1 << 20;
+
+type Cipher = Arc<StatelessTransportState>;
+
+struct Writer {
+    stream: TcpStream,
+    cipher: Option<Cipher>,
+    nonce: u64,
+    buf: Vec<u8>,
+    last_send: Instant,
+}
 
 /// The sending half (cheap to clone).
 #[derive(Clone)]
 pub struct Connection {
-    writer: Arc<Mutex<TcpStream>>,
+    writer: Arc<Mutex<Writer>>,
+    closed: Arc<AtomicBool>,
     peer: SocketAddr,
     local: SocketAddr,
 }
 
+/// A stream whose reads stop at a deadline (the handshake's), else at the idle timeout set
+/// on the socket.
+struct Timed {
+    stream: TcpStream,
+    deadline: Option<Instant>,
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(d) = self.deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "handshake deadline",
+                ));
+            }
+            self.stream.set_read_timeout(Some(left))?;
+        }
+        self.stream.read(buf)
+    }
+}
+
 /// The receiving half.
 pub struct ConnectionReader {
-    reader: BufReader<TcpStream>,
+    reader: BufReader<Timed>,
+    cipher: Option<Cipher>,
+    nonce: u64,
     peer: SocketAddr,
+    max_payload: u64,
+    /// How long the peer may stay silent (`None`: forever).
+    idle: Option<Duration>,
 }
 
 impl Connection {
+    /// A plaintext connection with the pre-authentication payload cap (the handshake's).
     pub fn new(stream: TcpStream) -> Result<(Connection, ConnectionReader), WireError> {
         stream.set_nodelay(true)?;
         let peer = stream.peer_addr()?;
         let local = stream.local_addr()?;
-        let reader = BufReader::with_capacity(1 << 16, stream.try_clone()?);
+        let timed = Timed {
+            stream: stream.try_clone()?,
+            deadline: None,
+        };
         Ok((
             Connection {
-                writer: Arc::new(Mutex::new(stream)),
+                writer: Arc::new(Mutex::new(Writer {
+                    stream,
+                    cipher: None,
+                    nonce: 0,
+                    buf: Vec::new(),
+                    last_send: Instant::now(),
+                })),
+                closed: Arc::new(AtomicBool::new(false)),
                 peer,
                 local,
             },
-            ConnectionReader { reader, peer },
+            ConnectionReader {
+                reader: BufReader::with_capacity(1 << 16, timed),
+                cipher: None,
+                nonce: 0,
+                peer,
+                max_payload: PRE_AUTH_MAX_PAYLOAD,
+                idle: None,
+            },
         ))
     }
 
@@ -47,17 +127,17 @@ impl Connection {
         self.local
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn send(&self, frame: &Frame) -> Result<(), WireError> {
-        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        // Header and payload in one write when small, to keep a frame in one segment.
-        if frame.payload.len() <= 4096 {
-            let mut buf = Vec::with_capacity(super::frame::HEADER_LEN + frame.payload.len());
-            frame.write_to(&mut buf)?;
-            w.write_all(&buf)?;
-        } else {
-            frame.write_to(&mut *w)?;
+        let mut w = self.lock();
+        let r = w.send(frame);
+        if r.is_err() {
+            self.closed.store(true, Ordering::Release);
         }
-        Ok(())
+        r
     }
 
     pub fn send_msg<T: serde::Serialize>(
@@ -75,16 +155,114 @@ impl Connection {
     }
 
     pub fn shutdown(&self) {
-        let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = w.shutdown(Shutdown::Both);
+        self.closed.store(true, Ordering::Release);
+        let _ = self.lock().stream.shutdown(Shutdown::Both);
     }
 
-    pub fn set_write_timeout(&self, t: Option<Duration>) -> Result<(), WireError> {
-        Ok(self
-            .writer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .set_write_timeout(t)?)
+    /// Frames from now on are sealed with `cipher` (after a keyed handshake).
+    pub(super) fn secure(&self, cipher: Cipher) {
+        let mut w = self.lock();
+        w.cipher = Some(cipher);
+        w.nonce = 0;
+    }
+
+    /// Write deadline, TCP keepalive and a heartbeat thread for an established link.
+    pub(super) fn keep_alive(&self, peer_timeout: Duration) -> Result<(), WireError> {
+        {
+            let w = self.lock();
+            w.stream.set_write_timeout(Some(peer_timeout))?;
+            // The kernel counts keepalive in whole seconds (0 is invalid).
+            let keepalive = socket2::TcpKeepalive::new()
+                .with_time(peer_timeout.max(Duration::from_secs(1)))
+                .with_interval((peer_timeout / 4).max(Duration::from_secs(1)));
+            socket2::SockRef::from(&w.stream).set_tcp_keepalive(&keepalive)?;
+        }
+        let writer: Weak<Mutex<Writer>> = Arc::downgrade(&self.writer);
+        let closed = Arc::clone(&self.closed);
+        let every = (peer_timeout / 4).max(Duration::from_millis(50));
+        let peer = self.peer;
+        std::thread::Builder::new()
+            .name("heartbeat".into())
+            .spawn(move || heartbeats(writer, closed, every, peer))?;
+        Ok(())
+    }
+}
+
+/// Sends a `Ping` whenever the link has been quiet for `every`, until the connection is shut
+/// down, fails, or every handle to it is gone.
+fn heartbeats(
+    writer: Weak<Mutex<Writer>>,
+    closed: Arc<AtomicBool>,
+    every: Duration,
+    peer: SocketAddr,
+) {
+    let ping = Frame::new(Kind::Ping, 0, Vec::new());
+    loop {
+        std::thread::sleep(every / 2);
+        if closed.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(w) = writer.upgrade() else { return };
+        let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+        if w.last_send.elapsed() >= every
+            && let Err(e) = w.send(&ping)
+        {
+            tracing::debug!("heartbeat to {peer} failed: {e}");
+            closed.store(true, Ordering::Release);
+            return;
+        }
+    }
+}
+
+impl Writer {
+    fn send(&mut self, frame: &Frame) -> Result<(), WireError> {
+        let r = match self.cipher.clone() {
+            None => self.send_plain(frame),
+            Some(c) => self.send_sealed(&c, frame),
+        };
+        self.last_send = Instant::now();
+        r.map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => WireError::Stalled,
+            _ => WireError::Io(e),
+        })
+    }
+
+    fn send_plain(&mut self, frame: &Frame) -> io::Result<()> {
+        // Header and payload in one write when small, to keep a frame in one segment.
+        if frame.payload.len() <= 4096 {
+            self.buf.clear();
+            frame.write_to(&mut self.buf)?;
+            self.stream.write_all(&self.buf)
+        } else {
+            frame.write_to(&mut self.stream)
+        }
+    }
+
+    fn seal(&mut self, cipher: &Cipher, plain: &[u8]) -> io::Result<()> {
+        let at = self.buf.len();
+        self.buf.resize(at + plain.len() + TAG, 0);
+        cipher
+            .write_message(self.nonce, plain, &mut self.buf[at..])
+            .map_err(|e| io::Error::other(format!("sealing a record: {e}")))?;
+        self.nonce += 1;
+        Ok(())
+    }
+
+    fn send_sealed(&mut self, cipher: &Cipher, frame: &Frame) -> io::Result<()> {
+        self.buf.clear();
+        self.seal(cipher, &frame.encode_header())?;
+        for chunk in frame.payload.chunks(RECORD_PLAIN) {
+            self.seal(cipher, chunk)?;
+            if self.buf.len() >= WRITE_BATCH {
+                self.stream.write_all(&self.buf)?;
+                self.buf.clear();
+            }
+        }
+        self.stream.write_all(&self.buf)?;
+        if self.buf.capacity() > 4 * WRITE_BATCH {
+            self.buf = Vec::new();
+        }
+        Ok(())
     }
 }
 
@@ -93,18 +271,102 @@ impl ConnectionReader {
         self.peer
     }
 
-    /// The next frame; `Err(Closed)` at a clean end of stream. An `Error` frame from the peer
-    /// becomes `Err(Remote)`.
-    pub fn recv(&mut self) -> Result<Frame, WireError> {
-        match read_frame(&mut self.reader)? {
-            None => Err(WireError::Closed),
-            Some(f) if f.kind == Kind::Error => {
-                let msg: String = decode("error message", &f.payload)
-                    .unwrap_or_else(|_| "(undecodable error)".into());
-                Err(WireError::Remote(msg))
-            }
-            Some(f) => Ok(f),
+    /// Reads stop at `deadline` (the handshake's), whatever the peer sends meanwhile.
+    pub(super) fn set_deadline(&mut self, deadline: Option<Instant>) -> Result<(), WireError> {
+        self.reader.get_mut().deadline = deadline;
+        if deadline.is_none() {
+            self.reader.get_ref().stream.set_read_timeout(self.idle)?;
         }
+        Ok(())
+    }
+
+    /// An authenticated link: frames up to the full cap, read with `peer_timeout` as the
+    /// longest silence, sealed with `cipher` when the link is keyed.
+    pub(super) fn established(
+        &mut self,
+        cipher: Option<Cipher>,
+        peer_timeout: Duration,
+    ) -> Result<(), WireError> {
+        self.cipher = cipher;
+        self.nonce = 0;
+        self.max_payload = MAX_PAYLOAD;
+        self.idle = Some(peer_timeout);
+        self.set_deadline(None)
+    }
+
+    /// The next frame other than a heartbeat; `Err(Closed)` at a clean end of stream,
+    /// `Err(Silent)` when the peer sent nothing (not even a heartbeat) for the peer timeout.
+    /// An `Error` frame from the peer becomes `Err(Remote)`.
+    pub fn recv(&mut self) -> Result<Frame, WireError> {
+        loop {
+            let f = self.read_one().map_err(|e| match e {
+                WireError::Io(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    match self.idle {
+                        Some(after) if self.reader.get_ref().deadline.is_none() => {
+                            WireError::Silent { after }
+                        }
+                        _ => WireError::Io(e),
+                    }
+                }
+                e => e,
+            })?;
+            match f.kind {
+                Kind::Ping | Kind::Pong => continue,
+                Kind::Error => {
+                    let msg: String = decode("error message", &f.payload)
+                        .unwrap_or_else(|_| "(undecodable error)".into());
+                    return Err(WireError::Remote(msg));
+                }
+                _ => return Ok(f),
+            }
+        }
+    }
+
+    fn read_one(&mut self) -> Result<Frame, WireError> {
+        let Some(cipher) = self.cipher.clone() else {
+            return read_frame(&mut self.reader, self.max_payload)?.ok_or(WireError::Closed);
+        };
+        let mut sealed = [0u8; HEADER_LEN + TAG];
+        if !read_full(&mut self.reader, &mut sealed, "sealed frame header", true)? {
+            return Err(WireError::Closed);
+        }
+        let mut h = [0u8; HEADER_LEN];
+        self.open(&cipher, &sealed, &mut h)?;
+        let header = parse_header(&h, self.max_payload)?;
+        let mut payload = vec![0u8; header.len as usize];
+        let mut record = vec![0u8; RECORD_PLAIN.min(payload.len()) + TAG];
+        for chunk in payload.chunks_mut(RECORD_PLAIN) {
+            let rec = &mut record[..chunk.len() + TAG];
+            read_full(&mut self.reader, rec, "sealed frame payload", false)?;
+            self.open(&cipher, rec, chunk)?;
+        }
+        Ok(Frame {
+            kind: header.kind,
+            flags: header.flags,
+            request_id: header.request_id,
+            payload,
+        })
+    }
+
+    fn open(&mut self, cipher: &Cipher, sealed: &[u8], plain: &mut [u8]) -> Result<(), WireError> {
+        let n = cipher
+            .read_message(self.nonce, sealed, plain)
+            .map_err(|_| {
+                WireError::Auth(format!(
+                    "a record from {} failed authentication (altered, replayed or out of order)",
+                    self.peer
+                ))
+            })?;
+        self.nonce += 1;
+        if n != plain.len() {
+            return Err(WireError::Auth("a record of the wrong length".into()));
+        }
+        Ok(())
     }
 
     /// The next frame, which must be of `kind`.
@@ -119,10 +381,33 @@ impl ConnectionReader {
             })
         }
     }
+}
 
-    pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<(), WireError> {
-        Ok(self.reader.get_ref().set_read_timeout(t)?)
+/// Fills `buf`; `Ok(false)` when the stream ended cleanly before its first byte and
+/// `clean_eof` allows that.
+fn read_full(
+    r: &mut impl Read,
+    buf: &mut [u8],
+    what: &'static str,
+    clean_eof: bool,
+) -> Result<bool, WireError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) if got == 0 && clean_eof => return Ok(false),
+            Ok(0) => {
+                return Err(WireError::Truncated {
+                    what,
+                    got,
+                    want: buf.len() as u64,
+                });
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(WireError::Io(e)),
+        }
     }
+    Ok(true)
 }
 
 /// How long dialing a peer may take before it counts as unreachable.

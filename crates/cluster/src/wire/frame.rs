@@ -7,22 +7,28 @@ use std::io::{self, Read, Write};
 use super::WireError;
 
 pub const MAGIC: [u8; 4] = *b"MSHD";
-/// Bumped on any incompatible change to frames or messages.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Bumped on any incompatible change to frames or messages (2: Noise handshake and sealed
+/// frames, heartbeats).
+pub const PROTOCOL_VERSION: u16 = 2;
 pub const HEADER_LEN: usize = 28;
-/// Largest payload accepted (hidden states of a long chunk, all-position logits, a layer's KV).
+/// Largest payload accepted from an authenticated peer (hidden states of a long chunk,
+/// all-position logits, a layer's KV).
 pub const MAX_PAYLOAD: u64 = 1 << 30;
+/// Flag of a `Hello` frame: the sender runs without a key (plaintext hello).
+pub const FLAG_KEYLESS: u32 = 1;
 
 /// Message kinds. Unknown kinds are an error (and close the connection).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum Kind {
+    /// The first handshake message (Noise message 1, or a plaintext hello when keyless).
     Hello = 1,
-    Challenge = 2,
-    Proof = 3,
+    /// The second handshake message (Noise message 2 carrying the welcome or the refusal).
     Welcome = 4,
+    /// A refusal before the peer authenticated (reasons that reveal nothing of the key).
     Reject = 5,
     Error = 6,
+    /// A heartbeat: proof of life on a quiet link, consumed by the reader.
     Ping = 7,
     Pong = 8,
     Route = 10,
@@ -31,7 +37,6 @@ pub enum Kind {
     SessionOp = 13,
     SessionOpDone = 14,
     SnapshotPart = 15,
-    TpEval = 20,
     TpExchange = 21,
     TpOp = 22,
     TpDone = 23,
@@ -42,8 +47,6 @@ impl Kind {
         use Kind::*;
         [
             Hello,
-            Challenge,
-            Proof,
             Welcome,
             Reject,
             Error,
@@ -55,7 +58,6 @@ impl Kind {
             SessionOp,
             SessionOpDone,
             SnapshotPart,
-            TpEval,
             TpExchange,
             TpOp,
             TpDone,
@@ -109,8 +111,8 @@ impl Frame {
     }
 }
 
-/// Parses a header, checking magic, version, kind and length cap.
-pub fn parse_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
+/// Parses a header, checking magic, version, kind and the length cap `max`.
+pub fn parse_header(h: &[u8; HEADER_LEN], max: u64) -> Result<Header, WireError> {
     if h[0..4] != MAGIC {
         return Err(WireError::NotOurProtocol {
             first_bytes: h[..8].to_vec(),
@@ -126,11 +128,8 @@ pub fn parse_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
     let kind_raw = u16::from_le_bytes([h[6], h[7]]);
     let kind = Kind::from_u16(kind_raw).ok_or(WireError::UnknownKind(kind_raw))?;
     let len = u64::from_le_bytes(h[20..28].try_into().expect("8 bytes"));
-    if len > MAX_PAYLOAD {
-        return Err(WireError::TooLarge {
-            len,
-            max: MAX_PAYLOAD,
-        });
+    if len > max {
+        return Err(WireError::TooLarge { len, max });
     }
     Ok(Header {
         version,
@@ -141,8 +140,9 @@ pub fn parse_header(h: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
     })
 }
 
-/// Reads one frame. `Ok(None)` on a clean end of stream before any byte of a header.
-pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, WireError> {
+/// Reads one plaintext frame of at most `max` payload bytes. `Ok(None)` on a clean end of
+/// stream before any byte of a header.
+pub fn read_frame(r: &mut impl Read, max: u64) -> Result<Option<Frame>, WireError> {
     let mut h = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -168,7 +168,7 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, WireError> {
             Err(e) => return Err(WireError::Io(e)),
         }
     }
-    let header = parse_header(&h)?;
+    let header = parse_header(&h, max)?;
     let mut payload = vec![0u8; header.len as usize];
     let mut done = 0;
     while done < payload.len() {
@@ -209,39 +209,42 @@ mod tests {
         f.write_to(&mut buf).unwrap();
         f.write_to(&mut buf).unwrap();
         let mut r = buf.as_slice();
-        assert_eq!(read_frame(&mut r).unwrap(), Some(f.clone()));
-        assert_eq!(read_frame(&mut r).unwrap(), Some(f));
-        assert_eq!(read_frame(&mut r).unwrap(), None);
+        assert_eq!(read_frame(&mut r, MAX_PAYLOAD).unwrap(), Some(f.clone()));
+        assert_eq!(read_frame(&mut r, MAX_PAYLOAD).unwrap(), Some(f));
+        assert_eq!(read_frame(&mut r, MAX_PAYLOAD).unwrap(), None);
     }
 
     #[test]
     fn garbage_torn_frames_versions_and_huge_lengths_are_errors() {
         assert!(matches!(
-            read_frame(&mut &b"GET / HTTP/1.1\r\n\r\n"[..]),
+            read_frame(&mut &b"GET / HTTP/1.1\r\n\r\n"[..], MAX_PAYLOAD),
             Err(WireError::NotOurProtocol { .. })
         ));
         let f = Frame::new(Kind::Ping, 1, vec![9; 10]);
         let mut buf = Vec::new();
         f.write_to(&mut buf).unwrap();
         for cut in 1..buf.len() {
-            assert!(read_frame(&mut &buf[..cut]).is_err(), "cut {cut}");
+            assert!(
+                read_frame(&mut &buf[..cut], MAX_PAYLOAD).is_err(),
+                "cut {cut}"
+            );
         }
         let mut v = buf.clone();
         v[4] = 99;
         assert!(matches!(
-            read_frame(&mut v.as_slice()),
+            read_frame(&mut v.as_slice(), MAX_PAYLOAD),
             Err(WireError::VersionMismatch { theirs: 99, .. })
         ));
         let mut v = buf.clone();
         v[20..28].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(matches!(
-            read_frame(&mut v.as_slice()),
+            read_frame(&mut v.as_slice(), MAX_PAYLOAD),
             Err(WireError::TooLarge { .. })
         ));
         let mut v = buf;
         v[6] = 0xEE;
         assert!(matches!(
-            read_frame(&mut v.as_slice()),
+            read_frame(&mut v.as_slice(), MAX_PAYLOAD),
             Err(WireError::UnknownKind(_))
         ));
     }

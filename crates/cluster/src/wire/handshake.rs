@@ -1,87 +1,124 @@
-//! The handshake. Client: Hello (its role, model, nonce). Server: Challenge (its nonce and MAC
-//! over both nonces). Client: Proof (its MAC). Server: Welcome or Reject. Version mismatches
-//! are caught from the frame header before anything else is parsed; role and model checks run
-//! only after both sides have proven the key, so an outsider learns nothing.
+//! The handshake: `Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s` with the cluster key's PSK, the
+//! protocol name and version as prologue.
+//!
+//! - Client → server: a `Hello` frame carrying Noise message 1 (`psk, e`), whose payload is the
+//!   client's [`Hello`] (role, model, context, data address, versions). Only a holder of the
+//!   key can produce it or read it; the server learns the peer is authentic from its tag.
+//! - Server → client: a `Welcome` frame carrying message 2 (`e, ee`), whose payload is the
+//!   answer — [`Welcome`] or the reason for refusing — so the client learns the server holds
+//!   the key too, and what the server decided is bound to the same transcript.
+//! - Both sides then split the transcript into two transport keys, one per direction; every
+//!   later frame is sealed (see `conn`).
+//!
+//! A peer without the key gets a plaintext `Reject` naming only that authentication failed;
+//! a server that is not what the client expects gets nothing from the client but message 1,
+//! which needs the 32-byte key to open. Everything happens before one deadline
+//! ([`HANDSHAKE_TIMEOUT`]) with a small payload cap. Keyless links (`--insecure`, loopback
+//! only) exchange plaintext hellos and stay plaintext.
 
 use std::net::TcpStream;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use super::auth::{AuthMode, new_nonce};
+use snow::{Builder, HandshakeState};
+
+use super::auth::{AuthMode, LinkConfig};
 use super::conn::{Connection, ConnectionReader};
-use super::frame::Kind;
-use super::messages::{Challenge, Hello, Proof, Reject, Welcome, build_id};
-use super::{WireError, decode};
+use super::frame::{FLAG_KEYLESS, Frame, Kind};
+use super::messages::{Hello, Reject, Welcome, build_id};
+use super::{PROTOCOL_VERSION, WireError, decode, encode};
 
-/// How long a handshake may take before the peer is dropped.
+/// How long a whole handshake may take before the peer is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Client side: introduces itself and authenticates in both directions.
-pub fn connect(
-    stream: TcpStream,
-    auth: &AuthMode,
-    mut hello: Hello,
-) -> Result<(Connection, ConnectionReader, Welcome), WireError> {
-    let (conn, mut reader) = Connection::new(stream)?;
-    auth.check_addresses(conn.local(), conn.peer())?;
-    reader.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    hello.nonce = new_nonce();
-    hello.keyless = matches!(auth, AuthMode::Insecure);
-    let peer = conn.peer().to_string();
-    conn.send_msg(Kind::Hello, 0, &hello)?;
-    let f = reader.recv().map_err(|e| rejected(e, &peer))?;
-    if f.kind == Kind::Reject {
-        let r: Reject = decode("reject", &f.payload)?;
-        return Err(WireError::Rejected {
-            peer,
-            reason: r.reason,
-        });
+/// Handshakes in progress on one port at most: connections that never finish theirs cannot
+/// pile up threads (each is dropped at [`HANDSHAKE_TIMEOUT`] anyway).
+pub const MAX_PENDING_HANDSHAKES: usize = 16;
+
+/// The handshakes in progress on one listening port.
+#[derive(Clone, Default)]
+pub struct PendingHandshakes(Arc<AtomicUsize>);
+
+/// One handshake's place among the pending ones; dropping it (when the handshake is over)
+/// frees the place, even if the thread goes on serving the link.
+pub struct HandshakeSlot(Arc<AtomicUsize>);
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
-    if f.kind != Kind::Challenge {
-        return Err(WireError::Unexpected {
-            expected: Kind::Challenge,
-            got: f.kind,
-        });
+}
+
+impl PendingHandshakes {
+    /// Runs `serve` on a thread of its own (never on the accept thread), or drops the
+    /// connection when [`MAX_PENDING_HANDSHAKES`] are already in progress on this port.
+    /// `serve` drops its slot once the handshake is done.
+    pub fn spawn(
+        &self,
+        stream: TcpStream,
+        serve: impl FnOnce(TcpStream, HandshakeSlot) + Send + 'static,
+    ) {
+        let peer = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into());
+        if self.0.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_HANDSHAKES {
+            self.0.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(
+                "dropped a connection from {peer}: {MAX_PENDING_HANDSHAKES} handshakes already in progress"
+            );
+            return;
+        }
+        let slot = HandshakeSlot(Arc::clone(&self.0));
+        let spawned = std::thread::Builder::new()
+            .name("handshake".into())
+            .spawn(move || serve(stream, slot));
+        if let Err(e) = spawned {
+            tracing::warn!("dropped a connection from {peer}: no handshake thread ({e})");
+        }
     }
-    let ch: Challenge = decode("challenge", &f.payload)?;
-    let proof = match auth {
-        AuthMode::Key(key) => {
-            if !key.verify(&key.server_mac(&hello.nonce, &ch.nonce), &ch.mac) {
-                let reason = "server failed authentication (different cluster key)".to_string();
-                conn.send_msg(
-                    Kind::Reject,
-                    0,
-                    &Reject {
-                        reason: reason.clone(),
-                    },
-                )?;
-                return Err(WireError::Auth(format!("{peer}: {reason}")));
-            }
-            key.client_mac(&ch.nonce, &hello.nonce)
-        }
-        AuthMode::Insecure => Vec::new(),
-    };
-    conn.send_msg(Kind::Proof, 0, &Proof { mac: proof })?;
-    let f = reader.recv().map_err(|e| rejected(e, &peer))?;
-    match f.kind {
-        Kind::Welcome => {
-            reader.set_read_timeout(None)?;
-            if ch.build != build_id() {
-                tracing::warn!("{peer} runs {}, we run {}", ch.build, build_id());
-            }
-            Ok((conn, reader, decode("welcome", &f.payload)?))
-        }
-        Kind::Reject => {
-            let r: Reject = decode("reject", &f.payload)?;
-            Err(WireError::Rejected {
-                peer,
-                reason: r.reason,
-            })
-        }
-        other => Err(WireError::Unexpected {
-            expected: Kind::Welcome,
-            got: other,
-        }),
+}
+
+const NOISE: &str = "Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s";
+
+fn prologue() -> Vec<u8> {
+    format!("moeshard cluster link, protocol {PROTOCOL_VERSION}").into_bytes()
+}
+
+fn noise(psk: &[u8; 32], initiator: bool) -> Result<HandshakeState, WireError> {
+    let params = NOISE
+        .parse()
+        .map_err(|e| WireError::Auth(format!("noise parameters: {e:?}")))?;
+    let prologue = prologue();
+    let b = Builder::new(params)
+        .prologue(&prologue)
+        .and_then(|b| b.psk(0, psk))
+        .map_err(|e| WireError::Auth(format!("noise setup: {e}")))?;
+    if initiator {
+        b.build_initiator()
+    } else {
+        b.build_responder()
     }
+    .map_err(|e| WireError::Auth(format!("noise setup: {e}")))
+}
+
+/// A Noise message from `payload` (handshake payloads are small; the frame cap bounds them).
+fn write_message(hs: &mut HandshakeState, payload: &[u8]) -> Result<Vec<u8>, WireError> {
+    let mut out = vec![0u8; payload.len() + 128];
+    let n = hs
+        .write_message(payload, &mut out)
+        .map_err(|e| WireError::Auth(format!("noise: {e}")))?;
+    out.truncate(n);
+    Ok(out)
+}
+
+/// The payload of a Noise message, or `None` when it does not authenticate.
+fn read_message(hs: &mut HandshakeState, message: &[u8]) -> Option<Vec<u8>> {
+    let mut out = vec![0u8; message.len()];
+    let n = hs.read_message(message, &mut out).ok()?;
+    out.truncate(n);
+    Some(out)
 }
 
 fn rejected(e: WireError, peer: &str) -> WireError {
@@ -92,6 +129,83 @@ fn rejected(e: WireError, peer: &str) -> WireError {
         },
         other => other,
     }
+}
+
+/// Client side: introduces itself, authenticates in both directions, and returns the
+/// established link and the server's welcome.
+pub fn connect(
+    stream: TcpStream,
+    link: &LinkConfig,
+    hello: Hello,
+) -> Result<(Connection, ConnectionReader, Welcome), WireError> {
+    let (conn, mut reader) = Connection::new(stream)?;
+    link.auth.check_addresses(conn.local(), conn.peer())?;
+    reader.set_deadline(Some(Instant::now() + HANDSHAKE_TIMEOUT))?;
+    let peer = conn.peer().to_string();
+    let mut noise_state = match &link.auth {
+        AuthMode::Key(key) => Some(noise(&key.psk(), true)?),
+        AuthMode::Insecure => None,
+    };
+    let mut first = match noise_state.as_mut() {
+        Some(hs) => Frame::new(Kind::Hello, 0, write_message(hs, &encode(&hello))?),
+        None => Frame::new(Kind::Hello, 0, encode(&hello)),
+    };
+    if noise_state.is_none() {
+        first.flags = FLAG_KEYLESS;
+    }
+    conn.send(&first)?;
+    let f = reader.recv().map_err(|e| rejected(e, &peer))?;
+    let answer: Result<Welcome, String> = match (f.kind, noise_state.as_mut()) {
+        (Kind::Reject, _) => Err(decode::<Reject>("reject", &f.payload)?.reason),
+        (Kind::Welcome, Some(hs)) => {
+            let payload = read_message(hs, &f.payload).ok_or_else(|| {
+                WireError::Auth(format!(
+                    "{peer} failed authentication (different cluster key)"
+                ))
+            })?;
+            decode("welcome", &payload)?
+        }
+        (Kind::Welcome, None) => decode("welcome", &f.payload)?,
+        (other, _) => {
+            return Err(WireError::Unexpected {
+                expected: Kind::Welcome,
+                got: other,
+            });
+        }
+    };
+    let welcome = answer.map_err(|reason| WireError::Rejected {
+        peer: peer.clone(),
+        reason,
+    })?;
+    if welcome.build != build_id() {
+        tracing::warn!("{peer} runs {}, we run {}", welcome.build, build_id());
+    }
+    establish(&conn, &mut reader, noise_state, link)?;
+    Ok((conn, reader, welcome))
+}
+
+/// Turns a finished handshake into an established link: transport keys (keyed links),
+/// the full payload cap, the idle deadline, write deadline, keepalive and heartbeats.
+fn establish(
+    conn: &Connection,
+    reader: &mut ConnectionReader,
+    noise_state: Option<HandshakeState>,
+    link: &LinkConfig,
+) -> Result<(), WireError> {
+    let cipher = match noise_state {
+        Some(hs) => {
+            let t = hs
+                .into_stateless_transport_mode()
+                .map_err(|e| WireError::Auth(format!("noise: {e}")))?;
+            Some(std::sync::Arc::new(t))
+        }
+        None => None,
+    };
+    if let Some(c) = &cipher {
+        conn.secure(std::sync::Arc::clone(c));
+    }
+    reader.established(cipher, link.peer_timeout)?;
+    conn.keep_alive(link.peer_timeout)
 }
 
 /// Logs why an inbound connection from `peer` did not become a link: something that does not
@@ -113,13 +227,14 @@ pub fn log_rejected(peer: impl std::fmt::Display, e: &WireError) {
 /// (model, version, range, ctx). A refusal is sent to the peer and returned as `Rejected`.
 pub fn accept(
     stream: TcpStream,
-    auth: &AuthMode,
+    link: &LinkConfig,
     check: impl FnOnce(&Hello) -> Result<Welcome, String>,
 ) -> Result<(Connection, ConnectionReader, Hello), WireError> {
     let (conn, mut reader) = Connection::new(stream)?;
     let peer = conn.peer().to_string();
-    reader.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let refuse = |conn: &Connection, reason: String| -> WireError {
+    reader.set_deadline(Some(Instant::now() + HANDSHAKE_TIMEOUT))?;
+    // A refusal before the peer proved the key: plaintext, and saying nothing of the key.
+    let refuse = |reason: String| -> WireError {
         let _ = conn.send_msg(
             Kind::Reject,
             0,
@@ -156,86 +271,61 @@ pub fn accept(
             got: f.kind,
         });
     }
-    let hello: Hello = decode("hello", &f.payload).inspect_err(|_| conn.shutdown())?;
-    if let Err(e) = auth.check_addresses(conn.local(), conn.peer()) {
-        return Err(refuse(&conn, e.to_string()));
+    if let Err(e) = link.auth.check_addresses(conn.local(), conn.peer()) {
+        return Err(refuse(e.to_string()));
     }
-    match (auth, hello.keyless) {
+    let keyless = f.flags & FLAG_KEYLESS != 0;
+    let (hello_bytes, mut noise_state) = match (&link.auth, keyless) {
         (AuthMode::Key(_), true) => {
             return Err(refuse(
-                &conn,
                 "this cluster requires a key; the peer has none".into(),
             ));
         }
         (AuthMode::Insecure, false) => {
             return Err(refuse(
-                &conn,
                 "this node runs --insecure without a key; the peer expects one".into(),
             ));
         }
-        _ => {}
-    }
-    let nonce = new_nonce();
-    let mac = match auth {
-        AuthMode::Key(key) => key.server_mac(&hello.nonce, &nonce),
-        AuthMode::Insecure => Vec::new(),
-    };
-    conn.send_msg(
-        Kind::Challenge,
-        0,
-        &Challenge {
-            nonce,
-            mac,
-            build: build_id(),
-        },
-    )?;
-    let f = match reader.recv() {
-        Ok(f) => f,
-        Err(e) => {
-            conn.shutdown();
-            return Err(rejected(e, &peer));
+        (AuthMode::Insecure, true) => (f.payload, None),
+        (AuthMode::Key(key), false) => {
+            let mut hs = noise(&key.psk(), false)?;
+            let Some(payload) = read_message(&mut hs, &f.payload) else {
+                return Err(refuse(
+                    "authentication failed (different cluster key)".into(),
+                ));
+            };
+            (payload, Some(hs))
         }
     };
-    if f.kind == Kind::Reject {
-        let r: Reject = decode("reject", &f.payload)?;
+    // From here on the peer is authentic (or keyless on loopback by agreement).
+    let hello: Hello = match decode("hello", &hello_bytes) {
+        Ok(h) => h,
+        Err(e) => return Err(refuse(e.to_string())),
+    };
+    let mut answer = if hello.protocol != PROTOCOL_VERSION {
+        Err(format!(
+            "protocol version mismatch: this node speaks {PROTOCOL_VERSION}, the peer speaks {}",
+            hello.protocol
+        ))
+    } else {
+        check(&hello)
+    };
+    if let Ok(w) = answer.as_mut() {
+        w.build = build_id();
+    }
+    let payload = encode(&answer);
+    let second = match noise_state.as_mut() {
+        Some(hs) => write_message(hs, &payload)?,
+        None => payload,
+    };
+    conn.send(&Frame::new(Kind::Welcome, 0, second))?;
+    if let Err(reason) = answer {
         conn.shutdown();
-        return Err(WireError::Auth(format!("{peer} refused us: {}", r.reason)));
+        return Err(WireError::Rejected { peer, reason });
     }
-    if f.kind != Kind::Proof {
-        conn.shutdown();
-        return Err(WireError::Unexpected {
-            expected: Kind::Proof,
-            got: f.kind,
-        });
+    if hello.build != build_id() {
+        tracing::warn!("{peer} runs {}, we run {}", hello.build, build_id());
     }
-    let proof: Proof = decode("proof", &f.payload)?;
-    if let AuthMode::Key(key) = auth
-        && !key.verify(&key.client_mac(&nonce, &hello.nonce), &proof.mac)
-    {
-        return Err(refuse(
-            &conn,
-            "authentication failed (different cluster key)".into(),
-        ));
-    }
-    if hello.protocol != super::PROTOCOL_VERSION {
-        return Err(refuse(
-            &conn,
-            format!(
-                "protocol version mismatch: this node speaks {}, the peer speaks {}",
-                super::PROTOCOL_VERSION,
-                hello.protocol
-            ),
-        ));
-    }
-    match check(&hello) {
-        Ok(welcome) => {
-            conn.send_msg(Kind::Welcome, 0, &welcome)?;
-            reader.set_read_timeout(None)?;
-            if hello.build != build_id() {
-                tracing::warn!("{peer} runs {}, we run {}", hello.build, build_id());
-            }
-            Ok((conn, reader, hello))
-        }
-        Err(reason) => Err(refuse(&conn, reason)),
-    }
+    establish(&conn, &mut reader, noise_state, link)?;
+    Ok((conn, reader, hello))
 }

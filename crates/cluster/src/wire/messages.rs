@@ -1,4 +1,5 @@
-//! Control messages of the handshake and of session management.
+//! The messages of the handshake: what the connecting side says it is (inside Noise message 1,
+//! so only a holder of the key can read or forge it), and the answer (inside message 2).
 
 use serde::{Deserialize, Serialize};
 
@@ -27,13 +28,10 @@ pub struct Hello {
     pub n_ctx: u32,
     /// `host:port` where the sender accepts stage-to-stage links.
     pub listen: Option<String>,
-    pub nonce: [u8; 32],
-    /// The sender runs without a cluster key (`--insecure`).
-    pub keyless: bool,
 }
 
 impl Hello {
-    /// A hello of this build and protocol; the handshake fills in the nonce and key mode.
+    /// A hello of this build and protocol.
     pub fn new(role: Role, fingerprint: &str, n_ctx: u32, listen: Option<String>) -> Hello {
         Hello {
             protocol: super::PROTOCOL_VERSION,
@@ -42,28 +40,15 @@ impl Hello {
             fingerprint: fingerprint.to_string(),
             n_ctx,
             listen,
-            nonce: [0; 32],
-            keyless: false,
         }
     }
-}
-
-/// The server's answer to a hello: its nonce and its proof of the key.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Challenge {
-    pub nonce: [u8; 32],
-    pub mac: Vec<u8>,
-    pub build: String,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Proof {
-    pub mac: Vec<u8>,
 }
 
 /// Accepted: what the server tells the newcomer.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Welcome {
+    /// The server's build (a different build is logged, not refused).
+    pub build: String,
     pub message: String,
     /// For tensor-parallel ranks: the assigned rank.
     pub rank: Option<u32>,

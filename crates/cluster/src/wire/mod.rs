@@ -9,11 +9,11 @@ pub mod frame;
 pub mod handshake;
 pub mod messages;
 
-pub use auth::{AuthMode, ClusterKey};
+pub use auth::{AuthMode, ClusterKey, DEFAULT_PEER_TIMEOUT, LinkConfig};
 pub use codec::{f32_bytes, f32_values, pack, unpack};
 pub use conn::{Connection, ConnectionReader, dial};
 pub use frame::{Frame, Kind, PROTOCOL_VERSION};
-pub use handshake::{accept, connect, log_rejected};
+pub use handshake::{HandshakeSlot, PendingHandshakes, accept, connect, log_rejected};
 pub use messages::{Hello, Role, Welcome};
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +46,10 @@ pub enum WireError {
     Remote(String),
     #[error("connection closed by peer")]
     Closed,
+    #[error("the peer sent nothing (not even a heartbeat) for {after:?}")]
+    Silent { after: std::time::Duration },
+    #[error("the peer stopped taking data (a write made no progress within the peer timeout)")]
+    Stalled,
 }
 
 impl WireError {
@@ -53,7 +57,11 @@ impl WireError {
     pub fn is_transport(&self) -> bool {
         matches!(
             self,
-            WireError::Io(_) | WireError::Truncated { .. } | WireError::Closed
+            WireError::Io(_)
+                | WireError::Truncated { .. }
+                | WireError::Closed
+                | WireError::Silent { .. }
+                | WireError::Stalled
         )
     }
 }
