@@ -125,8 +125,11 @@ fn read_tokens(path: &Path) -> std::io::Result<Vec<u32>> {
             format!("{}: {why}", path.display()),
         )
     };
-    let Some(body) = b.len().checked_sub(CHECKSUM_LEN) else {
-        return Err(bad("too short"));
+    // The magic must lie before the checksum: a file too short for both is refused before
+    // any slicing (else the token range below could start after its end).
+    let body = match b.len().checked_sub(CHECKSUM_LEN) {
+        Some(body) if body >= TOKENS_MAGIC.len() => body,
+        _ => return Err(bad("too short")),
     };
     if !b.starts_with(TOKENS_MAGIC) {
         return Err(bad("not a tokens file of this version (bad magic)"));
