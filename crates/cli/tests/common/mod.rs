@@ -59,8 +59,20 @@ impl Proc {
 
     /// `spawn` with these environment variables set (and no `MOESHARD_API_KEY` but these).
     pub fn spawn_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
-        let mut child = Command::new(bin())
-            .args(args)
+        let mut cmd = Command::new(bin());
+        cmd.args(args);
+        Proc::spawn_command(name, cmd, env)
+    }
+
+    /// `spawn` inside network namespace `ns` (`ip netns exec`).
+    pub fn spawn_in(ns: &str, name: &str, args: &[&str]) -> Proc {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, bin()]).args(args);
+        Proc::spawn_command(name, cmd, &[])
+    }
+
+    fn spawn_command(name: &str, mut cmd: Command, env: &[(&str, &str)]) -> Proc {
+        let mut child = cmd
             .env("MOESHARD_LOG", "info")
             .env_remove("MOESHARD_API_KEY")
             .envs(env.iter().copied())

@@ -1,0 +1,279 @@
+//! The README's cluster commands, verbatim but for the model, key and prompt, across network
+//! namespaces: three "machines" (10.77.0.1–3) on a bridge of their own, no loopback between
+//! them. A 3-stage pipeline and a 3-rank tensor-parallel group give the single node's greedy
+//! tokens; a stopped (SIGSTOP) last stage is detected within the peer timeout.
+//!
+//! Needs root (CI and the development machines run as root); where namespaces cannot be made
+//! the test says why and does nothing else.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const T: Duration = Duration::from_secs(120);
+
+/// Namespaces h1..h3 joined by a bridge in a fourth one; removed on drop.
+struct Net {
+    hosts: Vec<String>,
+    bridge: String,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+impl Net {
+    fn new(tag: &str) -> Result<Net, String> {
+        let id = format!("{}{tag}", std::process::id() % 100_000);
+        let net = Net {
+            hosts: (1..=3).map(|i| format!("ms{id}h{i}")).collect(),
+            bridge: format!("ms{id}br"),
+        };
+        let br = net.bridge.clone();
+        ip(&["netns", "add", &br])?;
+        ip(&["-n", &br, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &br, "link", "set", "br0", "up"])?;
+        for (i, h) in net.hosts.iter().enumerate() {
+            let (v, p) = (format!("v{id}{i}"), format!("p{id}{i}"));
+            ip(&["netns", "add", h])?;
+            ip(&["link", "add", &v, "type", "veth", "peer", "name", &p])?;
+            ip(&["link", "set", &v, "netns", h])?;
+            ip(&["link", "set", &p, "netns", &br])?;
+            ip(&["-n", &br, "link", "set", &p, "master", "br0", "up"])?;
+            ip(&[
+                "-n",
+                h,
+                "addr",
+                "add",
+                &format!("10.77.0.{}/24", i + 1),
+                "dev",
+                &v,
+            ])?;
+            ip(&["-n", h, "link", "set", &v, "up"])?;
+            ip(&["-n", h, "link", "set", "lo", "up"])?;
+        }
+        Ok(net)
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for n in self.hosts.iter().chain([&self.bridge]) {
+            let _ = ip(&["netns", "del", n]);
+        }
+    }
+}
+
+fn setup(tag: &str) -> Option<Net> {
+    match Net::new(tag) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            eprintln!("network namespaces are not available here ({e}); nothing tested");
+            None
+        }
+    }
+}
+
+fn demo() -> String {
+    repo()
+        .join("models/shakespeare-moe.gguf")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn single_node(m: &str) -> String {
+    run_ok(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        "ROMEO:",
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--no-warm",
+    ])
+}
+
+#[test]
+fn readme_pipeline_across_machines_then_a_stopped_stage_is_detected() {
+    let Some(net) = setup("p") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("cluster.key");
+    let (key, m) = (key.to_str().unwrap().to_string(), demo());
+    run_ok(&["keygen", &key]);
+    let want = single_node(&m);
+    let worker = |h: usize, layers: &str| {
+        Proc::spawn_in(
+            &net.hosts[h],
+            "worker",
+            &[
+                "worker",
+                "-m",
+                &m,
+                "--layers",
+                layers,
+                "--coordinator",
+                "10.77.0.1:7000",
+                "--cluster-key-file",
+                &key,
+            ],
+        )
+    };
+    let _w1 = worker(1, "2:3");
+    let mut w2 = worker(2, "4:output");
+    let coord = Proc::spawn_in(
+        &net.hosts[0],
+        "coordinator",
+        &[
+            "run",
+            "-m",
+            &m,
+            "--layers",
+            "0:1",
+            "--listen",
+            "0.0.0.0:7000",
+            "--cluster-key-file",
+            &key,
+            "-p",
+            "ROMEO:",
+            "-n",
+            "24",
+            "--temp",
+            "0",
+            "--no-warm",
+        ],
+    );
+    let (ok, out, err) = coord.finish(T);
+    assert!(ok, "pipeline across namespaces failed:\n{err}");
+    assert_eq!(out, want, "3 stages on 3 hosts vs one node");
+
+    // Stop the last stage in the middle of a long generation: the coordinator must notice
+    // within the peer timeout (2 s here) and say which stage.
+    let coord = Proc::spawn_in(
+        &net.hosts[0],
+        "coordinator",
+        &[
+            "run",
+            "-m",
+            &m,
+            "--layers",
+            "0:1",
+            "--listen",
+            "0.0.0.0:7000",
+            "--cluster-key-file",
+            &key,
+            "-p",
+            "ROMEO:",
+            "-n",
+            "100000",
+            "--temp",
+            "0",
+            "--no-warm",
+            "--peer-timeout",
+            "2",
+            "--route-wait",
+            "4",
+        ],
+    );
+    coord.wait_for_stderr("route: 0:1", T);
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = w2.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let stopped = Instant::now();
+    let line = coord.wait_for_stderr("not even a heartbeat", Duration::from_secs(20));
+    let noticed = stopped.elapsed();
+    let (ok, _, err) = coord.finish(T);
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    w2.kill9();
+    eprintln!("stopped stage noticed after {noticed:?}: {line}");
+    assert!(
+        line.contains("4:output"),
+        "the silent stage is named: {line}"
+    );
+    assert!(
+        !ok,
+        "the request cannot finish without its last stage:\n{err}"
+    );
+    assert!(
+        noticed < Duration::from_secs(4),
+        "noticed after {noticed:?}:\n{err}"
+    );
+}
+
+#[test]
+fn readme_tensor_parallel_across_machines() {
+    let Some(net) = setup("t") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("cluster.key");
+    let (key, m) = (key.to_str().unwrap().to_string(), demo());
+    run_ok(&["keygen", &key]);
+    let want = single_node(&m);
+    let ranks: Vec<Proc> = (1..3)
+        .map(|h| {
+            Proc::spawn_in(
+                &net.hosts[h],
+                "rank",
+                &[
+                    "worker",
+                    "-m",
+                    &m,
+                    "--tensor-parallel",
+                    "--coordinator",
+                    "10.77.0.1:7000",
+                    "--cluster-key-file",
+                    &key,
+                ],
+            )
+        })
+        .collect();
+    let coord = Proc::spawn_in(
+        &net.hosts[0],
+        "coordinator",
+        &[
+            "run",
+            "-m",
+            &m,
+            "--tensor-parallel",
+            "--tp-size",
+            "3",
+            "--listen",
+            "0.0.0.0:7000",
+            "--cluster-key-file",
+            &key,
+            "-p",
+            "ROMEO:",
+            "-n",
+            "24",
+            "--temp",
+            "0",
+            "--no-warm",
+        ],
+    );
+    let (ok, out, err) = coord.finish(T);
+    drop(ranks);
+    assert!(ok, "tensor parallel across namespaces failed:\n{err}");
+    assert_eq!(out, want, "3 ranks on 3 hosts vs one node");
+}
