@@ -9,8 +9,14 @@ use std::time::Instant;
 use cluster::wire::{self, AuthMode, ClusterKey, Frame, Hello, Kind, LinkConfig, Role, Welcome};
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let (mib, frames) = (args.first().copied().unwrap_or(4), args.get(1).copied().unwrap_or(64));
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let (mib, frames) = (
+        args.first().copied().unwrap_or(4),
+        args.get(1).copied().unwrap_or(64),
+    );
     for (name, auth) in [
         ("keyless", AuthMode::Insecure),
         ("keyed", AuthMode::Key(ClusterKey::generate())),
@@ -35,7 +41,8 @@ fn main() {
             wire::connect(stream, &link, Hello::new(Role::Hop, "", 0, None)).expect("handshake");
         let payload = vec![7u8; mib << 20];
         for i in 0..frames {
-            c.send(&Frame::new(Kind::Work, i as u64, payload.clone())).expect("send");
+            c.send(&Frame::new(Kind::Work, i as u64, payload.clone()))
+                .expect("send");
         }
         let (bytes, took) = server.join().expect("server");
         println!(
