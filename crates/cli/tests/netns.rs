@@ -138,10 +138,9 @@ fn readme_pipeline_across_machines_then_a_stopped_stage_is_detected() {
     };
     let _w1 = worker(1, "2:3");
     let mut w2 = worker(2, "4:output");
-    let coord = Proc::spawn_in(
-        &net.hosts[0],
-        "coordinator",
-        &[
+    // The README's coordinator command, with greedy sampling and the given extra flags.
+    let coordinator = |extra: &[&str]| {
+        let mut args = vec![
             "run",
             "-m",
             &m,
@@ -153,45 +152,20 @@ fn readme_pipeline_across_machines_then_a_stopped_stage_is_detected() {
             &key,
             "-p",
             "ROMEO:",
-            "-n",
-            "24",
             "--temp",
             "0",
             "--no-warm",
-        ],
-    );
-    let (ok, out, err) = coord.finish(T);
+        ];
+        args.extend_from_slice(extra);
+        Proc::spawn_in(&net.hosts[0], "coordinator", &args)
+    };
+    let (ok, out, err) = coordinator(&["-n", "24"]).finish(T);
     assert!(ok, "pipeline across namespaces failed:\n{err}");
     assert_eq!(out, want, "3 stages on 3 hosts vs one node");
 
     // Stop the last stage in the middle of a long generation: the coordinator must notice
     // within the peer timeout (2 s here) and say which stage.
-    let coord = Proc::spawn_in(
-        &net.hosts[0],
-        "coordinator",
-        &[
-            "run",
-            "-m",
-            &m,
-            "--layers",
-            "0:1",
-            "--listen",
-            "0.0.0.0:7000",
-            "--cluster-key-file",
-            &key,
-            "-p",
-            "ROMEO:",
-            "-n",
-            "100000",
-            "--temp",
-            "0",
-            "--no-warm",
-            "--peer-timeout",
-            "2",
-            "--route-wait",
-            "4",
-        ],
-    );
+    let coord = coordinator(&["-n", "100000", "--peer-timeout", "2", "--route-wait", "4"]);
     coord.wait_for_stderr("route: 0:1", T);
     std::thread::sleep(Duration::from_millis(500));
     let pid = w2.child.id().to_string();
