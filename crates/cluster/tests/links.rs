@@ -168,3 +168,17 @@ fn a_connection_that_never_finishes_its_handshake_is_dropped_at_the_deadline() {
         "{took:?}"
     );
 }
+
+#[test]
+fn heartbeats_follow_the_shorter_peer_timeout_of_the_two_sides() {
+    // The server would wait 10 s, the client only 0.8 s: the server must beat for the client.
+    let t = Duration::from_millis(800);
+    let (server, client) = pair(key(6), key(6).with_peer_timeout(t));
+    let (s, _sr) = server.unwrap();
+    let ((_c, mut cr), _) = client.unwrap();
+    let waiter = std::thread::spawn(move || cr.recv());
+    std::thread::sleep(3 * t);
+    s.send(&Frame::new(Kind::Work, 9, vec![2])).unwrap();
+    let f = waiter.join().unwrap();
+    assert_eq!(f.expect("a quiet but live server").request_id, 9);
+}

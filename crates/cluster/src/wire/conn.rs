@@ -166,8 +166,13 @@ impl Connection {
         w.nonce = 0;
     }
 
-    /// Write deadline, TCP keepalive and a heartbeat thread for an established link.
-    pub(super) fn keep_alive(&self, peer_timeout: Duration) -> Result<(), WireError> {
+    /// Write deadline, TCP keepalive and a heartbeat thread for an established link; the
+    /// heartbeats come often enough for a peer that waits at most `beat_for`.
+    pub(super) fn keep_alive(
+        &self,
+        peer_timeout: Duration,
+        beat_for: Duration,
+    ) -> Result<(), WireError> {
         {
             let w = self.lock();
             w.stream.set_write_timeout(Some(peer_timeout))?;
@@ -179,7 +184,7 @@ impl Connection {
         }
         let writer: Weak<Mutex<Writer>> = Arc::downgrade(&self.writer);
         let closed = Arc::clone(&self.closed);
-        let every = (peer_timeout / 4).max(Duration::from_millis(50));
+        let every = (beat_for / 4).max(Duration::from_millis(50));
         let peer = self.peer;
         std::thread::Builder::new()
             .name("heartbeat".into())

@@ -136,8 +136,9 @@ fn rejected(e: WireError, peer: &str) -> WireError {
 pub fn connect(
     stream: TcpStream,
     link: &LinkConfig,
-    hello: Hello,
+    mut hello: Hello,
 ) -> Result<(Connection, ConnectionReader, Welcome), WireError> {
+    hello.peer_timeout_ms = link.peer_timeout.as_millis() as u64;
     let (conn, mut reader) = Connection::new(stream)?;
     link.auth.check_addresses(conn.local(), conn.peer())?;
     reader.set_deadline(Some(Instant::now() + HANDSHAKE_TIMEOUT))?;
@@ -180,17 +181,25 @@ pub fn connect(
     if welcome.build != build_id() {
         tracing::warn!("{peer} runs {}, we run {}", welcome.build, build_id());
     }
-    establish(&conn, &mut reader, noise_state, link)?;
+    establish(
+        &conn,
+        &mut reader,
+        noise_state,
+        link,
+        welcome.peer_timeout_ms,
+    )?;
     Ok((conn, reader, welcome))
 }
 
 /// Turns a finished handshake into an established link: transport keys (keyed links),
-/// the full payload cap, the idle deadline, write deadline, keepalive and heartbeats.
+/// the full payload cap, the idle deadline, write deadline, keepalive and heartbeats — sent
+/// often enough for the shorter of the two sides' peer timeouts (`remote_ms`, 0 if unknown).
 fn establish(
     conn: &Connection,
     reader: &mut ConnectionReader,
     noise_state: Option<HandshakeState>,
     link: &LinkConfig,
+    remote_ms: u64,
 ) -> Result<(), WireError> {
     let cipher = match noise_state {
         Some(hs) => {
@@ -205,7 +214,13 @@ fn establish(
         conn.secure(std::sync::Arc::clone(c));
     }
     reader.established(cipher, link.peer_timeout)?;
-    conn.keep_alive(link.peer_timeout)
+    let remote = Duration::from_millis(remote_ms);
+    let beat_for = if remote.is_zero() {
+        link.peer_timeout
+    } else {
+        link.peer_timeout.min(remote)
+    };
+    conn.keep_alive(link.peer_timeout, beat_for)
 }
 
 /// Logs why an inbound connection from `peer` did not become a link: something that does not
@@ -312,6 +327,7 @@ pub fn accept(
     };
     if let Ok(w) = answer.as_mut() {
         w.build = build_id();
+        w.peer_timeout_ms = link.peer_timeout.as_millis() as u64;
     }
     let payload = encode(&answer);
     let second = match noise_state.as_mut() {
@@ -326,6 +342,6 @@ pub fn accept(
     if hello.build != build_id() {
         tracing::warn!("{peer} runs {}, we run {}", hello.build, build_id());
     }
-    establish(&conn, &mut reader, noise_state, link)?;
+    establish(&conn, &mut reader, noise_state, link, hello.peer_timeout_ms)?;
     Ok((conn, reader, hello))
 }

@@ -28,6 +28,8 @@ pub struct Hello {
     pub n_ctx: u32,
     /// `host:port` where the sender accepts stage-to-stage links.
     pub listen: Option<String>,
+    /// The sender's peer timeout (ms): the other side heartbeats often enough for it.
+    pub peer_timeout_ms: u64,
 }
 
 impl Hello {
@@ -40,6 +42,7 @@ impl Hello {
             fingerprint: fingerprint.to_string(),
             n_ctx,
             listen,
+            peer_timeout_ms: 0,
         }
     }
 }
@@ -49,6 +52,8 @@ impl Hello {
 pub struct Welcome {
     /// The server's build (a different build is logged, not refused).
     pub build: String,
+    /// The server's peer timeout (ms): the client heartbeats often enough for it.
+    pub peer_timeout_ms: u64,
     pub message: String,
     /// For tensor-parallel ranks: the assigned rank.
     pub rank: Option<u32>,
