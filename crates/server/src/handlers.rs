@@ -299,9 +299,11 @@ fn chat_prompt(st: &RequestContext, req: &ChatRequest) -> Result<Vec<u32>, ApiEr
 
 pub async fn chat(State(st): Shared, req: Request) -> Response {
     match admit(&st, req).await {
-        Ok((admission, body)) => chat_inner(st, admission, body)
-            .await
-            .unwrap_or_else(IntoResponse::into_response),
+        Ok((admission, body)) => {
+            generate(st, admission, body, Kind::Chat, "chatcmpl", prepare_chat)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        }
         Err(refused) => refused,
     }
 }
@@ -345,19 +347,27 @@ pub fn prepare_chat(st: &RequestContext, id: u64, body: &[u8]) -> Result<Prepare
     })
 }
 
-async fn chat_inner(
+/// What distinguishes the two generation endpoints.
+type Prepare = fn(&RequestContext, u64, &[u8]) -> Result<Prepared, ApiError>;
+
+/// Prepares an admitted request off the async workers (parsing, template, tokenizer), submits
+/// it, and answers in the endpoint's shape.
+async fn generate(
     st: Arc<AppState>,
     admission: Admission,
     body: Bytes,
+    kind: Kind,
+    id_prefix: &'static str,
+    prepare: Prepare,
 ) -> Result<Response, ApiError> {
     let id = st.next_id.fetch_add(1, Ordering::Relaxed);
     let st2 = Arc::clone(&st);
-    let job = tokio::task::spawn_blocking(move || prepare_chat(&st2.requests, id, &body))
+    let job = tokio::task::spawn_blocking(move || prepare(&st2.requests, id, &body))
         .await
         .map_err(|e| ApiError::internal(format!("preparing the request: {e}")))??;
     let reply = Reply {
-        kind: Kind::Chat,
-        id: format!("chatcmpl-{id:x}{:x}", st.created),
+        kind,
+        id: format!("{id_prefix}-{id:x}{:x}", st.created),
         created: unix_now(),
         model: st.requests.model_id.clone(),
         fingerprint: st.fingerprint.clone(),
@@ -371,9 +381,16 @@ async fn chat_inner(
 
 pub async fn completions(State(st): Shared, req: Request) -> Response {
     match admit(&st, req).await {
-        Ok((admission, body)) => completions_inner(st, admission, body)
-            .await
-            .unwrap_or_else(IntoResponse::into_response),
+        Ok((admission, body)) => generate(
+            st,
+            admission,
+            body,
+            Kind::Completion,
+            "cmpl",
+            prepare_completion,
+        )
+        .await
+        .unwrap_or_else(IntoResponse::into_response),
         Err(refused) => refused,
     }
 }
@@ -448,28 +465,4 @@ pub fn prepare_completion(st: &RequestContext, id: u64, body: &[u8]) -> Result<P
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         prefix,
     })
-}
-
-async fn completions_inner(
-    st: Arc<AppState>,
-    admission: Admission,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
-    let st2 = Arc::clone(&st);
-    let job = tokio::task::spawn_blocking(move || prepare_completion(&st2.requests, id, &body))
-        .await
-        .map_err(|e| ApiError::internal(format!("preparing the request: {e}")))??;
-    let reply = Reply {
-        kind: Kind::Completion,
-        id: format!("cmpl-{id:x}{:x}", st.created),
-        created: unix_now(),
-        model: st.requests.model_id.clone(),
-        fingerprint: st.fingerprint.clone(),
-        include_usage: job.include_usage,
-        prefix: job.prefix,
-    };
-    let stream = job.params.stream;
-    let rx = st.sched.submit(admission, id, job.prompt, job.params)?;
-    Ok(respond(reply, stream, rx, st.keepalive).await)
 }
