@@ -111,14 +111,26 @@ fn single_node(m: &str) -> String {
     ])
 }
 
+/// Three hosts, a fresh key (`moeshard keygen`), the demo model and its single-node output.
+fn cluster(tag: &str) -> Option<(Net, tempfile::TempDir, String, String, String)> {
+    let net = setup(tag)?;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir
+        .path()
+        .join("cluster.key")
+        .to_string_lossy()
+        .into_owned();
+    run_ok(&["keygen", &key]);
+    let m = demo();
+    let want = single_node(&m);
+    Some((net, dir, key, m, want))
+}
+
 #[test]
 fn readme_pipeline_across_machines_then_a_stopped_stage_is_detected() {
-    let Some(net) = setup("p") else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("cluster.key");
-    let (key, m) = (key.to_str().unwrap().to_string(), demo());
-    run_ok(&["keygen", &key]);
-    let want = single_node(&m);
+    let Some((net, _dir, key, m, want)) = cluster("p") else {
+        return;
+    };
     let worker = |h: usize, layers: &str| {
         Proc::spawn_in(
             &net.hosts[h],
@@ -199,12 +211,9 @@ fn readme_pipeline_across_machines_then_a_stopped_stage_is_detected() {
 
 #[test]
 fn readme_tensor_parallel_across_machines() {
-    let Some(net) = setup("t") else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("cluster.key");
-    let (key, m) = (key.to_str().unwrap().to_string(), demo());
-    run_ok(&["keygen", &key]);
-    let want = single_node(&m);
+    let Some((net, _dir, key, m, want)) = cluster("t") else {
+        return;
+    };
     let ranks: Vec<Proc> = (1..3)
         .map(|h| {
             Proc::spawn_in(
