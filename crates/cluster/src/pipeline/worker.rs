@@ -17,8 +17,8 @@ use crate::activation::ActFormat;
 use crate::error::{ClusterError, Result, bind};
 use crate::membership::{Ended, Membership, PANIC_EXIT, panic_message};
 use crate::wire::{
-    self, ConnectionReader, Hello, Kind, LinkConfig, PendingHandshakes, Role, WireError, pack,
-    unpack,
+    self, Connection, ConnectionReader, Hello, Kind, LinkConfig, PendingHandshakes, Role,
+    WireError, pack, unpack,
 };
 
 /// Work items and session operations waiting for the compute thread, at most.
@@ -176,11 +176,12 @@ fn connect_downstream(cfg: &WorkerConfig, next: Option<&str>, shared: &Arc<Share
     let hello = Hello::new(Role::Hop, "", 0, None);
     let (conn, reader, _) = wire::connect(stream, &cfg.membership.link, hello)
         .map_err(|e| ClusterError::link(format!("the next stage {next}"), e))?;
+    let conn_of_relay = conn.clone();
     *shared.downstream.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
     let shared2 = Arc::clone(shared);
     std::thread::Builder::new()
         .name("stage-relay".into())
-        .spawn(move || relay_upstream(reader, shared2))
+        .spawn(move || relay_upstream(conn_of_relay, reader, shared2))
         .map_err(|source| ClusterError::Io {
             what: "spawning the relay thread".into(),
             source,
@@ -188,12 +189,14 @@ fn connect_downstream(cfg: &WorkerConfig, next: Option<&str>, shared: &Arc<Share
     Ok(())
 }
 
-/// Everything from downstream goes upstream; results get this stage's timing first.
-fn relay_upstream(mut reader: ConnectionReader, shared: Arc<Shared>) {
+/// Everything from downstream goes upstream; results get this stage's timing first. When the
+/// link fails, it is closed (both halves) and the failure reported upstream.
+fn relay_upstream(conn: Connection, mut reader: ConnectionReader, shared: Arc<Shared>) {
     loop {
         let mut f = match reader.recv() {
             Ok(f) => f,
             Err(e) => {
+                conn.shutdown();
                 let detail = format!("link to the next stage ({}) lost: {e}", reader.peer());
                 tracing::warn!("stage {}: {detail}", shared.label);
                 let _ = send_on(
@@ -265,11 +268,14 @@ fn accept_upstream(
                 .upstream
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .replace(conn);
+                .replace(conn.clone());
             if let Some(old) = old {
                 old.shutdown();
             }
             read_upstream(reader, jobs, shared.label.clone());
+            // A link we no longer read must not look alive (its heartbeats would go on), or
+            // the upstream stage would wait on it forever.
+            conn.shutdown();
         });
     }
 }

@@ -15,7 +15,7 @@ use super::mesh::{Mesh, MeshHooks};
 use super::placement::Share;
 use super::protocol::{TpCommand, TpReply, reply_of, send_command};
 use crate::error::{ClusterError, Result};
-use crate::wire::{LinkConfig, f32_values};
+use crate::wire::{Frame, LinkConfig, f32_values};
 
 /// How long ranks may take to join a group.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -162,8 +162,23 @@ impl Group {
         }
         let epoch = spec.epoch;
         let own = join(spec)?;
+        // Replies left from an earlier attempt (a Ready or StartFailed of an older epoch, a
+        // step's answer of the group before) are skipped: taking one for this attempt's answer
+        // would fail every later attempt too, each one reading its predecessor's reply.
+        let this_attempt = |f: Frame| {
+            let r = reply_of(f)?;
+            match &r {
+                Ok((TpReply::Ready { epoch: e } | TpReply::StartFailed { epoch: e, .. }, _))
+                    if *e < epoch =>
+                {
+                    None
+                }
+                Ok((TpReply::Ready { .. } | TpReply::StartFailed { .. }, _)) | Err(_) => Some(r),
+                Ok(_) => None,
+            }
+        };
         for l in &links {
-            match l.wait("the group start", JOIN_TIMEOUT, reply_of)? {
+            match l.wait("the group start", JOIN_TIMEOUT, &this_attempt)? {
                 (TpReply::Ready { epoch: e }, _) if e == epoch => {}
                 (TpReply::StartFailed { detail, .. }, _) => {
                     return Err(ClusterError::peer(&l.name, detail));
