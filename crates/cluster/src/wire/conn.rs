@@ -244,13 +244,7 @@ impl Writer {
     }
 
     fn seal(&mut self, cipher: &Cipher, plain: &[u8]) -> io::Result<()> {
-        let at = self.buf.len();
-        self.buf.resize(at + plain.len() + TAG, 0);
-        cipher
-            .write_message(self.nonce, plain, &mut self.buf[at..])
-            .map_err(|e| io::Error::other(format!("sealing a record: {e}")))?;
-        self.nonce += 1;
-        Ok(())
+        seal_record(cipher, &mut self.nonce, plain, &mut self.buf)
     }
 
     fn send_sealed(&mut self, cipher: &Cipher, frame: &Frame) -> io::Result<()> {
@@ -336,42 +330,13 @@ impl ConnectionReader {
         let Some(cipher) = self.cipher.clone() else {
             return read_frame(&mut self.reader, self.max_payload)?.ok_or(WireError::Closed);
         };
-        let mut sealed = [0u8; HEADER_LEN + TAG];
-        if !read_full(&mut self.reader, &mut sealed, "sealed frame header", true)? {
-            return Err(WireError::Closed);
-        }
-        let mut h = [0u8; HEADER_LEN];
-        self.open(&cipher, &sealed, &mut h)?;
-        let header = parse_header(&h, self.max_payload)?;
-        let mut payload = vec![0u8; header.len as usize];
-        let mut record = vec![0u8; RECORD_PLAIN.min(payload.len()) + TAG];
-        for chunk in payload.chunks_mut(RECORD_PLAIN) {
-            let rec = &mut record[..chunk.len() + TAG];
-            read_full(&mut self.reader, rec, "sealed frame payload", false)?;
-            self.open(&cipher, rec, chunk)?;
-        }
-        Ok(Frame {
-            kind: header.kind,
-            flags: header.flags,
-            request_id: header.request_id,
-            payload,
-        })
-    }
-
-    fn open(&mut self, cipher: &Cipher, sealed: &[u8], plain: &mut [u8]) -> Result<(), WireError> {
-        let n = cipher
-            .read_message(self.nonce, sealed, plain)
-            .map_err(|_| {
-                WireError::Auth(format!(
-                    "a record from {} failed authentication (altered, replayed or out of order)",
-                    self.peer
-                ))
-            })?;
-        self.nonce += 1;
-        if n != plain.len() {
-            return Err(WireError::Auth("a record of the wrong length".into()));
-        }
-        Ok(())
+        let peer = self.peer;
+        read_sealed_frame(&mut self.reader, &cipher, &mut self.nonce, self.max_payload)
+            .map_err(|e| match e {
+                WireError::Auth(what) => WireError::Auth(format!("{what} (from {peer})")),
+                e => e,
+            })?
+            .ok_or(WireError::Closed)
     }
 
     /// The next frame, which must be of `kind`.
@@ -386,6 +351,89 @@ impl ConnectionReader {
             })
         }
     }
+}
+
+/// Seals one Noise transport record of `plain` (at most [`RECORD_PLAIN`] bytes) with the
+/// next nonce and appends it to `out`.
+pub fn seal_record(
+    cipher: &StatelessTransportState,
+    nonce: &mut u64,
+    plain: &[u8],
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
+    let at = out.len();
+    out.resize(at + plain.len() + TAG, 0);
+    cipher
+        .write_message(*nonce, plain, &mut out[at..])
+        .map_err(|e| io::Error::other(format!("sealing a record: {e}")))?;
+    *nonce += 1;
+    Ok(())
+}
+
+/// Appends `frame` as sealed records (the header in one, the payload in records of at most
+/// [`RECORD_PLAIN`] bytes): what a keyed link carries.
+pub fn seal_frame(
+    cipher: &StatelessTransportState,
+    nonce: &mut u64,
+    frame: &Frame,
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
+    seal_record(cipher, nonce, &frame.encode_header(), out)?;
+    for chunk in frame.payload.chunks(RECORD_PLAIN) {
+        seal_record(cipher, nonce, chunk, out)?;
+    }
+    Ok(())
+}
+
+/// Reads one sealed frame of at most `max` payload bytes; `Ok(None)` at a clean end of stream
+/// before its first byte. The payload grows record by record as the records authenticate, so
+/// a header that declares a large frame costs nothing until its bytes arrive.
+pub fn read_sealed_frame(
+    r: &mut impl Read,
+    cipher: &StatelessTransportState,
+    nonce: &mut u64,
+    max: u64,
+) -> Result<Option<Frame>, WireError> {
+    let mut sealed = [0u8; HEADER_LEN + TAG];
+    if !read_full(r, &mut sealed, "sealed frame header", true)? {
+        return Ok(None);
+    }
+    let mut h = [0u8; HEADER_LEN];
+    open_record(cipher, nonce, &sealed, &mut h)?;
+    let header = parse_header(&h, max)?;
+    let len = header.len as usize;
+    let mut payload = Vec::new();
+    let mut record = vec![0u8; RECORD_PLAIN.min(len) + TAG];
+    while payload.len() < len {
+        let n = RECORD_PLAIN.min(len - payload.len());
+        let rec = &mut record[..n + TAG];
+        read_full(r, rec, "sealed frame payload", false)?;
+        let at = payload.len();
+        payload.resize(at + n, 0);
+        open_record(cipher, nonce, rec, &mut payload[at..])?;
+    }
+    Ok(Some(Frame {
+        kind: header.kind,
+        flags: header.flags,
+        request_id: header.request_id,
+        payload,
+    }))
+}
+
+fn open_record(
+    cipher: &StatelessTransportState,
+    nonce: &mut u64,
+    sealed: &[u8],
+    plain: &mut [u8],
+) -> Result<(), WireError> {
+    let n = cipher.read_message(*nonce, sealed, plain).map_err(|_| {
+        WireError::Auth("a record failed authentication (altered, replayed or out of order)".into())
+    })?;
+    *nonce += 1;
+    if n != plain.len() {
+        return Err(WireError::Auth("a record of the wrong length".into()));
+    }
+    Ok(())
 }
 
 /// Fills `buf`; `Ok(false)` when the stream ended cleanly before its first byte and
@@ -432,4 +480,68 @@ pub fn dial(addr: &str) -> std::io::Result<TcpStream> {
         })?;
     TcpStream::connect_timeout(&sock, DIAL_TIMEOUT)
         .map_err(|e| std::io::Error::new(e.kind(), format!("connecting {addr}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_frames_round_trip_and_any_altered_byte_fails() {
+        let (tx, rx) = crate::wire::transport_pair(&[7; 32]).unwrap();
+        let frames = [
+            Frame::new(Kind::Work, 1, vec![]),
+            Frame::new(
+                Kind::WorkResult,
+                2,
+                (0..=255).cycle().take(RECORD_PLAIN + 9).collect(),
+            ),
+            Frame::new(Kind::Ping, 3, vec![1, 2, 3]),
+        ];
+        let mut stream = Vec::new();
+        let mut nonce = 0;
+        for f in &frames {
+            seal_frame(&tx, &mut nonce, f, &mut stream).unwrap();
+        }
+        let mut r = stream.as_slice();
+        let mut n = 0;
+        for f in &frames {
+            let got = read_sealed_frame(&mut r, &rx, &mut n, MAX_PAYLOAD).unwrap();
+            assert_eq!(got.as_ref(), Some(f));
+        }
+        assert!(
+            read_sealed_frame(&mut r, &rx, &mut n, MAX_PAYLOAD)
+                .unwrap()
+                .is_none()
+        );
+        // Any flipped bit is caught before a frame is handed out.
+        for at in (0..stream.len()).step_by(997) {
+            let mut bad = stream.clone();
+            bad[at] ^= 0x10;
+            let mut r = bad.as_slice();
+            let mut n = 0;
+            let mut seen = 0;
+            let err = loop {
+                match read_sealed_frame(&mut r, &rx, &mut n, MAX_PAYLOAD) {
+                    Ok(Some(f)) => {
+                        assert_eq!(f, frames[seen], "an altered stream gave another frame");
+                        seen += 1;
+                    }
+                    Ok(None) => panic!("flip at {at} went unnoticed"),
+                    Err(e) => break e,
+                }
+            };
+            assert!(matches!(err, WireError::Auth(_)), "flip at {at}: {err}");
+        }
+        // A header beyond the cap is refused without reading on.
+        let mut big = Vec::new();
+        let mut nonce = 0;
+        let f = Frame::new(Kind::Work, 9, vec![0; 100]);
+        seal_frame(&tx, &mut nonce, &f, &mut big).unwrap();
+        let mut n = 0;
+        assert!(matches!(
+            read_sealed_frame(&mut big.as_slice(), &rx, &mut n, 50),
+            Err(WireError::TooLarge { len: 100, max: 50 })
+        ));
+    }
 }

@@ -169,21 +169,20 @@ pub fn read_frame(r: &mut impl Read, max: u64) -> Result<Option<Frame>, WireErro
         }
     }
     let header = parse_header(&h, max)?;
-    let mut payload = vec![0u8; header.len as usize];
-    let mut done = 0;
-    while done < payload.len() {
-        match r.read(&mut payload[done..]) {
-            Ok(0) => {
-                return Err(WireError::Truncated {
-                    what: "frame payload",
-                    got: done,
-                    want: header.len,
-                });
-            }
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(WireError::Io(e)),
-        }
+    // Grown as bytes arrive (not allocated from the declared length up front), so a header
+    // alone cannot make the reader allocate a large buffer.
+    let mut payload = Vec::with_capacity((header.len as usize).min(1 << 16));
+    let got = r
+        .by_ref()
+        .take(header.len)
+        .read_to_end(&mut payload)
+        .map_err(WireError::Io)?;
+    if (got as u64) < header.len {
+        return Err(WireError::Truncated {
+            what: "frame payload",
+            got,
+            want: header.len,
+        });
     }
     Ok(Some(Frame {
         kind: header.kind,

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use snow::{Builder, HandshakeState};
+use snow::{Builder, HandshakeState, StatelessTransportState};
 
 use super::auth::{AuthMode, LinkConfig};
 use super::conn::{Connection, ConnectionReader};
@@ -103,6 +103,23 @@ fn noise(psk: &[u8; 32], initiator: bool) -> Result<HandshakeState, WireError> {
     .map_err(|e| WireError::Auth(format!("noise setup: {e}")))
 }
 
+/// Both ends of a link's handshake run in memory, in transport mode (initiator's, responder's):
+/// what the link benchmark and the frame fuzzer seal and open records with.
+pub fn transport_pair(
+    psk: &[u8; 32],
+) -> Result<(StatelessTransportState, StatelessTransportState), WireError> {
+    let (mut client, mut server) = (noise(psk, true)?, noise(psk, false)?);
+    let first = write_message(&mut client, &[])?;
+    read_message(&mut server, &first).ok_or_else(|| WireError::Auth("message 1".into()))?;
+    let second = write_message(&mut server, &[])?;
+    read_message(&mut client, &second).ok_or_else(|| WireError::Auth("message 2".into()))?;
+    let transport = |hs: HandshakeState| {
+        hs.into_stateless_transport_mode()
+            .map_err(|e| WireError::Auth(format!("noise: {e}")))
+    };
+    Ok((transport(client)?, transport(server)?))
+}
+
 /// A Noise message from `payload` (handshake payloads are small; the frame cap bounds them).
 fn write_message(hs: &mut HandshakeState, payload: &[u8]) -> Result<Vec<u8>, WireError> {
     let mut out = vec![0u8; payload.len() + 128];
@@ -143,37 +160,10 @@ pub fn connect(
     link.auth.check_addresses(conn.local(), conn.peer())?;
     reader.set_deadline(Some(Instant::now() + HANDSHAKE_TIMEOUT))?;
     let peer = conn.peer().to_string();
-    let mut noise_state = match &link.auth {
-        AuthMode::Key(key) => Some(noise(&key.psk(), true)?),
-        AuthMode::Insecure => None,
-    };
-    let mut first = match noise_state.as_mut() {
-        Some(hs) => Frame::new(Kind::Hello, 0, write_message(hs, &encode(&hello))?),
-        None => Frame::new(Kind::Hello, 0, encode(&hello)),
-    };
-    if noise_state.is_none() {
-        first.flags = FLAG_KEYLESS;
-    }
+    let (first, mut noise_state) = hello_frame(&link.auth, &hello)?;
     conn.send(&first)?;
     let f = reader.recv().map_err(|e| rejected(e, &peer))?;
-    let answer: Result<Welcome, String> = match (f.kind, noise_state.as_mut()) {
-        (Kind::Reject, _) => Err(decode::<Reject>("reject", &f.payload)?.reason),
-        (Kind::Welcome, Some(hs)) => {
-            let payload = read_message(hs, &f.payload).ok_or_else(|| {
-                WireError::Auth(format!(
-                    "{peer} failed authentication (different cluster key)"
-                ))
-            })?;
-            decode("welcome", &payload)?
-        }
-        (Kind::Welcome, None) => decode("welcome", &f.payload)?,
-        (other, _) => {
-            return Err(WireError::Unexpected {
-                expected: Kind::Welcome,
-                got: other,
-            });
-        }
-    };
+    let answer = read_answer(&f, noise_state.as_mut(), &peer)?;
     let welcome = answer.map_err(|reason| WireError::Rejected {
         peer: peer.clone(),
         reason,
@@ -189,6 +179,51 @@ pub fn connect(
         welcome.peer_timeout_ms,
     )?;
     Ok((conn, reader, welcome))
+}
+
+/// The client's first handshake frame carrying `hello` (Noise message 1 when keyed, a
+/// plaintext hello flagged keyless otherwise) and the state that opens the server's answer.
+pub fn hello_frame(
+    auth: &AuthMode,
+    hello: &Hello,
+) -> Result<(Frame, Option<HandshakeState>), WireError> {
+    Ok(match auth {
+        AuthMode::Key(key) => {
+            let mut hs = noise(&key.psk(), true)?;
+            let frame = Frame::new(Kind::Hello, 0, write_message(&mut hs, &encode(hello))?);
+            (frame, Some(hs))
+        }
+        AuthMode::Insecure => {
+            let mut frame = Frame::new(Kind::Hello, 0, encode(hello));
+            frame.flags = FLAG_KEYLESS;
+            (frame, None)
+        }
+    })
+}
+
+/// What the server answered to our hello (`f`): its welcome, or the reason it refused; an
+/// error when the answer is malformed or does not authenticate as coming from a key holder.
+pub fn read_answer(
+    f: &Frame,
+    noise_state: Option<&mut HandshakeState>,
+    peer: &str,
+) -> Result<Result<Welcome, String>, WireError> {
+    match (f.kind, noise_state) {
+        (Kind::Reject, _) => Ok(Err(decode::<Reject>("reject", &f.payload)?.reason)),
+        (Kind::Welcome, Some(hs)) => {
+            let payload = read_message(hs, &f.payload).ok_or_else(|| {
+                WireError::Auth(format!(
+                    "{peer} failed authentication (different cluster key)"
+                ))
+            })?;
+            decode("welcome", &payload)
+        }
+        (Kind::Welcome, None) => decode("welcome", &f.payload),
+        (other, _) => Err(WireError::Unexpected {
+            expected: Kind::Welcome,
+            got: other,
+        }),
+    }
 }
 
 /// Turns a finished handshake into an established link: transport keys (keyed links),

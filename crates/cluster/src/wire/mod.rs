@@ -11,9 +11,12 @@ pub mod messages;
 
 pub use auth::{AuthMode, ClusterKey, DEFAULT_PEER_TIMEOUT, LinkConfig};
 pub use codec::{f32_bytes, f32_values, pack, unpack};
-pub use conn::{Connection, ConnectionReader, dial};
+pub use conn::{Connection, ConnectionReader, dial, read_sealed_frame, seal_frame, seal_record};
 pub use frame::{Frame, Kind, PROTOCOL_VERSION};
-pub use handshake::{HandshakeSlot, PendingHandshakes, accept, connect, log_rejected};
+pub use handshake::{
+    HandshakeSlot, PendingHandshakes, accept, connect, hello_frame, log_rejected, read_answer,
+    transport_pair,
+};
 pub use messages::{Hello, Role, Welcome};
 
 #[derive(Debug, thiserror::Error)]
