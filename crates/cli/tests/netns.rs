@@ -11,83 +11,10 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::netns::Net;
 use common::*;
 
 const T: Duration = Duration::from_secs(120);
-
-/// Namespaces h1..h3 joined by a bridge in a fourth one; removed on drop.
-struct Net {
-    hosts: Vec<String>,
-    bridge: String,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
-impl Net {
-    fn new(tag: &str) -> Result<Net, String> {
-        let id = format!("{}{tag}", std::process::id() % 100_000);
-        let net = Net {
-            hosts: (1..=3).map(|i| format!("ms{id}h{i}")).collect(),
-            bridge: format!("ms{id}br"),
-        };
-        let br = net.bridge.clone();
-        ip(&["netns", "add", &br])?;
-        ip(&["-n", &br, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", &br, "link", "set", "br0", "up"])?;
-        for (i, h) in net.hosts.iter().enumerate() {
-            let (v, p) = (format!("v{id}{i}"), format!("p{id}{i}"));
-            ip(&["netns", "add", h])?;
-            ip(&["link", "add", &v, "type", "veth", "peer", "name", &p])?;
-            ip(&["link", "set", &v, "netns", h])?;
-            ip(&["link", "set", &p, "netns", &br])?;
-            ip(&["-n", &br, "link", "set", &p, "master", "br0", "up"])?;
-            ip(&[
-                "-n",
-                h,
-                "addr",
-                "add",
-                &format!("10.77.0.{}/24", i + 1),
-                "dev",
-                &v,
-            ])?;
-            ip(&["-n", h, "link", "set", &v, "up"])?;
-            ip(&["-n", h, "link", "set", "lo", "up"])?;
-        }
-        Ok(net)
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        for n in self.hosts.iter().chain([&self.bridge]) {
-            let _ = ip(&["netns", "del", n]);
-        }
-    }
-}
-
-fn setup(tag: &str) -> Option<Net> {
-    match Net::new(tag) {
-        Ok(n) => Some(n),
-        Err(e) => {
-            eprintln!("network namespaces are not available here ({e}); nothing tested");
-            None
-        }
-    }
-}
 
 fn demo() -> String {
     repo()
@@ -113,7 +40,7 @@ fn single_node(m: &str) -> String {
 
 /// Three hosts, a fresh key (`moeshard keygen`), the demo model and its single-node output.
 fn cluster(tag: &str) -> Option<(Net, tempfile::TempDir, String, String, String)> {
-    let net = setup(tag)?;
+    let net = Net::setup(tag, 3)?;
     let dir = tempfile::tempdir().unwrap();
     let key = dir
         .path()

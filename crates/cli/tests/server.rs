@@ -12,6 +12,7 @@ use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use common::http::http;
 use common::{Proc, fixture, repo, smollm2};
 use serde_json::{Value, json};
 
@@ -76,64 +77,6 @@ impl Server {
             .parse()
             .unwrap()
     }
-}
-
-/// One HTTP/1.1 request with `Connection: close`; returns the status and the (de-chunked) body.
-fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-    headers: &[(&str, &str)],
-) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-    let body = body.unwrap_or("");
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if !body.is_empty() {
-        req.push_str("Content-Type: application/json\r\n");
-    }
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("end of headers");
-    let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let mut rest = &raw[split + 4..];
-    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let mut out = Vec::new();
-    if chunked {
-        loop {
-            let eol = rest
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .expect("chunk size line");
-            let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap().trim(), 16)
-                .unwrap();
-            rest = &rest[eol + 2..];
-            if size == 0 {
-                break;
-            }
-            out.extend_from_slice(&rest[..size]);
-            rest = &rest[size + 2..];
-        }
-    } else {
-        out.extend_from_slice(rest);
-    }
-    (status, String::from_utf8(out).expect("UTF-8 body"))
 }
 
 /// The `data:` payloads of an SSE body.

@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+pub mod http;
+pub mod netns;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
