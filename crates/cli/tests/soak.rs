@@ -4,8 +4,8 @@
 //! server must not leak threads, descriptors or memory (measured before and after).
 //!
 //! The size comes from the environment, so one test serves both the CI run and the long soak
-//! (`scripts/soak`): `SOAK_REQUESTS` (default 160), `SOAK_CLIENTS` (4), `SOAK_RESTART_MS`
-//! (mean time between restarts, 3000), `SOAK_TOKENS` (tokens per request, 12), `CHAOS_SEED`.
+//! (`scripts/soak`): `SOAK_REQUESTS` (default 600), `SOAK_CLIENTS` (4), `SOAK_RESTART_MS`
+//! (mean time between restarts, 1500), `SOAK_TOKENS` (tokens per request, 12), `CHAOS_SEED`.
 //! Needs root for the namespaces; where they cannot be made the test says why and does nothing.
 
 mod common;
@@ -103,9 +103,11 @@ fn usage(pid: u32) -> Usage {
     }
 }
 
-/// `usage` once the process has been quiet for a moment (lingering link threads gone).
+/// `usage` once the process has been idle long enough for threads that outlive their work
+/// by design to end: tokio's blocking pool keeps an idle thread 10 s, a closed link's heartbeat
+/// thread notices within a fraction of the peer timeout.
 fn settled_usage(pid: u32) -> Usage {
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(11));
     usage(pid)
 }
 
@@ -126,9 +128,9 @@ fn start_serve(name: &str, ns: Option<&str>, args: &[&str]) -> (Proc, String) {
 
 #[test]
 fn serve_over_a_pipeline_loses_nothing_while_workers_restart() {
-    let requests = env_or("SOAK_REQUESTS", 160) as usize;
+    let requests = env_or("SOAK_REQUESTS", 600) as usize;
     let clients = env_or("SOAK_CLIENTS", 4) as usize;
-    let restart_ms = env_or("SOAK_RESTART_MS", 3000);
+    let restart_ms = env_or("SOAK_RESTART_MS", 1500);
     let tokens = env_or("SOAK_TOKENS", 12);
     let mut rng = env_or("CHAOS_SEED", 0x5eed_cafe);
     eprintln!(
@@ -148,7 +150,18 @@ fn serve_over_a_pipeline_loses_nothing_while_workers_restart() {
         let (single, addr) = start_serve(
             "single-node serve",
             None,
-            &["serve", "-m", &m, "--port", "0", "-t", "1", "--no-warm"],
+            &[
+                "serve",
+                "-m",
+                &m,
+                "--alias",
+                "demo",
+                "--port",
+                "0",
+                "-t",
+                "1",
+                "--no-warm",
+            ],
         );
         let w = (0..PROMPTS.len())
             .map(|i| complete(&addr, i, tokens).unwrap_or_else(|e| panic!("single node: {e}")))
@@ -187,6 +200,8 @@ fn serve_over_a_pipeline_loses_nothing_while_workers_restart() {
             "serve",
             "-m",
             &m,
+            "--alias",
+            "demo",
             "--layers",
             "0:1",
             "--listen",
@@ -323,10 +338,10 @@ fn serve_over_a_pipeline_loses_nothing_while_workers_restart() {
         restarts.load(Ordering::Relaxed) >= 1,
         "the load ended before any restart: raise SOAK_REQUESTS"
     );
-    // Links to killed workers must not leave threads or descriptors behind. A few may belong
-    // to a link being replaced at the moment of measuring.
+    // Links to killed workers must not leave threads or descriptors behind (one restart may
+    // have happened just before the measurement).
     assert!(
-        after.threads <= before.threads + 4,
+        after.threads <= before.threads + 2,
         "threads {} → {}",
         before.threads,
         after.threads
