@@ -280,7 +280,7 @@ fn pipeline_survives_kill9_of_each_stage_in_prefill_and_decode() {
         (1, Phase::Decode),
         (2, Phase::Decode),
     ] {
-        let mut stages = vec![c.stage(1, &[]), c.stage(2, &[])];
+        let mut stages = [c.stage(1, &[]), c.stage(2, &[])];
         let mut coord = c.coordinator(&prompt, &["--route-wait", "60", "--peer-timeout", "3"]);
         let landed = reach(&mut coord, phase, &prompt, &mut moments);
         stages[h - 1].kill9();
@@ -572,7 +572,7 @@ fn a_worker_restarted_with_another_model_or_protocol_is_refused_by_name() {
     let prompt = "ROMEO:".to_string();
     let want = greedy_single(&c.m, &prompt);
     let mut moments = Moments::new("restart");
-    let mut stages = vec![c.stage(1, &[]), c.stage(2, &[])];
+    let mut stages = [c.stage(1, &[]), c.stage(2, &[])];
     let mut coord = c.coordinator(&prompt, &["--route-wait", "60", "--peer-timeout", "3"]);
     reach(&mut coord, Phase::Decode, &prompt, &mut moments);
     stages[1].kill9();
@@ -644,7 +644,7 @@ fn tensor_parallel_survives_kill9_and_long_stops_of_each_rank_and_duplicate_rank
 
         // SIGSTOP past the timeouts; after SIGCONT the rank rejoins.
         let peer = ["--peer-timeout", "2", "--tp-timeout", "2"];
-        let ranks = vec![c.rank(1, &peer), c.rank(2, &peer)];
+        let ranks = [c.rank(1, &peer), c.rank(2, &peer)];
         let mut extra = peer.to_vec();
         extra.extend_from_slice(&["--route-wait", "60"]);
         let mut coord = c.tp_coordinator(&prompt, &extra);

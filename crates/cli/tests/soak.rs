@@ -228,9 +228,9 @@ fn serve_over_a_pipeline_loses_nothing_while_workers_restart() {
     std::thread::scope(|s| {
         s.spawn(|| {
             net.enter(0);
-            for i in 0..PROMPTS.len() {
+            for (i, expected) in want.iter().enumerate() {
                 let got = complete(addr, i, tokens).unwrap_or_else(|e| panic!("warm-up: {e}"));
-                assert_eq!(got, want[i], "warm-up answer {i} vs single node");
+                assert_eq!(&got, expected, "warm-up answer {i} vs single node");
             }
         });
     });
