@@ -17,6 +17,8 @@ fn main() {
     snapshot_seeds(&out.join("snapshot_reader"));
     disk_seeds(&out.join("disk_kv_reader"));
     request_seeds(&out.join("request_bodies"));
+    frame_seeds(&out.join("frame_decoder"));
+    handshake_seeds(&out.join("handshake"));
 }
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) {
@@ -318,4 +320,48 @@ fn request_seeds(dir: &Path) {
             .collect();
         write(dir, &format!("structured-{mode}.bin"), &bytes);
     }
+}
+
+/// Real frames as the pipeline and the tensor-parallel group send them, as one plaintext
+/// stream (mode byte 0), and the structured form (odd mode byte) for the sealed reader.
+fn frame_seeds(dir: &Path) {
+    use cluster::activation::ActFormat;
+    use cluster::pipeline::protocol::{ResultHeader, WorkHeader};
+    use cluster::tp::protocol::TpReply;
+    use cluster::wire::{self, Frame, Hello, Kind, Role, encode, pack};
+    let hidden: Vec<f32> = (0..2 * 64).map(|i| i as f32 / 7.0).collect();
+    let mut act = Vec::new();
+    ActFormat::Bf16.encode(&hidden, 64, &mut act);
+    let work = WorkHeader {
+        seqs: Vec::new(),
+        tokens: vec![1, 2],
+        act: ActFormat::Bf16,
+        n_embd: 64,
+    };
+    let frames = [
+        Frame::new(Kind::Hello, 0, encode(&Hello::new(Role::Hop, "", 0, None))),
+        pack(Kind::Work, 7, &work, &act),
+        pack(Kind::WorkResult, 7, &ResultHeader::default(), &wire::f32_bytes(&[0.5; 16])),
+        pack(Kind::TpDone, 3, &TpReply::Ready { epoch: 2 }, &[]),
+        Frame::new(Kind::Ping, 0, Vec::new()),
+        Frame::new(Kind::Error, 9, encode(&"stage 2:3 failed".to_string())),
+    ];
+    let mut stream = vec![0u8];
+    for f in &frames {
+        f.write_to(&mut stream).unwrap();
+    }
+    write(dir, "plain-stream.bin", &stream);
+    structured_seeds(dir);
+}
+
+/// Handshake inputs: the structured form for each client variant (the fuzzer's `arbitrary`
+/// decoding turns these bytes into keyed, keyless and raw clients) and a real keyless hello.
+fn handshake_seeds(dir: &Path) {
+    use cluster::wire::{AuthMode, Hello, Role, hello_frame};
+    let hello = Hello::new(Role::Rank { rank: Some(1), expert_weight: 1.0 }, "f4fe54a2", 512, None);
+    let (frame, _) = hello_frame(&AuthMode::Insecure, &hello).unwrap();
+    let mut raw = vec![0u8, 1, 0];
+    frame.write_to(&mut raw).unwrap();
+    write(dir, "keyless-hello.bin", &raw);
+    structured_seeds(dir);
 }

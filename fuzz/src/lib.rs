@@ -370,3 +370,68 @@ pub mod snapshots {
         out
     }
 }
+
+/// What the cluster targets share: every frame kind, and the decoders the receiving ends of a
+/// link run on each kind's payload.
+pub mod frames {
+    use cluster::activation::ActFormat;
+    use cluster::pipeline::protocol::{
+        Control, ControlReply, ResultHeader, SessionOp, SnapshotPart, StageFailure, WorkHeader,
+    };
+    use cluster::tp::protocol::{TpCommand, TpReply};
+    use cluster::wire::{self, Frame, Hello, Kind, Welcome, decode, unpack};
+
+    pub const KINDS: [Kind; 15] = [
+        Kind::Hello,
+        Kind::Welcome,
+        Kind::Reject,
+        Kind::Error,
+        Kind::Ping,
+        Kind::Pong,
+        Kind::Route,
+        Kind::Work,
+        Kind::WorkResult,
+        Kind::SessionOp,
+        Kind::SessionOpDone,
+        Kind::SnapshotPart,
+        Kind::TpExchange,
+        Kind::TpOp,
+        Kind::TpDone,
+    ];
+
+    /// Hidden size the work decoder assumes (a stage refuses any other).
+    const N_EMBD: usize = 64;
+
+    /// Runs the decoders the receiving side would run on `f`; none may panic.
+    pub fn decode_payload(f: &Frame) {
+        let p = &f.payload;
+        match f.kind {
+            Kind::Hello => drop(decode::<Hello>("hello", p)),
+            Kind::Welcome => drop(decode::<Result<Welcome, String>>("welcome", p)),
+            Kind::Reject => drop(decode::<wire::messages::Reject>("reject", p)),
+            Kind::Error => drop(decode::<String>("error", p)),
+            Kind::Ping | Kind::Pong | Kind::SessionOpDone => {}
+            Kind::Route => {
+                let _ = decode::<Control>("control", p);
+                let _ = decode::<ControlReply>("control reply", p);
+            }
+            Kind::Work => {
+                if let Ok((h, raw)) = unpack::<WorkHeader>("work", p)
+                    && h.n_embd as usize == N_EMBD
+                {
+                    let _ = h.act.decode(raw, h.tokens.len(), N_EMBD);
+                    let _ = ActFormat::from_bits(h.act.bits());
+                }
+            }
+            Kind::WorkResult => {
+                let _ = unpack::<ResultHeader>("result", p);
+                let _ = unpack::<StageFailure>("stage failure", p);
+            }
+            Kind::SessionOp => drop(unpack::<SessionOp>("session op", p)),
+            Kind::SnapshotPart => drop(unpack::<SnapshotPart>("snapshot part", p)),
+            Kind::TpExchange => drop(wire::f32_values(p)),
+            Kind::TpOp => drop(unpack::<TpCommand>("tp command", p)),
+            Kind::TpDone => drop(unpack::<TpReply>("tp reply", p)),
+        }
+    }
+}
