@@ -2,6 +2,7 @@
 //! `crate::blocks`; the registry maps `general.architecture` to that declaration. Adding an
 //! architecture touches its own file and the `REGISTRY` line, nothing else.
 
+mod deepseek2;
 mod llama;
 mod olmoe;
 mod qwen2moe;
@@ -51,7 +52,13 @@ pub struct ArchSpec {
     pub shared_expert: bool,
 }
 
-const REGISTRY: [&ArchSpec; 4] = [&llama::SPEC, &qwen3moe::SPEC, &qwen2moe::SPEC, &olmoe::SPEC];
+const REGISTRY: [&ArchSpec; 5] = [
+    &llama::SPEC,
+    &qwen3moe::SPEC,
+    &qwen2moe::SPEC,
+    &olmoe::SPEC,
+    &deepseek2::SPEC,
+];
 
 /// The declaration for `general.architecture == name`.
 pub fn lookup(name: &str) -> Option<&'static ArchSpec> {
