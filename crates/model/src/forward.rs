@@ -8,7 +8,6 @@ use std::ops::RangeInclusive;
 use kernels::Input;
 
 use crate::Model;
-use crate::arch::QkNorm;
 use crate::blocks::Compute;
 use crate::blocks::attention::{AttentionShape, SeqSpan, attend};
 use crate::blocks::ffn::swiglu_ffn;
@@ -293,14 +292,10 @@ impl Model {
         if let Some(b) = &a.v_bias {
             add_rows(&mut v, &b[v_rows]);
         }
-        match self.spec.qk_norm {
-            QkNorm::None => {}
-            QkNorm::PerHead | QkNorm::Whole => {
-                let qn = a.q_norm.as_ref().expect("bound with the architecture");
-                let kn = a.k_norm.as_ref().expect("bound with the architecture");
-                rms_norm_rows_inplace(&mut q, qn, hp.rms_eps);
-                rms_norm_rows_inplace(&mut k, kn, hp.rms_eps);
-            }
+        // Bound per the architecture's `QkNorm` (both or neither).
+        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+            rms_norm_rows_inplace(&mut q, qn, hp.rms_eps);
+            rms_norm_rows_inplace(&mut k, kn, hp.rms_eps);
         }
         let (q_row, k_row, v_row) = (nh * dk, nkv * dk, nkv * dv);
         for t in 0..n {

@@ -3,7 +3,7 @@
 
 use gguf::Metadata;
 
-use crate::arch::{ArchSpec, RopeKind};
+use crate::arch::{ArchSpec, Gating, RopeKind};
 use crate::error::{ModelError, Result};
 use crate::names::keys;
 
@@ -33,15 +33,6 @@ pub struct YarnParams {
     pub ext_factor: f32,
     /// Multiplier on cos/sin (HF `attention_factor`).
     pub mscale: f32,
-}
-
-/// How router logits become expert probabilities (`{arch}.expert_gating_func`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Gating {
-    /// Softmax over all experts (1; also what a missing key means, as in llama.cpp).
-    Softmax,
-    /// Independent sigmoid per expert (2; DeepSeek V3, GLM-4.5).
-    Sigmoid,
 }
 
 /// Multi-head latent attention sizes (DeepSeek V2/V3). The KV cache holds, per position and
@@ -183,7 +174,8 @@ impl Hparams {
                 }
                 // llama.cpp: 1 = softmax, 2 = sigmoid, 3 = softmax over the selected weights.
                 let gating = match u_opt(keys::EXPERT_GATING_FUNC)? {
-                    None | Some(1) => Gating::Softmax,
+                    None => spec.gating,
+                    Some(1) => Gating::Softmax,
                     Some(2) => Gating::Sigmoid,
                     Some(func) => {
                         return Err(bad(

@@ -15,6 +15,8 @@ pub enum TensorName {
     AttnOut,
     AttnQNorm,
     AttnKNorm,
+    /// GLM-4.5's pre-FFN norm (HF `post_attention_layernorm`).
+    AttnPostNorm,
     FfnNorm,
     FfnGate,
     FfnUp,
@@ -58,6 +60,7 @@ impl TensorName {
             AttnOut => "attn_output",
             AttnQNorm => "attn_q_norm",
             AttnKNorm => "attn_k_norm",
+            AttnPostNorm => "post_attention_norm",
             FfnNorm => "ffn_norm",
             FfnGate => "ffn_gate",
             FfnUp => "ffn_up",

@@ -412,6 +412,10 @@ impl<'m> Binder<'m> {
                 Some(self.vector(&T::AttnQNorm.weight(il), q_dim)?),
                 Some(self.vector(&T::AttnKNorm.weight(il), k_dim)?),
             ),
+            QkNorm::PerHeadIfPresent => (
+                self.vector_opt(&T::AttnQNorm.weight(il), hp.head_dim_k)?,
+                self.vector_opt(&T::AttnKNorm.weight(il), hp.head_dim_k)?,
+            ),
         };
         let attn = Attention {
             norm: self.vector(&T::AttnNorm.weight(il), n_embd)?,
@@ -503,7 +507,13 @@ impl<'m> Binder<'m> {
         };
         Ok(Layer {
             attn,
-            ffn_norm: self.vector(&T::FfnNorm.weight(il), n_embd)?,
+            // GLM-4.5's converter stores the pre-FFN norm as `post_attention_norm`.
+            ffn_norm: match self.get(&T::FfnNorm.weight(il)) {
+                None if self.get(&T::AttnPostNorm.weight(il)).is_some() => {
+                    self.vector(&T::AttnPostNorm.weight(il), n_embd)?
+                }
+                _ => self.vector(&T::FfnNorm.weight(il), n_embd)?,
+            },
             ffn,
         })
     }

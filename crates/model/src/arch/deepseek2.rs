@@ -5,7 +5,7 @@
 //! group-limited top-k, optional renormalization and `expert_weights_scale`. llama.cpp reads
 //! `expert_weights_norm` as false when absent, as DeepSeek V2 does.
 
-use super::{ArchSpec, FfnLayout, QkNorm, RopeKind};
+use super::{ArchSpec, FfnLayout, Gating, QkNorm, RopeKind};
 
 pub const SPEC: ArchSpec = ArchSpec {
     name: "deepseek2",
@@ -14,4 +14,5 @@ pub const SPEC: ArchSpec = ArchSpec {
     ffn: FfnLayout::MoeWhenRouted,
     norm_topk: false,
     shared_expert: true,
+    gating: Gating::Softmax,
 };

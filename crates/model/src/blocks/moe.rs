@@ -6,9 +6,10 @@
 use kernels::{Input, MatmulJob};
 
 use super::{Compute, swiglu};
+use crate::arch::Gating;
 use crate::error::{ModelError, Result};
 use crate::experts::{ExpertMatrices, ExpertSource};
-use crate::hparams::{Gating, MoeParams};
+use crate::hparams::MoeParams;
 
 /// The routing decision for a batch of tokens: `k` (expert, weight) slots per token, in
 /// descending selection score.
