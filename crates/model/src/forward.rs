@@ -18,7 +18,7 @@ use crate::blocks::rope::RopeTable;
 use crate::error::{ModelError, Result};
 use crate::experts::ExpertSource;
 use crate::kv::KvCache;
-use crate::weights::{AttentionWeights, Ffn, MlaAttention};
+use crate::weights::{AttentionWeights, Ffn, Matrix, MlaAttention};
 
 /// Which positions of a sequence need logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -339,21 +339,40 @@ impl Model {
         let mut att = vec![0f32; n * nh * dv];
         attend(&cx.pool, &cx.kernels, il, &shape, &spans, &q, &mut att)?;
         hooks.observe(Some(il), "kqv_out", &att);
-        let ain = Input::new(&att, n, nh * dv)?;
-        let o_w = a.o.weights(files);
+        self.attention_output(cx, il, &a.o, &att, x, hooks)
+    }
+
+    /// The output projection of this rank's heads' attention output `att` (`n × heads ×
+    /// head_dim_out`), a partial sum over the heads when split, added to the residual stream.
+    fn attention_output(
+        &self,
+        cx: &Compute,
+        il: usize,
+        o: &Matrix,
+        att: &[f32],
+        x: &mut [f32],
+        hooks: &mut dyn Hooks,
+    ) -> Result<()> {
+        let sh = &self.shard;
+        let d = self.hp.n_embd;
+        let n = x.len() / d;
+        let dv = self.hp.head_dim_out();
+        let heads = &sh.heads;
+        let ain = Input::new(att, n, heads.len() * dv)?;
+        let o_w = o.weights(self.files());
         let o_w = if sh.attention_split {
             o_w.cols_slice(heads.start * dv..heads.end * dv)
                 .expect("a head split is block-aligned (checked by Shard::new)")
         } else {
             o_w
         };
-        let mut o = vec![0f64; n * d];
+        let mut out = vec![0f64; n * d];
         cx.kernels
-            .matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut o)?;
+            .matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut out)?;
         if sh.attention_split {
-            hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut o)?;
+            hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut out)?;
         }
-        add_residual(x, &o);
+        add_residual(x, &out);
         hooks.observe(Some(il), "ffn_inp", x);
         Ok(())
     }
@@ -406,24 +425,7 @@ impl Model {
         }
         let att = mla::attend_latent(cx, files, hp, w, &heads, il, &spans, &p, self.mla_form)?;
         hooks.observe(Some(il), "kqv_out", &att);
-        let dv = hp.head_dim_out();
-        let ain = Input::new(&att, n, heads.len() * dv)?;
-        let o_w = w.o.weights(files);
-        let o_w = if sh.attention_split {
-            o_w.cols_slice(heads.start * dv..heads.end * dv)
-                .expect("a head split is block-aligned (checked by Shard::new)")
-        } else {
-            o_w
-        };
-        let mut o = vec![0f64; n * d];
-        cx.kernels
-            .matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut o)?;
-        if sh.attention_split {
-            hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut o)?;
-        }
-        add_residual(x, &o);
-        hooks.observe(Some(il), "ffn_inp", x);
-        Ok(())
+        self.attention_output(cx, il, &w.o, &att, x, hooks)
     }
 
     /// Reduction chunk of the attention output projection: whole heads, whole blocks.
