@@ -69,9 +69,9 @@ pub fn route(logits: &[f32], n_expert: usize, params: &MoeParams, bias: Option<&
             }
         }
         if n_group > 1 && params.n_group_used < n_group {
-            // A group's score: the sum of its two best selection scores under sigmoid gating
-            // (DeepSeek V3's `noaux_tc`), its best probability under softmax (V2's
-            // `group_limited_greedy`).
+            // A group's score, as in DeepSeek's inference code: the sum of its two best
+            // selection scores when there is a correction bias (V3's `noaux_tc`), its best
+            // probability when there is none (V2's `group_limited_greedy`).
             for (g, score) in group_score.iter_mut().enumerate() {
                 let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
                 for &v in &select[g * per_group..(g + 1) * per_group] {
@@ -82,10 +82,7 @@ pub fn route(logits: &[f32], n_expert: usize, params: &MoeParams, bias: Option<&
                         b = v;
                     }
                 }
-                *score = match params.gating {
-                    Gating::Sigmoid => a + b,
-                    Gating::Softmax => a,
-                };
+                *score = if bias.is_some() { a + b } else { a };
             }
             groups.clear();
             groups.extend(0..n_group);
@@ -325,14 +322,17 @@ mod tests {
 
     #[test]
     fn only_the_best_groups_compete() {
-        // Groups of two: {0,1} {2,3} {4,5} {6,7}. Expert 0 is the single best, but group 0's
-        // top-2 sum loses to groups 1 and 3 under sigmoid (V3)...
+        // Groups of two: {0,1} {2,3} {4,5} {6,7}. Expert 0 is the single best, but with a
+        // correction bias (V3, here all zero) group 0's top-2 sum loses to groups 1 and 3...
         let logits = [3.0, -3.0, 1.0, 1.0, -1.0, -1.0, 1.2, 0.9];
-        let v3 = route(&logits, 8, &params(Gating::Sigmoid, 2, 4, 2), None);
+        let zero = [0f32; 8];
+        let v3 = route(&logits, 8, &params(Gating::Sigmoid, 2, 4, 2), Some(&zero));
         assert_eq!(v3.experts, vec![6, 2]);
-        // ... while under softmax (V2) a group's score is its best expert.
+        // ... while without one (V2) a group's score is its best expert.
         let v2 = route(&logits, 8, &params(Gating::Softmax, 2, 4, 2), None);
         assert_eq!(v2.experts, vec![0, 6]);
+        let sigmoid_unbiased = route(&logits, 8, &params(Gating::Sigmoid, 2, 4, 2), None);
+        assert_eq!(sigmoid_unbiased.experts, vec![0, 6]);
         // Without groups, expert 0 wins outright.
         let flat = route(&logits, 8, &params(Gating::Sigmoid, 2, 1, 1), None);
         assert_eq!(flat.experts, vec![0, 6]);
