@@ -505,15 +505,14 @@ impl<'m> Binder<'m> {
                 down: self.matrix(&T::FfnDown.weight(il), n_ff, n_embd)?,
             }
         };
+        let ffn_norm = if spec.post_attention_norm {
+            T::AttnPostNorm
+        } else {
+            T::FfnNorm
+        };
         Ok(Layer {
             attn,
-            // GLM-4.5's converter stores the pre-FFN norm as `post_attention_norm`.
-            ffn_norm: match self.get(&T::FfnNorm.weight(il)) {
-                None if self.get(&T::AttnPostNorm.weight(il)).is_some() => {
-                    self.vector(&T::AttnPostNorm.weight(il), n_embd)?
-                }
-                _ => self.vector(&T::FfnNorm.weight(il), n_embd)?,
-            },
+            ffn_norm: self.vector(&ffn_norm.weight(il), n_embd)?,
             ffn,
         })
     }

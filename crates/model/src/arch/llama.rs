@@ -12,4 +12,5 @@ pub const SPEC: ArchSpec = ArchSpec {
     norm_topk: true,
     shared_expert: false,
     gating: Gating::Softmax,
+    post_attention_norm: false,
 };

@@ -66,6 +66,8 @@ pub struct ArchSpec {
     pub shared_expert: bool,
     /// Gating when the file has no `expert_gating_func` (llama.cpp's per-architecture default).
     pub gating: Gating,
+    /// The norm in front of the FFN is named `post_attention_norm` instead of `ffn_norm`.
+    pub post_attention_norm: bool,
 }
 
 const REGISTRY: [&ArchSpec; 6] = [
