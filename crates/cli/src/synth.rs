@@ -10,7 +10,8 @@ use gguf::{GgmlType, GgufWriter, Value};
 
 #[derive(clap::Args)]
 pub struct SynthArgs {
-    /// qwen3-30b-a3b, olmoe-7b-a1b or small-2b.
+    /// qwen3-30b-a3b, olmoe-7b-a1b, small-2b, deepseek-v2-lite, deepseek-v3-4l or
+    /// glm-4.5-air-8l.
     #[arg(long)]
     pub preset: String,
     /// Output GGUF.
@@ -35,9 +36,64 @@ pub struct Preset {
     pub n_ff_exp: usize,
     pub n_vocab: usize,
     pub n_ctx: usize,
+    /// Multi-head latent attention instead of GQA (`deepseek2`).
+    pub mla: Option<MlaShape>,
+    /// Shared experts of `n_ff_exp` each (DeepSeek, GLM: one `ffn_*_shexp` of their sum).
+    pub n_shared_exp: usize,
+    /// Leading dense layers and their FFN width.
+    pub n_dense_lead: usize,
+    pub n_ff_dense: usize,
+    /// Rotary dimensions per head (0: all of `head_dim`).
+    pub n_rot: usize,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    /// Sigmoid gating with a selection bias (DeepSeek V3, GLM-4.5), else softmax.
+    pub sigmoid_gating: bool,
+    pub n_group: usize,
+    pub n_group_used: usize,
+    pub weights_scale: f32,
+    pub norm_topk: bool,
 }
 
-pub const PRESETS: [Preset; 3] = [
+/// Latent attention sizes of a preset.
+#[derive(Clone, Debug)]
+pub struct MlaShape {
+    /// 0: a plain `attn_q` (V2-Lite).
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope: usize,
+    pub v_head_dim: usize,
+}
+
+/// What the Qwen3/OLMoE presets leave at their defaults.
+const GQA_ONLY: Preset = Preset {
+    name: "",
+    arch: "",
+    n_layer: 0,
+    n_embd: 0,
+    n_head: 0,
+    n_head_kv: 0,
+    head_dim: 0,
+    n_expert: 0,
+    n_expert_used: 0,
+    n_ff_exp: 0,
+    n_vocab: 0,
+    n_ctx: 0,
+    mla: None,
+    n_shared_exp: 0,
+    n_dense_lead: 0,
+    n_ff_dense: 0,
+    n_rot: 0,
+    qkv_bias: false,
+    qk_norm: true,
+    sigmoid_gating: false,
+    n_group: 1,
+    n_group_used: 1,
+    weights_scale: 1.0,
+    norm_topk: true,
+};
+
+pub const PRESETS: [Preset; 6] = [
     Preset {
         name: "qwen3-30b-a3b",
         arch: "qwen3moe",
@@ -51,6 +107,7 @@ pub const PRESETS: [Preset; 3] = [
         n_ff_exp: 768,
         n_vocab: 151_936,
         n_ctx: 40_960,
+        ..GQA_ONLY
     },
     Preset {
         name: "olmoe-7b-a1b",
@@ -65,6 +122,8 @@ pub const PRESETS: [Preset; 3] = [
         n_ff_exp: 1024,
         n_vocab: 50_304,
         n_ctx: 4096,
+        norm_topk: false,
+        ..GQA_ONLY
     },
     Preset {
         name: "small-2b",
@@ -79,6 +138,93 @@ pub const PRESETS: [Preset; 3] = [
         n_ff_exp: 512,
         n_vocab: 151_936,
         n_ctx: 32_768,
+        ..GQA_ONLY
+    },
+    // DeepSeek-V2-Lite (16B-A2.4B): latent attention without query compression, 64 experts
+    // top-6 + 2 shared, softmax gating, one dense layer; 10.6 GiB.
+    Preset {
+        name: "deepseek-v2-lite",
+        arch: "deepseek2",
+        n_layer: 27,
+        n_embd: 2048,
+        n_head: 16,
+        n_head_kv: 1,
+        head_dim: 192,
+        n_expert: 64,
+        n_expert_used: 6,
+        n_ff_exp: 1408,
+        n_vocab: 102_400,
+        n_ctx: 32_768,
+        mla: Some(MlaShape {
+            q_lora_rank: 0,
+            kv_lora_rank: 512,
+            qk_nope: 128,
+            v_head_dim: 128,
+        }),
+        n_shared_exp: 2,
+        n_dense_lead: 1,
+        n_ff_dense: 10_944,
+        n_rot: 64,
+        qk_norm: false,
+        norm_topk: false,
+        ..GQA_ONLY
+    },
+    // DeepSeek-V3/R1 shapes (671B-A37B) with 4 of 61 layers: the 3 dense ones and one routed
+    // (256 experts top-8 in 8 groups, 4 used, sigmoid + bias, scale 2.5); 9.2 GiB, most of it
+    // the one routed layer — for streaming.
+    Preset {
+        name: "deepseek-v3-4l",
+        arch: "deepseek2",
+        n_layer: 4,
+        n_embd: 7168,
+        n_head: 128,
+        n_head_kv: 1,
+        head_dim: 192,
+        n_expert: 256,
+        n_expert_used: 8,
+        n_ff_exp: 2048,
+        n_vocab: 129_280,
+        n_ctx: 32_768,
+        mla: Some(MlaShape {
+            q_lora_rank: 1536,
+            kv_lora_rank: 512,
+            qk_nope: 128,
+            v_head_dim: 128,
+        }),
+        n_shared_exp: 1,
+        n_dense_lead: 3,
+        n_ff_dense: 18_432,
+        n_rot: 64,
+        qk_norm: false,
+        sigmoid_gating: true,
+        n_group: 8,
+        n_group_used: 4,
+        weights_scale: 2.5,
+        ..GQA_ONLY
+    },
+    // GLM-4.5-Air shapes (106B-A12B) with 8 of 46 layers: 96 heads / 8 kv of 128, half-rope,
+    // q/k/v biases, 128 experts top-8 + 1 shared, sigmoid + bias; 12.0 GiB.
+    Preset {
+        name: "glm-4.5-air-8l",
+        arch: "glm4moe",
+        n_layer: 8,
+        n_embd: 4096,
+        n_head: 96,
+        n_head_kv: 8,
+        head_dim: 128,
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ff_exp: 1408,
+        n_vocab: 151_552,
+        n_ctx: 32_768,
+        n_shared_exp: 1,
+        n_dense_lead: 1,
+        n_ff_dense: 10_944,
+        n_rot: 64,
+        qkv_bias: true,
+        qk_norm: false,
+        sigmoid_gating: true,
+        ..GQA_ONLY
     },
 ];
 
@@ -137,13 +283,19 @@ struct TensorPlan {
 }
 
 fn plan(p: &Preset) -> Vec<TensorPlan> {
-    use GgmlType::{F32, Q4K, Q6K};
+    use GgmlType::{F32, Q4K, Q6K, Q8_0};
     let (d, hd) = (p.n_embd as u64, p.head_dim as u64);
     let (q, kv) = (p.n_head as u64 * hd, p.n_head_kv as u64 * hd);
     let (e, ff) = (p.n_expert as u64, p.n_ff_exp as u64);
-    let t = |name: String, dtype, shape: Vec<u64>, std| TensorPlan {
+    // Rows that are not whole 256-value super-blocks fall back to Q8_0, as llama-quantize does
+    // (e.g. 1408-wide expert down projections).
+    let t = |name: String, dtype: GgmlType, shape: Vec<u64>, std| TensorPlan {
         name,
-        dtype,
+        dtype: if matches!(dtype, Q4K | Q6K) && !shape[0].is_multiple_of(256) {
+            Q8_0
+        } else {
+            dtype
+        },
         shape,
         std,
     };
@@ -156,25 +308,86 @@ fn plan(p: &Preset) -> Vec<TensorPlan> {
     for i in 0..p.n_layer {
         let b = |s: &str| format!("blk.{i}.{s}.weight");
         v.push(t(b("attn_norm"), F32, vec![d], 0.0));
-        v.push(t(b("attn_q"), Q4K, vec![d, q], 0.02));
-        v.push(t(b("attn_k"), Q4K, vec![d, kv], 0.02));
-        v.push(t(b("attn_v"), Q6K, vec![d, kv], 0.02));
-        v.push(t(b("attn_output"), Q4K, vec![q, d], 0.02));
-        match p.arch {
-            "olmoe" => {
-                v.push(t(b("attn_q_norm"), F32, vec![q], 0.0));
-                v.push(t(b("attn_k_norm"), F32, vec![kv], 0.0));
+        let o_cols = match &p.mla {
+            Some(m) => {
+                let r = m.kv_lora_rank as u64;
+                let q_rows = p.n_head as u64 * hd;
+                if m.q_lora_rank > 0 {
+                    let ql = m.q_lora_rank as u64;
+                    v.push(t(b("attn_q_a"), Q4K, vec![d, ql], 0.02));
+                    v.push(t(b("attn_q_a_norm"), F32, vec![ql], 0.0));
+                    v.push(t(b("attn_q_b"), Q4K, vec![ql, q_rows], 0.02));
+                } else {
+                    v.push(t(b("attn_q"), Q4K, vec![d, q_rows], 0.02));
+                }
+                v.push(t(
+                    b("attn_kv_a_mqa"),
+                    Q4K,
+                    vec![d, r + p.n_rot as u64],
+                    0.02,
+                ));
+                v.push(t(b("attn_kv_a_norm"), F32, vec![r], 0.0));
+                // llama.cpp keeps these two in Q8_0 (their rows are head-sized).
+                v.push(t(
+                    b("attn_k_b"),
+                    Q8_0,
+                    vec![m.qk_nope as u64, r, p.n_head as u64],
+                    0.02,
+                ));
+                v.push(t(
+                    b("attn_v_b"),
+                    Q8_0,
+                    vec![r, m.v_head_dim as u64, p.n_head as u64],
+                    0.02,
+                ));
+                p.n_head as u64 * m.v_head_dim as u64
             }
-            _ => {
-                v.push(t(b("attn_q_norm"), F32, vec![hd], 0.0));
-                v.push(t(b("attn_k_norm"), F32, vec![hd], 0.0));
+            None => {
+                v.push(t(b("attn_q"), Q4K, vec![d, q], 0.02));
+                v.push(t(b("attn_k"), Q4K, vec![d, kv], 0.02));
+                v.push(t(b("attn_v"), Q6K, vec![d, kv], 0.02));
+                if p.qkv_bias {
+                    let bias = |s: &str| format!("blk.{i}.{s}.bias");
+                    v.push(t(bias("attn_q"), F32, vec![q], 0.02));
+                    v.push(t(bias("attn_k"), F32, vec![kv], 0.02));
+                    v.push(t(bias("attn_v"), F32, vec![kv], 0.02));
+                }
+                if p.qk_norm {
+                    let n = if p.arch == "olmoe" { (q, kv) } else { (hd, hd) };
+                    v.push(t(b("attn_q_norm"), F32, vec![n.0], 0.0));
+                    v.push(t(b("attn_k_norm"), F32, vec![n.1], 0.0));
+                }
+                q
             }
+        };
+        v.push(t(b("attn_output"), Q4K, vec![o_cols, d], 0.02));
+        // GLM's converter names the pre-FFN norm after HF's post_attention_layernorm.
+        let ffn_norm = if p.arch == "glm4moe" {
+            "post_attention_norm"
+        } else {
+            "ffn_norm"
+        };
+        v.push(t(b(ffn_norm), F32, vec![d], 0.0));
+        if i < p.n_dense_lead {
+            let fd = p.n_ff_dense as u64;
+            v.push(t(b("ffn_gate"), Q4K, vec![d, fd], 0.02));
+            v.push(t(b("ffn_up"), Q4K, vec![d, fd], 0.02));
+            v.push(t(b("ffn_down"), Q6K, vec![fd, d], 0.02));
+            continue;
         }
-        v.push(t(b("ffn_norm"), F32, vec![d], 0.0));
         v.push(t(b("ffn_gate_inp"), F32, vec![d, e], 0.1));
+        if p.sigmoid_gating {
+            v.push(t(format!("blk.{i}.exp_probs_b.bias"), F32, vec![e], 0.01));
+        }
         v.push(t(b("ffn_gate_exps"), Q4K, vec![d, ff, e], 0.02));
         v.push(t(b("ffn_up_exps"), Q4K, vec![d, ff, e], 0.02));
         v.push(t(b("ffn_down_exps"), Q6K, vec![ff, d, e], 0.02));
+        if p.n_shared_exp > 0 {
+            let fs = (p.n_ff_exp * p.n_shared_exp) as u64;
+            v.push(t(b("ffn_gate_shexp"), Q4K, vec![d, fs], 0.02));
+            v.push(t(b("ffn_up_shexp"), Q4K, vec![d, fs], 0.02));
+            v.push(t(b("ffn_down_shexp"), Q6K, vec![fs, d], 0.02));
+        }
     }
     v.push(t("output_norm.weight".into(), F32, vec![d], 0.0));
     v.push(t(
@@ -238,6 +451,8 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
     // expert width and a (here unused) dense one.
     let ff = if a == "olmoe" {
         p.n_ff_exp
+    } else if p.n_dense_lead > 0 {
+        p.n_ff_dense
     } else {
         p.n_ff_exp * p.n_expert_used
     };
@@ -245,8 +460,30 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
     w.add_metadata(format!("{a}.expert_feed_forward_length"), u(p.n_ff_exp))?;
     w.add_metadata(format!("{a}.attention.head_count"), u(p.n_head))?;
     w.add_metadata(format!("{a}.attention.head_count_kv"), u(p.n_head_kv))?;
-    w.add_metadata(format!("{a}.attention.key_length"), u(p.head_dim))?;
-    w.add_metadata(format!("{a}.attention.value_length"), u(p.head_dim))?;
+    match &p.mla {
+        // As the converter writes latent attention: the cache view as key/value lengths,
+        // the decompressed heads as the _mla lengths.
+        Some(m) => {
+            w.add_metadata(
+                format!("{a}.attention.key_length"),
+                u(m.kv_lora_rank + p.n_rot),
+            )?;
+            w.add_metadata(format!("{a}.attention.value_length"), u(m.kv_lora_rank))?;
+            w.add_metadata(format!("{a}.attention.key_length_mla"), u(p.head_dim))?;
+            w.add_metadata(format!("{a}.attention.value_length_mla"), u(m.v_head_dim))?;
+            w.add_metadata(format!("{a}.attention.kv_lora_rank"), u(m.kv_lora_rank))?;
+            if m.q_lora_rank > 0 {
+                w.add_metadata(format!("{a}.attention.q_lora_rank"), u(m.q_lora_rank))?;
+            }
+        }
+        None => {
+            w.add_metadata(format!("{a}.attention.key_length"), u(p.head_dim))?;
+            w.add_metadata(format!("{a}.attention.value_length"), u(p.head_dim))?;
+        }
+    }
+    if p.n_rot > 0 {
+        w.add_metadata(format!("{a}.rope.dimension_count"), u(p.n_rot))?;
+    }
     w.add_metadata(
         format!("{a}.attention.layer_norm_rms_epsilon"),
         Value::F32(1e-6),
@@ -254,6 +491,21 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
     w.add_metadata(format!("{a}.rope.freq_base"), Value::F32(1_000_000.0))?;
     w.add_metadata(format!("{a}.expert_count"), u(p.n_expert))?;
     w.add_metadata(format!("{a}.expert_used_count"), u(p.n_expert_used))?;
+    if p.n_shared_exp > 0 || p.n_dense_lead > 0 || p.sigmoid_gating {
+        w.add_metadata(format!("{a}.expert_shared_count"), u(p.n_shared_exp))?;
+        w.add_metadata(format!("{a}.leading_dense_block_count"), u(p.n_dense_lead))?;
+        w.add_metadata(
+            format!("{a}.expert_gating_func"),
+            u(if p.sigmoid_gating { 2 } else { 1 }),
+        )?;
+        w.add_metadata(format!("{a}.expert_group_count"), u(p.n_group))?;
+        w.add_metadata(format!("{a}.expert_group_used_count"), u(p.n_group_used))?;
+        w.add_metadata(
+            format!("{a}.expert_weights_scale"),
+            Value::F32(p.weights_scale),
+        )?;
+        w.add_metadata(format!("{a}.expert_weights_norm"), Value::Bool(p.norm_topk))?;
+    }
     let (tokens, types) = vocabulary(p.n_vocab);
     w.add_metadata("tokenizer.ggml.model", "gpt2")?;
     w.add_metadata("tokenizer.ggml.pre", "qwen2")?;

@@ -416,3 +416,11 @@ fn api_key_from_a_file_or_the_environment() {
     let (ok, _, stderr) = p.finish(Duration::from_secs(30));
     assert!(!ok && stderr.contains("holds no API key"), "{stderr}");
 }
+
+/// Batched sessions through latent attention (several sequences' latent caches in one step)
+/// and through GLM-4.5-style attention: every stream as when it ran alone.
+#[test]
+fn concurrent_greedy_streams_match_solo_deepseek2_and_glm4moe() {
+    concurrent_matches_solo(&fixture("deepseek2", "model-q8_0.gguf"), 24);
+    concurrent_matches_solo(&fixture("glm4moe", "model-q8_0.gguf"), 24);
+}

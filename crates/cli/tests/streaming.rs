@@ -38,14 +38,20 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 #[test]
 fn streamed_logits_equal_resident_logits_for_every_moe_fixture() {
     let dir = tempfile::tempdir().unwrap();
-    // (fixture, MoE layers): every layer of these tiny models routes.
-    for (arch, layers) in [
-        ("mixtral", "4"),
-        ("olmoe", "3"),
-        ("qwen2moe", "4"),
-        ("qwen3moe", "4"),
+    // (fixture, MoE layers, files): every layer of these tiny models routes, but the first of
+    // deepseek2 and glm4moe (a leading dense layer); deepseek2-lite has no quantized files
+    // (llama-quantize cannot load it).
+    let all = &["f32", "q8_0", "q4_k"][..];
+    for (arch, layers, quants) in [
+        ("mixtral", "4", all),
+        ("olmoe", "3", all),
+        ("qwen2moe", "4", all),
+        ("qwen3moe", "4", all),
+        ("deepseek2", "3", all),
+        ("deepseek2-lite", "3", &["f32"][..]),
+        ("glm4moe", "3", all),
     ] {
-        for quant in ["f32", "q8_0", "q4_k"] {
+        for &quant in quants {
             let m = fixture(arch, &format!("model-{quant}.gguf"));
             let m = m.to_str().unwrap();
             let want = logits(dir.path(), m, &[], "resident");

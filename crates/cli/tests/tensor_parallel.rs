@@ -135,7 +135,19 @@ fn tokens_of(fixture: &str) -> String {
 #[test]
 fn two_and_three_ranks_match_single_node_on_every_fixture() {
     let dir = tempfile::tempdir().unwrap();
-    for fx in ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama"] {
+    // deepseek2 has 6 query heads (split 3+3 and 2+2+2 over one latent cache every rank keeps
+    // whole), deepseek2-lite 4 (split over 2 ranks, computed by rank 0 alone over 3), glm4moe 2
+    // kv heads (split over 2, replicated over 3).
+    for fx in [
+        "qwen3moe",
+        "qwen2moe",
+        "mixtral",
+        "olmoe",
+        "llama",
+        "deepseek2",
+        "deepseek2-lite",
+        "glm4moe",
+    ] {
         let m = fixture(fx, "model-f32.gguf");
         let m = m.to_str().unwrap();
         let toks = tokens_of(fx);
@@ -598,6 +610,71 @@ fn a_snapshot_moves_between_a_group_and_a_single_node() {
         3,
         &[],
     );
+    assert!(ok, "loading on the group failed:\n{err}");
+    assert_eq!(
+        out.trim_end(),
+        want,
+        "single-node snapshot continued on the group"
+    );
+}
+
+/// A latent-attention session saved on a 3-rank group (heads split, each rank holding the whole
+/// latent cache; the snapshot takes rank 0's) continues on one node with its greedy tokens, and
+/// one saved on a single node continues on a 2-rank group.
+#[test]
+fn an_mla_snapshot_moves_between_a_group_and_a_single_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("deepseek2", "model-f32.gguf");
+    let m = m.to_str().unwrap();
+    let prompt = "The ferry";
+    let single = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-m",
+            m,
+            "--temp",
+            "0",
+            "--kv-type",
+            "f32",
+            "--no-warm",
+        ];
+        args.extend_from_slice(extra);
+        run_ok(&args)
+    };
+    let want = single(&["-p", prompt, "-n", "16"]);
+    let want = want.trim_end().strip_prefix(prompt).unwrap().trim_end();
+    let from_group = dir.path().join("group.snap");
+    let from_group = from_group.to_str().unwrap();
+    let save = [
+        "run",
+        "-m",
+        m,
+        "-p",
+        prompt,
+        "-n",
+        "0",
+        "--save-snapshot",
+        from_group,
+    ];
+    let (ok, _, err, _) = with_group(&save, m, 3, &[]);
+    assert!(ok, "saving on the group failed:\n{err}");
+    let out = single(&["-n", "16", "--load-snapshot", from_group]);
+    assert_eq!(out.trim_end(), want, "group snapshot continued on one node");
+    let from_single = dir.path().join("single.snap");
+    let from_single = from_single.to_str().unwrap();
+    single(&["-p", prompt, "-n", "0", "--save-snapshot", from_single]);
+    let load = [
+        "run",
+        "-m",
+        m,
+        "-n",
+        "16",
+        "--temp",
+        "0",
+        "--load-snapshot",
+        from_single,
+    ];
+    let (ok, out, err, _) = with_group(&load, m, 2, &[]);
     assert!(ok, "loading on the group failed:\n{err}");
     assert_eq!(
         out.trim_end(),

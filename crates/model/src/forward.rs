@@ -8,17 +8,17 @@ use std::ops::RangeInclusive;
 use kernels::Input;
 
 use crate::Model;
-use crate::arch::QkNorm;
 use crate::blocks::Compute;
 use crate::blocks::attention::{AttentionShape, SeqSpan, attend};
 use crate::blocks::ffn::swiglu_ffn;
+use crate::blocks::mla;
 use crate::blocks::moe::{moe_ffn, route};
 use crate::blocks::norm::{rms_norm_rows, rms_norm_rows_inplace};
 use crate::blocks::rope::RopeTable;
 use crate::error::{ModelError, Result};
 use crate::experts::ExpertSource;
 use crate::kv::KvCache;
-use crate::weights::Ffn;
+use crate::weights::{AttentionWeights, Ffn, Matrix, MlaAttention};
 
 /// Which positions of a sequence need logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,8 +250,13 @@ impl Model {
         rope: &RopeTable,
         hooks: &mut dyn Hooks,
     ) -> Result<()> {
+        let a = match &self.layers[il].attn {
+            AttentionWeights::Gqa(a) => a,
+            AttentionWeights::Mla(m) => {
+                return self.mla_attention_layer(cx, il, m, x, seqs, pos0, rope, hooks);
+            }
+        };
         let hp = &self.hp;
-        let a = &self.layers[il].attn;
         let files = self.files();
         let sh = &self.shard;
         let d = hp.n_embd;
@@ -287,14 +292,10 @@ impl Model {
         if let Some(b) = &a.v_bias {
             add_rows(&mut v, &b[v_rows]);
         }
-        match self.spec.qk_norm {
-            QkNorm::None => {}
-            QkNorm::PerHead | QkNorm::Whole => {
-                let qn = a.q_norm.as_ref().expect("bound with the architecture");
-                let kn = a.k_norm.as_ref().expect("bound with the architecture");
-                rms_norm_rows_inplace(&mut q, qn, hp.rms_eps);
-                rms_norm_rows_inplace(&mut k, kn, hp.rms_eps);
-            }
+        // Bound per the architecture's `QkNorm` (both or neither).
+        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+            rms_norm_rows_inplace(&mut q, qn, hp.rms_eps);
+            rms_norm_rows_inplace(&mut k, kn, hp.rms_eps);
         }
         let (q_row, k_row, v_row) = (nh * dk, nkv * dk, nkv * dv);
         for t in 0..n {
@@ -332,33 +333,104 @@ impl Model {
             n_kv_head: nkv,
             head_dim_k: dk,
             head_dim_v: dv,
-            scale: 1.0 / (dk as f32).sqrt(),
+            scale: hp.attn_scale(),
+            values_in_keys: false,
         };
         let mut att = vec![0f32; n * nh * dv];
         attend(&cx.pool, &cx.kernels, il, &shape, &spans, &q, &mut att)?;
         hooks.observe(Some(il), "kqv_out", &att);
-        let ain = Input::new(&att, n, nh * dv)?;
-        let o_w = a.o.weights(files);
+        self.attention_output(cx, il, &a.o, &att, x, hooks)
+    }
+
+    /// The output projection of this rank's heads' attention output `att` (`n × heads ×
+    /// head_dim_out`), a partial sum over the heads when split, added to the residual stream.
+    fn attention_output(
+        &self,
+        cx: &Compute,
+        il: usize,
+        o: &Matrix,
+        att: &[f32],
+        x: &mut [f32],
+        hooks: &mut dyn Hooks,
+    ) -> Result<()> {
+        let sh = &self.shard;
+        let d = self.hp.n_embd;
+        let n = x.len() / d;
+        let dv = self.hp.head_dim_out();
+        let heads = &sh.heads;
+        let ain = Input::new(att, n, heads.len() * dv)?;
+        let o_w = o.weights(self.files());
         let o_w = if sh.attention_split {
             o_w.cols_slice(heads.start * dv..heads.end * dv)
                 .expect("a head split is block-aligned (checked by Shard::new)")
         } else {
             o_w
         };
-        let mut o = vec![0f64; n * d];
+        let mut out = vec![0f64; n * d];
         cx.kernels
-            .matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut o)?;
+            .matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut out)?;
         if sh.attention_split {
-            hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut o)?;
+            hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut out)?;
         }
-        add_residual(x, &o);
+        add_residual(x, &out);
         hooks.observe(Some(il), "ffn_inp", x);
         Ok(())
     }
 
+    /// Multi-head latent attention: queries of this rank's heads, the latent + rope row of
+    /// every new token into the cache (every rank keeps the whole latent cache: it is shared
+    /// by all heads and small), attention in the model's form, output projection (a partial
+    /// sum over the heads when split).
+    #[allow(clippy::too_many_arguments)]
+    fn mla_attention_layer(
+        &self,
+        cx: &Compute,
+        il: usize,
+        w: &MlaAttention,
+        x: &mut [f32],
+        seqs: &mut [SeqInput],
+        pos0: &[usize],
+        rope: &RopeTable,
+        hooks: &mut dyn Hooks,
+    ) -> Result<()> {
+        let hp = &self.hp;
+        let files = self.files();
+        let sh = &self.shard;
+        let d = hp.n_embd;
+        let n = x.len() / d;
+        let heads = sh.heads.clone();
+        let mut h = vec![0f32; n * d];
+        rms_norm_rows(x, &w.norm, hp.rms_eps, &mut h);
+        hooks.observe(Some(il), "attn_norm", &h);
+        let p = mla::project(cx, files, hp, w, &heads, &h, rope)?;
+        hooks.observe(Some(il), "kv_cmpr_pe", &p.cache_rows);
+        let row = hp.head_dim_k;
+        let mut t = 0;
+        for (s, &p0) in seqs.iter_mut().zip(pos0) {
+            for i in 0..s.n_tokens {
+                s.kv.store(il, p0 + i, &p.cache_rows[t * row..(t + 1) * row], &[])?;
+                t += 1;
+            }
+        }
+        let mut spans = Vec::with_capacity(seqs.len());
+        let mut row0 = 0;
+        for (s, &p0) in seqs.iter().zip(pos0) {
+            spans.push(SeqSpan {
+                kv: &*s.kv,
+                row0,
+                n_tokens: s.n_tokens,
+                pos0: p0,
+            });
+            row0 += s.n_tokens;
+        }
+        let att = mla::attend_latent(cx, files, hp, w, &heads, il, &spans, &p, self.mla_form)?;
+        hooks.observe(Some(il), "kqv_out", &att);
+        self.attention_output(cx, il, &w.o, &att, x, hooks)
+    }
+
     /// Reduction chunk of the attention output projection: whole heads, whole blocks.
     fn o_chunk(&self) -> usize {
-        crate::shard::o_chunk(self.layers[0].attn.o.dtype, self.hp.head_dim_v)
+        crate::shard::o_chunk(self.layers[0].attn.o().dtype, self.hp.head_dim_out())
     }
 
     /// A SwiGLU FFN, split by columns across tensor-parallel ranks (partial sums); when the
@@ -407,6 +479,7 @@ impl Model {
         let next = il + 1;
         let Some(Ffn::Moe {
             router,
+            selection_bias,
             experts: tensors,
             ..
         }) = self.layers.get(next).map(|l| &l.ffn)
@@ -425,7 +498,12 @@ impl Model {
             .project(&hin, &[router.weights(self.files())])?
             .pop()
             .expect("router");
-        let routing = route(&logits, tensors.gate.n_expert, moe);
+        let routing = route(
+            &logits,
+            tensors.gate.n_expert,
+            moe,
+            selection_bias.as_deref(),
+        );
         let mut wanted: Vec<usize> = routing
             .experts
             .iter()
@@ -460,6 +538,7 @@ impl Model {
             Ffn::Dense { gate, up, down } => self.split_swiglu(cx, &hin, gate, up, down)?,
             Ffn::Moe {
                 router,
+                selection_bias,
                 experts: tensors,
                 shared,
             } => {
@@ -469,7 +548,12 @@ impl Model {
                     .pop()
                     .expect("router");
                 hooks.observe(Some(il), "ffn_moe_logits", &logits);
-                let routing = route(&logits, tensors.gate.n_expert, moe);
+                let routing = route(
+                    &logits,
+                    tensors.gate.n_expert,
+                    moe,
+                    selection_bias.as_deref(),
+                );
                 if experts.lookahead() {
                     self.prefetch_next_layer(cx, il, x, experts)?;
                 }

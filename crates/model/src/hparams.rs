@@ -3,7 +3,7 @@
 
 use gguf::Metadata;
 
-use crate::arch::{ArchSpec, RopeKind};
+use crate::arch::{ArchSpec, Gating, RopeKind};
 use crate::error::{ModelError, Result};
 use crate::names::keys;
 
@@ -13,8 +13,40 @@ pub struct RopeParams {
     /// Dimensions rotated per head (the rest pass through).
     pub n_rot: usize,
     pub freq_base: f32,
-    /// Position multiplier (`1 / factor` for linear scaling).
+    /// Position multiplier (`1 / factor` for linear scaling; 1 under YaRN, whose scaling is
+    /// per frequency).
     pub freq_scale: f32,
+    /// YaRN (`rope.scaling.type = yarn`): frequencies blended between interpolation and
+    /// extrapolation, cos/sin scaled by `mscale`.
+    pub yarn: Option<YarnParams>,
+}
+
+/// YaRN's parameters as the GGUF's rope keys give them (HF `_compute_yarn_parameters`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct YarnParams {
+    pub factor: f32,
+    /// Context the model was trained at before extension.
+    pub orig_ctx: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// How much of the extrapolated frequencies is mixed in (1 = YaRN proper).
+    pub ext_factor: f32,
+    /// Multiplier on cos/sin (HF `attention_factor`).
+    pub mscale: f32,
+}
+
+/// Multi-head latent attention sizes (DeepSeek V2/V3). The KV cache holds, per position and
+/// layer, one row of `kv_lora_rank + n_rot` values: the normalized latent, then the rotated
+/// shared rope key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaParams {
+    /// Rank of the query compression; 0 = a plain `attn_q` projection (V2-Lite).
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    /// Per-head query/key dimensions without position (`qk_nope_head_dim`).
+    pub qk_nope: usize,
+    /// Per-head value dimension after decompression (`v_head_dim`).
+    pub v_head_dim: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -25,6 +57,11 @@ pub struct MoeParams {
     pub norm_topk: bool,
     /// Multiplier on the routing weights (1 when absent).
     pub weights_scale: f32,
+    pub gating: Gating,
+    /// Group-limited routing: experts in `n_group` equal groups, only the `n_group_used` best
+    /// groups (by the sum of their two best selection scores) compete (1 = no groups).
+    pub n_group: usize,
+    pub n_group_used: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -41,6 +78,14 @@ pub struct Hparams {
     pub moe: Option<MoeParams>,
     /// Filled in from the embedding tensor's shape.
     pub n_vocab: usize,
+    /// Multi-head latent attention; `n_head_kv` is then 1, `head_dim_k` the cache row
+    /// (`kv_lora_rank + n_rot`) and `head_dim_v` 0 (values are the latent part of that row).
+    pub mla: Option<MlaParams>,
+    /// Multiplier on the attention softmax scale `1/sqrt(head_dim)` (DeepSeek's YaRN
+    /// `mscale²`; 1 elsewhere).
+    pub attn_scale_mul: f32,
+    /// Layers in the file past `n_layer` that are NextN/MTP heads (not run).
+    pub n_nextn: usize,
 }
 
 fn bad(meta: &Metadata, suffix: &str, detail: impl Into<String>) -> ModelError {
@@ -56,7 +101,10 @@ impl Hparams {
         let u = |s: &str| -> Result<usize> { Ok(meta.arch_u32(s)? as usize) };
         let u_opt =
             |s: &str| -> Result<Option<usize>> { Ok(meta.arch_u32_opt(s)?.map(|v| v as usize)) };
-        let n_layer = u(keys::BLOCK_COUNT)?;
+        // NextN/MTP blocks are counted in block_count and appended after the trunk; they
+        // predict further tokens for speculative decoding, which we do not run.
+        let n_nextn = u_opt(keys::NEXTN_PREDICT_LAYERS)?.unwrap_or(0);
+        let n_layer = u(keys::BLOCK_COUNT)?.saturating_sub(n_nextn);
         let n_embd = u(keys::EMBEDDING_LENGTH)?;
         let n_head = u(keys::HEAD_COUNT)?;
         let n_head_kv = u_opt(keys::HEAD_COUNT_KV)?.unwrap_or(n_head);
@@ -85,6 +133,8 @@ impl Hparams {
             ));
         }
         let freq_base = meta.arch_f32_opt(keys::ROPE_FREQ_BASE)?.unwrap_or(10_000.0);
+        let mut yarn = None;
+        let mut attn_scale_mul = 1.0;
         let freq_scale = match meta.arch_str_opt(keys::ROPE_SCALING_TYPE)? {
             None | Some("none") => match meta.arch_f32_opt(keys::ROPE_SCALE_LINEAR)? {
                 Some(f) if f > 0.0 => 1.0 / f,
@@ -94,16 +144,23 @@ impl Hparams {
                 Some(f) if f > 0.0 => 1.0 / f,
                 _ => 1.0,
             },
+            Some("yarn") => {
+                let is_mla = meta.arch_u32_opt(keys::KV_LORA_RANK)?.is_some();
+                let (params, scale_mul) = yarn_params(meta, is_mla, n_ctx_train_of(meta)?)?;
+                attn_scale_mul = scale_mul;
+                yarn = Some(params);
+                1.0
+            }
             Some(other) => {
                 return Err(bad(
                     meta,
                     keys::ROPE_SCALING_TYPE,
-                    format!("rope scaling {other:?} is not supported (none, linear)"),
+                    format!("rope scaling {other:?} is not supported (none, linear, yarn)"),
                 ));
             }
         };
         let rms_eps = meta.arch_f32_opt(keys::RMS_EPS)?.unwrap_or(1e-5);
-        let n_ctx_train = u_opt(keys::CONTEXT_LENGTH)?.unwrap_or(4096);
+        let n_ctx_train = n_ctx_train_of(meta)?;
 
         let moe = match u_opt(keys::EXPERT_COUNT)? {
             Some(n_expert) if n_expert > 0 => {
@@ -115,14 +172,36 @@ impl Hparams {
                         format!("{n_expert_used} experts used of {n_expert}"),
                     ));
                 }
-                if let Some(func) = u_opt(keys::EXPERT_GATING_FUNC)?
-                    && func != 1
+                // llama.cpp: 1 = softmax, 2 = sigmoid, 3 = softmax over the selected weights.
+                let gating = match u_opt(keys::EXPERT_GATING_FUNC)? {
+                    None => spec.gating,
+                    Some(1) => Gating::Softmax,
+                    Some(2) => Gating::Sigmoid,
+                    Some(func) => {
+                        return Err(bad(
+                            meta,
+                            keys::EXPERT_GATING_FUNC,
+                            format!(
+                                "gating function {func} is not supported (1 = softmax, 2 = sigmoid)"
+                            ),
+                        ));
+                    }
+                };
+                let n_group = u_opt(keys::EXPERT_GROUP_COUNT)?.unwrap_or(1).max(1);
+                let n_group_used = u_opt(keys::EXPERT_GROUP_USED_COUNT)?.unwrap_or(n_group);
+                if n_expert % n_group != 0
+                    || n_group_used == 0
+                    || n_group_used > n_group
+                    || (n_group > 1 && n_expert / n_group < 2)
+                    || n_group_used * (n_expert / n_group) < n_expert_used
                 {
-                    // llama.cpp: 1 = softmax, 2 = sigmoid, 3 = softmax over the selected weights.
                     return Err(bad(
                         meta,
-                        keys::EXPERT_GATING_FUNC,
-                        format!("gating function {func} is not supported (1 = softmax)"),
+                        keys::EXPERT_GROUP_COUNT,
+                        format!(
+                            "{n_group} expert groups ({n_group_used} used) do not fit {n_expert} \
+                             experts with {n_expert_used} used"
+                        ),
                     ));
                 }
                 Some(MoeParams {
@@ -135,9 +214,18 @@ impl Hparams {
                         .arch_f32_opt(keys::EXPERT_WEIGHTS_SCALE)?
                         .filter(|s| *s != 0.0)
                         .unwrap_or(1.0),
+                    gating,
+                    n_group,
+                    n_group_used,
                 })
             }
             _ => None,
+        };
+        let mla = mla_params(meta, n_head_kv, head_dim_k, head_dim_v, n_rot)?;
+        let (head_dim_k, head_dim_v) = match &mla {
+            // The cache view: one latent + rope row per position, values inside it.
+            Some(m) => (m.kv_lora_rank + n_rot, 0),
+            None => (head_dim_k, head_dim_v),
         };
         Ok(Hparams {
             n_layer,
@@ -153,14 +241,151 @@ impl Hparams {
                 n_rot,
                 freq_base,
                 freq_scale,
+                yarn,
             },
             moe,
             n_vocab: 0,
+            mla,
+            attn_scale_mul,
+            n_nextn,
         })
+    }
+
+    /// Softmax scale of attention: `1/sqrt(d)` over the head size queries and keys are
+    /// compared at (for MLA the decompressed `qk_nope + n_rot`, whichever form computes it),
+    /// times the architecture's multiplier.
+    pub fn attn_scale(&self) -> f32 {
+        let d = match &self.mla {
+            Some(m) => m.qk_nope + self.rope.n_rot,
+            None => self.head_dim_k,
+        };
+        self.attn_scale_mul / (d as f32).sqrt()
+    }
+
+    /// Values per head entering the attention output projection.
+    pub fn head_dim_out(&self) -> usize {
+        self.mla.as_ref().map_or(self.head_dim_v, |m| m.v_head_dim)
     }
 
     /// Query heads per kv head.
     pub fn gqa_ratio(&self) -> usize {
         self.n_head / self.n_head_kv
     }
+}
+
+fn n_ctx_train_of(meta: &Metadata) -> Result<usize> {
+    Ok(meta
+        .arch_u32_opt(keys::CONTEXT_LENGTH)?
+        .map_or(4096, |v| v as usize))
+}
+
+/// HF's `get_mscale`: YaRN's magnitude correction for a context extended by `factor`.
+fn yarn_get_mscale(factor: f32, mscale: f32) -> f32 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * factor.ln() + 1.0
+    }
+}
+
+/// YaRN from the rope keys, and the multiplier it puts on the attention softmax scale.
+///
+/// DeepSeek's configs give `mscale` and `mscale_all_dim`; the converter keeps only
+/// `0.1 · mscale_all_dim` (`yarn_log_multiplier`). DeepSeek's reference (and transformers)
+/// scale cos/sin by `get_mscale(f, mscale) / get_mscale(f, mscale_all_dim)` and the softmax
+/// by `get_mscale(f, mscale_all_dim)²`. Every released DeepSeek config has
+/// `mscale == mscale_all_dim` (V3: 1/1, V2-Lite: 0.707/0.707), which llama.cpp assumes too,
+/// so cos/sin are unscaled. Without the key, YaRN's own `get_mscale(f, 1)` scales cos/sin
+/// and the softmax is left alone (transformers' semantics; see docs/models.md).
+fn yarn_params(meta: &Metadata, is_mla: bool, n_ctx_train: usize) -> Result<(YarnParams, f32)> {
+    let factor = meta
+        .arch_f32_opt(keys::ROPE_SCALING_FACTOR)?
+        .filter(|f| *f > 0.0)
+        .ok_or_else(|| {
+            bad(
+                meta,
+                keys::ROPE_SCALING_FACTOR,
+                "yarn needs a scaling factor",
+            )
+        })?;
+    let orig_ctx = meta
+        .arch_u32_opt(keys::ROPE_SCALING_ORIG_CTX)?
+        .map_or(n_ctx_train, |v| v as usize);
+    let log_mul = meta.arch_f32_opt(keys::ROPE_YARN_LOG_MUL)?.unwrap_or(0.0);
+    let attn_factor = meta
+        .arch_f32_opt(keys::ROPE_SCALING_ATTN_FACTOR)?
+        .unwrap_or(1.0);
+    let (mscale, scale_mul) = if log_mul != 0.0 && is_mla {
+        // DeepSeek's converter: yarn_log_multiplier = 0.1 · mscale_all_dim.
+        let m = yarn_get_mscale(factor, log_mul / 0.1);
+        (attn_factor, m * m)
+    } else if log_mul != 0.0 {
+        // Elsewhere the key is `mscale_all_dim` itself, with `mscale` 1 (llama.cpp).
+        (
+            attn_factor * yarn_get_mscale(factor, 1.0) / yarn_get_mscale(factor, log_mul),
+            1.0,
+        )
+    } else {
+        (attn_factor * yarn_get_mscale(factor, 1.0), 1.0)
+    };
+    Ok((
+        YarnParams {
+            factor,
+            orig_ctx,
+            beta_fast: meta
+                .arch_f32_opt(keys::ROPE_YARN_BETA_FAST)?
+                .unwrap_or(32.0),
+            beta_slow: meta.arch_f32_opt(keys::ROPE_YARN_BETA_SLOW)?.unwrap_or(1.0),
+            ext_factor: meta
+                .arch_f32_opt(keys::ROPE_YARN_EXT_FACTOR)?
+                .unwrap_or(1.0),
+            mscale,
+        },
+        scale_mul,
+    ))
+}
+
+/// MLA sizes when the file has `attention.kv_lora_rank` (the converter then writes the
+/// cache view as `key_length = kv_lora_rank + n_rot`, `value_length = kv_lora_rank`, one kv
+/// head, and the decompressed head sizes as `key_length_mla`/`value_length_mla`).
+fn mla_params(
+    meta: &Metadata,
+    n_head_kv: usize,
+    head_dim_k: usize,
+    head_dim_v: usize,
+    n_rot: usize,
+) -> Result<Option<MlaParams>> {
+    let Some(kv_lora_rank) = meta.arch_u32_opt(keys::KV_LORA_RANK)? else {
+        return Ok(None);
+    };
+    let kv_lora_rank = kv_lora_rank as usize;
+    let q_lora_rank = meta.arch_u32_opt(keys::Q_LORA_RANK)?.unwrap_or(0) as usize;
+    let k_mla = meta
+        .arch_u32_opt(keys::KEY_LENGTH_MLA)?
+        .map_or(head_dim_k, |v| v as usize);
+    let v_head_dim = meta
+        .arch_u32_opt(keys::VALUE_LENGTH_MLA)?
+        .map_or(head_dim_v, |v| v as usize);
+    if n_head_kv != 1
+        || head_dim_k != kv_lora_rank + n_rot
+        || head_dim_v != kv_lora_rank
+        || k_mla <= n_rot
+        || v_head_dim == 0
+    {
+        return Err(bad(
+            meta,
+            keys::KV_LORA_RANK,
+            format!(
+                "MLA sizes do not fit together: kv_lora_rank {kv_lora_rank}, rope {n_rot}, \
+                 {n_head_kv} kv heads of {head_dim_k}/{head_dim_v}, decompressed heads \
+                 {k_mla}/{v_head_dim} (older files with MHA-style key_length are not read)"
+            ),
+        ));
+    }
+    Ok(Some(MlaParams {
+        q_lora_rank,
+        kv_lora_rank,
+        qk_nope: k_mla - n_rot,
+        v_head_dim,
+    }))
 }

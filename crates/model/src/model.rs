@@ -25,6 +25,9 @@ pub struct Model {
     pub(crate) rope_freqs: Option<Vec<f32>>,
     pub(crate) layers: Vec<Layer>,
     pub(crate) shard: crate::shard::Shard,
+    /// How multi-head latent attention is computed (absorbed unless set; both give the same
+    /// attention, and every topology must use the same form to stay bit-identical).
+    pub mla_form: crate::blocks::mla::MlaForm,
 }
 
 impl Model {
@@ -60,7 +63,7 @@ impl Model {
             .collect::<Result<Vec<_>>>()?;
         let o_dtype = layers
             .first()
-            .map(|l| l.attn.o.dtype)
+            .map(|l| l.attn.o().dtype)
             .unwrap_or(gguf::GgmlType::F32);
         let shard = crate::shard::Shard::new(&hp, spec.qk_norm, o_dtype, rank, n_ranks);
         Ok(Model {
@@ -73,6 +76,7 @@ impl Model {
             rope_freqs,
             layers,
             shard,
+            mla_form: crate::blocks::mla::MlaForm::Absorbed,
         })
     }
 
@@ -87,7 +91,7 @@ impl Model {
         let o_dtype = self
             .layers
             .first()
-            .map(|l| l.attn.o.dtype)
+            .map(|l| l.attn.o().dtype)
             .unwrap_or(gguf::GgmlType::F32);
         crate::shard::Shard::new(
             &self.hp,

@@ -15,6 +15,8 @@ pub enum TensorName {
     AttnOut,
     AttnQNorm,
     AttnKNorm,
+    /// GLM-4.5's pre-FFN norm (HF `post_attention_layernorm`).
+    AttnPostNorm,
     FfnNorm,
     FfnGate,
     FfnUp,
@@ -28,6 +30,19 @@ pub enum TensorName {
     FfnGateShexp,
     FfnUpShexp,
     FfnDownShexp,
+    /// DeepSeek's router correction bias (`exp_probs_b.bias`), added for expert selection only.
+    FfnExpProbsB,
+    /// Multi-head latent attention (DeepSeek V2/V3): low-rank query (`attn_q_a`, its norm,
+    /// `attn_q_b`), the joint latent + rope key projection, its norm, and the per-head
+    /// decompression matrices.
+    AttnQA,
+    AttnQANorm,
+    AttnQB,
+    AttnKvAMqa,
+    AttnKvANorm,
+    AttnKB,
+    AttnVB,
+    AttnKvB,
 }
 
 impl TensorName {
@@ -45,6 +60,7 @@ impl TensorName {
             AttnOut => "attn_output",
             AttnQNorm => "attn_q_norm",
             AttnKNorm => "attn_k_norm",
+            AttnPostNorm => "post_attention_norm",
             FfnNorm => "ffn_norm",
             FfnGate => "ffn_gate",
             FfnUp => "ffn_up",
@@ -58,6 +74,15 @@ impl TensorName {
             FfnGateShexp => "ffn_gate_shexp",
             FfnUpShexp => "ffn_up_shexp",
             FfnDownShexp => "ffn_down_shexp",
+            FfnExpProbsB => "exp_probs_b",
+            AttnQA => "attn_q_a",
+            AttnQANorm => "attn_q_a_norm",
+            AttnQB => "attn_q_b",
+            AttnKvAMqa => "attn_kv_a_mqa",
+            AttnKvANorm => "attn_kv_a_norm",
+            AttnKB => "attn_k_b",
+            AttnVB => "attn_v_b",
+            AttnKvB => "attn_kv_b",
         }
     }
 
@@ -122,6 +147,21 @@ pub mod keys {
     pub const EXPERT_WEIGHTS_SCALE: &str = "expert_weights_scale";
     pub const EXPERT_WEIGHTS_NORM: &str = "expert_weights_norm";
     pub const EXPERT_GATING_FUNC: &str = "expert_gating_func";
+    pub const EXPERT_SHARED_COUNT: &str = "expert_shared_count";
+    pub const EXPERT_GROUP_COUNT: &str = "expert_group_count";
+    pub const EXPERT_GROUP_USED_COUNT: &str = "expert_group_used_count";
+    pub const LEADING_DENSE_BLOCK_COUNT: &str = "leading_dense_block_count";
+    pub const NEXTN_PREDICT_LAYERS: &str = "nextn_predict_layers";
+    pub const Q_LORA_RANK: &str = "attention.q_lora_rank";
+    pub const KV_LORA_RANK: &str = "attention.kv_lora_rank";
+    pub const KEY_LENGTH_MLA: &str = "attention.key_length_mla";
+    pub const VALUE_LENGTH_MLA: &str = "attention.value_length_mla";
+    pub const ROPE_SCALING_ORIG_CTX: &str = "rope.scaling.original_context_length";
+    pub const ROPE_SCALING_ATTN_FACTOR: &str = "rope.scaling.attn_factor";
+    pub const ROPE_YARN_LOG_MUL: &str = "rope.scaling.yarn_log_multiplier";
+    pub const ROPE_YARN_EXT_FACTOR: &str = "rope.scaling.yarn_ext_factor";
+    pub const ROPE_YARN_BETA_FAST: &str = "rope.scaling.yarn_beta_fast";
+    pub const ROPE_YARN_BETA_SLOW: &str = "rope.scaling.yarn_beta_slow";
 }
 
 #[cfg(test)]

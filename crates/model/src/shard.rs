@@ -83,9 +83,16 @@ impl Shard {
         }
         let heads_per_rank = hp.n_head / n_ranks;
         let aligned = o_dtype
-            .row_bytes((heads_per_rank * hp.head_dim_v) as u64)
+            .row_bytes((heads_per_rank * hp.head_dim_out()) as u64)
             .is_some();
-        if hp.n_head_kv.is_multiple_of(n_ranks) && qk_norm != QkNorm::Whole && aligned {
+        if hp.mla.is_some() {
+            // Latent attention: query heads split, the one latent cache (shared by every head)
+            // kept whole on every rank.
+            if hp.n_head.is_multiple_of(n_ranks) && aligned {
+                s.heads = rank * heads_per_rank..(rank + 1) * heads_per_rank;
+                s.attention_split = true;
+            }
+        } else if hp.n_head_kv.is_multiple_of(n_ranks) && qk_norm != QkNorm::Whole && aligned {
             let kv = hp.n_head_kv / n_ranks;
             s.kv_heads = rank * kv..(rank + 1) * kv;
             s.heads = rank * heads_per_rank..(rank + 1) * heads_per_rank;
@@ -97,6 +104,12 @@ impl Shard {
 
     pub fn is_split(&self) -> bool {
         self.n_ranks > 1
+    }
+
+    /// Whether ranks hold different kv heads (else each holds the whole cache, as for
+    /// replicated attention or multi-head latent attention).
+    pub fn kv_split(&self, n_head_kv: usize) -> bool {
+        self.attention_split && self.kv_heads.len() < n_head_kv
     }
 
     /// This rank's columns of a SwiGLU FFN of width `n_ff` reduced in chunks of `chunk`

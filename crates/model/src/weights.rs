@@ -130,6 +130,45 @@ pub struct Attention {
     pub k_norm: Option<Vec<f32>>,
 }
 
+/// Multi-head latent attention (DeepSeek V2/V3). Per-head matrices are stacks over heads.
+#[derive(Clone, Debug)]
+pub struct MlaAttention {
+    pub norm: Vec<f32>,
+    /// The query: `q_a` (n_embd → q_lora_rank), RMSNorm, `q_b` (→ heads × (nope + rope)); or
+    /// one `attn_q` when the file has no query compression.
+    pub q_a: Option<(Matrix, Vec<f32>)>,
+    pub q: Matrix,
+    /// n_embd → kv_lora_rank latent followed by the n_rot shared rope key.
+    pub kv_a: Matrix,
+    pub kv_a_norm: Vec<f32>,
+    /// Per head `kv_lora_rank × qk_nope`: absorbs a head's no-rope query into latent space
+    /// (`q_nope · W_kb`); its transpose decompresses a latent into that head's key.
+    pub k_b: ExpertStack,
+    /// Per head `v_head_dim × kv_lora_rank`: a head's value (or attention output) from latent.
+    pub v_b: ExpertStack,
+    pub o: Matrix,
+}
+
+/// A layer's attention weights.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum AttentionWeights {
+    /// Grouped-query attention over a key/value cache.
+    Gqa(Attention),
+    /// Multi-head latent attention over a latent cache.
+    Mla(MlaAttention),
+}
+
+impl AttentionWeights {
+    /// The output projection (every form has one of n_head · head_dim_v columns).
+    pub fn o(&self) -> &Matrix {
+        match self {
+            AttentionWeights::Gqa(a) => &a.o,
+            AttentionWeights::Mla(m) => &m.o,
+        }
+    }
+}
+
 /// One per layer, so the size difference between the variants does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
@@ -141,6 +180,8 @@ pub enum Ffn {
     },
     Moe {
         router: Matrix,
+        /// Added to the expert probabilities for selection only (`exp_probs_b`).
+        selection_bias: Option<Vec<f32>>,
         experts: ExpertTensors,
         shared: Option<SharedExpert>,
     },
@@ -148,7 +189,7 @@ pub enum Ffn {
 
 #[derive(Clone, Debug)]
 pub struct Layer {
-    pub attn: Attention,
+    pub attn: AttentionWeights,
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
 }
@@ -292,7 +333,70 @@ impl<'m> Binder<'m> {
         Ok(out)
     }
 
+    /// Multi-head latent attention of layer `il`.
+    fn mla_attention(&self, hp: &Hparams, il: usize) -> Result<MlaAttention> {
+        use TensorName as T;
+        let m = hp.mla.as_ref().expect("called for MLA models");
+        let n_embd = hp.n_embd;
+        let n_rot = hp.rope.n_rot;
+        let q_rows = hp.n_head * (m.qk_nope + n_rot);
+        let (q_a, q) = if m.q_lora_rank > 0 {
+            let r = m.q_lora_rank;
+            (
+                Some((
+                    self.matrix(&T::AttnQA.weight(il), n_embd, r)?,
+                    self.vector(&T::AttnQANorm.weight(il), r)?,
+                )),
+                self.matrix(&T::AttnQB.weight(il), r, q_rows)?,
+            )
+        } else {
+            (None, self.matrix(&T::AttnQ.weight(il), n_embd, q_rows)?)
+        };
+        if self.get(&T::AttnKvB.weight(il)).is_some() && self.get(&T::AttnKB.weight(il)).is_none() {
+            return Err(bad_tensor(
+                &T::AttnKvB.weight(il),
+                "a joint attn_kv_b (files converted before llama.cpp split it into attn_k_b and \
+                 attn_v_b) is not read: convert the model again",
+            ));
+        }
+        Ok(MlaAttention {
+            norm: self.vector(&T::AttnNorm.weight(il), n_embd)?,
+            q_a,
+            q,
+            kv_a: self.matrix(&T::AttnKvAMqa.weight(il), n_embd, m.kv_lora_rank + n_rot)?,
+            kv_a_norm: self.vector(&T::AttnKvANorm.weight(il), m.kv_lora_rank)?,
+            k_b: self.stack(
+                &T::AttnKB.weight(il),
+                m.qk_nope,
+                Some(m.kv_lora_rank),
+                hp.n_head,
+            )?,
+            v_b: self.stack(
+                &T::AttnVB.weight(il),
+                m.kv_lora_rank,
+                Some(m.v_head_dim),
+                hp.n_head,
+            )?,
+            o: self.matrix(&T::AttnOut.weight(il), hp.n_head * m.v_head_dim, n_embd)?,
+        })
+    }
+
     pub fn layer(&self, spec: &ArchSpec, hp: &Hparams, il: usize) -> Result<Layer> {
+        use TensorName as T;
+        let attn = if hp.mla.is_some() {
+            AttentionWeights::Mla(self.mla_attention(hp, il)?)
+        } else {
+            AttentionWeights::Gqa(self.gqa_attention(spec, hp, il)?)
+        };
+        let routed = match spec.ffn {
+            FfnLayout::Moe => true,
+            FfnLayout::MoeWhenRouted => self.get(&T::FfnGateInp.weight(il)).is_some(),
+        };
+        self.ffn_layer(spec, hp, il, attn, routed)
+    }
+
+    /// Grouped-query attention of layer `il`.
+    fn gqa_attention(&self, spec: &ArchSpec, hp: &Hparams, il: usize) -> Result<Attention> {
         use TensorName as T;
         let n_embd = hp.n_embd;
         let q_dim = hp.n_head * hp.head_dim_k;
@@ -308,6 +412,10 @@ impl<'m> Binder<'m> {
                 Some(self.vector(&T::AttnQNorm.weight(il), q_dim)?),
                 Some(self.vector(&T::AttnKNorm.weight(il), k_dim)?),
             ),
+            QkNorm::PerHeadIfPresent => (
+                self.vector_opt(&T::AttnQNorm.weight(il), hp.head_dim_k)?,
+                self.vector_opt(&T::AttnKNorm.weight(il), hp.head_dim_k)?,
+            ),
         };
         let attn = Attention {
             norm: self.vector(&T::AttnNorm.weight(il), n_embd)?,
@@ -321,10 +429,20 @@ impl<'m> Binder<'m> {
             q_norm,
             k_norm,
         };
-        let routed = match spec.ffn {
-            FfnLayout::Moe => true,
-            FfnLayout::MoeWhenRouted => self.get(&T::FfnGateInp.weight(il)).is_some(),
-        };
+        Ok(attn)
+    }
+
+    /// The feed-forward block of layer `il` (routed or dense), completing the layer.
+    fn ffn_layer(
+        &self,
+        spec: &ArchSpec,
+        hp: &Hparams,
+        il: usize,
+        attn: AttentionWeights,
+        routed: bool,
+    ) -> Result<Layer> {
+        use TensorName as T;
+        let n_embd = hp.n_embd;
         let ffn = if routed {
             let moe = hp.moe.as_ref().ok_or_else(|| ModelError::BadMetadata {
                 key: format!("{}.expert_count", spec.name),
@@ -374,6 +492,7 @@ impl<'m> Binder<'m> {
             };
             Ffn::Moe {
                 router,
+                selection_bias: self.vector_opt(&T::FfnExpProbsB.bias(il), n_expert)?,
                 experts,
                 shared,
             }
@@ -386,9 +505,14 @@ impl<'m> Binder<'m> {
                 down: self.matrix(&T::FfnDown.weight(il), n_ff, n_embd)?,
             }
         };
+        let ffn_norm = if spec.post_attention_norm {
+            T::AttnPostNorm
+        } else {
+            T::FfnNorm
+        };
         Ok(Layer {
             attn,
-            ffn_norm: self.vector(&T::FfnNorm.weight(il), n_embd)?,
+            ffn_norm: self.vector(&ffn_norm.weight(il), n_embd)?,
             ffn,
         })
     }

@@ -157,7 +157,29 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
-const ARCHS: [&str; 5] = ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama"];
+/// Every fixture with transformers references.
+const ARCHS: [&str; 8] = [
+    "qwen3moe",
+    "qwen2moe",
+    "mixtral",
+    "olmoe",
+    "llama",
+    "deepseek2",
+    "deepseek2-lite",
+    "glm4moe",
+];
+
+/// The fixtures llama.cpp loads (its deepseek2 reads `q_lora_rank` as optional only for
+/// 26/27-layer files, so not the 4-layer V2-Lite-style one).
+const LLAMA_CPP_ARCHS: [&str; 7] = [
+    "qwen3moe",
+    "qwen2moe",
+    "mixtral",
+    "olmoe",
+    "llama",
+    "deepseek2",
+    "glm4moe",
+];
 
 #[test]
 fn f32_fixtures_match_transformers_logits_and_greedy_tokens() {
@@ -193,13 +215,19 @@ fn f32_fixtures_match_transformers_logits_and_greedy_tokens() {
 }
 
 /// Q8_0 and Q4_K_M versions of the fixtures: against llama.cpp on the same file (both quantize
-/// activations to Q8_0/Q8_K, so only rounding order differs: ≤ 0.1, same top-1 everywhere), and
-/// against our own F32 run with a tolerance of 1.0, which allows one flipped expert choice on a
-/// token (llama.cpp measured up to 0.72 against transformers on these files).
+/// activations to Q8_0/Q8_K, so only rounding order differs: ≤ 0.1, and the same top-1 wherever
+/// llama.cpp's own top-1 is not a near tie — within twice that difference — with the token we
+/// pick), and against our own F32 run with a tolerance of 1.0, which allows one flipped expert
+/// choice on a token (llama.cpp measured up to 0.72 against transformers on the older files),
+/// or of llama.cpp's own distance between this file and the F32 one plus 0.1 where that is
+/// larger (the V3-style deepseek2 fixture, whose grouped sigmoid routing flips experts more
+/// easily: 0.82 / 1.73 for Q8_0 / Q4_K). deepseek2's 16-wide expert rows are F16 in both
+/// files (no quantized block fits them); llama.cpp rounds the activations to f16 for those
+/// products and we keep them f32, which moves its logits by 0.02–0.08 from ours at every row.
 #[test]
 fn quantized_fixtures_match_llama_cpp() {
     let cx = Compute::new(2);
-    for arch in ARCHS {
+    for arch in LLAMA_CPP_ARCHS {
         let dir = fixtures().join(arch);
         let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
         let f32_logits = logits(
@@ -207,25 +235,38 @@ fn quantized_fixtures_match_llama_cpp() {
             &cx,
             &prompt,
         );
+        let (_, llama_f32) = npy_f32(&dir.join("llama_cpp_logits_f32.npy"));
         for q in ["q8_0", "q4_k"] {
             let model = Model::load(dir.join(format!("model-{q}.gguf"))).unwrap();
             let got = logits(&model, &cx, &prompt);
             let (_, want) = npy_f32(&dir.join(format!("llama_cpp_logits_{q}.npy")));
             let v = model.hp.n_vocab;
             let d = max_abs_diff(&got, &want);
-            let agree = got
-                .chunks(v)
-                .zip(want.chunks(v))
-                .filter(|(a, b)| argmax(a) == argmax(b))
-                .count();
             let rows = prompt.len();
+            let mut agree = 0;
+            let mut near_ties = 0;
+            for (a, b) in got.chunks(v).zip(want.chunks(v)) {
+                let (ours, theirs) = (argmax(a), argmax(b));
+                if ours == theirs {
+                    agree += 1;
+                } else if b[theirs] - b[ours] <= 2.0 * d {
+                    near_ties += 1;
+                }
+            }
             let d32 = max_abs_diff(&got, &f32_logits);
+            let llama_d32 = max_abs_diff(&want, &llama_f32);
             eprintln!(
-                "{arch} {q}: max |ours − llama.cpp| = {d:.3}, top-1 agreement {agree}/{rows}; max |{q} − our F32| = {d32:.3}"
+                "{arch} {q}: max |ours − llama.cpp| = {d:.3}, top-1 agreement {agree}/{rows} \
+                 ({near_ties} near ties); max |{q} − our F32| = {d32:.3} (llama.cpp's own {llama_d32:.3})"
             );
             assert!(d <= 0.1, "{arch} {q}: differs from llama.cpp by {d}");
-            assert_eq!(agree, rows, "{arch} {q}: top-1 differs from llama.cpp");
-            assert!(d32 <= 1.0, "{arch} {q}: differs from our F32 run by {d32}");
+            assert_eq!(
+                agree + near_ties,
+                rows,
+                "{arch} {q}: top-1 differs from llama.cpp"
+            );
+            let tol = f32::max(1.0, llama_d32 + 0.1);
+            assert!(d32 <= tol, "{arch} {q}: differs from our F32 run by {d32}");
         }
     }
 }
@@ -299,4 +340,126 @@ fn smollm2_agrees_with_llama_cpp() {
         greedy(&model, &cx, &ids(&g["prompt_tokens"]), 8),
         ids(&g["tokens"])
     );
+}
+
+/// Multi-head latent attention in both forms: the decompressed (textbook multi-head) form and
+/// the absorbed one (attention in latent space, what every mode runs by default) agree with
+/// each other and with transformers, and a prompt prefilled in one form continues in the
+/// other with transformers' greedy tokens.
+#[test]
+fn mla_absorbed_and_decompressed_forms_agree() {
+    use model::blocks::mla::MlaForm;
+    let cx = Compute::new(2);
+    for arch in ["deepseek2", "deepseek2-lite"] {
+        let dir = fixtures().join(arch);
+        let mut model = Model::load(dir.join("model-f32.gguf")).unwrap();
+        let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
+        let (_, want) = npy_f32(&dir.join("logits.npy"));
+        assert_eq!(model.mla_form, MlaForm::Absorbed);
+        let absorbed = logits(&model, &cx, &prompt);
+        model.mla_form = MlaForm::Decompressed;
+        let decompressed = logits(&model, &cx, &prompt);
+        let d = max_abs_diff(&absorbed, &decompressed);
+        let dt = max_abs_diff(&decompressed, &want);
+        eprintln!(
+            "{arch}: max |absorbed − decompressed| = {d:.2e}, |decompressed − transformers| = {dt:.2e}"
+        );
+        assert!(d <= 1e-5, "{arch}: the two MLA forms differ by {d}");
+        assert!(
+            dt <= 1e-4,
+            "{arch}: decompressed form differs from transformers by {dt}"
+        );
+
+        // Prefill decompressed, decode absorbed over the same latent cache.
+        let want_tokens = ids(&json(&dir.join("greedy.json"))["generated_tokens"]);
+        let last = model.n_layer() - 1;
+        let mut kv = KvCache::new(model.kv_layout(KvType::F32, 0..=last, 512));
+        let mut input = prompt.clone();
+        let mut got = Vec::new();
+        for step in 0..want_tokens.len() {
+            model.mla_form = if step == 0 {
+                MlaForm::Decompressed
+            } else {
+                MlaForm::Absorbed
+            };
+            let src = ResidentExperts::new(&model);
+            let mut seqs = [SeqInput {
+                kv: &mut kv,
+                n_tokens: input.len(),
+                logits: LogitsWanted::Last,
+            }];
+            let StageOutput::Logits(l) = model
+                .forward(
+                    &cx,
+                    &src,
+                    0..=last,
+                    true,
+                    StageInput::Tokens(&input),
+                    &mut seqs,
+                    &mut NoHooks,
+                )
+                .unwrap()
+            else {
+                unreachable!()
+            };
+            let t = argmax(l.row(0)) as u32;
+            got.push(t);
+            input = vec![t];
+        }
+        assert_eq!(got, want_tokens, "{arch}: mixed-form greedy tokens");
+    }
+}
+
+/// The MLA cache holds per token and layer one latent (`kv_lora_rank`) and one shared rope key
+/// (`n_rot`), nothing per head: measured on the buffers after a prompt, for both KV types.
+#[test]
+fn mla_kv_cache_holds_latent_and_rope_key_only() {
+    let cx = Compute::new(2);
+    for arch in ["deepseek2", "deepseek2-lite"] {
+        let dir = fixtures().join(arch);
+        let model = Model::load(dir.join("model-f32.gguf")).unwrap();
+        let mla = model.hp.mla.clone().expect("an MLA model");
+        let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
+        let last = model.n_layer() - 1;
+        for kv_type in [KvType::F32, KvType::F16] {
+            let mut kv = KvCache::new(model.kv_layout(kv_type, 0..=last, 512));
+            let src = ResidentExperts::new(&model);
+            let mut seqs = [SeqInput {
+                kv: &mut kv,
+                n_tokens: prompt.len(),
+                logits: LogitsWanted::Last,
+            }];
+            model
+                .forward(
+                    &cx,
+                    &src,
+                    0..=last,
+                    true,
+                    StageInput::Tokens(&prompt),
+                    &mut seqs,
+                    &mut NoHooks,
+                )
+                .unwrap();
+            let held: usize = (0..=last)
+                .map(|il| kv.keys(il).unwrap().len() + kv.values(il).unwrap().len())
+                .sum();
+            let per_token = held / prompt.len();
+            let want = (mla.kv_lora_rank + model.hp.rope.n_rot) * model.n_layer() * kv_type.bytes();
+            let mha = model.hp.n_head
+                * (mla.qk_nope + model.hp.rope.n_rot + mla.v_head_dim)
+                * model.n_layer()
+                * kv_type.bytes();
+            eprintln!(
+                "{arch} {}: KV bytes per token {per_token} = ({} + {}) × {} layers × {} (multi-head K/V would be {mha})",
+                kv_type.name(),
+                mla.kv_lora_rank,
+                model.hp.rope.n_rot,
+                model.n_layer(),
+                kv_type.bytes()
+            );
+            assert_eq!(held % prompt.len(), 0);
+            assert_eq!(per_token, want, "{arch}");
+            assert_eq!(kv.bytes_per_position(), want, "{arch}");
+        }
+    }
 }

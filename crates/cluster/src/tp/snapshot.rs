@@ -1,6 +1,7 @@
 //! A tensor-parallel session's KV in the topology-free snapshot form: when attention is split
 //! by heads each rank holds its kv heads, which are interleaved back into rows of all heads for
-//! a snapshot and cut out again on restore; replicated attention needs only rank 0's copy.
+//! a snapshot and cut out again on restore; replicated attention, and latent attention (whose
+//! one latent cache every rank holds whole), need only rank 0's copy.
 
 use std::ops::Range;
 
@@ -28,7 +29,7 @@ pub fn merge(
     let Some(first) = per_rank.first() else {
         return Ok(Vec::new());
     };
-    if !model.shard().attention_split {
+    if !model.shard().kv_split(hp.n_head_kv) {
         return Ok(first.clone());
     }
     let heads = rank_heads(model);
@@ -60,7 +61,7 @@ pub fn split(
     layers: &[(Vec<u8>, Vec<u8>)],
 ) -> Result<Vec<LayersKv>> {
     let n_ranks = model.shard().n_ranks;
-    if !model.shard().attention_split {
+    if !model.shard().kv_split(model.hp.n_head_kv) {
         return Ok(vec![layers.to_vec(); n_ranks]);
     }
     let hp = &model.hp;

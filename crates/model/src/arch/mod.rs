@@ -2,6 +2,8 @@
 //! `crate::blocks`; the registry maps `general.architecture` to that declaration. Adding an
 //! architecture touches its own file and the `REGISTRY` line, nothing else.
 
+mod deepseek2;
+mod glm4moe;
 mod llama;
 mod olmoe;
 mod qwen2moe;
@@ -25,6 +27,19 @@ pub enum QkNorm {
     PerHead,
     /// One weight over the whole projection, all heads at once (OLMoE).
     Whole,
+    /// Per head as `PerHead` when the file has `attn_q_norm`/`attn_k_norm`, none otherwise
+    /// (GLM-4.5 has them, GLM-4.5-Air does not).
+    PerHeadIfPresent,
+}
+
+/// How router logits become expert probabilities (`{arch}.expert_gating_func`: 1 = softmax,
+/// 2 = sigmoid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts.
+    Softmax,
+    /// Independent sigmoid per expert (DeepSeek V3, GLM-4.5).
+    Sigmoid,
 }
 
 /// Which feed-forward block a layer uses.
@@ -49,9 +64,20 @@ pub struct ArchSpec {
     pub norm_topk: bool,
     /// Whether layers may carry a shared expert with a sigmoid gate (`ffn_*_shexp`).
     pub shared_expert: bool,
+    /// Gating when the file has no `expert_gating_func` (llama.cpp's per-architecture default).
+    pub gating: Gating,
+    /// The norm in front of the FFN is named `post_attention_norm` instead of `ffn_norm`.
+    pub post_attention_norm: bool,
 }
 
-const REGISTRY: [&ArchSpec; 4] = [&llama::SPEC, &qwen3moe::SPEC, &qwen2moe::SPEC, &olmoe::SPEC];
+const REGISTRY: [&ArchSpec; 6] = [
+    &llama::SPEC,
+    &qwen3moe::SPEC,
+    &qwen2moe::SPEC,
+    &olmoe::SPEC,
+    &deepseek2::SPEC,
+    &glm4moe::SPEC,
+];
 
 /// The declaration for `general.architecture == name`.
 pub fn lookup(name: &str) -> Option<&'static ArchSpec> {

@@ -26,6 +26,10 @@ pub struct AttentionShape {
     pub head_dim_k: usize,
     pub head_dim_v: usize,
     pub scale: f32,
+    /// Values are the first `head_dim_v` elements of each key row (multi-head latent
+    /// attention, whose cache row is the latent followed by the rope key); the cache then
+    /// holds no separate values.
+    pub values_in_keys: bool,
 }
 
 thread_local! {
@@ -100,16 +104,31 @@ pub fn attend(
     );
     let esz = kv_type.bytes();
     let k_row = n_kv * dk * esz;
-    let v_row = n_kv * dv * esz;
+    let (v_row, v_head_stride) = if shape.values_in_keys {
+        (k_row, dk * esz)
+    } else {
+        (n_kv * dv * esz, dv * esz)
+    };
     let out_ptr = OutPtr(out.as_mut_ptr());
-    let n_work = tasks.len() * n_kv;
+    // Few (token, kv head) pairs — one token's decode with a single shared latent — would leave
+    // threads idle: then each pair's query heads are dealt out in parts as well.
+    let parts = if tasks.len() * n_kv < pool.n_threads() {
+        group.min(pool.n_threads())
+    } else {
+        1
+    };
+    let per_part = group.div_ceil(parts);
+    let n_work = tasks.len() * n_kv * parts;
     pool.for_each_chunk(n_work, 1, |work| {
         SCORES.with_borrow_mut(|scores| {
             for w in work {
+                let part = w % parts;
+                let w = w / parts;
                 let (si, i) = tasks[w / n_kv];
                 let g = w % n_kv;
                 let s = &spans[si];
                 let (keys, values) = caches[si];
+                let values = if shape.values_in_keys { keys } else { values };
                 let row = s.row0 + i;
                 let n_pos = s.pos0 + i + 1;
                 let krows = Rows {
@@ -120,14 +139,16 @@ pub fn attend(
                     elem,
                 };
                 let vrows = Rows {
-                    data: &values[g * dv * esz..],
+                    data: &values[g * v_head_stride..],
                     stride: v_row,
                     n: n_pos,
                     d: dv,
                     elem,
                 };
                 scores.resize(n_pos, 0.0);
-                for h in g * group..(g + 1) * group {
+                let first = g * group + part * per_part;
+                let last = (first + per_part).min((g + 1) * group);
+                for h in first..last {
                     let qh = &q[(row * n_head + h) * dk..(row * n_head + h + 1) * dk];
                     attn::scores(isa, qh, krows, shape.scale, scores);
                     attn::softmax(isa, scores);

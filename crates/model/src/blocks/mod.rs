@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod ffn;
+pub mod mla;
 pub mod moe;
 pub mod norm;
 pub mod rope;

@@ -1,4 +1,4 @@
-//! Mixture-of-experts feed-forward: a softmax router picks the top-k experts per token, tokens
+//! Mixture-of-experts feed-forward: a softmax or sigmoid router picks the top-k experts per token, tokens
 //! are grouped by expert so each expert's weights are read once per batch, and each token's
 //! expert outputs are summed in its top-k order — an order that does not depend on when an
 //! expert became available, so streamed and resident runs give the same bits.
@@ -6,12 +6,13 @@
 use kernels::{Input, MatmulJob};
 
 use super::{Compute, swiglu};
+use crate::arch::Gating;
 use crate::error::{ModelError, Result};
 use crate::experts::{ExpertMatrices, ExpertSource};
 use crate::hparams::MoeParams;
 
 /// The routing decision for a batch of tokens: `k` (expert, weight) slots per token, in
-/// descending router probability.
+/// descending selection score.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Routing {
     pub k: usize,
@@ -25,28 +26,74 @@ impl Routing {
     }
 }
 
-/// Softmax over router logits, top-k (ties to the lower expert id), optional renormalization
-/// (with llama.cpp's floor on the sum) and scale.
-pub fn route(logits: &[f32], n_expert: usize, params: &MoeParams) -> Routing {
+/// Router logits to expert probabilities (softmax or sigmoid), top-k by selection score —
+/// the probability plus the correction `bias` when given (DeepSeek V3: the bias steers which
+/// experts are picked, never how much they weigh), within the `n_group_used` best expert
+/// groups when grouped — ties to the lower expert id, then optional renormalization of the
+/// chosen probabilities (with llama.cpp's floor on the sum) and scale.
+pub fn route(logits: &[f32], n_expert: usize, params: &MoeParams, bias: Option<&[f32]>) -> Routing {
     let k = params.n_expert_used;
     let n = logits.len() / n_expert;
     let mut experts = Vec::with_capacity(n * k);
     let mut weights = Vec::with_capacity(n * k);
     let mut probs = vec![0f32; n_expert];
+    let mut select = vec![0f32; n_expert];
     let mut order: Vec<usize> = Vec::with_capacity(n_expert);
+    let n_group = params.n_group.max(1);
+    let per_group = n_expert / n_group;
+    let mut groups: Vec<usize> = Vec::with_capacity(n_group);
+    let mut group_score = vec![0f32; n_group];
     for row in logits.chunks_exact(n_expert) {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for (p, &l) in probs.iter_mut().zip(row) {
-            *p = (l - max).exp();
-            sum += *p;
+        match params.gating {
+            Gating::Softmax => {
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0f32;
+                for (p, &l) in probs.iter_mut().zip(row) {
+                    *p = (l - max).exp();
+                    sum += *p;
+                }
+                for p in probs.iter_mut() {
+                    *p /= sum;
+                }
+            }
+            Gating::Sigmoid => {
+                for (p, &l) in probs.iter_mut().zip(row) {
+                    *p = 1.0 / (1.0 + (-l).exp());
+                }
+            }
         }
-        for p in probs.iter_mut() {
-            *p /= sum;
+        select.copy_from_slice(&probs);
+        if let Some(b) = bias {
+            for (s, &b) in select.iter_mut().zip(b) {
+                *s += b;
+            }
+        }
+        if n_group > 1 && params.n_group_used < n_group {
+            // A group's score, as in DeepSeek's inference code: the sum of its two best
+            // selection scores when there is a correction bias (V3's `noaux_tc`), its best
+            // probability when there is none (V2's `group_limited_greedy`).
+            for (g, score) in group_score.iter_mut().enumerate() {
+                let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+                for &v in &select[g * per_group..(g + 1) * per_group] {
+                    if v > a {
+                        b = a;
+                        a = v;
+                    } else if v > b {
+                        b = v;
+                    }
+                }
+                *score = if bias.is_some() { a + b } else { a };
+            }
+            groups.clear();
+            groups.extend(0..n_group);
+            groups.sort_by(|&a, &b| group_score[b].total_cmp(&group_score[a]).then(a.cmp(&b)));
+            for &g in &groups[params.n_group_used..] {
+                select[g * per_group..(g + 1) * per_group].fill(f32::NEG_INFINITY);
+            }
         }
         order.clear();
         order.extend(0..n_expert);
-        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        order.sort_by(|&a, &b| select[b].total_cmp(&select[a]).then(a.cmp(&b)));
         let chosen = &order[..k];
         let mut wsum = 0f32;
         for &e in chosen {
@@ -238,4 +285,74 @@ fn run_experts(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(gating: Gating, k: usize, n_group: usize, n_group_used: usize) -> MoeParams {
+        MoeParams {
+            n_expert: 8,
+            n_expert_used: k,
+            norm_topk: false,
+            weights_scale: 1.0,
+            gating,
+            n_group,
+            n_group_used,
+        }
+    }
+
+    fn sigmoid(x: f32) -> f32 {
+        1.0 / (1.0 + (-x).exp())
+    }
+
+    #[test]
+    fn the_correction_bias_picks_experts_but_does_not_weigh_them() {
+        let logits = [2.0, 1.0, 0.0, -1.0, -2.0, 0.5, 0.2, 0.1];
+        let p = params(Gating::Sigmoid, 2, 1, 1);
+        let plain = route(&logits, 8, &p, None);
+        assert_eq!(plain.experts, vec![0, 1]);
+        let mut bias = [0f32; 8];
+        bias[4] = 3.0;
+        let biased = route(&logits, 8, &p, Some(&bias));
+        assert_eq!(biased.experts, vec![4, 0]);
+        assert_eq!(biased.weights, vec![sigmoid(-2.0), sigmoid(2.0)]);
+    }
+
+    #[test]
+    fn only_the_best_groups_compete() {
+        // Groups of two: {0,1} {2,3} {4,5} {6,7}. Expert 0 is the single best, but with a
+        // correction bias (V3, here all zero) group 0's top-2 sum loses to groups 1 and 3...
+        let logits = [3.0, -3.0, 1.0, 1.0, -1.0, -1.0, 1.2, 0.9];
+        let zero = [0f32; 8];
+        let v3 = route(&logits, 8, &params(Gating::Sigmoid, 2, 4, 2), Some(&zero));
+        assert_eq!(v3.experts, vec![6, 2]);
+        // ... while without one (V2) a group's score is its best expert.
+        let v2 = route(&logits, 8, &params(Gating::Softmax, 2, 4, 2), None);
+        assert_eq!(v2.experts, vec![0, 6]);
+        let sigmoid_unbiased = route(&logits, 8, &params(Gating::Sigmoid, 2, 4, 2), None);
+        assert_eq!(sigmoid_unbiased.experts, vec![0, 6]);
+        // Without groups, expert 0 wins outright.
+        let flat = route(&logits, 8, &params(Gating::Sigmoid, 2, 1, 1), None);
+        assert_eq!(flat.experts, vec![0, 6]);
+    }
+
+    #[test]
+    fn renormalization_and_scale_apply_to_the_unbiased_probabilities() {
+        let logits = [0.0, 1.0, -1.0, 0.5, 0.0, 0.0, 0.0, 0.0];
+        let mut p = params(Gating::Sigmoid, 2, 1, 1);
+        p.norm_topk = true;
+        p.weights_scale = 2.5;
+        let mut bias = [0f32; 8];
+        bias[2] = 1.0;
+        let r = route(&logits, 8, &p, Some(&bias));
+        // Expert 2 is picked first (its bias lifts it), but weighs by its own probability.
+        assert_eq!(r.experts, vec![2, 1]);
+        let (a, b) = (sigmoid(-1.0), sigmoid(1.0));
+        let want = [a / (a + b) * 2.5, b / (a + b) * 2.5];
+        for (w, v) in r.weights.iter().zip(want) {
+            assert!((w - v).abs() < 1e-6, "{w} vs {v}");
+        }
+    }
 }

@@ -2,7 +2,29 @@
 //! frequencies, f32 angle), with accurate cos/sin of that angle.
 
 use crate::arch::RopeKind;
-use crate::hparams::RopeParams;
+use crate::hparams::{RopeParams, YarnParams};
+
+/// YaRN: each frequency becomes a blend of itself (extrapolation, for the fast-rotating
+/// dimensions that already saw whole periods in training) and itself divided by the factor
+/// (interpolation, for the slow ones), with a linear ramp between the dimensions where
+/// `beta_fast` and `beta_slow` rotations fit the original context (HF
+/// `_compute_yarn_parameters` with `truncate`, ggml `rope_yarn`).
+pub fn yarn_blend(inv_freq: &mut [f32], y: &YarnParams, base: f32, n_rot: usize) {
+    let dim = n_rot as f32;
+    let correction_dim = |rotations: f32| {
+        dim * (y.orig_ctx as f32 / (rotations * 2.0 * std::f32::consts::PI)).ln()
+            / (2.0 * base.ln())
+    };
+    let low = correction_dim(y.beta_fast).floor().max(0.0);
+    let high = correction_dim(y.beta_slow).ceil().min(dim - 1.0);
+    let span = if high == low { 0.001 } else { high - low };
+    for (i, f) in inv_freq.iter_mut().enumerate() {
+        let ramp = ((i as f32 - low) / span).clamp(0.0, 1.0);
+        let extrapolate = (1.0 - ramp) * y.ext_factor;
+        let interpolated = *f / y.factor;
+        *f = interpolated * (1.0 - extrapolate) + *f * extrapolate;
+    }
+}
 
 /// Cos/sin tables for a set of positions: `[pos][pair]`.
 pub struct RopeTable {
@@ -18,7 +40,7 @@ impl RopeTable {
         positions: &[usize],
     ) -> RopeTable {
         let half = params.n_rot / 2;
-        let inv_freq: Vec<f32> = (0..half)
+        let mut inv_freq: Vec<f32> = (0..half)
             .map(|i| {
                 let f = 1.0f32 / params.freq_base.powf((2 * i) as f32 / params.n_rot as f32);
                 match freq_factors {
@@ -27,14 +49,19 @@ impl RopeTable {
                 }
             })
             .collect();
+        let mut mscale = 1.0f32;
+        if let Some(y) = &params.yarn {
+            yarn_blend(&mut inv_freq, y, params.freq_base, params.n_rot);
+            mscale = y.mscale;
+        }
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
         for &p in positions {
             let pos = p as f32 * params.freq_scale;
             for &f in &inv_freq {
                 let angle = (pos * f) as f64;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push(angle.cos() as f32 * mscale);
+                sin.push(angle.sin() as f32 * mscale);
             }
         }
         RopeTable { half, cos, sin }

@@ -1,0 +1,371 @@
+//! Multi-head latent attention (DeepSeek V2/V3, Kimi K2). Keys and values of every head are
+//! low-rank images of one shared latent per token, so the cache holds only that latent
+//! (`kv_lora_rank` values, RMS-normalized) and one rotated rope key shared by all heads
+//! (`n_rot` values): 576 values per token and layer for DeepSeek V3 where multi-head K/V would
+//! take 128 heads × (192 + 128).
+//!
+//! Two forms compute the same attention:
+//! * **absorbed** — each head's no-rope query is taken into latent space (`q_nope · W_kb`),
+//!   the heads attend to the latent cache directly as one shared kv head of
+//!   `kv_lora_rank + n_rot` (values: its first `kv_lora_rank`), and `W_vb` lifts each head's
+//!   output back up. Nothing is decompressed; the cost per query is independent of the
+//!   decompressed head sizes. Decode (and by default every step) uses it.
+//! * **decompressed** — every cached latent is expanded into per-head keys
+//!   `[latent · W_kbᵀ, k_rope]` and values `W_vb · latent` and plain multi-head attention runs
+//!   over them: cheaper for long prompts processed at once, and the textbook form the absorbed
+//!   one is checked against.
+
+use std::ops::Range;
+
+use gguf::GgufModel;
+use half::f16;
+use kernels::{Input, MatmulJob, Weights};
+
+use super::Compute;
+use super::attention::{AttentionShape, SeqSpan, attend};
+use super::norm::{rms_norm, rms_norm_rows_inplace};
+use super::rope::RopeTable;
+use crate::error::Result;
+use crate::hparams::{Hparams, MlaParams};
+use crate::kv::{KvCache, KvLayout, KvType};
+use crate::weights::MlaAttention;
+
+/// Which form computes attention over the latent cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlaForm {
+    Absorbed,
+    Decompressed,
+}
+
+/// A batch's queries (this rank's heads) and the cache rows its tokens add.
+pub struct LatentProjection {
+    pub n: usize,
+    /// `n × heads × qk_nope`.
+    pub q_nope: Vec<f32>,
+    /// `n × heads × n_rot`, rotated.
+    pub q_rope: Vec<f32>,
+    /// `n × (kv_lora_rank + n_rot)`: the normalized latent, then the rotated rope key — the
+    /// cache row of each token.
+    pub cache_rows: Vec<f32>,
+}
+
+fn mla(hp: &Hparams) -> &MlaParams {
+    hp.mla.as_ref().expect("MLA blocks run on MLA models")
+}
+
+/// Several matrices, each applied to its own input rows (`inputs[i]` is `n × mats[i].cols`),
+/// in one parallel dispatch.
+fn project_each(
+    cx: &Compute,
+    inputs: &[Vec<f32>],
+    n: usize,
+    mats: &[Weights],
+) -> Result<Vec<Vec<f32>>> {
+    let ins = inputs
+        .iter()
+        .zip(mats)
+        .map(|(x, w)| Input::new(x, n, w.cols))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut outs: Vec<Vec<f32>> = mats.iter().map(|w| vec![0f32; n * w.rows]).collect();
+    let mut jobs = Vec::with_capacity(mats.len());
+    for ((x, w), out) in ins.iter().zip(mats).zip(outs.iter_mut()) {
+        let act = kernels::format(w.dtype)
+            .ok_or(kernels::MatmulError::UnsupportedType(w.dtype))?
+            .act;
+        jobs.push(MatmulJob {
+            w: *w,
+            acts: x.quantized(act, &cx.pool),
+            n,
+            out,
+        });
+    }
+    cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
+    Ok(outs)
+}
+
+/// Rows `t` of head `j` of an `n × n_heads × dim` buffer, gathered into `n × dim`.
+fn head_rows(x: &[f32], n: usize, n_heads: usize, dim: usize, j: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * dim);
+    for t in 0..n {
+        let at = (t * n_heads + j) * dim;
+        out.extend_from_slice(&x[at..at + dim]);
+    }
+    out
+}
+
+/// Queries of `heads` and the cache rows for `h` (`n × n_embd`, attention-normed).
+pub fn project(
+    cx: &Compute,
+    files: &GgufModel,
+    hp: &Hparams,
+    w: &MlaAttention,
+    heads: &Range<usize>,
+    h: &[f32],
+    rope: &RopeTable,
+) -> Result<LatentProjection> {
+    let m = mla(hp);
+    let (d, n_rot, r) = (hp.n_embd, hp.rope.n_rot, m.kv_lora_rank);
+    let n = h.len() / d;
+    let nh = heads.len();
+    let q_head = m.qk_nope + n_rot;
+    let q_rows = heads.start * q_head..heads.end * q_head;
+    let hin = Input::new(h, n, d)?;
+    let (q, mut kv) = match &w.q_a {
+        Some((q_a, q_a_norm)) => {
+            let mut both = cx.project(&hin, &[q_a.weights(files), w.kv_a.weights(files)])?;
+            let kv = both.pop().expect("kv_a");
+            let mut cq = both.pop().expect("q_a");
+            rms_norm_rows_inplace(&mut cq, q_a_norm, hp.rms_eps);
+            let cin = Input::new(&cq, n, q_a.rows)?;
+            let q = cx
+                .project(&cin, &[w.q.weights(files).rows_slice(q_rows)])?
+                .pop()
+                .expect("q_b");
+            (q, kv)
+        }
+        None => {
+            let mut both = cx.project(
+                &hin,
+                &[w.q.weights(files).rows_slice(q_rows), w.kv_a.weights(files)],
+            )?;
+            let kv = both.pop().expect("kv_a");
+            (both.pop().expect("q"), kv)
+        }
+    };
+    let row = r + n_rot;
+    let mut normed = vec![0f32; r];
+    for (t, cache_row) in kv.chunks_exact_mut(row).enumerate() {
+        rms_norm(&cache_row[..r], &w.kv_a_norm, hp.rms_eps, &mut normed);
+        cache_row[..r].copy_from_slice(&normed);
+        rope.apply(hp.rope.kind, t, &mut cache_row[r..], n_rot);
+    }
+    let mut q_nope = Vec::with_capacity(n * nh * m.qk_nope);
+    let mut q_rope = Vec::with_capacity(n * nh * n_rot);
+    for head in q.chunks_exact(q_head) {
+        q_nope.extend_from_slice(&head[..m.qk_nope]);
+        q_rope.extend_from_slice(&head[m.qk_nope..]);
+    }
+    for t in 0..n {
+        rope.apply(
+            hp.rope.kind,
+            t,
+            &mut q_rope[t * nh * n_rot..(t + 1) * nh * n_rot],
+            n_rot,
+        );
+    }
+    Ok(LatentProjection {
+        n,
+        q_nope,
+        q_rope,
+        cache_rows: kv,
+    })
+}
+
+/// Attention output of `heads` (`n × heads × v_head_dim`) for the projected batch, whose cache
+/// rows are already stored in the spans' caches.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_latent(
+    cx: &Compute,
+    files: &GgufModel,
+    hp: &Hparams,
+    w: &MlaAttention,
+    heads: &Range<usize>,
+    layer: usize,
+    spans: &[SeqSpan],
+    p: &LatentProjection,
+    form: MlaForm,
+) -> Result<Vec<f32>> {
+    match form {
+        MlaForm::Absorbed => absorbed(cx, files, hp, w, heads, layer, spans, p),
+        MlaForm::Decompressed => decompressed(cx, files, hp, w, heads, layer, spans, p),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn absorbed(
+    cx: &Compute,
+    files: &GgufModel,
+    hp: &Hparams,
+    w: &MlaAttention,
+    heads: &Range<usize>,
+    layer: usize,
+    spans: &[SeqSpan],
+    p: &LatentProjection,
+) -> Result<Vec<f32>> {
+    let m = mla(hp);
+    let (n, nh, n_rot, r) = (p.n, heads.len(), hp.rope.n_rot, m.kv_lora_rank);
+    // q_nope of each head into latent space: W_kb[h] is kv_lora_rank × qk_nope.
+    let inputs: Vec<Vec<f32>> = (0..nh)
+        .map(|j| head_rows(&p.q_nope, n, nh, m.qk_nope, j))
+        .collect();
+    let k_b: Vec<Weights> = heads
+        .clone()
+        .map(|h| w.k_b.expert(h).weights(files))
+        .collect();
+    let q_latent = project_each(cx, &inputs, n, &k_b)?;
+    let dk = r + n_rot;
+    let mut q = vec![0f32; n * nh * dk];
+    for t in 0..n {
+        for (j, ql) in q_latent.iter().enumerate() {
+            let at = (t * nh + j) * dk;
+            q[at..at + r].copy_from_slice(&ql[t * r..(t + 1) * r]);
+            let rp = (t * nh + j) * n_rot;
+            q[at + r..at + dk].copy_from_slice(&p.q_rope[rp..rp + n_rot]);
+        }
+    }
+    let shape = AttentionShape {
+        n_head: nh,
+        n_kv_head: 1,
+        head_dim_k: dk,
+        head_dim_v: r,
+        scale: hp.attn_scale(),
+        values_in_keys: true,
+    };
+    let mut latent_out = vec![0f32; n * nh * r];
+    attend(
+        &cx.pool,
+        &cx.kernels,
+        layer,
+        &shape,
+        spans,
+        &q,
+        &mut latent_out,
+    )?;
+    // Each head's latent-space output up to its value space: W_vb[h] is v_head_dim × kv_lora_rank.
+    let inputs: Vec<Vec<f32>> = (0..nh)
+        .map(|j| head_rows(&latent_out, n, nh, r, j))
+        .collect();
+    let v_b: Vec<Weights> = heads
+        .clone()
+        .map(|h| w.v_b.expert(h).weights(files))
+        .collect();
+    let outs = project_each(cx, &inputs, n, &v_b)?;
+    Ok(interleave_heads(&outs, n, m.v_head_dim))
+}
+
+/// `outs[j]` is `n × dim` for head `j`; the result is `n × heads × dim`.
+fn interleave_heads(outs: &[Vec<f32>], n: usize, dim: usize) -> Vec<f32> {
+    let mut att = Vec::with_capacity(n * outs.len() * dim);
+    for t in 0..n {
+        for o in outs {
+            att.extend_from_slice(&o[t * dim..(t + 1) * dim]);
+        }
+    }
+    att
+}
+
+/// A cache's rows (positions `0..len`) as f32.
+fn cache_rows_f32(kv: &KvCache, layer: usize) -> Result<Vec<f32>> {
+    let bytes = kv.keys(layer)?;
+    Ok(match kv.layout().kv_type {
+        KvType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        KvType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+    })
+}
+
+/// `W_kb[h]ᵀ` as an f32 matrix (`qk_nope × kv_lora_rank`): decompresses a latent into the
+/// head's no-rope key.
+fn transposed_f32(w: Weights) -> Result<Vec<u8>> {
+    let mut dense = vec![0f32; w.rows * w.cols];
+    for (i, row) in dense.chunks_exact_mut(w.cols).enumerate() {
+        kernels::formats::dequantize_row(w.dtype, w.row(i), row)
+            .ok_or(kernels::MatmulError::UnsupportedType(w.dtype))?;
+    }
+    let mut t = Vec::with_capacity(dense.len() * 4);
+    for c in 0..w.cols {
+        for r in 0..w.rows {
+            t.extend_from_slice(&dense[r * w.cols + c].to_le_bytes());
+        }
+    }
+    Ok(t)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decompressed(
+    cx: &Compute,
+    files: &GgufModel,
+    hp: &Hparams,
+    w: &MlaAttention,
+    heads: &Range<usize>,
+    layer: usize,
+    spans: &[SeqSpan],
+    p: &LatentProjection,
+) -> Result<Vec<f32>> {
+    let m = mla(hp);
+    let (nh, n_rot, r) = (heads.len(), hp.rope.n_rot, m.kv_lora_rank);
+    let (dk, dv) = (m.qk_nope + n_rot, m.v_head_dim);
+    let k_b_t: Vec<Vec<u8>> = heads
+        .clone()
+        .map(|h| transposed_f32(w.k_b.expert(h).weights(files)))
+        .collect::<Result<_>>()?;
+    let mut decompress: Vec<Weights> = k_b_t
+        .iter()
+        .map(|b| Weights::new(gguf::GgmlType::F32, m.qk_nope, r, b))
+        .collect::<std::result::Result<_, _>>()?;
+    decompress.extend(heads.clone().map(|h| w.v_b.expert(h).weights(files)));
+    let mut att = vec![0f32; p.n * nh * dv];
+    for s in spans {
+        let rows = cache_rows_f32(s.kv, layer)?;
+        let n_pos = s.pos0 + s.n_tokens;
+        let rows = &rows[..n_pos * (r + n_rot)];
+        let latent: Vec<f32> = rows
+            .chunks_exact(r + n_rot)
+            .flat_map(|row| row[..r].iter().copied())
+            .collect();
+        let inputs = vec![latent; 2 * nh];
+        let kv = project_each(cx, &inputs, n_pos, &decompress)?;
+        let (k_nope, v) = kv.split_at(nh);
+        let mut cache = KvCache::new(KvLayout {
+            kv_type: KvType::F32,
+            layers: layer..=layer,
+            n_kv_head: nh,
+            head_dim_k: dk,
+            head_dim_v: dv,
+            n_ctx: n_pos,
+        });
+        cache.reserve(0, n_pos)?;
+        let mut k_row = vec![0f32; nh * dk];
+        let mut v_row = vec![0f32; nh * dv];
+        for (pos, cache_row) in rows.chunks_exact(r + n_rot).enumerate() {
+            for j in 0..nh {
+                let kh = &mut k_row[j * dk..(j + 1) * dk];
+                kh[..m.qk_nope].copy_from_slice(&k_nope[j][pos * m.qk_nope..(pos + 1) * m.qk_nope]);
+                kh[m.qk_nope..].copy_from_slice(&cache_row[r..]);
+                v_row[j * dv..(j + 1) * dv].copy_from_slice(&v[j][pos * dv..(pos + 1) * dv]);
+            }
+            cache.store(layer, pos, &k_row, &v_row)?;
+        }
+        let mut q = Vec::with_capacity(s.n_tokens * nh * dk);
+        for t in s.row0..s.row0 + s.n_tokens {
+            for j in 0..nh {
+                let a = (t * nh + j) * m.qk_nope;
+                q.extend_from_slice(&p.q_nope[a..a + m.qk_nope]);
+                let b = (t * nh + j) * n_rot;
+                q.extend_from_slice(&p.q_rope[b..b + n_rot]);
+            }
+        }
+        let shape = AttentionShape {
+            n_head: nh,
+            n_kv_head: nh,
+            head_dim_k: dk,
+            head_dim_v: dv,
+            scale: hp.attn_scale(),
+            values_in_keys: false,
+        };
+        let span = SeqSpan {
+            kv: &cache,
+            row0: 0,
+            n_tokens: s.n_tokens,
+            pos0: s.pos0,
+        };
+        let out = &mut att[s.row0 * nh * dv..(s.row0 + s.n_tokens) * nh * dv];
+        attend(&cx.pool, &cx.kernels, layer, &shape, &[span], &q, out)?;
+    }
+    Ok(att)
+}
