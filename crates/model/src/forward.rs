@@ -12,7 +12,7 @@ use crate::arch::QkNorm;
 use crate::blocks::Compute;
 use crate::blocks::attention::{AttentionShape, SeqSpan, attend};
 use crate::blocks::ffn::swiglu_ffn;
-use crate::blocks::moe::{moe_ffn, route};
+use crate::blocks::moe::{ExpertFfn, moe_ffn, route};
 use crate::blocks::norm::{rms_norm_rows, rms_norm_rows_inplace};
 use crate::blocks::rope::RopeTable;
 use crate::error::{ModelError, Result};
@@ -333,6 +333,8 @@ impl Model {
             head_dim_k: dk,
             head_dim_v: dv,
             scale: 1.0 / (dk as f32).sqrt(),
+            window: hp.window(il),
+            sinks: a.sinks.as_ref().map(|s| &s[heads.clone()]),
         };
         let mut att = vec![0f32; n * nh * dv];
         attend(&cx.pool, &cx.kernels, il, &shape, &spans, &q, &mut att)?;
@@ -350,6 +352,14 @@ impl Model {
             .matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut o)?;
         if sh.attention_split {
             hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut o)?;
+        }
+        if let Some(b) = &a.o_bias {
+            // After the reduction, so it is added once whatever the split.
+            for row in o.chunks_exact_mut(d) {
+                for (v, &bv) in row.iter_mut().zip(b) {
+                    *v += bv as f64;
+                }
+            }
         }
         add_residual(x, &o);
         hooks.observe(Some(il), "ffn_inp", x);
@@ -406,9 +416,7 @@ impl Model {
     ) -> Result<()> {
         let next = il + 1;
         let Some(Ffn::Moe {
-            router,
-            experts: tensors,
-            ..
+            experts: tensors, ..
         }) = self.layers.get(next).map(|l| &l.ffn)
         else {
             return Ok(());
@@ -421,10 +429,7 @@ impl Model {
         let mut h = vec![0f32; n * d];
         rms_norm_rows(x, &self.layers[next].ffn_norm, self.hp.rms_eps, &mut h);
         let hin = Input::new(&h, n, d)?;
-        let logits = cx
-            .project(&hin, &[router.weights(self.files())])?
-            .pop()
-            .expect("router");
+        let logits = self.router_logits(cx, next, &hin)?;
         let routing = route(&logits, tensors.gate.n_expert, moe);
         let mut wanted: Vec<usize> = routing
             .experts
@@ -436,6 +441,26 @@ impl Model {
         wanted.dedup();
         experts.prefetch(next, &wanted);
         Ok(())
+    }
+
+    /// Router logits of MoE layer `il` for the normed rows `x` (its bias added, if any).
+    fn router_logits(&self, cx: &Compute, il: usize, x: &Input) -> Result<Vec<f32>> {
+        let Ffn::Moe {
+            router,
+            router_bias,
+            ..
+        } = &self.layers[il].ffn
+        else {
+            return Err(ModelError::Input(format!("layer {il} has no router")));
+        };
+        let mut logits = cx
+            .project(x, &[router.weights(self.files())])?
+            .pop()
+            .expect("router");
+        if let Some(b) = router_bias {
+            add_rows(&mut logits, b);
+        }
+        Ok(logits)
     }
 
     /// The feed-forward block: dense SwiGLU, or routed experts (this rank's) plus the shared
@@ -459,22 +484,33 @@ impl Model {
         let mut out = match &l.ffn {
             Ffn::Dense { gate, up, down } => self.split_swiglu(cx, &hin, gate, up, down)?,
             Ffn::Moe {
-                router,
                 experts: tensors,
+                expert_biases,
                 shared,
+                ..
             } => {
                 let moe = hp.moe.as_ref().expect("MoE layers have MoE params");
-                let logits = cx
-                    .project(&hin, &[router.weights(self.files())])?
-                    .pop()
-                    .expect("router");
+                let logits = self.router_logits(cx, il, &hin)?;
                 hooks.observe(Some(il), "ffn_moe_logits", &logits);
                 let routing = route(&logits, tensors.gate.n_expert, moe);
                 if experts.lookahead() {
                     self.prefetch_next_layer(cx, il, x, experts)?;
                 }
-                let mut out = moe_ffn(cx, il, &hin, &routing, tensors.gate.n_expert, d, experts)
-                    .map_err(|e| match e {
+                let kind = ExpertFfn {
+                    glu: self.spec.glu,
+                    biases: expert_biases.as_ref(),
+                };
+                let mut out = moe_ffn(
+                    cx,
+                    il,
+                    &hin,
+                    &routing,
+                    tensors.gate.n_expert,
+                    d,
+                    &kind,
+                    experts,
+                )
+                .map_err(|e| match e {
                         ModelError::Matmul(source) => ModelError::Kernel { layer: il, source },
                         other => other,
                     })?;

@@ -15,6 +15,8 @@ pub enum TensorName {
     AttnOut,
     AttnQNorm,
     AttnKNorm,
+    AttnSinks,
+    AttnPostNorm,
     FfnNorm,
     FfnGate,
     FfnUp,
@@ -45,6 +47,8 @@ impl TensorName {
             AttnOut => "attn_output",
             AttnQNorm => "attn_q_norm",
             AttnKNorm => "attn_k_norm",
+            AttnSinks => "attn_sinks",
+            AttnPostNorm => "post_attention_norm",
             FfnNorm => "ffn_norm",
             FfnGate => "ffn_gate",
             FfnUp => "ffn_up",
@@ -122,6 +126,13 @@ pub mod keys {
     pub const EXPERT_WEIGHTS_SCALE: &str = "expert_weights_scale";
     pub const EXPERT_WEIGHTS_NORM: &str = "expert_weights_norm";
     pub const EXPERT_GATING_FUNC: &str = "expert_gating_func";
+    pub const SLIDING_WINDOW: &str = "attention.sliding_window";
+    pub const SLIDING_WINDOW_PATTERN: &str = "attention.sliding_window_pattern";
+    pub const ROPE_SCALING_ORIG_CTX: &str = "rope.scaling.original_context_length";
+    pub const ROPE_YARN_EXT_FACTOR: &str = "rope.scaling.yarn_ext_factor";
+    pub const ROPE_YARN_ATTN_FACTOR: &str = "rope.scaling.yarn_attn_factor";
+    pub const ROPE_YARN_BETA_FAST: &str = "rope.scaling.yarn_beta_fast";
+    pub const ROPE_YARN_BETA_SLOW: &str = "rope.scaling.yarn_beta_slow";
 }
 
 #[cfg(test)]

@@ -11,4 +11,5 @@ pub const SPEC: ArchSpec = ArchSpec {
     ffn: FfnLayout::MoeWhenRouted,
     norm_topk: true,
     shared_expert: false,
+    ..super::BASE
 };

@@ -2,6 +2,7 @@
 //! `crate::blocks`; the registry maps `general.architecture` to that declaration. Adding an
 //! architecture touches its own file and the `REGISTRY` line, nothing else.
 
+mod gpt_oss;
 mod llama;
 mod olmoe;
 mod qwen2moe;
@@ -36,6 +37,25 @@ pub enum FfnLayout {
     MoeWhenRouted,
 }
 
+/// How the router turns logits into expert weights (`{arch}.expert_gating_func` overrides it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over every expert, then the top-k of those probabilities (llama.cpp's 1).
+    Softmax,
+    /// Top-k of the raw logits, then a softmax over the selected ones (gpt-oss; llama.cpp's
+    /// 3, `SOFTMAX_WEIGHT`).
+    SoftmaxSelected,
+}
+
+/// The gated activation of the expert FFNs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Glu {
+    /// `silu(gate) · up`.
+    Silu,
+    /// gpt-oss: `g = min(gate, limit)`, `u = clamp(up, -limit, limit)`, `g·σ(alpha·g)·(u + 1)`.
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
 /// What distinguishes one architecture's layer from another's.
 #[derive(Clone, Copy, Debug)]
 pub struct ArchSpec {
@@ -49,9 +69,41 @@ pub struct ArchSpec {
     pub norm_topk: bool,
     /// Whether layers may carry a shared expert with a sigmoid gate (`ffn_*_shexp`).
     pub shared_expert: bool,
+    pub gating: Gating,
+    pub glu: Glu,
+    /// The norm in front of the FFN is named `post_attention_norm` instead of `ffn_norm`.
+    pub post_attention_norm: bool,
+    /// With `{arch}.attention.sliding_window` set: the last of every `n` layers attends to the
+    /// whole context, the others to the window (llama.cpp's `set_swa_pattern(n)`); `None`
+    /// means every layer slides. `{arch}.attention.sliding_window_pattern` overrides it.
+    pub swa_pattern: Option<usize>,
+    /// Whether YaRN's correction range is rounded out to whole dimensions (llama.cpp, DeepSeek's
+    /// reference) or kept fractional (OpenAI's gpt-oss reference, HF `truncate: false`).
+    pub yarn_truncate: bool,
 }
 
-const REGISTRY: [&ArchSpec; 4] = [&llama::SPEC, &qwen3moe::SPEC, &qwen2moe::SPEC, &olmoe::SPEC];
+/// The fields most architectures share; specs list their own and take the rest from here.
+pub const BASE: ArchSpec = ArchSpec {
+    name: "",
+    rope: RopeKind::Neox,
+    qk_norm: QkNorm::None,
+    ffn: FfnLayout::Moe,
+    norm_topk: false,
+    shared_expert: false,
+    gating: Gating::Softmax,
+    glu: Glu::Silu,
+    post_attention_norm: false,
+    swa_pattern: None,
+    yarn_truncate: true,
+};
+
+const REGISTRY: [&ArchSpec; 5] = [
+    &llama::SPEC,
+    &qwen3moe::SPEC,
+    &qwen2moe::SPEC,
+    &olmoe::SPEC,
+    &gpt_oss::SPEC,
+];
 
 /// The declaration for `general.architecture == name`.
 pub fn lookup(name: &str) -> Option<&'static ArchSpec> {

@@ -10,4 +10,5 @@ pub const SPEC: ArchSpec = ArchSpec {
     ffn: FfnLayout::Moe,
     norm_topk: false,
     shared_expert: false,
+    ..super::BASE
 };

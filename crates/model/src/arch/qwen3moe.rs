@@ -11,4 +11,5 @@ pub const SPEC: ArchSpec = ArchSpec {
     ffn: FfnLayout::Moe,
     norm_topk: true,
     shared_expert: false,
+    ..super::BASE
 };

@@ -6,9 +6,26 @@
 use kernels::{Input, MatmulJob};
 
 use super::{Compute, swiglu};
+use crate::arch::{Gating, Glu};
 use crate::error::{ModelError, Result};
 use crate::experts::{ExpertMatrices, ExpertSource};
 use crate::hparams::MoeParams;
+use crate::weights::ExpertBiases;
+
+/// What an expert computes besides its three matrices: the activation and optional biases.
+pub struct ExpertFfn<'a> {
+    pub glu: Glu,
+    pub biases: Option<&'a ExpertBiases>,
+}
+
+/// gpt-oss' clamped SwiGLU, in place into `gate` (as llama.cpp's `swiglu_oai` and HF).
+pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        let y = u.clamp(-limit, limit);
+        *g = x / (1.0 + (-alpha * x).exp()) * (y + 1.0);
+    }
+}
 
 /// The routing decision for a batch of tokens: `k` (expert, weight) slots per token, in
 /// descending router probability.
@@ -25,8 +42,23 @@ impl Routing {
     }
 }
 
-/// Softmax over router logits, top-k (ties to the lower expert id), optional renormalization
-/// (with llama.cpp's floor on the sum) and scale.
+/// `x ← softmax(x)` in place.
+fn softmax_in_place(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for p in x.iter_mut() {
+        *p = (*p - max).exp();
+        sum += *p;
+    }
+    for p in x.iter_mut() {
+        *p /= sum;
+    }
+}
+
+/// Router logits to top-k (expert, weight) slots, ties to the lower expert id. `Softmax`:
+/// softmax over all experts, top-k of the probabilities; `SoftmaxSelected`: top-k of the
+/// logits, softmax over those k. Then optional renormalization (with llama.cpp's floor on the
+/// sum) and scale.
 pub fn route(logits: &[f32], n_expert: usize, params: &MoeParams) -> Routing {
     let k = params.n_expert_used;
     let n = logits.len() / n_expert;
@@ -35,19 +67,21 @@ pub fn route(logits: &[f32], n_expert: usize, params: &MoeParams) -> Routing {
     let mut probs = vec![0f32; n_expert];
     let mut order: Vec<usize> = Vec::with_capacity(n_expert);
     for row in logits.chunks_exact(n_expert) {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for (p, &l) in probs.iter_mut().zip(row) {
-            *p = (l - max).exp();
-            sum += *p;
-        }
-        for p in probs.iter_mut() {
-            *p /= sum;
+        probs.copy_from_slice(row);
+        if params.gating == Gating::Softmax {
+            softmax_in_place(&mut probs);
         }
         order.clear();
         order.extend(0..n_expert);
         order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
         let chosen = &order[..k];
+        if params.gating == Gating::SoftmaxSelected {
+            let mut selected: Vec<f32> = chosen.iter().map(|&e| probs[e]).collect();
+            softmax_in_place(&mut selected);
+            for (&e, &p) in chosen.iter().zip(&selected) {
+                probs[e] = p;
+            }
+        }
         let mut wsum = 0f32;
         for &e in chosen {
             wsum += probs[e];
@@ -86,6 +120,7 @@ fn group_by_expert(r: &Routing, n_expert: usize) -> Vec<Vec<usize>> {
 /// `weight · expert(x)`, counting only the experts `source` assigns itself (the rest are
 /// another rank's).
 /// The sum is accumulated in f64, so which rank adds which slots does not change the result.
+#[allow(clippy::too_many_arguments)]
 pub fn moe_ffn(
     cx: &Compute,
     layer: usize,
@@ -93,6 +128,7 @@ pub fn moe_ffn(
     routing: &Routing,
     n_expert: usize,
     n_embd: usize,
+    kind: &ExpertFfn,
     source: &dyn ExpertSource,
 ) -> Result<Vec<f64>> {
     let n = x.n();
@@ -110,7 +146,7 @@ pub fn moe_ffn(
     let mut slot_out = vec![0f32; routing.experts.len() * n_embd];
     let mut done = vec![false; routing.experts.len()];
     let mut sink = |batch: &[(usize, ExpertMatrices<'_>)]| -> Result<()> {
-        run_experts(cx, x, &groups, batch, n_embd, &mut slot_out)?;
+        run_experts(cx, x, &groups, batch, n_embd, kind, &mut slot_out)?;
         for (e, _) in batch {
             for &slot in &groups[*e] {
                 done[slot] = true;
@@ -148,6 +184,7 @@ fn run_experts(
     groups: &[Vec<usize>],
     batch: &[(usize, ExpertMatrices<'_>)],
     n_embd: usize,
+    kind: &ExpertFfn,
     slot_out: &mut [f32],
 ) -> Result<()> {
     if batch.is_empty() {
@@ -207,8 +244,16 @@ fn run_experts(
         cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
     }
     let mut hidden_inputs = Vec::with_capacity(batch.len());
-    for (((e, m), go), uo) in batch.iter().zip(gate_out.iter_mut()).zip(&up_out) {
-        swiglu(go, uo);
+    for (((e, m), go), uo) in batch.iter().zip(gate_out.iter_mut()).zip(up_out.iter_mut()) {
+        if let Some(b) = kind.biases {
+            let (bg, bu, _) = b.of(*e);
+            add_to_rows(go, bg);
+            add_to_rows(uo, bu);
+        }
+        match kind.glu {
+            Glu::Silu => swiglu(go, uo),
+            Glu::ClampedSwiglu { alpha, limit } => clamped_swiglu(go, uo, alpha, limit),
+        }
         let n = groups[*e].len();
         hidden_inputs.push(Input::new(go, n, m.gate.rows)?);
     }
@@ -231,11 +276,23 @@ fn run_experts(
         }
         cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
     }
-    for ((e, _), o) in batch.iter().zip(&down_out) {
+    for ((e, _), o) in batch.iter().zip(down_out.iter_mut()) {
+        if let Some(b) = kind.biases {
+            add_to_rows(o, b.of(*e).2);
+        }
         for (i, &slot) in groups[*e].iter().enumerate() {
             slot_out[slot * n_embd..(slot + 1) * n_embd]
                 .copy_from_slice(&o[i * n_embd..(i + 1) * n_embd]);
         }
     }
     Ok(())
+}
+
+/// Adds `bias` to every row of `x` (rows of `bias.len()`).
+fn add_to_rows(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
 }

@@ -2,7 +2,35 @@
 //! frequencies, f32 angle), with accurate cos/sin of that angle.
 
 use crate::arch::RopeKind;
-use crate::hparams::RopeParams;
+use crate::hparams::{RopeParams, YarnParams};
+
+/// The dimension (of `n_rot`) at which a frequency makes `n_turns` turns over `orig_ctx`
+/// positions: YaRN's correction dimension.
+fn correction_dim(n_rot: usize, orig_ctx: usize, n_turns: f32, base: f32) -> f32 {
+    n_rot as f32 * (orig_ctx as f32 / (n_turns * 2.0 * std::f32::consts::PI)).ln()
+        / (2.0 * base.ln())
+}
+
+/// Blends each pair's original frequency `f` (extrapolation) with `f · freq_scale`
+/// (interpolation): pairs below the fast correction dimension keep `f`, pairs above the slow
+/// one are fully interpolated, a linear ramp between (transformers' `_compute_yarn_parameters`,
+/// llama.cpp's `rope_yarn`).
+fn yarn_frequencies(params: &RopeParams, y: &YarnParams, inv_freq: &mut [f32]) {
+    let n_rot = params.n_rot;
+    let mut low = correction_dim(n_rot, y.orig_ctx, y.beta_fast, params.freq_base);
+    let mut high = correction_dim(n_rot, y.orig_ctx, y.beta_slow, params.freq_base);
+    if y.truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, high) = (low.max(0.0), high.min(n_rot as f32 - 1.0));
+    let span = if high == low { 0.001 } else { high - low };
+    for (i, f) in inv_freq.iter_mut().enumerate() {
+        let ramp = ((i as f32 - low) / span).clamp(0.0, 1.0);
+        let extrapolate = (1.0 - ramp) * y.ext_factor;
+        let interpolated = *f * params.freq_scale;
+        *f = interpolated * (1.0 - extrapolate) + *f * extrapolate;
+    }
+}
 
 /// Cos/sin tables for a set of positions: `[pos][pair]`.
 pub struct RopeTable {
@@ -18,7 +46,7 @@ impl RopeTable {
         positions: &[usize],
     ) -> RopeTable {
         let half = params.n_rot / 2;
-        let inv_freq: Vec<f32> = (0..half)
+        let mut inv_freq: Vec<f32> = (0..half)
             .map(|i| {
                 let f = 1.0f32 / params.freq_base.powf((2 * i) as f32 / params.n_rot as f32);
                 match freq_factors {
@@ -27,14 +55,22 @@ impl RopeTable {
                 }
             })
             .collect();
+        // YaRN folds the position scaling into the frequencies; plain RoPE scales positions.
+        let (pos_scale, mscale) = match &params.yarn {
+            Some(y) => {
+                yarn_frequencies(params, y, &mut inv_freq);
+                (1.0, y.mscale)
+            }
+            None => (params.freq_scale, 1.0),
+        };
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
         for &p in positions {
-            let pos = p as f32 * params.freq_scale;
+            let pos = p as f32 * pos_scale;
             for &f in &inv_freq {
                 let angle = (pos * f) as f64;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push(angle.cos() as f32 * mscale);
+                sin.push(angle.sin() as f32 * mscale);
             }
         }
         RopeTable { half, cos, sin }
