@@ -435,8 +435,8 @@ mod tests {
         let logits = [0.3f32, -1.2, 2.0, 0.7, -0.1, 1.1, 0.0, -2.5, 0.9, 1.4];
         for sink in [-3.0f32, 0.5, 4.0] {
             let m = logits.iter().copied().fold(sink, f32::max) as f64;
-            let denom: f64 = logits.iter().map(|&l| (l as f64 - m).exp()).sum::<f64>()
-                + (sink as f64 - m).exp();
+            let denom: f64 =
+                logits.iter().map(|&l| (l as f64 - m).exp()).sum::<f64>() + (sink as f64 - m).exp();
             for isa in Isa::supported() {
                 let mut p = logits;
                 softmax_with_sink(isa, &mut p, Some(sink));

@@ -13,6 +13,7 @@ pub mod avx2;
 pub mod avx512;
 mod blocks32;
 mod kq256;
+mod mxfp4;
 mod scales;
 mod simd256;
 mod tiles;

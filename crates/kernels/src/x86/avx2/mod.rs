@@ -45,6 +45,7 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
         T::Q4K => panels::panel_q4_k,
         T::Q6K => panels::panel_q6_k,
         T::Q8_0 => panels::panel_q8_0,
+        T::Mxfp4 => crate::x86::mxfp4::panel,
         _ => return None,
     })
 }
