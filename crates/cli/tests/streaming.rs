@@ -44,8 +44,10 @@ fn streamed_logits_equal_resident_logits_for_every_moe_fixture() {
         ("olmoe", "3"),
         ("qwen2moe", "4"),
         ("qwen3moe", "4"),
+        ("gpt-oss", "4"),
     ] {
-        for quant in ["f32", "q8_0", "q4_k"] {
+        let extra: &[&str] = if arch == "gpt-oss" { &["mxfp4"] } else { &[] };
+        for &quant in ["f32", "q8_0", "q4_k"].iter().chain(extra) {
             let m = fixture(arch, &format!("model-{quant}.gguf"));
             let m = m.to_str().unwrap();
             let want = logits(dir.path(), m, &[], "resident");

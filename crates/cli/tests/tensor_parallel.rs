@@ -135,7 +135,9 @@ fn tokens_of(fixture: &str) -> String {
 #[test]
 fn two_and_three_ranks_match_single_node_on_every_fixture() {
     let dir = tempfile::tempdir().unwrap();
-    for fx in ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama"] {
+    for fx in [
+        "qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama", "gpt-oss",
+    ] {
         let m = fixture(fx, "model-f32.gguf");
         let m = m.to_str().unwrap();
         let toks = tokens_of(fx);
@@ -237,7 +239,7 @@ fn balanced_expert_placement_matches_single_node() {
     // Every step's experts dealt out afresh (--tp-balance-experts): the expert sum is f64, so
     // who computes which expert must not change a bit.
     let dir = tempfile::tempdir().unwrap();
-    for fx in ["qwen3moe", "olmoe", "mixtral"] {
+    for fx in ["qwen3moe", "olmoe", "mixtral", "gpt-oss"] {
         let m = fixture(fx, "model-f32.gguf");
         let m = m.to_str().unwrap();
         let toks = tokens_of(fx);

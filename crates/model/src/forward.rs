@@ -511,9 +511,9 @@ impl Model {
                     experts,
                 )
                 .map_err(|e| match e {
-                        ModelError::Matmul(source) => ModelError::Kernel { layer: il, source },
-                        other => other,
-                    })?;
+                    ModelError::Matmul(source) => ModelError::Kernel { layer: il, source },
+                    other => other,
+                })?;
 
                 if let Some(sh) = shared {
                     let mut s = self.split_swiglu(cx, &hin, &sh.gate, &sh.up, &sh.down)?;

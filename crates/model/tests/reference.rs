@@ -157,7 +157,9 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
-const ARCHS: [&str; 5] = ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama"];
+const ARCHS: [&str; 6] = [
+    "qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama", "gpt-oss",
+];
 
 #[test]
 fn f32_fixtures_match_transformers_logits_and_greedy_tokens() {
@@ -192,10 +194,22 @@ fn f32_fixtures_match_transformers_logits_and_greedy_tokens() {
     }
 }
 
-/// Q8_0 and Q4_K_M versions of the fixtures: against llama.cpp on the same file (both quantize
-/// activations to Q8_0/Q8_K, so only rounding order differs: ≤ 0.1, same top-1 everywhere), and
-/// against our own F32 run with a tolerance of 1.0, which allows one flipped expert choice on a
-/// token (llama.cpp measured up to 0.72 against transformers on these files).
+/// Q8_0 and Q4_K_M versions of the fixtures (and gpt-oss' MXFP4): against llama.cpp on the same
+/// file (both quantize activations to Q8_0/Q8_K, so only rounding order differs: ≤ 0.1, same
+/// top-1 everywhere), and against our own F32 run with a tolerance of 1.0, which allows one
+/// flipped expert choice on a token (llama.cpp measured up to 0.72 against transformers on these
+/// files), or llama.cpp's own distance from transformers plus 0.1 where that is larger.
+/// A model as llama.cpp computes it: llama.cpp rounds YaRN's correction range out to whole
+/// dimensions, where gpt-oss' reference (and transformers with `truncate: false`, and we) do
+/// not — 2.7e-3 on the gpt-oss fixture's F32 logits (docs/models.md).
+fn load_as_llama_cpp(path: &Path) -> Model {
+    let mut model = Model::load(path).unwrap();
+    if let Some(yarn) = model.hp.rope.yarn.as_mut() {
+        yarn.truncate = true;
+    }
+    model
+}
+
 #[test]
 fn quantized_fixtures_match_llama_cpp() {
     let cx = Compute::new(2);
@@ -203,12 +217,18 @@ fn quantized_fixtures_match_llama_cpp() {
         let dir = fixtures().join(arch);
         let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
         let f32_logits = logits(
-            &Model::load(dir.join("model-f32.gguf")).unwrap(),
+            &load_as_llama_cpp(&dir.join("model-f32.gguf")),
             &cx,
             &prompt,
         );
-        for q in ["q8_0", "q4_k"] {
-            let model = Model::load(dir.join(format!("model-{q}.gguf"))).unwrap();
+        // gpt-oss also in its own format: MXFP4 experts (llama-quantize MXFP4_MOE).
+        let quants: &[&str] = if arch == "gpt-oss" {
+            &["q8_0", "q4_k", "mxfp4"]
+        } else {
+            &["q8_0", "q4_k"]
+        };
+        for &q in quants {
+            let model = load_as_llama_cpp(&dir.join(format!("model-{q}.gguf")));
             let got = logits(&model, &cx, &prompt);
             let (_, want) = npy_f32(&dir.join(format!("llama_cpp_logits_{q}.npy")));
             let v = model.hp.n_vocab;
@@ -225,7 +245,14 @@ fn quantized_fixtures_match_llama_cpp() {
             );
             assert!(d <= 0.1, "{arch} {q}: differs from llama.cpp by {d}");
             assert_eq!(agree, rows, "{arch} {q}: top-1 differs from llama.cpp");
-            assert!(d32 <= 1.0, "{arch} {q}: differs from our F32 run by {d32}");
+            // Where llama.cpp's own quantized run strays further from transformers than 1.0
+            // (gpt-oss: router gaps of 0.006 flip experts under quantization), that is the bound.
+            let (_, hf) = npy_f32(&dir.join("logits.npy"));
+            let bound = (max_abs_diff(&want, &hf) + 0.1).max(1.0);
+            assert!(
+                d32 <= bound,
+                "{arch} {q}: differs from our F32 run by {d32} (bound {bound})"
+            );
         }
     }
 }
