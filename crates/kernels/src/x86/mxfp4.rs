@@ -240,6 +240,10 @@ fn with_prepared<R>(len: usize, f: impl FnOnce(&mut [__m256i]) -> R) -> R {
     })
 }
 
+// Both levels' `dot()` hand this out (AVX-512 too: the level includes AVX2, FMA and F16C, and a
+// VNNI form of `tile` is not measured yet), each only after `crate::isa` detected its features.
+super::dot_wrapper!(pub(crate) dot_checked => dot, gguf::GgmlType::Mxfp4, gguf::GgmlType::Q8_0);
+
 /// The single-row dot of `n` elements.
 ///
 /// # Safety

@@ -4,8 +4,8 @@
 //! The 16 bytes of packed nibbles become 32 bytes, low nibbles first: the element order of the
 //! Q8_0 block they pair with. Quants stay unsigned (0..16 or 0..32) for `vpmaddubsw`; the offset
 //! of Q4_0/Q5_0 is removed as `offset·Σy` from the same pair sums, and the min of Q4_1/Q5_1
-//! multiplies the exact `Σy`. Q8_0 and MXFP4 (table lookup with `vpshufb`) are signed: the
-//! weight's magnitude times the activation with the weight's sign. No `vpmaddubsw` pair sum can
+//! multiplies the exact `Σy`. Q8_0 is signed: the weight's magnitude times the activation with
+//! the weight's sign (MXFP4 has its own kernel, `crate::x86::mxfp4`). No `vpmaddubsw` pair sum can
 //! saturate: at most 2·31·127 for the unsigned quants, 2·128·127 = 32512 for signed weights
 //! (activations from our quantizer never hold -128, whose negation would overflow).
 
@@ -24,7 +24,6 @@ dot_wrapper!(pub dot_q4_1 => dot_q4_1_impl, GgmlType::Q4_1, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q5_0 => dot_q5_0_impl, GgmlType::Q5_0, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q5_1 => dot_q5_1_impl, GgmlType::Q5_1, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q8_0 => dot_q8_0_impl, GgmlType::Q8_0, GgmlType::Q8_0);
-dot_wrapper!(pub dot_mxfp4 => crate::x86::mxfp4::dot, GgmlType::Mxfp4, GgmlType::Q8_0);
 
 /// 16 bytes of packed nibbles as 32 bytes: the low nibbles, then the high nibbles.
 #[inline]
