@@ -140,8 +140,9 @@ unsafe fn tile<const R: usize, const T: usize>(
             })
         });
         // Written out so that the pair index is a constant in each step.
-        // SAFETY (every step): the contract above; `pair_step` reads blocks j, j + 1 < nb of each
-        // row in a full group, and checks the bounds in the last one.
+        // SAFETY: every step gets the contract of this function (rows of `nb` blocks, prepared
+        // tokens of `nb` blocks); `pair_step` reads blocks j, j + 1 < nb of each row in a full
+        // group and checks the bounds in the last one.
         unsafe {
             if g < full {
                 pair_step::<R, T, 0, true>(nb, g, &w, &a, &d, &mut acc, table, m4, ones);
