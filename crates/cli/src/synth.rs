@@ -10,10 +10,13 @@ use gguf::{GgmlType, GgufWriter, Value};
 
 #[derive(clap::Args)]
 pub struct SynthArgs {
-    /// qwen3-30b-a3b, olmoe-7b-a1b, small-2b, deepseek-v2-lite, deepseek-v3-4l or
-    /// glm-4.5-air-8l.
+    /// qwen3-30b-a3b, olmoe-7b-a1b, small-2b, deepseek-v2-lite, deepseek-v3-4l,
+    /// glm-4.5-air-8l or gpt-oss-20b.
     #[arg(long)]
     pub preset: String,
+    /// Fewer layers than the preset has (same shapes otherwise): a smaller file to try.
+    #[arg(long)]
+    pub layers: Option<usize>,
     /// Output GGUF.
     pub output: PathBuf,
     /// Seed of the random rows.
@@ -93,7 +96,7 @@ const GQA_ONLY: Preset = Preset {
     norm_topk: true,
 };
 
-pub const PRESETS: [Preset; 6] = [
+pub const PRESETS: [Preset; 7] = [
     Preset {
         name: "qwen3-30b-a3b",
         arch: "qwen3moe",
@@ -226,6 +229,25 @@ pub const PRESETS: [Preset; 6] = [
         sigmoid_gating: true,
         ..GQA_ONLY
     },
+    // gpt-oss-20b as ggml-org's GGUF has it: MXFP4 experts, Q8_0 elsewhere (2880 is not whole
+    // K-quant superblocks), sinks, biases, sliding window 128 on even layers, YaRN.
+    Preset {
+        name: "gpt-oss-20b",
+        arch: "gpt-oss",
+        n_layer: 24,
+        n_embd: 2880,
+        n_head: 64,
+        n_head_kv: 8,
+        head_dim: 64,
+        n_expert: 32,
+        n_expert_used: 4,
+        n_ff_exp: 2880,
+        n_vocab: 201_088,
+        n_ctx: 131_072,
+        qk_norm: false,
+        norm_topk: false,
+        ..GQA_ONLY
+    },
 ];
 
 /// SplitMix64.
@@ -283,6 +305,9 @@ struct TensorPlan {
 }
 
 fn plan(p: &Preset) -> Vec<TensorPlan> {
+    if p.arch == "gpt-oss" {
+        return plan_gpt_oss(p);
+    }
     use GgmlType::{F32, Q4K, Q6K, Q8_0};
     let (d, hd) = (p.n_embd as u64, p.head_dim as u64);
     let (q, kv) = (p.n_head as u64 * hd, p.n_head_kv as u64 * hd);
@@ -399,6 +424,56 @@ fn plan(p: &Preset) -> Vec<TensorPlan> {
     v
 }
 
+/// gpt-oss' tensors (`crates/model/src/arch/gpt_oss.rs`): Q8_0 attention, embeddings and head,
+/// MXFP4 experts, F32 norms, sinks and biases.
+fn plan_gpt_oss(p: &Preset) -> Vec<TensorPlan> {
+    use GgmlType::{F32, Mxfp4, Q8_0};
+    let (d, hd) = (p.n_embd as u64, p.head_dim as u64);
+    let (q, kv) = (p.n_head as u64 * hd, p.n_head_kv as u64 * hd);
+    let (e, ff) = (p.n_expert as u64, p.n_ff_exp as u64);
+    let t = |name: String, dtype, shape: Vec<u64>, std| TensorPlan {
+        name,
+        dtype,
+        shape,
+        std,
+    };
+    let mut v = vec![t(
+        "token_embd.weight".into(),
+        Q8_0,
+        vec![d, p.n_vocab as u64],
+        1.0,
+    )];
+    for i in 0..p.n_layer {
+        let b = |s: &str| format!("blk.{i}.{s}.weight");
+        let bias = |s: &str| format!("blk.{i}.{s}.bias");
+        v.push(t(b("attn_norm"), F32, vec![d], 0.0));
+        for (name, rows) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+            v.push(t(b(name), Q8_0, vec![d, rows], 0.02));
+            v.push(t(bias(name), F32, vec![rows], 0.02));
+        }
+        v.push(t(b("attn_output"), Q8_0, vec![q, d], 0.02));
+        v.push(t(bias("attn_output"), F32, vec![d], 0.02));
+        v.push(t(b("attn_sinks"), F32, vec![p.n_head as u64], 0.5));
+        v.push(t(b("post_attention_norm"), F32, vec![d], 0.0));
+        v.push(t(b("ffn_gate_inp"), F32, vec![d, e], 0.1));
+        v.push(t(bias("ffn_gate_inp"), F32, vec![e], 0.1));
+        v.push(t(b("ffn_gate_exps"), Mxfp4, vec![d, ff, e], 0.02));
+        v.push(t(b("ffn_up_exps"), Mxfp4, vec![d, ff, e], 0.02));
+        v.push(t(b("ffn_down_exps"), Mxfp4, vec![ff, d, e], 0.02));
+        v.push(t(bias("ffn_gate_exps"), F32, vec![ff, e], 0.02));
+        v.push(t(bias("ffn_up_exps"), F32, vec![ff, e], 0.02));
+        v.push(t(bias("ffn_down_exps"), F32, vec![d, e], 0.02));
+    }
+    v.push(t("output_norm.weight".into(), F32, vec![d], 0.0));
+    v.push(t(
+        "output.weight".into(),
+        Q8_0,
+        vec![d, p.n_vocab as u64],
+        0.02,
+    ));
+    v
+}
+
 /// A byte-level BPE vocabulary: the 256 byte symbols, placeholders, and an end-of-text token.
 fn vocabulary(n_vocab: usize) -> (Vec<String>, Vec<i32>) {
     let mut byte_chars = Vec::with_capacity(256);
@@ -436,20 +511,30 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
                 .join(", ")
         );
     };
+    let mut p = p.clone();
+    if let Some(n) = args.layers {
+        if n == 0 || n > p.n_layer {
+            bail!("--layers {n}: the preset has 1..={} layers", p.n_layer);
+        }
+        p.n_layer = n;
+    }
+    let p = &p;
     let t0 = std::time::Instant::now();
     let mut w = GgufWriter::new();
     let a = p.arch;
     let u = |v: usize| Value::U32(v as u32);
     w.add_metadata("general.architecture", a)?;
     w.add_metadata("general.name", format!("moeshard synth {}", p.name))?;
-    w.add_metadata("general.file_type", Value::U32(15))?; // MOSTLY_Q4_K_M
+    // MOSTLY_MXFP4_MOE (gpt-oss) or MOSTLY_Q4_K_M.
+    let file_type = if a == "gpt-oss" { 38 } else { 15 };
+    w.add_metadata("general.file_type", Value::U32(file_type))?;
     w.add_metadata("general.quantization_version", Value::U32(2))?;
     w.add_metadata(format!("{a}.block_count"), u(p.n_layer))?;
     w.add_metadata(format!("{a}.context_length"), u(p.n_ctx))?;
     w.add_metadata(format!("{a}.embedding_length"), u(p.n_embd))?;
-    // OLMoE's experts are `feed_forward_length` wide in llama.cpp; Qwen3-MoE has a separate
-    // expert width and a (here unused) dense one.
-    let ff = if a == "olmoe" {
+    // OLMoE's and gpt-oss' experts are `feed_forward_length` wide in llama.cpp; Qwen3-MoE has a
+    // separate expert width and a (here unused) dense one.
+    let ff = if a == "olmoe" || a == "gpt-oss" {
         p.n_ff_exp
     } else if p.n_dense_lead > 0 {
         p.n_ff_dense
@@ -484,11 +569,23 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
     if p.n_rot > 0 {
         w.add_metadata(format!("{a}.rope.dimension_count"), u(p.n_rot))?;
     }
-    w.add_metadata(
-        format!("{a}.attention.layer_norm_rms_epsilon"),
-        Value::F32(1e-6),
-    )?;
-    w.add_metadata(format!("{a}.rope.freq_base"), Value::F32(1_000_000.0))?;
+    if a == "gpt-oss" {
+        w.add_metadata(
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-5),
+        )?;
+        w.add_metadata(format!("{a}.rope.freq_base"), Value::F32(150_000.0))?;
+        w.add_metadata(format!("{a}.attention.sliding_window"), u(128))?;
+        w.add_metadata(format!("{a}.rope.scaling.type"), "yarn")?;
+        w.add_metadata(format!("{a}.rope.scaling.factor"), Value::F32(32.0))?;
+        w.add_metadata(format!("{a}.rope.scaling.original_context_length"), u(4096))?;
+    } else {
+        w.add_metadata(
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-6),
+        )?;
+        w.add_metadata(format!("{a}.rope.freq_base"), Value::F32(1_000_000.0))?;
+    }
     w.add_metadata(format!("{a}.expert_count"), u(p.n_expert))?;
     w.add_metadata(format!("{a}.expert_used_count"), u(p.n_expert_used))?;
     if p.n_shared_exp > 0 || p.n_dense_lead > 0 || p.sigmoid_gating {
@@ -508,7 +605,10 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
     }
     let (tokens, types) = vocabulary(p.n_vocab);
     w.add_metadata("tokenizer.ggml.model", "gpt2")?;
-    w.add_metadata("tokenizer.ggml.pre", "qwen2")?;
+    w.add_metadata(
+        "tokenizer.ggml.pre",
+        if a == "gpt-oss" { "gpt-4o" } else { "qwen2" },
+    )?;
     w.add_metadata("tokenizer.ggml.tokens", tokens)?;
     w.add_metadata("tokenizer.ggml.token_type", types)?;
     w.add_metadata("tokenizer.ggml.merges", Vec::<String>::new())?;

@@ -657,3 +657,117 @@ fn deepseek2_and_glm4moe_stages_are_bit_identical_to_single_node() {
         "MLA snapshot from a 2-stage split continued on one node"
     );
 }
+
+/// gpt-oss (sliding-window layers with sinks alternating with full ones): stage boundaries after
+/// a sliding layer and after a full one, prefill chunks that cross the 8-position window, a
+/// stage streaming its experts, and a snapshot saved on one split and continued on another —
+/// all bit-identical to a single node.
+#[test]
+fn gpt_oss_stages_match_single_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("gpt-oss", "model-f32.gguf");
+    let m = m.to_str().unwrap();
+    let text = std::fs::read_to_string(fixture("gpt-oss", "prompt_tokens.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let toks = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let single = logits_single(m, &toks, &dir.path().join("single.npy"));
+    let same = |got: &[f32]| {
+        got.len() == single.len()
+            && got
+                .iter()
+                .zip(&single)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+    };
+    let two = logits_pipeline(
+        m,
+        &toks,
+        &dir.path().join("two.npy"),
+        &["0:0", "1:output"],
+        &["--dist-prefill-chunk", "5", "--dist-prefill-window", "2"],
+    );
+    assert!(same(&two), "2 stages (0:0, 1:output): logits differ");
+    let three = logits_pipeline(
+        m,
+        &toks,
+        &dir.path().join("three.npy"),
+        &["0:1", "2:2", "3:output"],
+        &["--dist-prefill-chunk", "3", "--dist-prefill-window", "3"],
+    );
+    assert!(same(&three), "3 stages (0:1, 2:2, 3:output): logits differ");
+    let streamed = logits_pipeline(
+        m,
+        &toks,
+        &dir.path().join("streamed.npy"),
+        &["0:2", "3:output"],
+        &["--ssd-streaming", "--expert-cache", "1"],
+    );
+    assert!(same(&streamed), "a streaming first stage: logits differ");
+
+    let want = greedy_single(m, "The ferry", "24");
+    let snap = dir.path().join("session.snap");
+    let snap_s = snap.to_str().unwrap();
+    let (coord, addr) = coordinator(
+        "coordinator save",
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "The ferry",
+            "-n",
+            "0",
+            "--kv-type",
+            "f32",
+            "--threads",
+            "1",
+            "--no-warm",
+            "--insecure",
+            "--layers",
+            "0:2",
+            "--save-snapshot",
+            snap_s,
+        ],
+    );
+    let _w = worker(m, "3:output", &addr, &["--insecure"]);
+    let (ok, _, err) = coord.finish(T);
+    assert!(ok, "save failed:\n{err}");
+    let (coord, addr) = coordinator(
+        "coordinator load",
+        &[
+            "run",
+            "-m",
+            m,
+            "-n",
+            "24",
+            "--temp",
+            "0",
+            "--kv-type",
+            "f32",
+            "--threads",
+            "1",
+            "--no-warm",
+            "--insecure",
+            "--layers",
+            "0:0",
+            "--load-snapshot",
+            snap_s,
+        ],
+    );
+    let _w = worker(m, "1:output", &addr, &["--insecure"]);
+    let (ok, out, err) = coord.finish(T);
+    assert!(ok, "load failed:\n{err}");
+    assert_eq!(
+        out.trim_end(),
+        want.trim_end()
+            .strip_prefix("The ferry")
+            .unwrap()
+            .trim_end(),
+        "continuation after the snapshot differs"
+    );
+}

@@ -40,7 +40,7 @@ fn streamed_logits_equal_resident_logits_for_every_moe_fixture() {
     let dir = tempfile::tempdir().unwrap();
     // (fixture, MoE layers, files): every layer of these tiny models routes, but the first of
     // deepseek2 and glm4moe (a leading dense layer); deepseek2-lite has no quantized files
-    // (llama-quantize cannot load it).
+    // (llama-quantize cannot load it); gpt-oss also in MXFP4.
     let all = &["f32", "q8_0", "q4_k"][..];
     for (arch, layers, quants) in [
         ("mixtral", "4", all),
@@ -50,6 +50,7 @@ fn streamed_logits_equal_resident_logits_for_every_moe_fixture() {
         ("deepseek2", "3", all),
         ("deepseek2-lite", "3", &["f32"][..]),
         ("glm4moe", "3", all),
+        ("gpt-oss", "4", &["f32", "q8_0", "q4_k", "mxfp4"][..]),
     ] {
         for &quant in quants {
             let m = fixture(arch, &format!("model-{quant}.gguf"));

@@ -147,6 +147,7 @@ fn two_and_three_ranks_match_single_node_on_every_fixture() {
         "deepseek2",
         "deepseek2-lite",
         "glm4moe",
+        "gpt-oss",
     ] {
         let m = fixture(fx, "model-f32.gguf");
         let m = m.to_str().unwrap();
@@ -249,7 +250,7 @@ fn balanced_expert_placement_matches_single_node() {
     // Every step's experts dealt out afresh (--tp-balance-experts): the expert sum is f64, so
     // who computes which expert must not change a bit.
     let dir = tempfile::tempdir().unwrap();
-    for fx in ["qwen3moe", "olmoe", "mixtral"] {
+    for fx in ["qwen3moe", "olmoe", "mixtral", "gpt-oss"] {
         let m = fixture(fx, "model-f32.gguf");
         let m = m.to_str().unwrap();
         let toks = tokens_of(fx);

@@ -95,11 +95,22 @@ pub fn scores(isa: Isa, q: &[f32], keys: Rows, scale: f32, out: &mut [f32]) {
 
 /// Replaces `x` by `softmax(x)`; the exponential is a polynomial (relative error < 2e-7).
 pub fn softmax(isa: Isa, x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    softmax_with_sink(isa, x, None);
+}
+
+/// Softmax over `x` and, when given, one more logit `sink` that joins the normalization but
+/// has no value row (gpt-oss' learned attention sinks: the weights of `x` then sum to less
+/// than one).
+pub fn softmax_with_sink(isa: Isa, x: &mut [f32], sink: Option<f32>) {
+    let max = x
+        .iter()
+        .copied()
+        .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
+    let sink_exp = sink.map_or(0.0, |s| exp_poly(s - max));
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && Isa::Avx2.is_supported() {
         // SAFETY: the CPU has AVX2 and FMA (checked as part of the AVX2 level).
-        let sum = unsafe { x86::exp_sub_sum_avx2(x, max) };
+        let sum = unsafe { x86::exp_sub_sum_avx2(x, max) } + sink_exp;
         let inv = 1.0 / sum;
         x.iter_mut().for_each(|v| *v *= inv);
         return;
@@ -110,6 +121,7 @@ pub fn softmax(isa: Isa, x: &mut [f32]) {
         *v = exp_poly(*v - max);
         sum += *v;
     }
+    sum += sink_exp;
     let inv = 1.0 / sum;
     x.iter_mut().for_each(|v| *v *= inv);
 }
@@ -414,6 +426,26 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_sink_joins_the_normalization_only() {
+        let logits = [0.3f32, -1.2, 2.0, 0.7, -0.1, 1.1, 0.0, -2.5, 0.9, 1.4];
+        for sink in [-3.0f32, 0.5, 4.0] {
+            let m = logits.iter().copied().fold(sink, f32::max) as f64;
+            let denom: f64 =
+                logits.iter().map(|&l| (l as f64 - m).exp()).sum::<f64>() + (sink as f64 - m).exp();
+            for isa in Isa::supported() {
+                let mut p = logits;
+                softmax_with_sink(isa, &mut p, Some(sink));
+                for (&got, &l) in p.iter().zip(&logits) {
+                    let want = (l as f64 - m).exp() / denom;
+                    assert!((got as f64 - want).abs() < 1e-6, "{isa:?} sink {sink}");
+                }
+                let total: f32 = p.iter().sum();
+                assert!(total < 1.0, "{isa:?}: the sink takes a share");
             }
         }
     }

@@ -12,7 +12,7 @@ use crate::blocks::Compute;
 use crate::blocks::attention::{AttentionShape, SeqSpan, attend};
 use crate::blocks::ffn::swiglu_ffn;
 use crate::blocks::mla;
-use crate::blocks::moe::{moe_ffn, route};
+use crate::blocks::moe::{ExpertFfn, moe_ffn, route};
 use crate::blocks::norm::{rms_norm_rows, rms_norm_rows_inplace};
 use crate::blocks::rope::RopeTable;
 use crate::error::{ModelError, Result};
@@ -335,20 +335,25 @@ impl Model {
             head_dim_v: dv,
             scale: hp.attn_scale(),
             values_in_keys: false,
+            window: hp.window(il),
+            sinks: a.sinks.as_ref().map(|s| &s[heads.clone()]),
         };
         let mut att = vec![0f32; n * nh * dv];
         attend(&cx.pool, &cx.kernels, il, &shape, &spans, &q, &mut att)?;
         hooks.observe(Some(il), "kqv_out", &att);
-        self.attention_output(cx, il, &a.o, &att, x, hooks)
+        self.attention_output(cx, il, &a.o, a.o_bias.as_deref(), &att, x, hooks)
     }
 
     /// The output projection of this rank's heads' attention output `att` (`n × heads ×
-    /// head_dim_out`), a partial sum over the heads when split, added to the residual stream.
+    /// head_dim_out`), a partial sum over the heads when split, plus the output bias where the
+    /// model has one, added to the residual stream.
+    #[allow(clippy::too_many_arguments)]
     fn attention_output(
         &self,
         cx: &Compute,
         il: usize,
         o: &Matrix,
+        o_bias: Option<&[f32]>,
         att: &[f32],
         x: &mut [f32],
         hooks: &mut dyn Hooks,
@@ -371,6 +376,14 @@ impl Model {
             .matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut out)?;
         if sh.attention_split {
             hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut out)?;
+        }
+        if let Some(b) = o_bias {
+            // After the reduction, so it is added once whatever the split.
+            for row in out.chunks_exact_mut(d) {
+                for (v, &bv) in row.iter_mut().zip(b) {
+                    *v += bv as f64;
+                }
+            }
         }
         add_residual(x, &out);
         hooks.observe(Some(il), "ffn_inp", x);
@@ -425,7 +438,7 @@ impl Model {
         }
         let att = mla::attend_latent(cx, files, hp, w, &heads, il, &spans, &p, self.mla_form)?;
         hooks.observe(Some(il), "kqv_out", &att);
-        self.attention_output(cx, il, &w.o, &att, x, hooks)
+        self.attention_output(cx, il, &w.o, None, &att, x, hooks)
     }
 
     /// Reduction chunk of the attention output projection: whole heads, whole blocks.
@@ -478,7 +491,6 @@ impl Model {
     ) -> Result<()> {
         let next = il + 1;
         let Some(Ffn::Moe {
-            router,
             selection_bias,
             experts: tensors,
             ..
@@ -494,10 +506,7 @@ impl Model {
         let mut h = vec![0f32; n * d];
         rms_norm_rows(x, &self.layers[next].ffn_norm, self.hp.rms_eps, &mut h);
         let hin = Input::new(&h, n, d)?;
-        let logits = cx
-            .project(&hin, &[router.weights(self.files())])?
-            .pop()
-            .expect("router");
+        let logits = self.router_logits(cx, next, &hin)?;
         let routing = route(
             &logits,
             tensors.gate.n_expert,
@@ -514,6 +523,26 @@ impl Model {
         wanted.dedup();
         experts.prefetch(next, &wanted);
         Ok(())
+    }
+
+    /// Router logits of MoE layer `il` for the normed rows `x` (its bias added, if any).
+    fn router_logits(&self, cx: &Compute, il: usize, x: &Input) -> Result<Vec<f32>> {
+        let Ffn::Moe {
+            router,
+            router_bias,
+            ..
+        } = &self.layers[il].ffn
+        else {
+            return Err(ModelError::Input(format!("layer {il} has no router")));
+        };
+        let mut logits = cx
+            .project(x, &[router.weights(self.files())])?
+            .pop()
+            .expect("router");
+        if let Some(b) = router_bias {
+            add_rows(&mut logits, b);
+        }
+        Ok(logits)
     }
 
     /// The feed-forward block: dense SwiGLU, or routed experts (this rank's) plus the shared
@@ -537,16 +566,14 @@ impl Model {
         let mut out = match &l.ffn {
             Ffn::Dense { gate, up, down } => self.split_swiglu(cx, &hin, gate, up, down)?,
             Ffn::Moe {
-                router,
                 selection_bias,
                 experts: tensors,
+                expert_biases,
                 shared,
+                ..
             } => {
                 let moe = hp.moe.as_ref().expect("MoE layers have MoE params");
-                let logits = cx
-                    .project(&hin, &[router.weights(self.files())])?
-                    .pop()
-                    .expect("router");
+                let logits = self.router_logits(cx, il, &hin)?;
                 hooks.observe(Some(il), "ffn_moe_logits", &logits);
                 let routing = route(
                     &logits,
@@ -557,11 +584,24 @@ impl Model {
                 if experts.lookahead() {
                     self.prefetch_next_layer(cx, il, x, experts)?;
                 }
-                let mut out = moe_ffn(cx, il, &hin, &routing, tensors.gate.n_expert, d, experts)
-                    .map_err(|e| match e {
-                        ModelError::Matmul(source) => ModelError::Kernel { layer: il, source },
-                        other => other,
-                    })?;
+                let kind = ExpertFfn {
+                    glu: self.spec.glu,
+                    biases: expert_biases.as_ref(),
+                };
+                let mut out = moe_ffn(
+                    cx,
+                    il,
+                    &hin,
+                    &routing,
+                    tensors.gate.n_expert,
+                    d,
+                    &kind,
+                    experts,
+                )
+                .map_err(|e| match e {
+                    ModelError::Matmul(source) => ModelError::Kernel { layer: il, source },
+                    other => other,
+                })?;
 
                 if let Some(sh) = shared {
                     let mut s = self.split_swiglu(cx, &hin, &sh.gate, &sh.up, &sh.down)?;

@@ -33,6 +33,8 @@ pub struct YarnParams {
     pub ext_factor: f32,
     /// Multiplier on cos/sin (HF `attention_factor`).
     pub mscale: f32,
+    /// Round the correction range out to whole dimensions (see `ArchSpec::yarn_truncate`).
+    pub truncate: bool,
 }
 
 /// Multi-head latent attention sizes (DeepSeek V2/V3). The KV cache holds, per position and
@@ -76,6 +78,10 @@ pub struct Hparams {
     pub rms_eps: f32,
     pub rope: RopeParams,
     pub moe: Option<MoeParams>,
+    /// `attention.sliding_window`: positions a sliding layer attends to (its own included).
+    pub sliding_window: Option<usize>,
+    /// Per layer: whether it uses the sliding window.
+    pub swa_layers: Vec<bool>,
     /// Filled in from the embedding tensor's shape.
     pub n_vocab: usize,
     /// Multi-head latent attention; `n_head_kv` is then 1, `head_dim_k` the cache row
@@ -146,7 +152,7 @@ impl Hparams {
             },
             Some("yarn") => {
                 let is_mla = meta.arch_u32_opt(keys::KV_LORA_RANK)?.is_some();
-                let (params, scale_mul) = yarn_params(meta, is_mla, n_ctx_train_of(meta)?)?;
+                let (params, scale_mul) = yarn_params(meta, spec, is_mla, n_ctx_train_of(meta)?)?;
                 attn_scale_mul = scale_mul;
                 yarn = Some(params);
                 1.0
@@ -177,12 +183,14 @@ impl Hparams {
                     None => spec.gating,
                     Some(1) => Gating::Softmax,
                     Some(2) => Gating::Sigmoid,
+                    Some(3) => Gating::SoftmaxSelected,
                     Some(func) => {
                         return Err(bad(
                             meta,
                             keys::EXPERT_GATING_FUNC,
                             format!(
-                                "gating function {func} is not supported (1 = softmax, 2 = sigmoid)"
+                                "gating function {func} is not supported \
+                                 (1 = softmax, 2 = sigmoid, 3 = softmax over the selected)"
                             ),
                         ));
                     }
@@ -227,6 +235,36 @@ impl Hparams {
             Some(m) => (m.kv_lora_rank + n_rot, 0),
             None => (head_dim_k, head_dim_v),
         };
+        let sliding_window = u_opt(keys::SLIDING_WINDOW)?.filter(|&w| w > 0);
+        let swa_layers = match sliding_window {
+            None => vec![false; n_layer],
+            Some(_) => {
+                let key = meta.arch_key(keys::SLIDING_WINDOW_PATTERN)?;
+                match meta.get(&key) {
+                    // One flag per layer (llama.cpp reads an array first).
+                    Some(gguf::Value::Array(gguf::Array::Bool(flags))) => {
+                        if flags.len() != n_layer {
+                            return Err(bad(
+                                meta,
+                                keys::SLIDING_WINDOW_PATTERN,
+                                format!("{} flags for {n_layer} layers", flags.len()),
+                            ));
+                        }
+                        flags.clone()
+                    }
+                    _ => {
+                        let pattern = u_opt(keys::SLIDING_WINDOW_PATTERN)?.or(spec.swa_pattern);
+                        // llama.cpp's `set_swa_pattern`: pattern 0 (or none) slides every layer.
+                        (0..n_layer)
+                            .map(|il| match pattern {
+                                None | Some(0) => true,
+                                Some(n) => il % n < n - 1,
+                            })
+                            .collect()
+                    }
+                }
+            }
+        };
         Ok(Hparams {
             n_layer,
             n_embd,
@@ -244,6 +282,8 @@ impl Hparams {
                 yarn,
             },
             moe,
+            sliding_window,
+            swa_layers,
             n_vocab: 0,
             mla,
             attn_scale_mul,
@@ -265,6 +305,12 @@ impl Hparams {
     /// Values per head entering the attention output projection.
     pub fn head_dim_out(&self) -> usize {
         self.mla.as_ref().map_or(self.head_dim_v, |m| m.v_head_dim)
+    }
+
+    /// The window layer `il` attends within, or `None` for full attention.
+    pub fn window(&self, il: usize) -> Option<usize> {
+        self.sliding_window
+            .filter(|_| self.swa_layers.get(il).copied().unwrap_or(false))
     }
 
     /// Query heads per kv head.
@@ -297,7 +343,12 @@ fn yarn_get_mscale(factor: f32, mscale: f32) -> f32 {
 /// `mscale == mscale_all_dim` (V3: 1/1, V2-Lite: 0.707/0.707), which llama.cpp assumes too,
 /// so cos/sin are unscaled. Without the key, YaRN's own `get_mscale(f, 1)` scales cos/sin
 /// and the softmax is left alone (transformers' semantics; see docs/models.md).
-fn yarn_params(meta: &Metadata, is_mla: bool, n_ctx_train: usize) -> Result<(YarnParams, f32)> {
+fn yarn_params(
+    meta: &Metadata,
+    spec: &ArchSpec,
+    is_mla: bool,
+    n_ctx_train: usize,
+) -> Result<(YarnParams, f32)> {
     let factor = meta
         .arch_f32_opt(keys::ROPE_SCALING_FACTOR)?
         .filter(|f| *f > 0.0)
@@ -315,10 +366,15 @@ fn yarn_params(meta: &Metadata, is_mla: bool, n_ctx_train: usize) -> Result<(Yar
     let attn_factor = meta
         .arch_f32_opt(keys::ROPE_SCALING_ATTN_FACTOR)?
         .unwrap_or(1.0);
+    // The converter writes a config's `attention_factor` (transformers' name for the cos/sin
+    // multiplier itself) as `yarn_attn_factor`.
+    let yarn_attn_factor = meta.arch_f32_opt(keys::ROPE_YARN_ATTN_FACTOR)?;
     let (mscale, scale_mul) = if log_mul != 0.0 && is_mla {
         // DeepSeek's converter: yarn_log_multiplier = 0.1 · mscale_all_dim.
         let m = yarn_get_mscale(factor, log_mul / 0.1);
         (attn_factor, m * m)
+    } else if let Some(m) = yarn_attn_factor {
+        (m, 1.0)
     } else if log_mul != 0.0 {
         // Elsewhere the key is `mscale_all_dim` itself, with `mscale` 1 (llama.cpp).
         (
@@ -336,10 +392,13 @@ fn yarn_params(meta: &Metadata, is_mla: bool, n_ctx_train: usize) -> Result<(Yar
                 .arch_f32_opt(keys::ROPE_YARN_BETA_FAST)?
                 .unwrap_or(32.0),
             beta_slow: meta.arch_f32_opt(keys::ROPE_YARN_BETA_SLOW)?.unwrap_or(1.0),
+            // llama.cpp: a negative extrapolation factor means "not set" (1 for YaRN).
             ext_factor: meta
                 .arch_f32_opt(keys::ROPE_YARN_EXT_FACTOR)?
+                .filter(|e| *e >= 0.0)
                 .unwrap_or(1.0),
             mscale,
+            truncate: spec.yarn_truncate,
         },
         scale_mul,
     ))

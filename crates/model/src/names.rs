@@ -15,6 +15,7 @@ pub enum TensorName {
     AttnOut,
     AttnQNorm,
     AttnKNorm,
+    AttnSinks,
     /// GLM-4.5's pre-FFN norm (HF `post_attention_layernorm`).
     AttnPostNorm,
     FfnNorm,
@@ -60,6 +61,7 @@ impl TensorName {
             AttnOut => "attn_output",
             AttnQNorm => "attn_q_norm",
             AttnKNorm => "attn_k_norm",
+            AttnSinks => "attn_sinks",
             AttnPostNorm => "post_attention_norm",
             FfnNorm => "ffn_norm",
             FfnGate => "ffn_gate",
@@ -156,10 +158,13 @@ pub mod keys {
     pub const KV_LORA_RANK: &str = "attention.kv_lora_rank";
     pub const KEY_LENGTH_MLA: &str = "attention.key_length_mla";
     pub const VALUE_LENGTH_MLA: &str = "attention.value_length_mla";
+    pub const SLIDING_WINDOW: &str = "attention.sliding_window";
+    pub const SLIDING_WINDOW_PATTERN: &str = "attention.sliding_window_pattern";
     pub const ROPE_SCALING_ORIG_CTX: &str = "rope.scaling.original_context_length";
     pub const ROPE_SCALING_ATTN_FACTOR: &str = "rope.scaling.attn_factor";
     pub const ROPE_YARN_LOG_MUL: &str = "rope.scaling.yarn_log_multiplier";
     pub const ROPE_YARN_EXT_FACTOR: &str = "rope.scaling.yarn_ext_factor";
+    pub const ROPE_YARN_ATTN_FACTOR: &str = "rope.scaling.yarn_attn_factor";
     pub const ROPE_YARN_BETA_FAST: &str = "rope.scaling.yarn_beta_fast";
     pub const ROPE_YARN_BETA_SLOW: &str = "rope.scaling.yarn_beta_slow";
 }

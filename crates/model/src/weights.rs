@@ -128,6 +128,34 @@ pub struct Attention {
     pub v_bias: Option<Vec<f32>>,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+    pub o_bias: Option<Vec<f32>>,
+    /// One learned logit per query head that joins every softmax (gpt-oss `attn_sinks`).
+    pub sinks: Option<Vec<f32>>,
+}
+
+/// Per-expert biases of the routed experts (gpt-oss), `n_expert` rows each: added to gate and
+/// up before the activation and to down's output.
+#[derive(Clone, Debug)]
+pub struct ExpertBiases {
+    /// `n_ff` values per expert.
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    /// `n_embd` values per expert.
+    pub down: Vec<f32>,
+    pub n_ff: usize,
+    pub n_embd: usize,
+}
+
+impl ExpertBiases {
+    /// Expert `e`'s (gate, up, down) bias rows.
+    pub fn of(&self, e: usize) -> (&[f32], &[f32], &[f32]) {
+        let (nf, nd) = (self.n_ff, self.n_embd);
+        (
+            &self.gate[e * nf..(e + 1) * nf],
+            &self.up[e * nf..(e + 1) * nf],
+            &self.down[e * nd..(e + 1) * nd],
+        )
+    }
 }
 
 /// Multi-head latent attention (DeepSeek V2/V3). Per-head matrices are stacks over heads.
@@ -182,7 +210,10 @@ pub enum Ffn {
         router: Matrix,
         /// Added to the expert probabilities for selection only (`exp_probs_b`).
         selection_bias: Option<Vec<f32>>,
+        /// Added to the router logits (gpt-oss).
+        router_bias: Option<Vec<f32>>,
         experts: ExpertTensors,
+        expert_biases: Option<ExpertBiases>,
         shared: Option<SharedExpert>,
     },
 }
@@ -318,9 +349,32 @@ impl<'m> Binder<'m> {
             .transpose()
     }
 
+    /// `rows` vectors of `len` values stored as one `[len, rows]` tensor, dequantized.
+    pub fn vector_rows(&self, name: &str, len: usize, rows: usize) -> Result<Vec<f32>> {
+        let t = self.require(name)?;
+        let dims = t.info.shape.dims();
+        if dims.len() != 2 || dims[0] as usize != len || dims[1] as usize != rows {
+            return Err(bad_tensor(
+                name,
+                format!("shape {dims:?}, expected [{len}, {rows}]"),
+            ));
+        }
+        self.values_of(name, &t, len * rows)
+    }
+
     fn vector_of(&self, name: &str, t: &ModelTensor<'m>, len: usize) -> Result<Vec<f32>> {
+        if t.info.shape.dims().iter().filter(|&&d| d != 1).count() > 1 {
+            return Err(bad_tensor(
+                name,
+                format!("shape {:?}, expected {len} values", t.info.shape.dims()),
+            ));
+        }
+        self.values_of(name, t, len)
+    }
+
+    fn values_of(&self, name: &str, t: &ModelTensor<'m>, len: usize) -> Result<Vec<f32>> {
         let n = t.info.n_elements() as usize;
-        if n != len || t.info.shape.dims().iter().filter(|&&d| d != 1).count() > 1 {
+        if n != len {
             return Err(bad_tensor(
                 name,
                 format!("shape {:?}, expected {len} values", t.info.shape.dims()),
@@ -428,6 +482,8 @@ impl<'m> Binder<'m> {
             v_bias: self.vector_opt(&T::AttnV.bias(il), v_dim)?,
             q_norm,
             k_norm,
+            o_bias: self.vector_opt(&T::AttnOut.bias(il), n_embd)?,
+            sinks: self.vector_opt(&T::AttnSinks.weight(il), hp.n_head)?,
         };
         Ok(attn)
     }
@@ -490,10 +546,23 @@ impl<'m> Binder<'m> {
             } else {
                 None
             };
+            // Biases of all three routed projections, or none (gpt-oss has all of them).
+            let expert_biases = match self.get(&T::FfnGateExps.bias(il)) {
+                None => None,
+                Some(_) => Some(ExpertBiases {
+                    gate: self.vector_rows(&T::FfnGateExps.bias(il), n_ff, n_expert)?,
+                    up: self.vector_rows(&T::FfnUpExps.bias(il), n_ff, n_expert)?,
+                    down: self.vector_rows(&T::FfnDownExps.bias(il), n_embd, n_expert)?,
+                    n_ff,
+                    n_embd,
+                }),
+            };
             Ffn::Moe {
                 router,
                 selection_bias: self.vector_opt(&T::FfnExpProbsB.bias(il), n_expert)?,
+                router_bias: self.vector_opt(&T::FfnGateInp.bias(il), n_expert)?,
                 experts,
+                expert_biases,
                 shared,
             }
         } else {

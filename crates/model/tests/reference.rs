@@ -158,7 +158,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Every fixture with transformers references.
-const ARCHS: [&str; 8] = [
+const ARCHS: [&str; 9] = [
     "qwen3moe",
     "qwen2moe",
     "mixtral",
@@ -167,11 +167,12 @@ const ARCHS: [&str; 8] = [
     "deepseek2",
     "deepseek2-lite",
     "glm4moe",
+    "gpt-oss",
 ];
 
 /// The fixtures llama.cpp loads (its deepseek2 reads `q_lora_rank` as optional only for
 /// 26/27-layer files, so not the 4-layer V2-Lite-style one).
-const LLAMA_CPP_ARCHS: [&str; 7] = [
+const LLAMA_CPP_ARCHS: [&str; 8] = [
     "qwen3moe",
     "qwen2moe",
     "mixtral",
@@ -179,6 +180,7 @@ const LLAMA_CPP_ARCHS: [&str; 7] = [
     "llama",
     "deepseek2",
     "glm4moe",
+    "gpt-oss",
 ];
 
 #[test]
@@ -214,7 +216,18 @@ fn f32_fixtures_match_transformers_logits_and_greedy_tokens() {
     }
 }
 
-/// Q8_0 and Q4_K_M versions of the fixtures: against llama.cpp on the same file (both quantize
+/// A model as llama.cpp computes it: llama.cpp rounds YaRN's correction range out to whole
+/// dimensions, where gpt-oss' reference (and transformers with `truncate: false`, and we) do
+/// not — 2.7e-3 on the gpt-oss fixture's F32 logits (docs/models.md).
+fn load_as_llama_cpp(path: &Path) -> Model {
+    let mut model = Model::load(path).unwrap();
+    if let Some(yarn) = model.hp.rope.yarn.as_mut() {
+        yarn.truncate = true;
+    }
+    model
+}
+
+/// Q8_0 and Q4_K_M versions of the fixtures (and gpt-oss' MXFP4): against llama.cpp on the same file (both quantize
 /// activations to Q8_0/Q8_K, so only rounding order differs: ≤ 0.1, and the same top-1 wherever
 /// llama.cpp's own top-1 is not a near tie — within twice that difference — with the token we
 /// pick), and against our own F32 run with a tolerance of 1.0, which allows one flipped expert
@@ -231,13 +244,19 @@ fn quantized_fixtures_match_llama_cpp() {
         let dir = fixtures().join(arch);
         let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
         let f32_logits = logits(
-            &Model::load(dir.join("model-f32.gguf")).unwrap(),
+            &load_as_llama_cpp(&dir.join("model-f32.gguf")),
             &cx,
             &prompt,
         );
         let (_, llama_f32) = npy_f32(&dir.join("llama_cpp_logits_f32.npy"));
-        for q in ["q8_0", "q4_k"] {
-            let model = Model::load(dir.join(format!("model-{q}.gguf"))).unwrap();
+        // gpt-oss also in its own format: MXFP4 experts (llama-quantize MXFP4_MOE).
+        let quants: &[&str] = if arch == "gpt-oss" {
+            &["q8_0", "q4_k", "mxfp4"]
+        } else {
+            &["q8_0", "q4_k"]
+        };
+        for &q in quants {
+            let model = load_as_llama_cpp(&dir.join(format!("model-{q}.gguf")));
             let got = logits(&model, &cx, &prompt);
             let (_, want) = npy_f32(&dir.join(format!("llama_cpp_logits_{q}.npy")));
             let v = model.hp.n_vocab;
@@ -265,8 +284,17 @@ fn quantized_fixtures_match_llama_cpp() {
                 rows,
                 "{arch} {q}: top-1 differs from llama.cpp"
             );
-            let tol = f32::max(1.0, llama_d32 + 0.1);
-            assert!(d32 <= tol, "{arch} {q}: differs from our F32 run by {d32}");
+            // Where llama.cpp's own quantized run strays further than 1.0 from its F32 run or
+            // from transformers (gpt-oss: router gaps of 0.006 flip experts under
+            // quantization), that is the bound.
+            let (_, hf) = npy_f32(&dir.join("logits.npy"));
+            let bound = (llama_d32 + 0.1)
+                .max(max_abs_diff(&want, &hf) + 0.1)
+                .max(1.0);
+            assert!(
+                d32 <= bound,
+                "{arch} {q}: differs from our F32 run by {d32} (bound {bound})"
+            );
         }
     }
 }

@@ -59,7 +59,9 @@ fn batched_eval_is_bit_identical_to_solo_eval() {
         &[7],
     ];
     let steps = 12;
-    for arch in ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama"] {
+    for arch in [
+        "qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama", "gpt-oss",
+    ] {
         for file in ["model-q8_0.gguf", "model-q4_k.gguf", "model-f32.gguf"] {
             let path = fixture(arch, file);
             let expect: Vec<Vec<Vec<f32>>> =

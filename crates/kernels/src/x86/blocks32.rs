@@ -1,5 +1,6 @@
-//! The loop shared by the AVX2 and AVX-512 kernels of the 32-element formats (Q4_0 … Q8_0,
-//! MXFP4) against Q8_0 activations: one block per 256-bit register, blocks taken in batches of 8.
+//! The loop shared by the AVX2 and AVX-512 kernels of the 32-element formats (Q4_0 … Q8_0;
+//! MXFP4 has its own, `crate::x86::mxfp4`) against Q8_0 activations: one block per 256-bit
+//! register, blocks taken in batches of 8.
 //!
 //! Per block, the integer work is only 5 to 9 instructions, so the two f16 scales would cost
 //! almost as much again if each were broadcast and converted on its own. A batch gathers its 8
@@ -9,9 +10,6 @@
 //! `vpermt2w` from vector loads was three times slower.)
 
 use std::arch::x86_64::*;
-
-use super::E8M0_HALF;
-use crate::blocks::BlockMxfp4;
 
 /// The f16 field `field(b)` of 8 blocks, as 8 lanes of f32.
 #[inline]
@@ -23,14 +21,6 @@ pub(crate) fn f16x8<T>(blocks: &[T], field: impl Fn(&T) -> [u8; 2]) -> __m256 {
         hi |= (u16::from_le_bytes(field(&blocks[k + 4])) as u64) << (16 * k);
     }
     _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
-}
-
-/// The MXFP4 half scales (see [`E8M0_HALF`]) of 8 blocks.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(crate) fn e8m0x8(blocks: &[BlockMxfp4]) -> __m256 {
-    let e = |k: usize| E8M0_HALF[blocks[k].e as usize];
-    _mm256_setr_ps(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7))
 }
 
 /// Σ over the blocks of one row of `scale · lanes`, where `body(x, y) -> __m256i` gives the

@@ -2,7 +2,8 @@
 //! own `#[target_feature]` set and only handed out by `crate::isa` after run-time detection.
 //! Neither imports from the other: what both use lives beside them — `simd256` (loads, f16
 //! scales, horizontal sums), `scales` (K-quant scale unpacking), `kq256` (the K-quant loops),
-//! `blocks32` (the loop of the 32-element formats) and `tiles` (the panel loop).
+//! `blocks32` (the loop of the 32-element formats), `tiles` (the panel loop) and `mxfp4` (the
+//! MXFP4 dot and panel, AVX2, which both levels hand out).
 //!
 //! Every kernel function carries the `#[target_feature]`s it needs, so the intrinsics without
 //! pointer arguments are safe to call inside it; what stays `unsafe` is reading through raw
@@ -13,6 +14,7 @@ pub mod avx2;
 pub mod avx512;
 mod blocks32;
 mod kq256;
+mod mxfp4;
 mod scales;
 mod simd256;
 mod tiles;
@@ -58,6 +60,3 @@ pub(crate) static E8M0_HALF: [f32; 256] = {
     }
     t
 };
-
-/// `|KVALUES_MXFP4|`: magnitudes of the doubled E2M1 values; the sign is nibble bit 3.
-pub(crate) const KVALUES_MXFP4_ABS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12];

@@ -15,5 +15,5 @@ pub const SPEC: ArchSpec = ArchSpec {
     norm_topk: false,
     shared_expert: true,
     gating: Gating::Softmax,
-    post_attention_norm: false,
+    ..super::BASE
 };

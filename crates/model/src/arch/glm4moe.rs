@@ -16,4 +16,5 @@ pub const SPEC: ArchSpec = ArchSpec {
     shared_expert: true,
     gating: Gating::Sigmoid,
     post_attention_norm: true,
+    ..super::BASE
 };

@@ -2,7 +2,7 @@
 //! Normal (interleaved) RoPE, because the converter permutes q/k into that layout; the routing
 //! weights are renormalized over the top-k (Mixtral's softmax over the selected logits).
 
-use super::{ArchSpec, FfnLayout, Gating, QkNorm, RopeKind};
+use super::{ArchSpec, FfnLayout, QkNorm, RopeKind};
 
 pub const SPEC: ArchSpec = ArchSpec {
     name: "llama",
@@ -11,6 +11,5 @@ pub const SPEC: ArchSpec = ArchSpec {
     ffn: FfnLayout::MoeWhenRouted,
     norm_topk: true,
     shared_expert: false,
-    gating: Gating::Softmax,
-    post_attention_norm: false,
+    ..super::BASE
 };

@@ -4,6 +4,7 @@
 
 mod deepseek2;
 mod glm4moe;
+mod gpt_oss;
 mod llama;
 mod olmoe;
 mod qwen2moe;
@@ -32,16 +33,6 @@ pub enum QkNorm {
     PerHeadIfPresent,
 }
 
-/// How router logits become expert probabilities (`{arch}.expert_gating_func`: 1 = softmax,
-/// 2 = sigmoid).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Gating {
-    /// Softmax over all experts.
-    Softmax,
-    /// Independent sigmoid per expert (DeepSeek V3, GLM-4.5).
-    Sigmoid,
-}
-
 /// Which feed-forward block a layer uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FfnLayout {
@@ -49,6 +40,28 @@ pub enum FfnLayout {
     Moe,
     /// A layer is MoE when it has a router (`ffn_gate_inp`), dense otherwise (llama/Mixtral).
     MoeWhenRouted,
+}
+
+/// How the router turns logits into expert weights (`{arch}.expert_gating_func` overrides it:
+/// 1 = softmax, 2 = sigmoid, 3 = softmax over the selected).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over every expert, then the top-k of those probabilities (llama.cpp's 1).
+    Softmax,
+    /// Independent sigmoid per expert (DeepSeek V3, GLM-4.5; llama.cpp's 2).
+    Sigmoid,
+    /// Top-k of the raw logits, then a softmax over the selected ones (gpt-oss; llama.cpp's
+    /// 3, `SOFTMAX_WEIGHT`).
+    SoftmaxSelected,
+}
+
+/// The gated activation of the expert FFNs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Glu {
+    /// `silu(gate) · up`.
+    Silu,
+    /// gpt-oss: `g = min(gate, limit)`, `u = clamp(up, -limit, limit)`, `g·σ(alpha·g)·(u + 1)`.
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }
 
 /// What distinguishes one architecture's layer from another's.
@@ -66,17 +79,41 @@ pub struct ArchSpec {
     pub shared_expert: bool,
     /// Gating when the file has no `expert_gating_func` (llama.cpp's per-architecture default).
     pub gating: Gating,
+    pub glu: Glu,
     /// The norm in front of the FFN is named `post_attention_norm` instead of `ffn_norm`.
     pub post_attention_norm: bool,
+    /// With `{arch}.attention.sliding_window` set: the last of every `n` layers attends to the
+    /// whole context, the others to the window (llama.cpp's `set_swa_pattern(n)`); `None`
+    /// means every layer slides. `{arch}.attention.sliding_window_pattern` overrides it.
+    pub swa_pattern: Option<usize>,
+    /// Whether YaRN's correction range is rounded out to whole dimensions (llama.cpp, DeepSeek's
+    /// reference) or kept fractional (OpenAI's gpt-oss reference, HF `truncate: false`).
+    pub yarn_truncate: bool,
 }
 
-const REGISTRY: [&ArchSpec; 6] = [
+/// The fields most architectures share; specs list their own and take the rest from here.
+pub const BASE: ArchSpec = ArchSpec {
+    name: "",
+    rope: RopeKind::Neox,
+    qk_norm: QkNorm::None,
+    ffn: FfnLayout::Moe,
+    norm_topk: false,
+    shared_expert: false,
+    gating: Gating::Softmax,
+    glu: Glu::Silu,
+    post_attention_norm: false,
+    swa_pattern: None,
+    yarn_truncate: true,
+};
+
+const REGISTRY: [&ArchSpec; 7] = [
     &llama::SPEC,
     &qwen3moe::SPEC,
     &qwen2moe::SPEC,
     &olmoe::SPEC,
     &deepseek2::SPEC,
     &glm4moe::SPEC,
+    &gpt_oss::SPEC,
 ];
 
 /// The declaration for `general.architecture == name`.

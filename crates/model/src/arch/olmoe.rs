@@ -1,7 +1,7 @@
 //! `olmoe` (OLMoE-1B-7B): RMSNorm over the whole q and k projections (not per head), NeoX RoPE,
 //! softmax router without renormalization.
 
-use super::{ArchSpec, FfnLayout, Gating, QkNorm, RopeKind};
+use super::{ArchSpec, FfnLayout, QkNorm, RopeKind};
 
 pub const SPEC: ArchSpec = ArchSpec {
     name: "olmoe",
@@ -10,6 +10,5 @@ pub const SPEC: ArchSpec = ArchSpec {
     ffn: FfnLayout::Moe,
     norm_topk: false,
     shared_expert: false,
-    gating: Gating::Softmax,
-    post_attention_norm: false,
+    ..super::BASE
 };

@@ -1,7 +1,7 @@
 //! `qwen2moe` (Qwen1.5-MoE, Qwen2-57B-A14B): q/k/v biases, NeoX RoPE, softmax router without
 //! renormalization, plus a shared expert whose output is scaled by `sigmoid(x · w_gate_shexp)`.
 
-use super::{ArchSpec, FfnLayout, Gating, QkNorm, RopeKind};
+use super::{ArchSpec, FfnLayout, QkNorm, RopeKind};
 
 pub const SPEC: ArchSpec = ArchSpec {
     name: "qwen2moe",
@@ -10,6 +10,5 @@ pub const SPEC: ArchSpec = ArchSpec {
     ffn: FfnLayout::Moe,
     norm_topk: false,
     shared_expert: true,
-    gating: Gating::Softmax,
-    post_attention_norm: false,
+    ..super::BASE
 };

@@ -2,7 +2,7 @@
 //! all experts with the top-k weights renormalized. GGUF has no key for HF's `norm_topk_prob`;
 //! llama.cpp always renormalizes for this architecture, as every released checkpoint does.
 
-use super::{ArchSpec, FfnLayout, Gating, QkNorm, RopeKind};
+use super::{ArchSpec, FfnLayout, QkNorm, RopeKind};
 
 pub const SPEC: ArchSpec = ArchSpec {
     name: "qwen3moe",
@@ -11,6 +11,5 @@ pub const SPEC: ArchSpec = ArchSpec {
     ffn: FfnLayout::Moe,
     norm_topk: true,
     shared_expert: false,
-    gating: Gating::Softmax,
-    post_attention_norm: false,
+    ..super::BASE
 };

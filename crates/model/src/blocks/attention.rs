@@ -1,6 +1,7 @@
 //! Causal grouped-query attention over a sequence's KV cache. Each (token, kv head) is one task:
 //! for every query head of the group, scores against every cached key up to the token's
-//! position, a softmax, and the weighted sum of values (`kernels::attn`).
+//! position (or the latest `window` of them), a softmax (with the head's sink logit, where the
+//! architecture has one), and the weighted sum of values (`kernels::attn`).
 
 use std::cell::RefCell;
 
@@ -20,7 +21,7 @@ pub struct SeqSpan<'k> {
     pub pos0: usize,
 }
 
-pub struct AttentionShape {
+pub struct AttentionShape<'s> {
     pub n_head: usize,
     pub n_kv_head: usize,
     pub head_dim_k: usize,
@@ -30,6 +31,10 @@ pub struct AttentionShape {
     /// attention, whose cache row is the latent followed by the rope key); the cache then
     /// holds no separate values.
     pub values_in_keys: bool,
+    /// A token attends to the `window` latest positions (its own included); `None`: all.
+    pub window: Option<usize>,
+    /// One sink logit per query head computed here (`n_head` values).
+    pub sinks: Option<&'s [f32]>,
 }
 
 thread_local! {
@@ -102,6 +107,9 @@ pub fn attend(
         "attention spans {span_rows:?} overlap or do not fit an output of {} values",
         out.len()
     );
+    if let Some(sinks) = shape.sinks {
+        assert_eq!(sinks.len(), n_head, "one sink per query head");
+    }
     let esz = kv_type.bytes();
     let k_row = n_kv * dk * esz;
     let (v_row, v_head_stride) = if shape.values_in_keys {
@@ -130,28 +138,30 @@ pub fn attend(
                 let (keys, values) = caches[si];
                 let values = if shape.values_in_keys { keys } else { values };
                 let row = s.row0 + i;
-                let n_pos = s.pos0 + i + 1;
+                let end = s.pos0 + i + 1;
+                let first = shape.window.map_or(0, |w| end.saturating_sub(w));
+                let n_pos = end - first;
                 let krows = Rows {
-                    data: &keys[g * dk * esz..],
+                    data: &keys[first * k_row + g * dk * esz..],
                     stride: k_row,
                     n: n_pos,
                     d: dk,
                     elem,
                 };
                 let vrows = Rows {
-                    data: &values[g * v_head_stride..],
+                    data: &values[first * v_row + g * v_head_stride..],
                     stride: v_row,
                     n: n_pos,
                     d: dv,
                     elem,
                 };
                 scores.resize(n_pos, 0.0);
-                let first = g * group + part * per_part;
-                let last = (first + per_part).min((g + 1) * group);
-                for h in first..last {
+                let h_first = g * group + part * per_part;
+                let h_last = (h_first + per_part).min((g + 1) * group);
+                for h in h_first..h_last {
                     let qh = &q[(row * n_head + h) * dk..(row * n_head + h + 1) * dk];
                     attn::scores(isa, qh, krows, shape.scale, scores);
-                    attn::softmax(isa, scores);
+                    attn::softmax_with_sink(isa, scores, shape.sinks.map(|s| s[h]));
                     // SAFETY: row < end and h < n_head, so the slice lies inside `out` (checked
                     // above); (row, h) belongs to this task's (token, kv head) pair only, and the
                     // spans' rows are disjoint, so no other reference to it exists.

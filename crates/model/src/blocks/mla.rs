@@ -220,6 +220,8 @@ fn absorbed(
         head_dim_v: r,
         scale: hp.attn_scale(),
         values_in_keys: true,
+        window: None,
+        sinks: None,
     };
     let mut latent_out = vec![0f32; n * nh * r];
     attend(
@@ -357,6 +359,8 @@ fn decompressed(
             head_dim_v: dv,
             scale: hp.attn_scale(),
             values_in_keys: false,
+            window: None,
+            sinks: None,
         };
         let span = SeqSpan {
             kv: &cache,

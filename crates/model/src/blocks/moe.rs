@@ -6,10 +6,26 @@
 use kernels::{Input, MatmulJob};
 
 use super::{Compute, swiglu};
-use crate::arch::Gating;
+use crate::arch::{Gating, Glu};
 use crate::error::{ModelError, Result};
 use crate::experts::{ExpertMatrices, ExpertSource};
 use crate::hparams::MoeParams;
+use crate::weights::ExpertBiases;
+
+/// What an expert computes besides its three matrices: the activation and optional biases.
+pub struct ExpertFfn<'a> {
+    pub glu: Glu,
+    pub biases: Option<&'a ExpertBiases>,
+}
+
+/// gpt-oss' clamped SwiGLU, in place into `gate` (as llama.cpp's `swiglu_oai` and HF).
+pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        let y = u.clamp(-limit, limit);
+        *g = x / (1.0 + (-alpha * x).exp()) * (y + 1.0);
+    }
+}
 
 /// The routing decision for a batch of tokens: `k` (expert, weight) slots per token, in
 /// descending selection score.
@@ -26,11 +42,26 @@ impl Routing {
     }
 }
 
-/// Router logits to expert probabilities (softmax or sigmoid), top-k by selection score —
-/// the probability plus the correction `bias` when given (DeepSeek V3: the bias steers which
-/// experts are picked, never how much they weigh), within the `n_group_used` best expert
-/// groups when grouped — ties to the lower expert id, then optional renormalization of the
-/// chosen probabilities (with llama.cpp's floor on the sum) and scale.
+/// `x ← softmax(x)` in place.
+fn softmax_in_place(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for p in x.iter_mut() {
+        *p = (*p - max).exp();
+        sum += *p;
+    }
+    for p in x.iter_mut() {
+        *p /= sum;
+    }
+}
+
+/// Router logits to top-k (expert, weight) slots by selection score, ties to the lower expert
+/// id. `Softmax`: softmax over all experts; `Sigmoid`: a sigmoid per expert; `SoftmaxSelected`:
+/// the raw logits select, a softmax over the chosen k weighs. The selection score is the
+/// probability plus the correction `bias` when given (DeepSeek V3: the bias steers which experts
+/// are picked, never how much they weigh), within the `n_group_used` best expert groups when
+/// grouped. Then optional renormalization of the chosen weights (with llama.cpp's floor on the
+/// sum) and scale.
 pub fn route(logits: &[f32], n_expert: usize, params: &MoeParams, bias: Option<&[f32]>) -> Routing {
     let k = params.n_expert_used;
     let n = logits.len() / n_expert;
@@ -44,18 +75,10 @@ pub fn route(logits: &[f32], n_expert: usize, params: &MoeParams, bias: Option<&
     let mut groups: Vec<usize> = Vec::with_capacity(n_group);
     let mut group_score = vec![0f32; n_group];
     for row in logits.chunks_exact(n_expert) {
+        probs.copy_from_slice(row);
         match params.gating {
-            Gating::Softmax => {
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f32;
-                for (p, &l) in probs.iter_mut().zip(row) {
-                    *p = (l - max).exp();
-                    sum += *p;
-                }
-                for p in probs.iter_mut() {
-                    *p /= sum;
-                }
-            }
+            Gating::Softmax => softmax_in_place(&mut probs),
+            Gating::SoftmaxSelected => {}
             Gating::Sigmoid => {
                 for (p, &l) in probs.iter_mut().zip(row) {
                     *p = 1.0 / (1.0 + (-l).exp());
@@ -95,6 +118,13 @@ pub fn route(logits: &[f32], n_expert: usize, params: &MoeParams, bias: Option<&
         order.extend(0..n_expert);
         order.sort_by(|&a, &b| select[b].total_cmp(&select[a]).then(a.cmp(&b)));
         let chosen = &order[..k];
+        if params.gating == Gating::SoftmaxSelected {
+            let mut selected: Vec<f32> = chosen.iter().map(|&e| probs[e]).collect();
+            softmax_in_place(&mut selected);
+            for (&e, &p) in chosen.iter().zip(&selected) {
+                probs[e] = p;
+            }
+        }
         let mut wsum = 0f32;
         for &e in chosen {
             wsum += probs[e];
@@ -133,6 +163,7 @@ fn group_by_expert(r: &Routing, n_expert: usize) -> Vec<Vec<usize>> {
 /// `weight · expert(x)`, counting only the experts `source` assigns itself (the rest are
 /// another rank's).
 /// The sum is accumulated in f64, so which rank adds which slots does not change the result.
+#[allow(clippy::too_many_arguments)]
 pub fn moe_ffn(
     cx: &Compute,
     layer: usize,
@@ -140,6 +171,7 @@ pub fn moe_ffn(
     routing: &Routing,
     n_expert: usize,
     n_embd: usize,
+    kind: &ExpertFfn,
     source: &dyn ExpertSource,
 ) -> Result<Vec<f64>> {
     let n = x.n();
@@ -157,7 +189,7 @@ pub fn moe_ffn(
     let mut slot_out = vec![0f32; routing.experts.len() * n_embd];
     let mut done = vec![false; routing.experts.len()];
     let mut sink = |batch: &[(usize, ExpertMatrices<'_>)]| -> Result<()> {
-        run_experts(cx, x, &groups, batch, n_embd, &mut slot_out)?;
+        run_experts(cx, x, &groups, batch, n_embd, kind, &mut slot_out)?;
         for (e, _) in batch {
             for &slot in &groups[*e] {
                 done[slot] = true;
@@ -195,6 +227,7 @@ fn run_experts(
     groups: &[Vec<usize>],
     batch: &[(usize, ExpertMatrices<'_>)],
     n_embd: usize,
+    kind: &ExpertFfn,
     slot_out: &mut [f32],
 ) -> Result<()> {
     if batch.is_empty() {
@@ -254,8 +287,16 @@ fn run_experts(
         cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
     }
     let mut hidden_inputs = Vec::with_capacity(batch.len());
-    for (((e, m), go), uo) in batch.iter().zip(gate_out.iter_mut()).zip(&up_out) {
-        swiglu(go, uo);
+    for (((e, m), go), uo) in batch.iter().zip(gate_out.iter_mut()).zip(up_out.iter_mut()) {
+        if let Some(b) = kind.biases {
+            let (bg, bu, _) = b.of(*e);
+            add_to_rows(go, bg);
+            add_to_rows(uo, bu);
+        }
+        match kind.glu {
+            Glu::Silu => swiglu(go, uo),
+            Glu::ClampedSwiglu { alpha, limit } => clamped_swiglu(go, uo, alpha, limit),
+        }
         let n = groups[*e].len();
         hidden_inputs.push(Input::new(go, n, m.gate.rows)?);
     }
@@ -278,13 +319,25 @@ fn run_experts(
         }
         cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
     }
-    for ((e, _), o) in batch.iter().zip(&down_out) {
+    for ((e, _), o) in batch.iter().zip(down_out.iter_mut()) {
+        if let Some(b) = kind.biases {
+            add_to_rows(o, b.of(*e).2);
+        }
         for (i, &slot) in groups[*e].iter().enumerate() {
             slot_out[slot * n_embd..(slot + 1) * n_embd]
                 .copy_from_slice(&o[i * n_embd..(i + 1) * n_embd]);
         }
     }
     Ok(())
+}
+
+/// Adds `bias` to every row of `x` (rows of `bias.len()`).
+fn add_to_rows(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,15 +8,20 @@ use crate::hparams::{RopeParams, YarnParams};
 /// dimensions that already saw whole periods in training) and itself divided by the factor
 /// (interpolation, for the slow ones), with a linear ramp between the dimensions where
 /// `beta_fast` and `beta_slow` rotations fit the original context (HF
-/// `_compute_yarn_parameters` with `truncate`, ggml `rope_yarn`).
+/// `_compute_yarn_parameters`, ggml `rope_yarn`). The range is rounded out to whole
+/// dimensions unless the architecture says otherwise (`YarnParams::truncate`).
 pub fn yarn_blend(inv_freq: &mut [f32], y: &YarnParams, base: f32, n_rot: usize) {
     let dim = n_rot as f32;
     let correction_dim = |rotations: f32| {
         dim * (y.orig_ctx as f32 / (rotations * 2.0 * std::f32::consts::PI)).ln()
             / (2.0 * base.ln())
     };
-    let low = correction_dim(y.beta_fast).floor().max(0.0);
-    let high = correction_dim(y.beta_slow).ceil().min(dim - 1.0);
+    let mut low = correction_dim(y.beta_fast);
+    let mut high = correction_dim(y.beta_slow);
+    if y.truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, high) = (low.max(0.0), high.min(dim - 1.0));
     let span = if high == low { 0.001 } else { high - low };
     for (i, f) in inv_freq.iter_mut().enumerate() {
         let ramp = ((i as f32 - low) / span).clamp(0.0, 1.0);

@@ -4,8 +4,8 @@
 //! The 16 bytes of packed nibbles become 32 bytes, low nibbles first: the element order of the
 //! Q8_0 block they pair with. Quants stay unsigned (0..16 or 0..32) for `vpmaddubsw`; the offset
 //! of Q4_0/Q5_0 is removed as `offset·Σy` from the same pair sums, and the min of Q4_1/Q5_1
-//! multiplies the exact `Σy`. Q8_0 and MXFP4 (table lookup with `vpshufb`) are signed: the
-//! weight's magnitude times the activation with the weight's sign. No `vpmaddubsw` pair sum can
+//! multiplies the exact `Σy`. Q8_0 is signed: the weight's magnitude times the activation with
+//! the weight's sign (MXFP4 has its own kernel, `crate::x86::mxfp4`). No `vpmaddubsw` pair sum can
 //! saturate: at most 2·31·127 for the unsigned quants, 2·128·127 = 32512 for signed weights
 //! (activations from our quantizer never hold -128, whose negation would overflow).
 
@@ -15,16 +15,15 @@ use gguf::GgmlType;
 
 use super::mul_sum_i8_pairs;
 use crate::blocks::*;
-use crate::x86::blocks32::{e8m0x8, f16x8, sum_blocks};
+use crate::x86::blocks32::{f16x8, sum_blocks};
+use crate::x86::dot_wrapper;
 use crate::x86::simd256::{bcast_f16, load128_of, load256_of};
-use crate::x86::{E8M0_HALF, dot_wrapper};
 
 dot_wrapper!(pub dot_q4_0 => dot_q4_0_impl, GgmlType::Q4_0, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q4_1 => dot_q4_1_impl, GgmlType::Q4_1, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q5_0 => dot_q5_0_impl, GgmlType::Q5_0, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q5_1 => dot_q5_1_impl, GgmlType::Q5_1, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q8_0 => dot_q8_0_impl, GgmlType::Q8_0, GgmlType::Q8_0);
-dot_wrapper!(pub dot_mxfp4 => dot_mxfp4_impl, GgmlType::Mxfp4, GgmlType::Q8_0);
 
 /// 16 bytes of packed nibbles as 32 bytes: the low nibbles, then the high nibbles.
 #[inline]
@@ -186,23 +185,5 @@ fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
         },
         scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
         body: |x, y| mul_sum_i8_pairs(load256_of(&x.qs), load256_of(&y.qs), ones),
-    )
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_mxfp4_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    let table = _mm256_broadcastsi128_si256(load128_of(&KVALUES_MXFP4));
-    sum_blocks!(BlockMxfp4, n, w, a,
-        scales8: |xs, ys| {
-            let d = _mm256_mul_ps(e8m0x8(xs), f16x8(ys, |b| b.d));
-            (d, d)
-        },
-        scales1: |x, y| _mm256_mul_ps(_mm256_set1_ps(E8M0_HALF[x.e as usize]), bcast_f16(&y.d)),
-        body: |x, y| {
-            let v = _mm256_shuffle_epi8(table, nibbles(&x.qs, m4));
-            mul_sum_i8_pairs(v, load256_of(&y.qs), ones)
-        },
     )
 }

@@ -27,7 +27,7 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
         T::Q5_0 => legacy::dot_q5_0,
         T::Q5_1 => legacy::dot_q5_1,
         T::Q8_0 => legacy::dot_q8_0,
-        T::Mxfp4 => legacy::dot_mxfp4,
+        T::Mxfp4 => crate::x86::mxfp4::dot_checked,
         T::Q2K => kquants::dot_q2_k,
         T::Q3K => kquants::dot_q3_k,
         T::Q4K => kquants::dot_q4_k,
@@ -45,6 +45,7 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
         T::Q4K => panels::panel_q4_k,
         T::Q6K => panels::panel_q6_k,
         T::Q8_0 => panels::panel_q8_0,
+        T::Mxfp4 => crate::x86::mxfp4::panel,
         _ => return None,
     })
 }

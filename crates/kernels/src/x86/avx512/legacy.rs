@@ -1,7 +1,7 @@
 //! 32-element formats against Q8_0 activations: one block per 256-bit register (AVX-512VL), in
 //! the shared loop of `crate::x86::blocks32`. Byte products go straight to i32 with `vpdpbusd`
-//! (no i16 stage, so nothing can saturate); the fifth bits of Q5 and the signs of Q8_0/MXFP4
-//! are applied under byte masks.
+//! (no i16 stage, so nothing can saturate); the fifth bits of Q5 and the signs of Q8_0 are
+//! applied under byte masks. (MXFP4 runs the AVX2 kernel of `crate::x86::mxfp4` at this level.)
 //!
 //! Packed nibbles become `[low | high]` per block, the element order of the Q8_0 block, with a
 //! 128-bit broadcast and a masked shift. Signed weights get their sign moved onto the activation
@@ -16,16 +16,15 @@ use std::arch::x86_64::*;
 use gguf::GgmlType;
 
 use crate::blocks::*;
-use crate::x86::blocks32::{e8m0x8, f16x8, sum_blocks};
+use crate::x86::blocks32::{f16x8, sum_blocks};
+use crate::x86::dot_wrapper;
 use crate::x86::simd256::{bcast_f16, load128_of, load256_of};
-use crate::x86::{E8M0_HALF, KVALUES_MXFP4_ABS, dot_wrapper};
 
 dot_wrapper!(pub dot_q4_0 => dot_q4_0_impl, GgmlType::Q4_0, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q4_1 => dot_q4_1_impl, GgmlType::Q4_1, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q5_0 => dot_q5_0_impl, GgmlType::Q5_0, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q5_1 => dot_q5_1_impl, GgmlType::Q5_1, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q8_0 => dot_q8_0_impl, GgmlType::Q8_0, GgmlType::Q8_0);
-dot_wrapper!(pub dot_mxfp4 => dot_mxfp4_impl, GgmlType::Mxfp4, GgmlType::Q8_0);
 
 /// 16 bytes of packed nibbles as 32 bytes: the low nibbles, then the high nibbles.
 #[inline]
@@ -155,26 +154,6 @@ fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
             // |x| read as unsigned is exact even for -128.
             let x = load256_of(&x.qs);
             signed_dot(_mm256_abs_epi8(x), _mm256_movepi8_mask(x), load256_of(&y.qs))
-        },
-    )
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-fn dot_mxfp4_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let k8 = _mm256_set1_epi8(8);
-    let table = _mm256_broadcastsi128_si256(load128_of(&KVALUES_MXFP4_ABS));
-    sum_blocks!(BlockMxfp4, n, w, a,
-        scales8: |xs, ys| {
-            let d = _mm256_mul_ps(e8m0x8(xs), f16x8(ys, |b| b.d));
-            (d, d)
-        },
-        scales1: |x, y| _mm256_mul_ps(_mm256_set1_ps(E8M0_HALF[x.e as usize]), bcast_f16(&y.d)),
-        body: |x, y| {
-            // E2M1 magnitude from the table, sign in nibble bit 3 (moved onto y).
-            let nib = nibbles(&x.qs, m4);
-            let (mag, neg) = (_mm256_shuffle_epi8(table, nib), _mm256_test_epi8_mask(nib, k8));
-            signed_dot(mag, neg, load256_of(&y.qs))
         },
     )
 }
