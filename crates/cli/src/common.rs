@@ -100,14 +100,7 @@ pub fn load_model(args: &ModelArgs, topology: &Topology) -> anyhow::Result<Arc<M
 /// Whether `bytes` fit comfortably in the memory available now (else warming would only evict
 /// what it just read).
 fn fits_in_memory(bytes: u64) -> bool {
-    let avail = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
-        s.lines()
-            .find(|l| l.starts_with("MemAvailable:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    });
-    avail.is_none_or(|a| bytes < a / 10 * 9)
+    experts::available_memory().is_none_or(|a| bytes < a / 10 * 9)
 }
 
 /// Context size: the flag, or the model's training context capped at 4096 (llama.cpp's default).

@@ -52,7 +52,7 @@ pub struct StreamingArgs {
         requires = "ssd_streaming"
     )]
     pub expert_readers: usize,
-    /// Read experts through the page cache instead of O_DIRECT.
+    /// Read experts through the page cache instead of past it (O_DIRECT, F_NOCACHE on macOS).
     #[arg(long, requires = "ssd_streaming")]
     pub no_direct_io: bool,
     /// Do not ask the forward path for router look-ahead prefetches.

@@ -1,10 +1,9 @@
-//! O_DIRECT read bandwidth of a file, the number SSD streaming is bounded by:
+//! Direct-read bandwidth of a file (O_DIRECT on Linux, F_NOCACHE on macOS), the number SSD streaming is bounded by:
 //! `cargo run --release -p experts --example disk_read -- FILE [seq|rand] [block KiB] [threads] [GiB]`
 //! Sequential reads walk the file from a random aligned start; random reads pick aligned
 //! offsets uniformly. Each thread keeps one read in flight (queue depth = threads).
 
-use std::fs::OpenOptions;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -34,11 +33,10 @@ fn main() {
         .unwrap_or(2.0);
     let total = (gib * (1u64 << 30) as f64) as u64;
     let file = Arc::new(
-        OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-            .expect("open with O_DIRECT"),
+        experts::direct_io::open(std::path::Path::new(path)).unwrap_or_else(|e| {
+            eprintln!("{path}: cannot open for direct reads: {e}");
+            std::process::exit(1)
+        }),
     );
     let len = file.metadata().unwrap().len();
     let n_blocks = (len / block as u64).max(1);

@@ -1,17 +1,18 @@
-//! Reading experts from the model's files: `pread` with O_DIRECT into aligned slots (the page
-//! cache is bypassed, so streamed experts neither count against a memory limit twice nor evict
-//! the resident weights), falling back to buffered reads where the filesystem refuses O_DIRECT
-//! (tmpfs, some network filesystems), said once. Every read checks that it got every byte it
-//! needed and that the file is still the one that was loaded (size, mtime, inode).
+//! Reading experts from the model's files: `pread` into aligned slots past the page cache
+//! (`crate::direct_io`: O_DIRECT on Linux, F_NOCACHE on macOS), so streamed experts neither count
+//! against a memory limit twice nor evict the resident weights, falling back to buffered reads
+//! where the filesystem refuses O_DIRECT (tmpfs, some network filesystems), said once. Every
+//! read checks that it got every byte it needed and that the file is still the one that was
+//! loaded (size, mtime, inode).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::direct_io;
 use crate::error::StreamError;
 use crate::layout::{ALIGN, ExpertPlan, Segment};
 use crate::policy::Key;
@@ -34,7 +35,7 @@ pub enum InjectedFault {
     Error(io::ErrorKind),
     /// The read returns only this many bytes (as at end of file).
     Short(u64),
-    /// An O_DIRECT read is refused (EINVAL), as some filesystems do.
+    /// A direct read is refused (EINVAL), as some filesystems do with O_DIRECT.
     RefuseDirect,
 }
 
@@ -77,7 +78,7 @@ struct SplitFile {
     path: PathBuf,
     buffered: File,
     direct: Option<File>,
-    /// Set when this file's O_DIRECT reads were refused at run time.
+    /// Set when this file's direct reads were refused at run time.
     direct_refused: AtomicBool,
     identity: Identity,
 }
@@ -87,10 +88,6 @@ pub struct ModelFiles {
     files: Vec<SplitFile>,
     hook: Option<ReadHook>,
     fallback_said: AtomicBool,
-}
-
-fn is_direct_refusal(e: &io::Error) -> bool {
-    e.raw_os_error() == Some(libc::EINVAL)
 }
 
 /// Reads into `buf` from `offset` until it is full or the file ends; returns the bytes read.
@@ -116,7 +113,8 @@ fn pread_full(f: &File, buf: &mut [u8], offset: u64, direct: bool) -> io::Result
 
 impl ModelFiles {
     /// Opens `paths` (the splits, in order), expecting the lengths that were mapped. With
-    /// `direct`, each is also opened with O_DIRECT and probed with one aligned read.
+    /// `direct`, each is also opened for direct reads ([`direct_io::open`]) and probed with one aligned
+    /// read.
     pub fn open(
         paths: &[(PathBuf, u64)],
         direct: bool,
@@ -167,7 +165,7 @@ impl ModelFiles {
         Ok(me)
     }
 
-    /// Whether every file is read with O_DIRECT.
+    /// Whether every file is read past the page cache (O_DIRECT, F_NOCACHE).
     pub fn direct(&self) -> bool {
         self.files
             .iter()
@@ -177,8 +175,9 @@ impl ModelFiles {
     fn say_fallback(&self, why: &str) {
         if !self.fallback_said.swap(true, Ordering::Relaxed) {
             tracing::warn!(
-                "O_DIRECT was refused ({why}); streaming experts with buffered reads \
-                 (the page cache will hold streamed bytes until they are dropped after each read)"
+                "{} was refused ({why}); streaming experts with buffered reads \
+                 (the page cache will hold streamed bytes until they are dropped after each read)",
+                direct_io::MECHANISM
             );
         }
     }
@@ -236,11 +235,12 @@ impl ModelFiles {
             let read = if matches!(fault, Some(InjectedFault::RefuseDirect)) {
                 Err(io::Error::from_raw_os_error(libc::EINVAL))
             } else {
+                direct_io::advise_read(d, seg.start, seg.len);
                 pread_full(d, buf, seg.start, true)
             };
             match read {
                 Ok(n) => result = Some((n.saturating_sub(lead).min(want), seg.len)),
-                Err(e) if is_direct_refusal(&e) => {
+                Err(e) if direct_io::is_refusal(&e) => {
                     f.direct_refused.store(true, Ordering::Relaxed);
                     self.say_fallback(&format!("{}: {e}", f.path.display()));
                 }
@@ -253,16 +253,7 @@ impl ModelFiles {
                 let buf = &mut slot[seg.slot_off + lead..seg.slot_off + lead + want];
                 let n = pread_full(&f.buffered, buf, seg.data_start, false).map_err(read_err)?;
                 // Streamed bytes are not worth keeping in the page cache (they are in the slot).
-                // SAFETY: an advice syscall that takes no pointers, on the descriptor of
-                // `f.buffered`, which stays open for the call; its result only affects caching.
-                unsafe {
-                    libc::posix_fadvise(
-                        f.buffered.as_raw_fd(),
-                        seg.data_start as libc::off_t,
-                        want as libc::off_t,
-                        libc::POSIX_FADV_DONTNEED,
-                    );
-                }
+                direct_io::drop_cached(&f.buffered, seg.data_start, want as u64);
                 (n, want as u64)
             }
         };
@@ -292,10 +283,7 @@ impl ModelFiles {
 }
 
 fn open_direct(path: &Path) -> io::Result<File> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)?;
+    let f = direct_io::open(path)?;
     // Some filesystems accept the flag at open and refuse the reads: probe one block.
     let len = f.metadata()?.len();
     if len >= ALIGN {
@@ -305,6 +293,6 @@ fn open_direct(path: &Path) -> io::Result<File> {
     Ok(f)
 }
 
-/// One `ALIGN`-aligned block for the O_DIRECT probe.
+/// One `ALIGN`-aligned block for the direct-read probe.
 #[repr(C, align(4096))]
 struct AlignedBlock([u8; ALIGN as usize]);

@@ -5,6 +5,7 @@
 
 mod budget;
 mod cache;
+pub mod direct_io;
 pub mod error;
 pub mod io;
 pub mod layout;

@@ -47,7 +47,8 @@ pub struct StreamingOptions {
     pub readers: usize,
     /// Steps over which an expert's hotness halves.
     pub half_life: f64,
-    /// Read with O_DIRECT (falls back to buffered reads where refused).
+    /// Read past the page cache (O_DIRECT, F_NOCACHE; falls back to buffered reads where
+    /// refused).
     pub direct_io: bool,
     /// Whether the forward path should run the next layer's router early and prefetch.
     pub lookahead: bool,
@@ -293,7 +294,7 @@ impl StreamedExperts {
             preload.len(),
             t0.elapsed(),
             if me.cache.direct_io() {
-                "O_DIRECT"
+                crate::direct_io::MECHANISM
             } else {
                 "buffered"
             },

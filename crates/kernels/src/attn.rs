@@ -1,7 +1,7 @@
 //! Attention inner loops: scores of one query against many keys, a numerically stable softmax
 //! with a vectorized exponential, and the probability-weighted sum of values — over keys and
 //! values stored as f32 or f16 rows at a stride (a KV cache's `[pos][kv_head][dim]` layout).
-//! Scalar reference plus AVX2 and AVX-512 paths, chosen once like the dot products.
+//! Scalar reference plus AVX2, AVX-512 and NEON paths, chosen once like the dot products.
 
 // The reference loops index queries, keys and outputs with one dimension variable.
 #![allow(clippy::needless_range_loop)]
@@ -54,7 +54,7 @@ impl Rows<'_> {
         );
     }
 
-    fn value(&self, j: usize, c: usize) -> f32 {
+    pub(crate) fn value(&self, j: usize, c: usize) -> f32 {
         let o = j * self.stride + c * self.elem.bytes();
         match self.elem {
             KvElem::F32 => f32::from_le_bytes([
@@ -82,6 +82,10 @@ pub fn scores(isa: Isa, q: &[f32], keys: Rows, scale: f32, out: &mut [f32]) {
     } else if isa >= Isa::Avx2 && Isa::Avx2.is_supported() {
         // SAFETY: as above, for AVX2.
         return unsafe { x86::scores_avx2(q, keys, scale, out) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa >= Isa::Neon {
+        return crate::aarch64::scores(q, keys, scale, out);
     }
     let _ = isa;
     for (j, o) in out.iter_mut().enumerate().take(keys.n) {
@@ -115,6 +119,12 @@ pub fn softmax_with_sink(isa: Isa, x: &mut [f32], sink: Option<f32>) {
         x.iter_mut().for_each(|v| *v *= inv);
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa >= Isa::Neon {
+        let inv = 1.0 / crate::aarch64::exp_sub_sum(x, max);
+        x.iter_mut().for_each(|v| *v *= inv);
+        return;
+    }
     let _ = isa;
     let mut sum = 0f32;
     for v in x.iter_mut() {
@@ -139,6 +149,10 @@ pub fn weighted_sum(isa: Isa, p: &[f32], values: Rows, out: &mut [f32]) {
         // SAFETY: as above, for AVX2.
         return unsafe { x86::weighted_sum_avx2(p, values, out) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa >= Isa::Neon {
+        return crate::aarch64::weighted_sum(p, values, out);
+    }
     let _ = isa;
     for (j, &pj) in p.iter().enumerate().take(values.n) {
         for (c, o) in out.iter_mut().enumerate().take(values.d) {
@@ -161,10 +175,10 @@ pub fn exp_poly(x: f32) -> f32 {
     p * f32::from_bits(((k as i32 + 127) as u32) << 23)
 }
 
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
+pub(crate) const LN2_HI: f32 = 0.693_359_4;
+pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
 /// Taylor coefficients of e^r on |r| ≤ ln2/2: 1, 1, 1/2, 1/6, 1/24, 1/120, 1/720.
-const EXP_C: [f32; 7] = [
+pub(crate) const EXP_C: [f32; 7] = [
     1.0,
     1.0,
     0.5,

@@ -18,16 +18,34 @@ pub enum Isa {
     /// AVX-512 F/BW/VL/DQ with VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later). CPUs with
     /// AVX-512 but without VNNI use the AVX2 kernels.
     Avx512,
+    /// AArch64 Advanced SIMD, which every AArch64 CPU has.
+    Neon,
+    /// NEON with FEAT_DotProd (`sdot`: Cortex-A55/A76+, Neoverse N1, Apple M1 and later).
+    NeonDotprod,
+    /// NEON with FEAT_DotProd and FEAT_I8MM (`smmla`: Neoverse V1/N2/V2, Apple M2 and later).
+    NeonI8mm,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    /// Every level of every architecture, lowest first within each; a CPU supports only those of
+    /// its own architecture (and `Scalar`).
+    pub const ALL: [Isa; 6] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Neon,
+        Isa::NeonDotprod,
+        Isa::NeonI8mm,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
+            Isa::NeonDotprod => "dotprod",
+            Isa::NeonI8mm => "i8mm",
         }
     }
 
@@ -56,13 +74,14 @@ impl Isa {
                     && is_x86_feature_detected!("avx512dq")
                     && is_x86_feature_detected!("avx512vnni")
             }
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon | Isa::NeonDotprod | Isa::NeonI8mm => crate::aarch64::is_supported(self),
             _ => false,
         }
     }
 
-    /// The best supported level, or the one named by `MOESHARD_ISA` (`scalar`, `avx2`, `avx512`)
-    /// when that is supported — useful to compare paths on one machine.
+    /// The best supported level, or the one named by `MOESHARD_ISA` (`scalar`, `avx2`, `avx512`,
+    /// `neon`, `dotprod`, `i8mm`) when that is supported — useful to compare paths on one machine.
     pub fn detect() -> Isa {
         static CHOSEN: OnceLock<Isa> = OnceLock::new();
         *CHOSEN.get_or_init(|| {
@@ -100,7 +119,8 @@ pub fn simd_dot(isa: Isa, dtype: GgmlType) -> Option<DotFn> {
         Isa::Avx2 => crate::x86::avx2::dot(dtype),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => crate::x86::avx512::dot(dtype),
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon | Isa::NeonDotprod | Isa::NeonI8mm => crate::aarch64::dot(isa, dtype),
         _ => None,
     }
 }
@@ -126,7 +146,8 @@ pub fn simd_panel(isa: Isa, dtype: GgmlType) -> Option<PanelFn> {
         Isa::Avx2 => crate::x86::avx2::panel(dtype),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => crate::x86::avx512::panel(dtype),
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon | Isa::NeonDotprod | Isa::NeonI8mm => crate::aarch64::panel(isa, dtype),
         _ => None,
     }
 }

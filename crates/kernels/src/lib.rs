@@ -1,7 +1,9 @@
 //! Quantized CPU kernels: ggml block formats (dequantize, quantize), dot products of weight rows
-//! with quantized activations (a scalar reference for every format and AVX2/AVX-512 paths chosen
-//! at run time), matrix-times-activations over a thread pool built for per-token work.
+//! with quantized activations (a scalar reference for every format, and AVX2/AVX-512 or
+//! NEON/dotprod/i8mm paths chosen at run time), matrix-times-activations over a thread pool built for per-token work.
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 pub mod attn;
 pub mod blocks;
 pub mod formats;

@@ -107,3 +107,51 @@ fn every_format_has_avx2_and_avx512_kernels() {
         assert!(missing.is_empty(), "{isa:?} lacks kernels for {missing:?}");
     }
 }
+
+/// Every AArch64 level has a kernel for every format, like the x86 ones.
+#[test]
+fn every_format_has_neon_kernels() {
+    for isa in [Isa::Neon, Isa::NeonDotprod, Isa::NeonI8mm] {
+        if !isa.is_supported() {
+            eprintln!("{isa:?} not supported on this CPU; table completeness not checkable here");
+            continue;
+        }
+        let missing: Vec<_> = COMPUTE_TYPES
+            .iter()
+            .filter(|&&t| simd_dot(isa, t).is_none())
+            .collect();
+        assert!(missing.is_empty(), "{isa:?} lacks kernels for {missing:?}");
+    }
+}
+
+/// The quantized NEON dot products take exact integer sub-block sums and then repeat the scalar
+/// reference's float operations in its order, so they give its bits (and a cluster mixing
+/// NEON, dotprod and i8mm nodes agrees bit for bit).
+#[test]
+fn quantized_neon_dots_give_the_scalar_bits() {
+    let mut rng = Rng::new(4);
+    let mut checked = 0;
+    for isa in [Isa::Neon, Isa::NeonDotprod, Isa::NeonI8mm] {
+        if !isa.is_supported() {
+            continue;
+        }
+        for t in COMPUTE_TYPES {
+            let f = format(t).unwrap();
+            if f.act == ActKind::F32 {
+                continue; // F32/F16/BF16 sum in vector lanes: close, not bitwise.
+            }
+            let simd = simd_dot(isa, t).unwrap();
+            for n in LENGTHS {
+                let w = random_row(&mut rng, t, n);
+                let (a, _) = activations(&mut rng, f.act, n);
+                assert_eq!(
+                    simd(n, &w, &a).to_bits(),
+                    (f.dot_scalar)(n, &w, &a).to_bits(),
+                    "{isa:?} {t} n={n}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    eprintln!("checked {checked} NEON kernels bitwise");
+}

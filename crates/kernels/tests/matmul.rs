@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Rng, random_row};
+use common::{COMPUTE_TYPES, Rng, random_row};
 use gguf::GgmlType;
 use kernels::{Input, Isa, Kernels, MatmulJob, ThreadPool, Weights, format, simd_dot};
 
@@ -338,6 +338,37 @@ fn avx2_and_avx512_agree_bitwise() {
                 d5(cols, w.row(r), &a).to_bits(),
                 "{t} dot row {r}"
             );
+        }
+    }
+}
+
+/// The NEON, dotprod and i8mm levels (the last through its `smmla` panels) give the same bits
+/// for every quantized format — those of the scalar reference — so ARM nodes of different
+/// generations in one cluster agree.
+#[test]
+fn neon_levels_agree_bitwise() {
+    let levels: Vec<Isa> = [Isa::Neon, Isa::NeonDotprod, Isa::NeonI8mm]
+        .into_iter()
+        .filter(|i| i.is_supported())
+        .collect();
+    if levels.is_empty() {
+        eprintln!("no NEON here; nothing to compare");
+        return;
+    }
+    let mut rng = Rng::new(26);
+    for t in COMPUTE_TYPES {
+        if format(t).unwrap().act == kernels::ActKind::F32 {
+            continue;
+        }
+        let (rows, cols) = (7, 512);
+        let data = matrix(&mut rng, t, rows, cols);
+        let w = Weights::new(t, rows, cols, &data).unwrap();
+        for n in [1, 4, 5] {
+            let x = rng.normals(n * cols);
+            let want = bits(&run(Isa::Scalar, 1, &w, &x, n));
+            for &isa in &levels {
+                assert_eq!(bits(&run(isa, 2, &w, &x, n)), want, "{isa:?} {t} n={n}");
+            }
         }
     }
 }

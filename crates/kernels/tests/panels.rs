@@ -139,9 +139,18 @@ fn fill_quants(t: GgmlType, row: &mut [u8], fill: u8) {
     use GgmlType as T;
     // (start, end) of the bytes that are not f16 scales.
     let (start, end) = match t {
-        T::Q4K => (4, 144),
-        T::Q6K => (0, 192),
+        T::Q4_0 => (2, 18),
+        T::Q4_1 => (4, 20),
+        T::Q5_0 => (2, 22),
+        T::Q5_1 => (4, 24),
         T::Q8_0 => (2, 34),
+        T::Mxfp4 => (1, 17),
+        T::Q2K => (0, 80),
+        T::Q3K => (0, 108),
+        T::Q4K => (4, 144),
+        T::Q5K => (4, 176),
+        T::Q6K => (0, 192),
+        T::Q8K => (4, 260),
         _ => (0, 0),
     };
     for block in row.chunks_exact_mut(t.type_size()) {
