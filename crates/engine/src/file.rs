@@ -201,14 +201,15 @@ pub fn write_atomic(
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
     let file = opts.open(&tmp)?;
-    let guard = TempFile(Some(tmp.clone()));
+    let mut guard = TempFile(Some(tmp.clone()));
     let mut w = BufWriter::with_capacity(1 << 20, file);
     write(&mut w)?;
     let file = w.into_inner().map_err(io::IntoInnerError::into_error)?;
     file.sync_all()?;
     drop(file);
     std::fs::rename(&tmp, path)?;
-    std::mem::forget(guard);
+    // Renamed: nothing left to remove (disarmed, not forgotten, which leaked the path).
+    guard.0 = None;
     // The rename is durable once the directory is.
     if let Some(dir) = path.parent() {
         let dir = if dir.as_os_str().is_empty() {
