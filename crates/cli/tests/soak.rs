@@ -8,6 +8,9 @@
 //! (mean time between restarts, 1500), `SOAK_TOKENS` (tokens per request, 12), `CHAOS_SEED`.
 //! Needs root for the namespaces; where they cannot be made the test says why and does nothing.
 
+// Network namespaces, signals and /proc: Linux only.
+#![cfg(target_os = "linux")]
+
 mod common;
 
 use std::collections::HashMap;

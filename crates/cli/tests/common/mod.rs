@@ -113,20 +113,24 @@ impl Proc {
 
     /// Waits until a stderr line contains `needle`; returns that line.
     pub fn wait_for_stderr(&self, needle: &str, timeout: Duration) -> String {
+        self.wait_for_stderr_line(&format!("{needle:?}"), |l| l.contains(needle), timeout)
+    }
+
+    /// The first stderr line for which `wanted` holds (`what` describes it in the failure).
+    pub fn wait_for_stderr_line(
+        &self,
+        what: &str,
+        wanted: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> String {
         let t0 = Instant::now();
         loop {
-            if let Some(l) = self
-                .stderr
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|l| l.contains(needle))
-            {
+            if let Some(l) = self.stderr.lock().unwrap().iter().find(|l| wanted(l)) {
                 return l.clone();
             }
             assert!(
                 t0.elapsed() < timeout,
-                "{}: no stderr line with {needle:?} in {timeout:?}; stderr:\n{}",
+                "{}: no stderr line with {what} in {timeout:?}; stderr:\n{}",
                 self.name,
                 self.stderr_text()
             );
