@@ -667,15 +667,7 @@ fn gpt_oss_stages_match_single_node() {
     let dir = tempfile::tempdir().unwrap();
     let m = fixture("gpt-oss", "model-f32.gguf");
     let m = m.to_str().unwrap();
-    let text = std::fs::read_to_string(fixture("gpt-oss", "prompt_tokens.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let toks = v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let toks = fixture_tokens("gpt-oss");
     let single = logits_single(m, &toks, &dir.path().join("single.npy"));
     let same = |got: &[f32]| {
         got.len() == single.len()

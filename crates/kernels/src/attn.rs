@@ -121,7 +121,7 @@ pub fn softmax_with_sink(isa: Isa, x: &mut [f32], sink: Option<f32>) {
     }
     #[cfg(target_arch = "aarch64")]
     if isa >= Isa::Neon {
-        let inv = 1.0 / crate::aarch64::exp_sub_sum(x, max);
+        let inv = 1.0 / (crate::aarch64::exp_sub_sum(x, max) + sink_exp);
         x.iter_mut().for_each(|v| *v *= inv);
         return;
     }
