@@ -109,34 +109,40 @@ fn logits_kv(model: &Model, cx: &Compute, tokens: &[u32], kv_type: KvType) -> Ve
     }
 }
 
+/// One greedy step: forwards `input` over `kv` and returns the argmax of the last row.
+fn greedy_step(model: &Model, cx: &Compute, kv: &mut KvCache, input: &[u32]) -> u32 {
+    let last = model.n_layer() - 1;
+    let src = ResidentExperts::new(model);
+    let mut seqs = [SeqInput {
+        kv,
+        n_tokens: input.len(),
+        logits: LogitsWanted::Last,
+    }];
+    let StageOutput::Logits(l) = model
+        .forward(
+            cx,
+            &src,
+            0..=last,
+            true,
+            StageInput::Tokens(input),
+            &mut seqs,
+            &mut NoHooks,
+        )
+        .unwrap()
+    else {
+        unreachable!()
+    };
+    argmax(l.row(0)) as u32
+}
+
 /// Greedy continuation, one token per forward (the decode path).
 fn greedy(model: &Model, cx: &Compute, prompt: &[u32], n: usize) -> Vec<u32> {
     let last = model.n_layer() - 1;
     let mut kv = KvCache::new(model.kv_layout(KvType::F32, 0..=last, 512));
-    let src = ResidentExperts::new(model);
     let mut input = prompt.to_vec();
     let mut out = Vec::new();
     for _ in 0..n {
-        let mut seqs = [SeqInput {
-            kv: &mut kv,
-            n_tokens: input.len(),
-            logits: LogitsWanted::Last,
-        }];
-        let StageOutput::Logits(l) = model
-            .forward(
-                cx,
-                &src,
-                0..=last,
-                true,
-                StageInput::Tokens(&input),
-                &mut seqs,
-                &mut NoHooks,
-            )
-            .unwrap()
-        else {
-            unreachable!()
-        };
-        let t = argmax(l.row(0)) as u32;
+        let t = greedy_step(model, cx, &mut kv, &input);
         out.push(t);
         input = vec![t];
     }
@@ -417,27 +423,7 @@ fn mla_absorbed_and_decompressed_forms_agree() {
             } else {
                 MlaForm::Absorbed
             };
-            let src = ResidentExperts::new(&model);
-            let mut seqs = [SeqInput {
-                kv: &mut kv,
-                n_tokens: input.len(),
-                logits: LogitsWanted::Last,
-            }];
-            let StageOutput::Logits(l) = model
-                .forward(
-                    &cx,
-                    &src,
-                    0..=last,
-                    true,
-                    StageInput::Tokens(&input),
-                    &mut seqs,
-                    &mut NoHooks,
-                )
-                .unwrap()
-            else {
-                unreachable!()
-            };
-            let t = argmax(l.row(0)) as u32;
+            let t = greedy_step(&model, &cx, &mut kv, &input);
             got.push(t);
             input = vec![t];
         }
