@@ -44,6 +44,11 @@ pub struct BenchArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+    /// After each test, where its time went: wall-clock seconds per phase of the forward passes
+    /// run in this process (all of them for a single node; the first stage or rank 0 of a
+    /// cluster), summed over the repetitions.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// Deterministic token ids spread over the vocabulary (like llama-bench's random prompt).
@@ -179,6 +184,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             continue;
         }
         let mut tps = Vec::new();
+        let mut test_secs = 0.0;
+        model::profile::reset();
+        model::profile::set_enabled(args.profile);
         for r in 0..args.repetitions.max(1) {
             let secs = if is_prompt {
                 prompt_test(&mut engine, n, batch, r as u64)?
@@ -191,6 +199,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 n * args.parallel.max(1)
             };
             tps.push(n_tokens as f64 / secs);
+            test_secs += secs;
+        }
+        model::profile::set_enabled(false);
+        if args.profile {
+            print_profile(&name, test_secs);
         }
         let (m, sd) = mean_sd(&tps);
         results.push((name, m, sd, tps));
@@ -225,6 +238,28 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The phase totals of one test (all repetitions) against its measured time, on stderr so the
+/// table (or JSON) on stdout stays what it was.
+fn print_profile(test: &str, test_secs: f64) {
+    let totals = model::profile::totals();
+    let covered: f64 = totals.iter().map(|t| t.1).sum();
+    eprintln!("profile of {test}: {test_secs:.3} s measured");
+    eprintln!("| phase | s | % | calls |");
+    eprintln!("| --- | ---: | ---: | ---: |");
+    for (phase, secs, calls) in totals {
+        eprintln!(
+            "| {} | {secs:.3} | {:.1} | {calls} |",
+            phase.name(),
+            100.0 * secs / test_secs.max(1e-12)
+        );
+    }
+    let rest = test_secs - covered;
+    eprintln!(
+        "| (outside the phases) | {rest:.3} | {:.1} | |",
+        100.0 * rest / test_secs.max(1e-12)
+    );
 }
 
 /// ds4-bench style: grow one session's context step by step; at each depth measure the prefill

@@ -234,6 +234,72 @@ impl ThreadPool {
     }
 }
 
+impl ThreadPool {
+    /// `f(first_row, rows)` over `data` cut into rows of `row_len` values, blocks of
+    /// `rows_per_task` rows handed out as by [`ThreadPool::for_each_chunk`]: each row is in
+    /// exactly one call's slice. For the per-row work between matmuls (norms, RoPE, activations,
+    /// sums), which is serial otherwise and at many threads costs as much as the matmuls.
+    pub fn for_each_rows_mut<T: Send, F: Fn(usize, &mut [T]) + Sync>(
+        &self,
+        data: &mut [T],
+        row_len: usize,
+        rows_per_task: usize,
+        f: F,
+    ) {
+        if row_len == 0 || data.is_empty() {
+            return;
+        }
+        assert!(
+            data.len().is_multiple_of(row_len),
+            "{} values are not rows of {row_len}",
+            data.len()
+        );
+        let n_rows = data.len() / row_len;
+        let base = RowsPtr(data.as_mut_ptr());
+        self.for_each_chunk(n_rows, rows_per_task, |rows| {
+            // SAFETY: `rows` lies inside 0..n_rows, so the slice is inside `data`, which is
+            // borrowed mutably for this whole call; `for_each_chunk` hands each row to exactly
+            // one chunk, so no two slices overlap, and it returns only after every call ended.
+            let block = unsafe {
+                std::slice::from_raw_parts_mut(
+                    base.get().add(rows.start * row_len),
+                    rows.len() * row_len,
+                )
+            };
+            f(rows.start, block);
+        });
+    }
+
+    /// `f(i, &mut items[i])` for every item, in parallel, one item per task.
+    pub fn for_each_mut<T: Send, F: Fn(usize, &mut T) + Sync>(&self, items: &mut [T], f: F) {
+        self.for_each_rows_mut(items, 1, 1, |first, block| {
+            for (j, item) in block.iter_mut().enumerate() {
+                f(first + j, item);
+            }
+        });
+    }
+}
+
+/// The base of a buffer whose disjoint blocks the tasks of one `for_each_rows_mut` write.
+struct RowsPtr<T>(*mut T);
+// Not derived: a derive would require `T: Copy`, and only the address is copied.
+impl<T> Clone for RowsPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for RowsPtr<T> {}
+// SAFETY: only the address is shared; each task dereferences its own block (see
+// `for_each_rows_mut`), and `T: Send` because those blocks are written from other threads.
+unsafe impl<T: Send> Sync for RowsPtr<T> {}
+// SAFETY: as for `Sync`.
+unsafe impl<T: Send> Send for RowsPtr<T> {}
+impl<T> RowsPtr<T> {
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
 fn worker_loop(shared: &Shared, tid: usize) {
     let mut seen = 0usize;
     loop {
@@ -308,6 +374,27 @@ impl Drop for ThreadPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_blocks_cover_every_row_once_with_its_index() {
+        for threads in [1, 3] {
+            let pool = ThreadPool::with_backend(threads, Backend::Spin);
+            for (n_rows, per_task) in [(0, 1), (1, 4), (7, 2), (64, 3)] {
+                let mut data = vec![0usize; n_rows * 5];
+                pool.for_each_rows_mut(&mut data, 5, per_task, |first, block| {
+                    assert!(block.len().is_multiple_of(5));
+                    for (i, row) in block.chunks_exact_mut(5).enumerate() {
+                        row.iter_mut().for_each(|v| *v += first + i + 1);
+                    }
+                });
+                let want: Vec<usize> = (0..n_rows).flat_map(|r| [r + 1; 5]).collect();
+                assert_eq!(data, want, "{threads} threads, {n_rows} rows by {per_task}");
+            }
+            let mut items = vec![0usize; 10];
+            pool.for_each_mut(&mut items, |i, v| *v = i * i);
+            assert_eq!(items, (0..10).map(|i| i * i).collect::<Vec<_>>());
+        }
+    }
 
     #[test]
     fn chunks_cover_the_range_exactly_once() {

@@ -12,12 +12,13 @@ use crate::blocks::Compute;
 use crate::blocks::attention::{AttentionShape, SeqSpan, attend};
 use crate::blocks::ffn::swiglu_ffn;
 use crate::blocks::mla;
-use crate::blocks::moe::{ExpertFfn, moe_ffn, route};
-use crate::blocks::norm::{rms_norm_rows, rms_norm_rows_inplace};
+use crate::blocks::moe::{ExpertFfn, moe_ffn, route, route_tokens};
+use crate::blocks::norm;
 use crate::blocks::rope::RopeTable;
 use crate::error::{ModelError, Result};
 use crate::experts::ExpertSource;
 use crate::kv::KvCache;
+use crate::profile::{Phase, span, timed};
 use crate::weights::{AttentionWeights, Ffn, Matrix, MlaAttention};
 
 /// Which positions of a sequence need logits.
@@ -109,10 +110,12 @@ fn add_into(x: &mut [f64], y: &[f64]) {
 
 /// Adds a block's output (an exact, split-independent f64 sum) to the residual stream in f32,
 /// as llama.cpp does.
-fn add_residual(x: &mut [f32], y: &[f64]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += *b as f32;
-    }
+fn add_residual(cx: &Compute, x: &mut [f32], y: &[f64], row_len: usize) {
+    cx.par_rows(x, row_len, |first, rows| {
+        for (a, b) in rows.iter_mut().zip(&y[first * row_len..]) {
+            *a += *b as f32;
+        }
+    });
 }
 
 impl Model {
@@ -150,7 +153,7 @@ impl Model {
                     )));
                 }
                 let mut x = vec![0f32; n * d];
-                self.embed(t, &mut x)?;
+                timed(Phase::Embed, || self.embed(t, &mut x))?;
                 hooks.observe(None, "inp_embd", &x);
                 x
             }
@@ -221,13 +224,15 @@ impl Model {
         for &r in &rows {
             h.extend_from_slice(&x[r * d..(r + 1) * d]);
         }
-        rms_norm_rows_inplace(&mut h, &self.output_norm, self.hp.rms_eps);
+        let head_span = span(Phase::Head);
+        cx.rms_norm_rows_inplace(&mut h, &self.output_norm, self.hp.rms_eps);
         hooks.observe(None, "result_norm", &h);
         let input = Input::new(&h, rows.len(), d)?;
         // A tensor-parallel rank computes its slice of the vocabulary.
         let vocab = self.shard.vocab.clone();
         let out_w = self.output.weights(self.files()).rows_slice(vocab.clone());
         let data = cx.project(&input, &[out_w])?.pop().expect("one output");
+        drop(head_span);
         hooks.observe(None, "result_output", &data);
         Ok(StageOutput::Logits(Logits {
             rows,
@@ -269,9 +274,12 @@ impl Model {
         let v_rows = kv_heads.start * dv..kv_heads.end * dv;
 
         let mut h = vec![0f32; n * d];
-        rms_norm_rows(x, &a.norm, hp.rms_eps, &mut h);
+        timed(Phase::Norm, || {
+            cx.rms_norm_rows(x, &a.norm, hp.rms_eps, &mut h)
+        });
         hooks.observe(Some(il), "attn_norm", &h);
         let hin = Input::new(&h, n, d)?;
+        let project_span = span(Phase::AttnProject);
         let mut qkv = cx.project(
             &hin,
             &[
@@ -283,24 +291,46 @@ impl Model {
         let mut v = qkv.pop().expect("v");
         let mut k = qkv.pop().expect("k");
         let mut q = qkv.pop().expect("q");
-        if let Some(b) = &a.q_bias {
-            add_rows(&mut q, &b[q_rows]);
-        }
-        if let Some(b) = &a.k_bias {
-            add_rows(&mut k, &b[k_rows]);
-        }
-        if let Some(b) = &a.v_bias {
-            add_rows(&mut v, &b[v_rows]);
-        }
-        // Bound per the architecture's `QkNorm` (both or neither).
-        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-            rms_norm_rows_inplace(&mut q, qn, hp.rms_eps);
-            rms_norm_rows_inplace(&mut k, kn, hp.rms_eps);
-        }
+        drop(project_span);
+        let prepare_span = span(Phase::AttnPrepare);
         let (q_row, k_row, v_row) = (nh * dk, nkv * dk, nkv * dv);
-        for t in 0..n {
-            rope.apply(hp.rope.kind, t, &mut q[t * q_row..(t + 1) * q_row], dk);
-            rope.apply(hp.rope.kind, t, &mut k[t * k_row..(t + 1) * k_row], dk);
+        // Bound per the architecture's `QkNorm` (both or neither).
+        let (q_norm, k_norm) = match (&a.q_norm, &a.k_norm) {
+            (Some(qn), Some(kn)) => (Some(qn), Some(kn)),
+            _ => (None, None),
+        };
+        // Per row: bias, norm, RoPE (each row on its own, so the split does not matter).
+        let prepare = |rows: &mut [f32],
+                       first: usize,
+                       width: usize,
+                       bias: Option<&[f32]>,
+                       norm_w: Option<&Vec<f32>>,
+                       rotate: bool| {
+            if let Some(b) = bias {
+                add_rows(rows, b);
+            }
+            if let Some(w) = norm_w {
+                norm::rms_norm_rows_inplace(rows, w, hp.rms_eps);
+            }
+            if rotate {
+                for (i, row) in rows.chunks_exact_mut(width).enumerate() {
+                    rope.apply(hp.rope.kind, first + i, row, dk);
+                }
+            }
+        };
+        let q_bias = a.q_bias.as_ref().map(|b| &b[q_rows]);
+        let k_bias = a.k_bias.as_ref().map(|b| &b[k_rows]);
+        let v_bias = a.v_bias.as_ref().map(|b| &b[v_rows]);
+        cx.par_rows(&mut q, q_row, |first, rows| {
+            prepare(rows, first, q_row, q_bias, q_norm, true)
+        });
+        cx.par_rows(&mut k, k_row, |first, rows| {
+            prepare(rows, first, k_row, k_bias, k_norm, true)
+        });
+        if v_bias.is_some() {
+            cx.par_rows(&mut v, v_row, |first, rows| {
+                prepare(rows, first, v_row, v_bias, None, false)
+            });
         }
         hooks.observe(Some(il), "Qcur", &q);
         hooks.observe(Some(il), "Kcur", &k);
@@ -317,6 +347,7 @@ impl Model {
                 row += 1;
             }
         }
+        drop(prepare_span);
         let mut spans = Vec::with_capacity(seqs.len());
         let mut row0 = 0;
         for (s, &p) in seqs.iter().zip(pos0) {
@@ -339,7 +370,9 @@ impl Model {
             sinks: a.sinks.as_ref().map(|s| &s[heads.clone()]),
         };
         let mut att = vec![0f32; n * nh * dv];
-        attend(&cx.pool, &cx.kernels, il, &shape, &spans, &q, &mut att)?;
+        timed(Phase::Attention, || {
+            attend(&cx.pool, &cx.kernels, il, &shape, &spans, &q, &mut att)
+        })?;
         hooks.observe(Some(il), "kqv_out", &att);
         self.attention_output(cx, il, &a.o, a.o_bias.as_deref(), &att, x, hooks)
     }
@@ -372,10 +405,14 @@ impl Model {
             o_w
         };
         let mut out = vec![0f64; n * d];
-        cx.kernels
-            .matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut out)?;
+        timed(Phase::AttnOutput, || {
+            cx.kernels
+                .matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut out)
+        })?;
         if sh.attention_split {
-            hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut out)?;
+            timed(Phase::AllReduce, || {
+                hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut out)
+            })?;
         }
         if let Some(b) = o_bias {
             // After the reduction, so it is added once whatever the split.
@@ -385,7 +422,7 @@ impl Model {
                 }
             }
         }
-        add_residual(x, &out);
+        timed(Phase::Residual, || add_residual(cx, x, &out, d));
         hooks.observe(Some(il), "ffn_inp", x);
         Ok(())
     }
@@ -413,9 +450,13 @@ impl Model {
         let n = x.len() / d;
         let heads = sh.heads.clone();
         let mut h = vec![0f32; n * d];
-        rms_norm_rows(x, &w.norm, hp.rms_eps, &mut h);
+        timed(Phase::Norm, || {
+            cx.rms_norm_rows(x, &w.norm, hp.rms_eps, &mut h)
+        });
         hooks.observe(Some(il), "attn_norm", &h);
-        let p = mla::project(cx, files, hp, w, &heads, &h, rope)?;
+        let p = timed(Phase::AttnProject, || {
+            mla::project(cx, files, hp, w, &heads, &h, rope)
+        })?;
         hooks.observe(Some(il), "kv_cmpr_pe", &p.cache_rows);
         let row = hp.head_dim_k;
         let mut t = 0;
@@ -436,7 +477,9 @@ impl Model {
             });
             row0 += s.n_tokens;
         }
-        let att = mla::attend_latent(cx, files, hp, w, &heads, il, &spans, &p, self.mla_form)?;
+        let att = timed(Phase::Attention, || {
+            mla::attend_latent(cx, files, hp, w, &heads, il, &spans, &p, self.mla_form)
+        })?;
         hooks.observe(Some(il), "kqv_out", &att);
         self.attention_output(cx, il, &w.o, None, &att, x, hooks)
     }
@@ -504,7 +547,7 @@ impl Model {
         );
         let n = x.len() / d;
         let mut h = vec![0f32; n * d];
-        rms_norm_rows(x, &self.layers[next].ffn_norm, self.hp.rms_eps, &mut h);
+        cx.rms_norm_rows(x, &self.layers[next].ffn_norm, self.hp.rms_eps, &mut h);
         let hin = Input::new(&h, n, d)?;
         let logits = self.router_logits(cx, next, &hin)?;
         let routing = route(
@@ -535,10 +578,11 @@ impl Model {
         else {
             return Err(ModelError::Input(format!("layer {il} has no router")));
         };
-        let mut logits = cx
-            .project(x, &[router.weights(self.files())])?
-            .pop()
-            .expect("router");
+        let mut logits = timed(Phase::Router, || {
+            cx.project(x, &[router.weights(self.files())])
+        })?
+        .pop()
+        .expect("router");
         if let Some(b) = router_bias {
             add_rows(&mut logits, b);
         }
@@ -560,11 +604,15 @@ impl Model {
         let d = hp.n_embd;
         let n = x.len() / d;
         let mut h = vec![0f32; n * d];
-        rms_norm_rows(x, &l.ffn_norm, hp.rms_eps, &mut h);
+        timed(Phase::Norm, || {
+            cx.rms_norm_rows(x, &l.ffn_norm, hp.rms_eps, &mut h)
+        });
         hooks.observe(Some(il), "ffn_norm", &h);
         let hin = Input::new(&h, n, d)?;
         let mut out = match &l.ffn {
-            Ffn::Dense { gate, up, down } => self.split_swiglu(cx, &hin, gate, up, down)?,
+            Ffn::Dense { gate, up, down } => timed(Phase::DenseFfn, || {
+                self.split_swiglu(cx, &hin, gate, up, down)
+            })?,
             Ffn::Moe {
                 selection_bias,
                 experts: tensors,
@@ -575,12 +623,15 @@ impl Model {
                 let moe = hp.moe.as_ref().expect("MoE layers have MoE params");
                 let logits = self.router_logits(cx, il, &hin)?;
                 hooks.observe(Some(il), "ffn_moe_logits", &logits);
-                let routing = route(
-                    &logits,
-                    tensors.gate.n_expert,
-                    moe,
-                    selection_bias.as_deref(),
-                );
+                let routing = timed(Phase::Route, || {
+                    route_tokens(
+                        cx,
+                        &logits,
+                        tensors.gate.n_expert,
+                        moe,
+                        selection_bias.as_deref(),
+                    )
+                });
                 if experts.lookahead() {
                     self.prefetch_next_layer(cx, il, x, experts)?;
                 }
@@ -604,6 +655,7 @@ impl Model {
                 })?;
 
                 if let Some(sh) = shared {
+                    let _shared_span = span(Phase::DenseFfn);
                     let mut s = self.split_swiglu(cx, &hin, &sh.gate, &sh.up, &sh.down)?;
                     if let Some(g) = &sh.gate_inp {
                         // The gate scales each token's whole output, so it distributes over
@@ -625,9 +677,11 @@ impl Model {
             }
         };
         if self.shard.is_split() {
-            hooks.all_reduce(il, ReducePoint::FfnOutput, &mut out)?;
+            timed(Phase::AllReduce, || {
+                hooks.all_reduce(il, ReducePoint::FfnOutput, &mut out)
+            })?;
         }
-        add_residual(x, &out);
+        timed(Phase::Residual, || add_residual(cx, x, &out, d));
         Ok(())
     }
 }

@@ -11,6 +11,7 @@ pub mod hparams;
 pub mod kv;
 mod model;
 pub mod names;
+pub mod profile;
 pub mod shard;
 pub mod weights;
 

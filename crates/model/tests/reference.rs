@@ -222,6 +222,51 @@ fn f32_fixtures_match_transformers_logits_and_greedy_tokens() {
     }
 }
 
+/// Threads only split work: prompt logits (the batched path) and decode (one token per
+/// forward) give the same bits at 1, 2 and 3 threads, on every architecture and format the
+/// fixtures have. The per-row work between matmuls (norms, RoPE, routing, expert activations
+/// and sums) runs on the pool in blocks that depend on the thread count.
+#[test]
+fn thread_count_does_not_change_a_bit() {
+    for arch in ARCHS {
+        let dir = fixtures().join(arch);
+        let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
+        for file in ["model-f32.gguf", "model-q4_k.gguf"] {
+            let path = dir.join(file);
+            if !path.exists() {
+                continue;
+            }
+            let model = Model::load(&path).unwrap();
+            let runs: Vec<(Vec<f32>, Vec<u32>)> = [1, 2, 3]
+                .into_iter()
+                .map(|threads| {
+                    let cx = Compute::new(threads);
+                    (
+                        logits(&model, &cx, &prompt),
+                        greedy(&model, &cx, &prompt, 4),
+                    )
+                })
+                .collect();
+            for (i, run) in runs.iter().enumerate().skip(1) {
+                assert!(
+                    run.0
+                        .iter()
+                        .zip(&runs[0].0)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{arch} {file}: prompt logits at {} threads differ from 1 thread",
+                    i + 1
+                );
+                assert_eq!(
+                    run.1,
+                    runs[0].1,
+                    "{arch} {file}: greedy tokens at {} threads",
+                    i + 1
+                );
+            }
+        }
+    }
+}
+
 /// A model as llama.cpp computes it: llama.cpp rounds YaRN's correction range out to whole
 /// dimensions, where gpt-oss' reference (and transformers with `truncate: false`, and we) do
 /// not — 2.7e-3 on the gpt-oss fixture's F32 logits (docs/models.md).

@@ -20,7 +20,10 @@ pub fn swiglu_ffn(
     let mut gu = cx.project(x, &[gate, up])?;
     let up_out = gu.pop().expect("two outputs");
     let mut act = gu.pop().expect("two outputs");
-    swiglu(&mut act, &up_out);
+    let width = gate.rows;
+    cx.par_rows(&mut act, width, |first, rows| {
+        swiglu(rows, &up_out[first * width..first * width + rows.len()])
+    });
     let h = Input::new(&act, x.n(), gate.rows)?;
     let mut out = vec![0f64; x.n() * down.rows];
     cx.kernels

@@ -38,6 +38,42 @@ impl Compute {
         self.pool.n_threads()
     }
 
+    /// Rows per task for per-row work over `n_rows` rows: a few tasks per thread, for balance.
+    pub fn rows_per_task(&self, n_rows: usize) -> usize {
+        n_rows.div_ceil(self.n_threads() * 4).max(1)
+    }
+
+    /// `f(first_row, rows)` over `data` in rows of `row_len`, in parallel (see
+    /// [`ThreadPool::for_each_rows_mut`]).
+    pub fn par_rows<T: Send>(
+        &self,
+        data: &mut [T],
+        row_len: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
+        if row_len == 0 {
+            return;
+        }
+        let per_task = self.rows_per_task(data.len() / row_len);
+        self.pool.for_each_rows_mut(data, row_len, per_task, f);
+    }
+
+    /// [`norm::rms_norm_rows`] with the rows spread over the pool (same bits: each row is
+    /// normalized on its own).
+    pub fn rms_norm_rows(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        let d = w.len();
+        self.par_rows(out, d, |first, rows| {
+            norm::rms_norm_rows(&x[first * d..first * d + rows.len()], w, eps, rows)
+        });
+    }
+
+    /// [`norm::rms_norm_rows_inplace`] with the rows spread over the pool.
+    pub fn rms_norm_rows_inplace(&self, x: &mut [f32], w: &[f32], eps: f32) {
+        self.par_rows(x, w.len(), |_, rows| {
+            norm::rms_norm_rows_inplace(rows, w, eps)
+        });
+    }
+
     /// Several matrices applied to the same input rows, in one parallel dispatch; the input is
     /// quantized once per activation form. Returns one output per matrix (`n × rows`).
     pub fn project(&self, x: &Input, mats: &[Weights]) -> Result<Vec<Vec<f32>>> {

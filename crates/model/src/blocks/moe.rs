@@ -10,6 +10,7 @@ use crate::arch::{Gating, Glu};
 use crate::error::{ModelError, Result};
 use crate::experts::{ExpertMatrices, ExpertSource};
 use crate::hparams::MoeParams;
+use crate::profile::{Phase, span};
 use crate::weights::ExpertBiases;
 
 /// What an expert computes besides its three matrices: the activation and optional biases.
@@ -150,6 +151,43 @@ pub fn route(logits: &[f32], n_expert: usize, params: &MoeParams, bias: Option<&
     }
 }
 
+/// [`route`] with the tokens spread over the pool (each token is routed on its own, so the
+/// result is the same).
+pub fn route_tokens(
+    cx: &Compute,
+    logits: &[f32],
+    n_expert: usize,
+    params: &MoeParams,
+    bias: Option<&[f32]>,
+) -> Routing {
+    let n = logits.len() / n_expert.max(1);
+    let per_task = cx.rows_per_task(n).max(4);
+    if n <= per_task {
+        return route(logits, n_expert, params, bias);
+    }
+    let mut parts: Vec<Option<Routing>> = vec![None; n.div_ceil(per_task)];
+    cx.pool.for_each_mut(&mut parts, |i, part| {
+        let rows = i * per_task..((i + 1) * per_task).min(n);
+        *part = Some(route(
+            &logits[rows.start * n_expert..rows.end * n_expert],
+            n_expert,
+            params,
+            bias,
+        ));
+    });
+    let k = params.n_expert_used;
+    let mut all = Routing {
+        k,
+        experts: Vec::with_capacity(n * k),
+        weights: Vec::with_capacity(n * k),
+    };
+    for part in parts.into_iter().flatten() {
+        all.experts.extend(part.experts);
+        all.weights.extend(part.weights);
+    }
+    all
+}
+
 /// The tokens (and their slot) each expert serves.
 fn group_by_expert(r: &Routing, n_expert: usize) -> Vec<Vec<usize>> {
     let mut groups = vec![Vec::new(); n_expert];
@@ -198,29 +236,45 @@ pub fn moe_ffn(
         Ok(())
     };
     source.with_experts(layer, &wanted, &mut sink)?;
+    let _combine = span(Phase::ExpertCombine);
+    let is_mine = |s: usize| mine.get(routing.experts[s]).copied().unwrap_or(false);
+    if let Some(s) = (0..routing.experts.len()).find(|&s| is_mine(s) && !done[s]) {
+        return Err(ModelError::Experts(format!(
+            "layer {layer}: expert {} was never provided",
+            routing.experts[s]
+        )));
+    }
     let mut out = vec![0f64; n * n_embd];
-    for t in 0..n {
-        let o = &mut out[t * n_embd..(t + 1) * n_embd];
-        for s in t * routing.k..(t + 1) * routing.k {
-            if !mine.get(routing.experts[s]).copied().unwrap_or(false) {
-                continue;
-            }
-            if !done[s] {
-                return Err(ModelError::Experts(format!(
-                    "layer {layer}: expert {} was never provided",
-                    routing.experts[s]
-                )));
-            }
-            let w = routing.weights[s] as f64;
-            for (ov, &yv) in o.iter_mut().zip(&slot_out[s * n_embd..(s + 1) * n_embd]) {
-                *ov += w * yv as f64;
+    let k = routing.k;
+    cx.par_rows(&mut out, n_embd, |first, rows| {
+        for (j, o) in rows.chunks_exact_mut(n_embd).enumerate() {
+            let t = first + j;
+            for s in (t * k..(t + 1) * k).filter(|&s| is_mine(s)) {
+                let w = routing.weights[s] as f64;
+                for (ov, &yv) in o.iter_mut().zip(&slot_out[s * n_embd..(s + 1) * n_embd]) {
+                    *ov += w * yv as f64;
+                }
             }
         }
-    }
+    });
     Ok(out)
 }
 
+/// One ready expert's buffers through its FFN.
+struct ExpertWork {
+    /// The rows of the tokens it serves, in the gate/up activation form.
+    rows_in: Vec<u8>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// The gated activation in the down projection's activation form.
+    hidden: Vec<u8>,
+    down: Vec<f32>,
+}
+
 /// Runs a batch of ready experts: gate and up of all of them in one dispatch, then all downs.
+/// The per-row work between (gathering, biases, activation, quantization, scattering) runs on
+/// the pool too, one expert or one block of slots per task: done serially it costs as much as
+/// the matmuls at 16 threads.
 fn run_experts(
     cx: &Compute,
     x: &Input,
@@ -237,97 +291,133 @@ fn run_experts(
     let n_tokens = x.n();
     let slots_per_token = k_slots / n_tokens.max(1);
     // Gather each expert's token rows from the input quantized once for the gate/up format.
-    let gate_fmt = kernels::format(batch[0].1.gate.dtype)
-        .ok_or(kernels::MatmulError::UnsupportedType(batch[0].1.gate.dtype))?;
-    let acts = x.quantized(gate_fmt.act, &cx.pool);
-    let arb = gate_fmt.act.row_bytes(x.k());
-    let mut gathered: Vec<Vec<u8>> = Vec::with_capacity(batch.len());
+    let gather_span = span(Phase::ExpertGather);
+    let format_of = |m: &kernels::Weights| {
+        kernels::format(m.dtype).ok_or(kernels::MatmulError::UnsupportedType(m.dtype))
+    };
+    let gate_act = format_of(&batch[0].1.gate)?.act;
+    let mut down_acts = Vec::with_capacity(batch.len());
     for (e, m) in batch {
-        if kernels::format(m.gate.dtype).map(|f| f.act) != Some(gate_fmt.act) {
+        if format_of(&m.gate)?.act != gate_act || format_of(&m.up)?.act != gate_act {
             return Err(ModelError::Experts(format!(
                 "expert {e}: mixed gate/up formats in one layer"
             )));
         }
-        let mut g = Vec::with_capacity(groups[*e].len() * arb);
-        for &slot in &groups[*e] {
-            let t = slot / slots_per_token;
-            g.extend_from_slice(&acts[t * arb..(t + 1) * arb]);
-        }
-        gathered.push(g);
+        down_acts.push(format_of(&m.down)?.act);
     }
-    let mut gate_out: Vec<Vec<f32>> = batch
+    let acts = x.quantized(gate_act, &cx.pool);
+    let arb = gate_act.row_bytes(x.k());
+    let mut work: Vec<ExpertWork> = batch
         .iter()
-        .map(|(e, m)| vec![0f32; groups[*e].len() * m.gate.rows])
+        .map(|_| ExpertWork {
+            rows_in: Vec::new(),
+            gate: Vec::new(),
+            up: Vec::new(),
+            hidden: Vec::new(),
+            down: Vec::new(),
+        })
         .collect();
-    let mut up_out: Vec<Vec<f32>> = batch
-        .iter()
-        .map(|(e, m)| vec![0f32; groups[*e].len() * m.up.rows])
-        .collect();
+    cx.pool.for_each_mut(&mut work, |i, w| {
+        let (e, m) = &batch[i];
+        let slots = &groups[*e];
+        w.rows_in.reserve_exact(slots.len() * arb);
+        for &slot in slots {
+            let t = slot / slots_per_token;
+            w.rows_in.extend_from_slice(&acts[t * arb..(t + 1) * arb]);
+        }
+        w.gate = vec![0f32; slots.len() * m.gate.rows];
+        w.up = vec![0f32; slots.len() * m.up.rows];
+    });
+    drop(gather_span);
+    let gate_up_span = span(Phase::ExpertGateUp);
     {
         let mut jobs = Vec::with_capacity(2 * batch.len());
-        for (((e, m), g), (go, uo)) in batch
-            .iter()
-            .zip(&gathered)
-            .zip(gate_out.iter_mut().zip(up_out.iter_mut()))
-        {
+        for ((e, m), w) in batch.iter().zip(work.iter_mut()) {
             let n = groups[*e].len();
+            let ExpertWork {
+                rows_in, gate, up, ..
+            } = w;
             jobs.push(MatmulJob {
                 w: m.gate,
-                acts: g,
+                acts: rows_in,
                 n,
-                out: go,
+                out: gate,
             });
             jobs.push(MatmulJob {
                 w: m.up,
-                acts: g,
+                acts: rows_in,
                 n,
-                out: uo,
+                out: up,
             });
         }
         cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
     }
-    let mut hidden_inputs = Vec::with_capacity(batch.len());
-    for (((e, m), go), uo) in batch.iter().zip(gate_out.iter_mut()).zip(up_out.iter_mut()) {
+    drop(gate_up_span);
+    let activation_span = span(Phase::ExpertActivation);
+    cx.pool.for_each_mut(&mut work, |i, w| {
+        let (e, m) = &batch[i];
         if let Some(b) = kind.biases {
             let (bg, bu, _) = b.of(*e);
-            add_to_rows(go, bg);
-            add_to_rows(uo, bu);
+            add_to_rows(&mut w.gate, bg);
+            add_to_rows(&mut w.up, bu);
         }
         match kind.glu {
-            Glu::Silu => swiglu(go, uo),
-            Glu::ClampedSwiglu { alpha, limit } => clamped_swiglu(go, uo, alpha, limit),
+            Glu::Silu => swiglu(&mut w.gate, &w.up),
+            Glu::ClampedSwiglu { alpha, limit } => clamped_swiglu(&mut w.gate, &w.up, alpha, limit),
         }
-        let n = groups[*e].len();
-        hidden_inputs.push(Input::new(go, n, m.gate.rows)?);
-    }
-    let mut down_out: Vec<Vec<f32>> = batch
-        .iter()
-        .map(|(e, m)| vec![0f32; groups[*e].len() * m.down.rows])
-        .collect();
+        let width = m.gate.rows;
+        let act = down_acts[i];
+        let hrb = act.row_bytes(width);
+        w.hidden = vec![0u8; groups[*e].len() * hrb];
+        for (src, dst) in w
+            .gate
+            .chunks_exact(width)
+            .zip(w.hidden.chunks_exact_mut(hrb))
+        {
+            act.quantize_row(src, dst);
+        }
+        w.down = vec![0f32; groups[*e].len() * m.down.rows];
+    });
+    drop(activation_span);
+    let down_span = span(Phase::ExpertDown);
     {
         let mut jobs = Vec::with_capacity(batch.len());
-        for (((_, m), h), o) in batch.iter().zip(&hidden_inputs).zip(down_out.iter_mut()) {
-            let act = kernels::format(m.down.dtype)
-                .ok_or(kernels::MatmulError::UnsupportedType(m.down.dtype))?
-                .act;
+        for ((e, m), w) in batch.iter().zip(work.iter_mut()) {
             jobs.push(MatmulJob {
                 w: m.down,
-                acts: h.quantized(act, &cx.pool),
-                n: h.n(),
-                out: o,
+                acts: &w.hidden,
+                n: groups[*e].len(),
+                out: &mut w.down,
             });
         }
         cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
     }
-    for ((e, _), o) in batch.iter().zip(down_out.iter_mut()) {
-        if let Some(b) = kind.biases {
-            add_to_rows(o, b.of(*e).2);
-        }
-        for (i, &slot) in groups[*e].iter().enumerate() {
-            slot_out[slot * n_embd..(slot + 1) * n_embd]
-                .copy_from_slice(&o[i * n_embd..(i + 1) * n_embd]);
+    drop(down_span);
+    let _combine = span(Phase::ExpertCombine);
+    // Which expert of the batch, and which of its rows, fills each slot.
+    let mut source = vec![None; k_slots];
+    for (bi, (e, _)) in batch.iter().enumerate() {
+        for (row, &slot) in groups[*e].iter().enumerate() {
+            source[slot] = Some((bi, row));
         }
     }
+    cx.par_rows(slot_out, n_embd, |first, rows| {
+        for (j, dst) in rows.chunks_exact_mut(n_embd).enumerate() {
+            let Some((bi, row)) = source[first + j] else {
+                continue;
+            };
+            let y = &work[bi].down[row * n_embd..(row + 1) * n_embd];
+            match kind.biases {
+                Some(b) => {
+                    let bias = b.of(batch[bi].0).2;
+                    for ((d, &v), &bv) in dst.iter_mut().zip(y).zip(bias) {
+                        *d = v + bv;
+                    }
+                }
+                None => dst.copy_from_slice(y),
+            }
+        }
+    });
     Ok(())
 }
 

@@ -1,0 +1,178 @@
+//! Where a forward pass spends its time: wall-clock totals per phase of the layer loop, summed
+//! over every forward of this process while enabled (`moeshard bench --profile`). Off by
+//! default; then a phase costs one relaxed atomic load. The phases nest nowhere, so their sum is
+//! the forward's time less what no phase covers (reported as such by the caller).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+/// The parts of a forward pass that are timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Embed,
+    Norm,
+    /// q/k/v (or MLA's query and latent) projections.
+    AttnProject,
+    /// RoPE, biases and q/k norms of the projected rows, and their KV append.
+    AttnPrepare,
+    Attention,
+    AttnOutput,
+    Router,
+    /// Routing decisions from router logits (softmax/sigmoid, groups, top-k).
+    Route,
+    /// Gathering each expert's token rows.
+    ExpertGather,
+    ExpertGateUp,
+    /// Biases and the gated activation between gate/up and down.
+    ExpertActivation,
+    ExpertDown,
+    /// Each token's weighted sum of its experts' outputs.
+    ExpertCombine,
+    /// Shared experts and dense FFN layers.
+    DenseFfn,
+    /// Tensor-parallel partial-sum exchange.
+    AllReduce,
+    Residual,
+    Head,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 17] = [
+        Phase::Embed,
+        Phase::Norm,
+        Phase::AttnProject,
+        Phase::AttnPrepare,
+        Phase::Attention,
+        Phase::AttnOutput,
+        Phase::Router,
+        Phase::Route,
+        Phase::ExpertGather,
+        Phase::ExpertGateUp,
+        Phase::ExpertActivation,
+        Phase::ExpertDown,
+        Phase::ExpertCombine,
+        Phase::DenseFfn,
+        Phase::AllReduce,
+        Phase::Residual,
+        Phase::Head,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Embed => "embed",
+            Phase::Norm => "norms",
+            Phase::AttnProject => "attn q/k/v projection",
+            Phase::AttnPrepare => "attn rope, bias, kv append",
+            Phase::Attention => "attention",
+            Phase::AttnOutput => "attn output projection",
+            Phase::Router => "router matmul",
+            Phase::Route => "routing (top-k)",
+            Phase::ExpertGather => "experts: gather rows",
+            Phase::ExpertGateUp => "experts: gate+up",
+            Phase::ExpertActivation => "experts: activation",
+            Phase::ExpertDown => "experts: down",
+            Phase::ExpertCombine => "experts: weighted sum",
+            Phase::DenseFfn => "dense/shared ffn",
+            Phase::AllReduce => "all-reduce",
+            Phase::Residual => "residual adds",
+            Phase::Head => "output head",
+        }
+    }
+}
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static NANOS: [AtomicU64; Phase::ALL.len()] = [const { AtomicU64::new(0) }; Phase::ALL.len()];
+static CALLS: [AtomicU64; Phase::ALL.len()] = [const { AtomicU64::new(0) }; Phase::ALL.len()];
+
+/// Turns timing on or off for the whole process.
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Zeroes every total.
+pub fn reset() {
+    for (n, c) in NANOS.iter().zip(&CALLS) {
+        n.store(0, Ordering::Relaxed);
+        c.store(0, Ordering::Relaxed);
+    }
+}
+
+/// (phase, seconds, times entered) of every phase entered since the last reset.
+pub fn totals() -> Vec<(Phase, f64, u64)> {
+    Phase::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            (
+                p,
+                NANOS[i].load(Ordering::Relaxed) as f64 * 1e-9,
+                CALLS[i].load(Ordering::Relaxed),
+            )
+        })
+        .filter(|&(_, _, calls)| calls > 0)
+        .collect()
+}
+
+/// Times the scope it lives in as `phase` (when enabled).
+pub struct Span {
+    phase: usize,
+    start: Option<Instant>,
+}
+
+/// Starts timing `phase` until the returned span drops.
+#[inline]
+pub fn span(phase: Phase) -> Span {
+    Span {
+        // `ALL` lists the variants in declaration order, so the discriminant is the index.
+        phase: phase as usize,
+        start: ENABLED.load(Ordering::Relaxed).then(Instant::now),
+    }
+}
+
+impl Drop for Span {
+    fn drop(&mut self) {
+        if let Some(t0) = self.start {
+            NANOS[self.phase].fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            CALLS[self.phase].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `f` timed as `phase`.
+#[inline]
+pub fn timed<T>(phase: Phase, f: impl FnOnce() -> T) -> T {
+    let _span = span(phase);
+    f()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_lists_the_phases_in_declaration_order() {
+        for (i, &p) in Phase::ALL.iter().enumerate() {
+            assert_eq!(p as usize, i, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn spans_count_only_while_enabled() {
+        // The totals are process-wide; this is the only test in the crate that enables them.
+        reset();
+        drop(span(Phase::Route));
+        assert!(totals().is_empty());
+        set_enabled(true);
+        timed(Phase::Route, || {
+            std::thread::sleep(std::time::Duration::from_millis(2))
+        });
+        set_enabled(false);
+        drop(span(Phase::Route));
+        let t = totals();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].0, Phase::Route);
+        assert_eq!(t[0].2, 1);
+        assert!(t[0].1 >= 0.002, "{:?}", t[0]);
+        reset();
+    }
+}
