@@ -1,7 +1,7 @@
 //! Weight-read bandwidth of matrix × vector per format, next to the machine's plain read
 //! bandwidth, and matrix × batch (GEMM) throughput, for `docs/perf.md`. Usage:
 //!   cargo run --release -p kernels --example kernel_bench -- [--threads 1,2] [--big-mib 512]
-//!       [--types q4_K,q6_K,q8_0,mxfp4] [--isa avx512] [--only matvec|gemm|chunked]
+//!       [--types q4_K,q6_K,q8_0,mxfp4] [--isa avx512] [--only matvec|gemm|chunked|chunked-gemm]
 //!       [--shapes 2048x2048,1024x2048] [--tokens 1,8,32,256] [--budget-ms 2000] [--stat median|min]
 //!
 //! The GEMM table reports GFLOP/s as `2·rows·cols·tokens / time` (activation quantization
@@ -60,6 +60,67 @@ fn main() {
     }
     if only.is_none() || only.as_deref() == Some("chunked") {
         chunked(&kernels, &threads, &types, big_mib, budget);
+    }
+    if only.as_deref() == Some("chunked-gemm") {
+        chunked_gemm(&kernels, &threads, &types, budget);
+    }
+}
+
+/// `matmul_chunked` against `matmul` on the same `--shapes` and `--tokens` (GFLOP/s of each):
+/// what the f64 sum over 256-column chunks costs a batch (attention output projections).
+fn chunked_gemm(kernels: &Kernels, threads: &[usize], types: &[GgmlType], budget: Duration) {
+    let shapes: Vec<(usize, usize)> = arg("--shapes")
+        .unwrap_or_else(|| "2048x4096".into())
+        .split(',')
+        .map(|s| {
+            let (r, c) = s.split_once('x').expect("ROWSxCOLS");
+            (r.parse().expect("rows"), c.parse().expect("cols"))
+        })
+        .collect();
+    let tokens: Vec<usize> = arg("--tokens")
+        .unwrap_or_else(|| "32,256".into())
+        .split(',')
+        .map(|s| s.parse().expect("token count"))
+        .collect();
+    println!();
+    println!("| type | shape | tokens | threads | matmul GFLOP/s | chunked GFLOP/s |");
+    println!("|---|---|---|---|---|---|");
+    for &t in types {
+        let chunk = arg("--chunk")
+            .map(|c| c.parse().expect("chunk columns"))
+            .unwrap_or_else(|| Kernels::reduction_chunk(t, 256).expect("computable"));
+        for &(rows, cols) in &shapes {
+            let data = random_weights(t, rows, cols);
+            let w = Weights::new(t, rows, cols, &data).expect("weights");
+            for &n in &tokens {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1 + (i / cols) as f32 * 0.01)
+                    .collect();
+                let mut out32 = vec![0f32; n * rows];
+                let mut out64 = vec![0f64; n * rows];
+                for &nt in threads {
+                    let pool = ThreadPool::new(nt);
+                    let plain = time(budget, || {
+                        let input = Input::new(&x, n, cols).expect("input");
+                        kernels
+                            .matmul(&pool, &w, &input, &mut out32)
+                            .expect("matmul");
+                    });
+                    let summed = time(budget, || {
+                        let input = Input::new(&x, n, cols).expect("input");
+                        kernels
+                            .matmul_chunked(&pool, &w, &input, chunk, &mut out64)
+                            .expect("chunked matmul");
+                    });
+                    let flop = 2.0 * (rows * cols * n) as f64;
+                    println!(
+                        "| {t} | {rows}×{cols} | {n} | {nt} | {:.1} | {:.1} |",
+                        flop / plain / 1e9,
+                        flop / summed / 1e9
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -376,41 +376,48 @@ impl Kernels {
             });
             return Ok(());
         }
-        // Batches: an L1-sized block of rows against every token tile, chunk by chunk.
+        // Batches: an L1-sized block of rows against a block of tokens, chunk by chunk, the
+        // chunk sums kept in a small contiguous f64 block (L1) and written out once. A token
+        // block keeps its activations (all chunks) in L2 while the chunks pass.
+        const TOKEN_BLOCK: usize = 32;
         pool.for_each_chunk(rows, row_chunk, |range| {
             let m = range.len();
-            let mut part = vec![0f32; n * m];
-            for t in 0..n {
-                for r in range.clone() {
-                    // SAFETY: t < n and r < rows, inside `out` (n·rows values, checked above);
-                    // the rows of `range` belong to this task only.
-                    unsafe { *out_ptr.get().add(t * rows + r) = 0.0 };
+            let mut part = vec![0f32; TOKEN_BLOCK * m];
+            let mut sums = vec![0f64; TOKEN_BLOCK * m];
+            for t0 in (0..n).step_by(TOKEN_BLOCK) {
+                let tn = TOKEN_BLOCK.min(n - t0);
+                let sums = &mut sums[..tn * m];
+                sums.fill(0.0);
+                // Each chunk's dots for these rows and tokens, added in chunk order.
+                for &(wo, ao, len) in &chunks {
+                    let panel = Panel {
+                        k: len,
+                        w: w.data
+                            .as_ptr()
+                            .wrapping_add(range.start * w.row_stride + wo),
+                        w_stride: w.row_stride,
+                        rows: m,
+                        a: acts.as_ptr().wrapping_add(t0 * arb + ao),
+                        a_stride: arb,
+                        n: tn,
+                        out: part.as_mut_ptr(),
+                        out_stride: m,
+                    };
+                    // SAFETY: the panel covers rows `range` and the columns of this chunk of `w`
+                    // (inside `w.data`: `check_rows` above), this chunk of tokens t0..t0 + tn
+                    // of `acts` (n rows of `arb` bytes), and `part`, which holds
+                    // TOKEN_BLOCK × m ≥ tn × m values and aliases neither input; the kernel
+                    // comes from `crate::isa` (`row_kernel`).
+                    unsafe { kernel.run(w.dtype, &panel) };
+                    for (s, &p) in sums.iter_mut().zip(&part[..tn * m]) {
+                        *s += p as f64;
+                    }
                 }
-            }
-            // Each chunk's dots for these rows and every token, added in chunk order.
-            for &(wo, ao, len) in &chunks {
-                let panel = Panel {
-                    k: len,
-                    w: w.data
-                        .as_ptr()
-                        .wrapping_add(range.start * w.row_stride + wo),
-                    w_stride: w.row_stride,
-                    rows: m,
-                    a: acts.as_ptr().wrapping_add(ao),
-                    a_stride: arb,
-                    n,
-                    out: part.as_mut_ptr(),
-                    out_stride: m,
-                };
-                // SAFETY: the panel covers rows `range` and the columns of this chunk of `w`
-                // (inside `w.data`: `check_rows` above), every token's chunk of `acts`
-                // (n rows of `arb` bytes), and `part`, which holds n × m values and aliases
-                // neither input; the kernel comes from `crate::isa` (`row_kernel`).
-                unsafe { kernel.run(w.dtype, &panel) };
-                for t in 0..n {
+                for t in 0..tn {
                     for (i, r) in range.clone().enumerate() {
-                        // SAFETY: as for the zeroing above.
-                        unsafe { *out_ptr.get().add(t * rows + r) += part[t * m + i] as f64 };
+                        // SAFETY: t0 + t < n and r < rows, inside `out` (n·rows values, checked
+                        // above); the rows of `range` belong to this task only.
+                        unsafe { *out_ptr.get().add((t0 + t) * rows + r) = sums[t * m + i] };
                     }
                 }
             }

@@ -486,7 +486,16 @@ impl Model {
 
     /// Reduction chunk of the attention output projection: whole heads, whole blocks.
     fn o_chunk(&self) -> usize {
-        crate::shard::o_chunk(self.layers[0].attn.o().dtype, self.hp.head_dim_out())
+        // A rank gets whole kv heads' groups of query heads (latent attention: single heads).
+        let heads_per_unit = match self.hp.mla {
+            Some(_) => 1,
+            None => self.hp.n_head / self.hp.n_head_kv.max(1),
+        };
+        crate::shard::o_chunk(
+            self.layers[0].attn.o().dtype,
+            self.hp.head_dim_out(),
+            heads_per_unit,
+        )
     }
 
     /// A SwiGLU FFN, split by columns across tensor-parallel ranks (partial sums); when the
