@@ -69,19 +69,7 @@ fn main() {
 /// `matmul_chunked` against `matmul` on the same `--shapes` and `--tokens` (GFLOP/s of each):
 /// what the f64 sum over 256-column chunks costs a batch (attention output projections).
 fn chunked_gemm(kernels: &Kernels, threads: &[usize], types: &[GgmlType], budget: Duration) {
-    let shapes: Vec<(usize, usize)> = arg("--shapes")
-        .unwrap_or_else(|| "2048x4096".into())
-        .split(',')
-        .map(|s| {
-            let (r, c) = s.split_once('x').expect("ROWSxCOLS");
-            (r.parse().expect("rows"), c.parse().expect("cols"))
-        })
-        .collect();
-    let tokens: Vec<usize> = arg("--tokens")
-        .unwrap_or_else(|| "32,256".into())
-        .split(',')
-        .map(|s| s.parse().expect("token count"))
-        .collect();
+    let (shapes, tokens) = shapes_and_tokens("2048x4096", "32,256");
     println!();
     println!("| type | shape | tokens | threads | matmul GFLOP/s | chunked GFLOP/s |");
     println!("|---|---|---|---|---|---|");
@@ -93,9 +81,7 @@ fn chunked_gemm(kernels: &Kernels, threads: &[usize], types: &[GgmlType], budget
             let data = random_weights(t, rows, cols);
             let w = Weights::new(t, rows, cols, &data).expect("weights");
             for &n in &tokens {
-                let x: Vec<f32> = (0..n * cols)
-                    .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1 + (i / cols) as f32 * 0.01)
-                    .collect();
+                let x = activations(n, cols);
                 let mut out32 = vec![0f32; n * rows];
                 let mut out64 = vec![0f64; n * rows];
                 for &nt in threads {
@@ -167,22 +153,35 @@ fn matvec(
     }
 }
 
-/// Matrix × `n` tokens for every shape and token count: a fresh [`Input`] per run, so the
-/// activation quantization is timed too.
-fn gemm(kernels: &Kernels, threads: &[usize], types: &[GgmlType], budget: Duration) {
-    let shapes: Vec<(usize, usize)> = arg("--shapes")
-        .unwrap_or_else(|| "2048x2048,1024x2048".into())
+/// `n` rows of `cols` deterministic activations, each row a little different.
+fn activations(n: usize, cols: usize) -> Vec<f32> {
+    (0..n * cols)
+        .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1 + (i / cols) as f32 * 0.01)
+        .collect()
+}
+
+/// `--shapes ROWSxCOLS,...` and `--tokens N,...`, or the defaults given.
+fn shapes_and_tokens(shapes: &str, tokens: &str) -> (Vec<(usize, usize)>, Vec<usize>) {
+    let shapes = arg("--shapes")
+        .unwrap_or_else(|| shapes.into())
         .split(',')
         .map(|s| {
             let (r, c) = s.split_once('x').expect("ROWSxCOLS");
             (r.parse().expect("rows"), c.parse().expect("cols"))
         })
         .collect();
-    let tokens: Vec<usize> = arg("--tokens")
-        .unwrap_or_else(|| "1,8,32,256".into())
+    let tokens = arg("--tokens")
+        .unwrap_or_else(|| tokens.into())
         .split(',')
         .map(|s| s.parse().expect("token count"))
         .collect();
+    (shapes, tokens)
+}
+
+/// Matrix × `n` tokens for every shape and token count: a fresh [`Input`] per run, so the
+/// activation quantization is timed too.
+fn gemm(kernels: &Kernels, threads: &[usize], types: &[GgmlType], budget: Duration) {
+    let (shapes, tokens) = shapes_and_tokens("2048x2048,1024x2048", "1,8,32,256");
     println!();
     println!("| type | shape | tokens | threads | µs | GFLOP/s | weight GB/s |");
     println!("|---|---|---|---|---|---|---|");
@@ -191,9 +190,7 @@ fn gemm(kernels: &Kernels, threads: &[usize], types: &[GgmlType], budget: Durati
             let data = random_weights(t, rows, cols);
             let w = Weights::new(t, rows, cols, &data).expect("weights");
             for &n in &tokens {
-                let x: Vec<f32> = (0..n * cols)
-                    .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1 + (i / cols) as f32 * 0.01)
-                    .collect();
+                let x = activations(n, cols);
                 let mut out = vec![0f32; n * rows];
                 for &nt in threads {
                     let pool = ThreadPool::new(nt);
