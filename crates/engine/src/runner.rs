@@ -176,15 +176,31 @@ impl Runner {
         self.sessions.clear();
     }
 
-    /// Keeps the first `n` positions of `session`.
-    pub fn truncate(&mut self, session: SessionId, n: usize) {
+    /// Keeps the first `n` positions of `session`; refused ([`EngineError::CannotRewind`],
+    /// nothing changed) when its sliding-window layers no longer hold what position `n`
+    /// attends to.
+    pub fn truncate(&mut self, session: SessionId, n: usize) -> Result<()> {
         if let Some(s) = self.sessions.get_mut(&session)
             && n < s.tokens.len()
         {
+            s.kv.truncate(n).map_err(|e| EngineError::CannotRewind {
+                session,
+                n,
+                why: e.to_string(),
+            })?;
             s.tokens.truncate(n);
-            s.kv.truncate(n);
             s.hash = prefix_hash::of(&s.tokens);
         }
+        Ok(())
+    }
+
+    /// Whether [`Runner::truncate`]`(session, n)` would succeed. Every stage and rank of a
+    /// session answers the same (the cache tracks the sliding layers' start whether or not it
+    /// holds one), so a coordinator asks its own runner for all of them.
+    pub fn can_rewind(&self, session: SessionId, n: usize) -> bool {
+        self.sessions
+            .get(&session)
+            .is_none_or(|s| n >= s.tokens.len() || s.kv.can_rewind(n))
     }
 
     fn new_session(&self) -> RunnerSession {
@@ -241,9 +257,15 @@ impl Runner {
                 });
             }
             if fail.is_none() && pos0 < sess.tokens.len() {
-                sess.tokens.truncate(pos0);
-                sess.kv.truncate(pos0);
-                sess.hash = s.hash_before;
+                // Coordinators refuse such rewinds up front (`can_rewind`); a stage that still
+                // gets one fails the item rather than attend to positions it dropped.
+                match sess.kv.truncate(pos0) {
+                    Ok(()) => {
+                        sess.tokens.truncate(pos0);
+                        sess.hash = s.hash_before;
+                    }
+                    Err(e) => fail = Some(self.model_error(e)),
+                }
             }
             taken.push((s.session, sess));
             n_total += s.n_tokens as usize;
@@ -342,8 +364,9 @@ impl Runner {
         }
     }
 
-    /// KV bytes of `layer` for the session's first `n` positions (`None` when the session or
-    /// the layer is not here, or it holds fewer positions).
+    /// KV bytes of `layer` for a snapshot of the session's first `n` positions: all of them, or
+    /// the latest window of a sliding layer (`None` when the session or the layer is not here,
+    /// or it holds fewer positions).
     pub fn export_layer(
         &self,
         session: SessionId,
@@ -389,7 +412,7 @@ impl Runner {
         }
         let mut sess = self.new_session();
         sess.kv
-            .reserve(0, tokens.len())
+            .begin_import(tokens.len())
             .map_err(|e| self.model_error(e))?;
         sess.tokens = tokens.to_vec();
         sess.hash = prefix_hash::of(tokens);
