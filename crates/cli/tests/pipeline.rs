@@ -661,7 +661,7 @@ fn deepseek2_and_glm4moe_stages_are_bit_identical_to_single_node() {
 /// gpt-oss (sliding-window layers with sinks alternating with full ones): stage boundaries after
 /// a sliding layer and after a full one, prefill chunks that cross the 8-position window, a
 /// stage streaming its experts, and a snapshot saved on one split and continued on another —
-/// all bit-identical to a single node.
+/// all bit-identical to a single node; the single node's full cache (`--swa-full`) too.
 #[test]
 fn gpt_oss_stages_match_single_node() {
     let dir = tempfile::tempdir().unwrap();
@@ -761,5 +761,36 @@ fn gpt_oss_stages_match_single_node() {
             .unwrap()
             .trim_end(),
         "continuation after the snapshot differs"
+    );
+
+    // The full cache (`--swa-full`) gives the same greedy text on one node; with a pipeline it
+    // is refused before anything starts (every stage would need it).
+    let full = run_ok(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        "The ferry",
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--kv-type",
+        "f32",
+        "--threads",
+        "2",
+        "--no-warm",
+        "--swa-full",
+    ]);
+    assert_eq!(full, want, "--swa-full changes the greedy text");
+    let refused = std::process::Command::new(bin())
+        .args(["run", "-m", m, "-p", "The ferry", "--no-warm", "--insecure"])
+        .args(["--layers", "0:1", "--listen", "127.0.0.1:0", "--swa-full"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("--swa-full works on a single node only"),
+        "{err}"
     );
 }

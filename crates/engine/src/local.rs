@@ -77,8 +77,13 @@ impl LocalExecutor {
     /// The executor of a runner that holds the whole model (embeddings to head).
     pub fn from_runner(runner: Runner) -> LocalExecutor {
         let (model, kv_type, n_ctx) = (runner.model(), runner.kv_type(), runner.n_ctx());
+        let mut info = model_info_kv(model, n_ctx, kv_type);
+        if runner.full_sliding() {
+            info.kv_sliding_bytes_per_position = 0;
+            info.kv_sliding_positions = 0;
+        }
         LocalExecutor {
-            info: model_info_kv(model, n_ctx, kv_type),
+            info,
             layout: SnapshotLayout::of(model, kv_type, n_ctx),
             runner,
         }

@@ -100,6 +100,8 @@ pub struct Runner {
     kv_type: KvType,
     n_ctx: usize,
     experts: Option<SharedExperts>,
+    /// Sliding-window layers keep every position too (`KvLayout::full_sliding`).
+    full_sliding: bool,
     sessions: HashMap<SessionId, RunnerSession>,
 }
 
@@ -120,8 +122,22 @@ impl Runner {
             kv_type,
             n_ctx,
             experts: None,
+            full_sliding: false,
             sessions: HashMap::new(),
         }
+    }
+
+    /// With `on`, sessions' sliding-window layers keep every position, as full layers do
+    /// (llama.cpp's `--swa-full`): any rewind reuses the cache, at the memory of full attention.
+    /// Every runner of a session must agree, since a coordinator answers rewinds for all
+    /// (`can_rewind`); the command line offers it on a single node only.
+    pub fn with_full_sliding(mut self, on: bool) -> Self {
+        self.full_sliding = on;
+        self
+    }
+
+    pub fn full_sliding(&self) -> bool {
+        self.full_sliding
     }
 
     /// Routed experts from `experts` instead of the model's resident tensors.
@@ -204,11 +220,15 @@ impl Runner {
     }
 
     fn new_session(&self) -> RunnerSession {
+        let layout = self
+            .model
+            .kv_layout(self.kv_type, self.range.layers(), self.n_ctx);
         RunnerSession {
-            kv: KvCache::new(
-                self.model
-                    .kv_layout(self.kv_type, self.range.layers(), self.n_ctx),
-            ),
+            kv: KvCache::new(if self.full_sliding {
+                layout.full_sliding()
+            } else {
+                layout
+            }),
             tokens: Vec::new(),
             hash: prefix_hash::EMPTY,
         }

@@ -116,3 +116,55 @@ fn a_snapshot_keeps_the_window_and_continues_like_the_original() {
     assert!(same_bits(&r.last_logits, &s.last_logits));
     assert_eq!(e2.sync(&mut r, &more).unwrap(), 0);
 }
+
+#[test]
+fn a_full_cache_reuses_any_prefix_and_refuses_a_windowed_snapshot() {
+    let model = gpt_oss();
+    let w = model.hp.sliding_window.unwrap();
+    let runner = engine::Runner::new(
+        Arc::clone(&model),
+        Compute::new(2),
+        engine::LayerRange::whole(model.n_layer()),
+        KvType::F32,
+        N_CTX,
+    )
+    .with_full_sliding(true);
+    let mut e = Engine::new(Box::new(LocalExecutor::from_runner(runner)));
+    e.prefill_chunk = 20;
+    let info = e.info().clone();
+    assert_eq!(
+        info.kv_bytes_at(200),
+        200 * info.kv_bytes_per_position,
+        "every layer keeps every position"
+    );
+    let mut s = e.new_session();
+    let history = tokens(&model, 12 * w, 1);
+    e.sync(&mut s, &history).unwrap();
+    let mut other = history[..10].to_vec();
+    other.extend(tokens(&model, 3 * w, 2));
+    assert_eq!(
+        e.sync(&mut s, &other).unwrap(),
+        3 * w,
+        "the 10 tokens are reused"
+    );
+    assert!(same_bits(&s.last_logits, &fresh_logits(&model, &other)));
+
+    // The bounded engine's sliding layers cost at most their bound.
+    let bounded = engine(&model);
+    let b = bounded.info();
+    let full_layers = b.kv_bytes_per_position - b.kv_sliding_bytes_per_position;
+    assert!(b.kv_sliding_bytes_per_position > 0 && full_layers > 0);
+    assert_eq!(
+        b.kv_bytes_at(200),
+        200 * full_layers
+            + b.kv_sliding_bytes_per_position * model::kv::sliding_positions_held(w, 1)
+    );
+
+    // A bounded session's snapshot holds the window only: a full cache cannot take it.
+    let mut be = engine(&model);
+    let mut bs = be.new_session();
+    be.sync(&mut bs, &history).unwrap();
+    let snap = be.snapshot(&bs).unwrap();
+    let err = e.restore(&snap).unwrap_err().to_string();
+    assert!(err.contains("bounded sliding-window cache"), "{err}");
+}
