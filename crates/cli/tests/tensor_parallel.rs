@@ -628,10 +628,11 @@ fn an_mla_snapshot_moves_between_a_group_and_a_single_node() {
     snapshot_moves_between_a_group_and_a_single_node(m.to_str().unwrap(), "The ferry", 3, 2);
 }
 
-/// gpt-oss: the snapshot holds only the latest window (8) of each sliding layer, from a prompt
-/// long enough that the sliding layers dropped positions; saved on 2 ranks (kv heads split,
-/// merged by the window's length) it continues on one node, and one saved on a single node
-/// continues on 3 ranks (kv heads replicated), both with the single node's greedy tokens.
+/// gpt-oss: the snapshot holds only the latest 7 positions (window − 1) of each sliding layer,
+/// from a prompt long enough that the sliding layers dropped positions; saved on 2 ranks (kv
+/// heads split, merged by the layer's length) it continues on one node, and one saved on a
+/// single node continues on 3 ranks (kv heads replicated), both with the single node's greedy
+/// tokens.
 #[test]
 fn a_sliding_window_snapshot_moves_between_a_group_and_a_single_node() {
     let m = fixture("gpt-oss", "model-f32.gguf");

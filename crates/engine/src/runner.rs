@@ -385,7 +385,7 @@ impl Runner {
     }
 
     /// KV bytes of `layer` for a snapshot of the session's first `n` positions: all of them, or
-    /// the latest window of a sliding layer (`None` when the session or the layer is not here,
+    /// the latest `window - 1` of a sliding layer (`None` when the session or the layer is not here,
     /// or it holds fewer positions).
     pub fn export_layer(
         &self,

@@ -1,8 +1,8 @@
 //! Session snapshots that do not depend on the split: tokens, every layer's KV (position-major,
 //! all kv heads) and the last logits. Saved by one topology, loadable by any other. A full
 //! layer holds every position; a sliding-window layer of a bounded cache only the latest
-//! `window` (what the next token attends to, and the one before, so that a restored session
-//! can re-evaluate its last token) — its first position is implied by its length.
+//! `window - 1` (what the next token attends to besides itself; a restored session cannot
+//! rewind) — its first position is implied by its length.
 //!
 //! File format (version 3, magic `MSSNAP03`): the magic, length-prefixed little-endian fields,
 //! then an XXH3-128 checksum of everything before it ([`crate::file`]), checked on every read.
@@ -39,7 +39,7 @@ pub struct Snapshot {
     pub head_dim_k: usize,
     pub head_dim_v: usize,
     /// Keys and values for every layer, in layer order: positions `0..tokens.len()`, or the
-    /// latest `min(tokens.len(), window)` of them for a sliding-window layer.
+    /// latest `min(tokens.len(), window - 1)` of them for a sliding-window layer.
     pub layers: LayersKv,
     pub last_logits: Vec<f32>,
 }
@@ -57,7 +57,7 @@ pub struct SnapshotLayout {
     /// Positions a session may hold.
     pub n_ctx: usize,
     /// Per layer: the sliding window, for a layer that attends to one (whose snapshot may hold
-    /// only the latest `window` positions); `None` for a full layer.
+    /// only the latest `window - 1` positions); `None` for a full layer.
     pub windows: Vec<Option<usize>>,
 }
 
@@ -191,14 +191,14 @@ impl Snapshot {
         for (il, (k, v)) in self.layers.iter().enumerate() {
             let held = k.len() / kr.max(1);
             let window = want.windows.get(il).copied().flatten();
-            let positions_ok = held == n || window.is_some_and(|w| held == n.min(w));
+            let tail = window.map(|w| n.min(w.saturating_sub(1)));
+            let positions_ok = held == n || tail == Some(held);
             if !positions_ok || k.len() != held * kr || v.len() != held * vr {
-                let sliding = window.map_or(String::new(), |w| {
+                let sliding = tail.map_or(String::new(), |t| {
                     format!(
-                        " (or, a sliding layer, {} and {} for its latest {})",
-                        n.min(w) * kr,
-                        n.min(w) * vr,
-                        n.min(w)
+                        " (or, a sliding layer, {} and {} for its latest {t})",
+                        t * kr,
+                        t * vr
                     )
                 });
                 return bad(format!(
@@ -476,12 +476,12 @@ mod tests {
             head_dim_k: 4,
             head_dim_v: 4,
             n_ctx: 8,
-            windows: vec![None, Some(2)],
+            windows: vec![None, Some(3)],
         };
         // 3 positions × 2 heads × 4 dims × 2 bytes = 48 bytes per layer.
         let good = want.assemble(vec![1, 2, 3], vec![(vec![0; 48], vec![0; 48]); 2]);
         good.check_layout(&want).unwrap();
-        // The sliding layer (window 2) may hold its latest 2 positions only.
+        // The sliding layer (window 3) may hold its latest 2 positions only.
         let mut windowed = good.clone();
         windowed.layers[1] = (vec![0; 32], vec![0; 32]);
         windowed.check_layout(&want).unwrap();

@@ -1,8 +1,9 @@
 //! Sessions over gpt-oss' bounded sliding-window cache (the fixture's window is 8): a prompt
 //! that shares a prefix the sliding layers no longer hold is a cache miss (the executor refuses
 //! the rewind, `Engine::sync` evaluates the prompt afresh) with the logits of a fresh session;
-//! a short rewind reuses the cache; a snapshot holds the window of the sliding layers, goes
-//! through a file and continues exactly as the original session.
+//! a short rewind reuses the cache; a snapshot holds what the next token of a sliding layer
+//! attends to (`window - 1` positions), goes through a file and continues exactly as the
+//! original session.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -93,7 +94,7 @@ fn a_snapshot_keeps_the_window_and_continues_like_the_original() {
     let row = snap.bytes_per_position_per_layer();
     for (il, (k, v)) in snap.layers.iter().enumerate() {
         let positions = if model.hp.window(il).is_some() {
-            w
+            w - 1
         } else {
             history.len()
         };
@@ -108,7 +109,7 @@ fn a_snapshot_keeps_the_window_and_continues_like_the_original() {
     let mut e2 = engine(&model);
     let mut r = e2.restore(&back).unwrap();
     assert!(same_bits(&r.last_logits, &s.last_logits));
-    // The repeated prompt re-evaluates its last token (a rewind by one), then both go on.
+    // The restored logits are kept, so extending the prompt evaluates only the new tokens.
     let mut more = history.clone();
     more.extend(tokens(&model, 4 * w, 5));
     assert_eq!(e2.sync(&mut r, &more).unwrap(), 4 * w);

@@ -325,17 +325,19 @@ impl KvCache {
     }
 
     /// Positions a snapshot of `n` positions keeps of local layer `l`: all of them for a full
-    /// layer, the latest window for a sliding one (what the token at `n` attends to, and the
-    /// one before it, so a restored session can re-evaluate its last token).
+    /// layer; for a sliding one the latest `window - 1`, what the next token (at `n`) attends
+    /// to besides itself. That is exactly what [`KvCache::can_rewind`] keeps for a rewind
+    /// point, so a session can be exported after any rewind it accepted; a restored session
+    /// in turn cannot rewind (but to 0).
     fn snapshot_positions(&self, l: usize, n: usize) -> usize {
         match self.window() {
-            Some(w) if self.slides(l) => n.min(w),
+            Some(w) if self.slides(l) => n.min(w.saturating_sub(1)),
             _ => n,
         }
     }
 
     /// Raw bytes (keys, values) of `layer` for a snapshot of positions `0..n`: every position
-    /// of a full layer, the latest `window` positions (`n - window..n`) of a sliding one.
+    /// of a full layer, the latest `window - 1` positions of a sliding one.
     pub fn export(&self, layer: usize, n: usize) -> Result<(&[u8], &[u8])> {
         let l = self.local(layer)?;
         let n = n.min(self.len);
@@ -352,7 +354,7 @@ impl KvCache {
     }
 
     /// Makes the cache hold `n` positions to be filled by [`KvCache::import`], one layer at a
-    /// time: sliding layers then hold the latest window of them.
+    /// time: sliding layers then hold the latest `window - 1` of them.
     pub fn begin_import(&mut self, n: usize) -> Result<()> {
         if n > self.layout.n_ctx {
             return Err(ModelError::Input(format!(
@@ -360,7 +362,9 @@ impl KvCache {
                 self.layout.n_ctx
             )));
         }
-        self.first = self.window().map_or(0, |w| n.saturating_sub(w));
+        self.first = self
+            .window()
+            .map_or(0, |w| n.saturating_sub(w.saturating_sub(1)));
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
         for l in 0..self.k.len() {
             let rows = n - if self.slides(l) { self.first } else { 0 };
@@ -375,7 +379,7 @@ impl KvCache {
 
     /// Restores `layer` of a snapshot of `n` positions (after [`KvCache::begin_import`]`(n)`)
     /// from bytes made by [`KvCache::export`] with the same row shape: the latest positions of
-    /// the `n`, all of them or (a sliding layer of a bounded cache) at least the window.
+    /// the `n`, all of them or (a sliding layer of a bounded cache) at least `window - 1`.
     pub fn import(&mut self, layer: usize, n: usize, k: &[u8], v: &[u8]) -> Result<()> {
         let l = self.local(layer)?;
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
@@ -536,8 +540,8 @@ mod tests {
         }
         assert!(b.first > 0);
         assert!(b.truncate(1).is_err() && b.len() == f.len());
-        // A snapshot of the bounded cache (sliding layers: the latest window) restores into a
-        // bounded cache, a full one's too; the full cache refuses the window only.
+        // A snapshot of the bounded cache (sliding layers: the latest window - 1) restores into
+        // a bounded cache, a full one's too; the full cache refuses the window only.
         let n = b.len();
         for source in [&b, &f] {
             let mut r = KvCache::new(layout(true));
@@ -547,15 +551,22 @@ mod tests {
                 r.import(il, n, k, v).unwrap();
             }
             for il in [3, 5] {
-                assert_eq!(r.keys(il).unwrap(), &f.keys(il).unwrap()[(n - 4) * 8..]);
+                assert_eq!(r.keys(il).unwrap(), &f.keys(il).unwrap()[(n - 3) * 8..]);
             }
             assert_eq!(r.keys(4).unwrap(), f.keys(4).unwrap());
-            assert!(r.can_rewind(n - 1) && !r.can_rewind(n - 2));
+            assert!(!r.can_rewind(n - 1) && r.can_rewind(0));
         }
         let mut r = KvCache::new(layout(false));
         r.begin_import(n).unwrap();
         let (k, v) = b.export(3, n).unwrap();
-        assert_eq!(k.len(), 4 * 8);
+        assert_eq!(k.len(), 3 * 8);
         assert!(r.import(3, n, k, v).is_err());
+        // After the furthest rewind it accepts, a bounded cache still exports every layer.
+        let m = (1..n).find(|&m| b.can_rewind(m)).unwrap();
+        assert!(m > 1 && !b.can_rewind(m - 1));
+        b.truncate(m).unwrap();
+        for il in 3..=5 {
+            b.export(il, m).unwrap();
+        }
     }
 }

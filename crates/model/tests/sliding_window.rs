@@ -1,8 +1,9 @@
 //! gpt-oss' sliding-window layers keep only their latest positions: decoding far past the
 //! window (8 on the fixture) gives the same logits, bit for bit, as a cache that keeps every
 //! position, while the sliding layers' memory stays bounded; rewinds within the kept slack
-//! work, rewinds past it are refused without changing the cache; snapshots keep the window of
-//! a sliding layer and restore into a bounded cache (and a full cache refuses them); a split
+//! work, rewinds past it are refused without changing the cache; snapshots keep what the next
+//! token of a sliding layer attends to (`window - 1` positions) and restore into a bounded
+//! cache (and a full cache refuses them); a split
 //! into stages across sliding and full layers matches the whole.
 
 use std::path::PathBuf;
@@ -204,7 +205,11 @@ fn snapshots_keep_the_window_and_restore_into_a_bounded_cache() {
     let row = b.bytes_per_position() / model.n_layer();
     for il in 0..=last {
         let kept = snap_b[il].0.len() + snap_b[il].1.len();
-        let want = if model.hp.window(il).is_some() { w } else { n };
+        let want = if model.hp.window(il).is_some() {
+            w - 1
+        } else {
+            n
+        };
         assert_eq!(kept, want * row, "layer {il}");
         assert_eq!(
             snap_f[il].0.len() + snap_f[il].1.len(),
@@ -219,22 +224,23 @@ fn snapshots_keep_the_window_and_restore_into_a_bounded_cache() {
         }
         Ok(())
     };
-    // A bounded snapshot and a full one restore into bounded caches that continue the same way,
-    // rewinding by one as a repeated prompt does.
+    // A bounded snapshot and a full one restore into bounded caches that continue the same
+    // way; a restored session cannot rewind (it holds what the next token attends to only).
     let mut from_b = bounded(&model, KvType::F16);
     restore(&mut from_b, &snap_b).unwrap();
     let mut from_f = bounded(&model, KvType::F16);
     restore(&mut from_f, &snap_f).unwrap();
-    assert!(from_b.can_rewind(n - 1) && !from_b.can_rewind(n - 2));
-    for kv in [&mut b, &mut f, &mut from_b, &mut from_f] {
-        kv.truncate(n - 1).unwrap();
-    }
+    assert!(!from_b.can_rewind(n - 1) && from_b.can_rewind(0));
     let more = tokens(&model, 3 * w, 5);
-    let mut cont = [toks[n - 1]].to_vec();
-    cont.extend(&more);
-    let mut b2 = from_b;
-    feed_both(&model, &cx, &mut b, &mut b2, &cont, &[2]);
-    feed_both(&model, &cx, &mut f, &mut from_f, &cont, &[2]);
+    feed_both(&model, &cx, &mut b, &mut from_b, &more, &[2]);
+    feed_both(&model, &cx, &mut f, &mut from_f, &more, &[2]);
+    // After the furthest rewind the cache accepts it still exports a snapshot.
+    let len = b.len();
+    let m = (1..len).find(|&m| b.can_rewind(m)).unwrap();
+    b.truncate(m).unwrap();
+    for il in 0..=last {
+        b.export(il, m).unwrap();
+    }
     // A full cache cannot be made from the window of a sliding layer.
     let mut into_full = full(&model, KvType::F16);
     let err = restore(&mut into_full, &snap_b).unwrap_err().to_string();
