@@ -385,8 +385,8 @@ impl Runner {
     }
 
     /// KV bytes of `layer` for a snapshot of the session's first `n` positions: all of them, or
-    /// the latest `window - 1` of a sliding layer (`None` when the session or the layer is not here,
-    /// or it holds fewer positions).
+    /// the latest `window - 1` of a sliding layer (`None` when the session or the layer is not
+    /// here, or it holds fewer positions).
     pub fn export_layer(
         &self,
         session: SessionId,

@@ -133,8 +133,13 @@ impl KvCache {
         self.len == 0
     }
 
+    /// The bounded window (a window of 0 would attend to nothing: treated as none).
     fn window(&self) -> Option<usize> {
-        self.layout.sliding.as_ref().map(|s| s.window)
+        self.layout
+            .sliding
+            .as_ref()
+            .map(|s| s.window)
+            .filter(|&w| w > 0)
     }
 
     fn slides(&self, local: usize) -> bool {
