@@ -80,6 +80,22 @@ impl KvLayout {
         self.sliding = None;
         self
     }
+
+    /// The most bytes a cache of this layout holds at `n` positions, stored in chunks of up to
+    /// `chunk` positions: every position of a full layer, at most
+    /// [`sliding_positions_held`] of a sliding one.
+    pub fn bytes_at_most(&self, n: usize, chunk: usize) -> usize {
+        let row = self.n_kv_head * (self.head_dim_k + self.head_dim_v) * self.kv_type.bytes();
+        let n_layers = self.layers.clone().count();
+        let (n_sliding, held) = match &self.sliding {
+            Some(s) if s.window > 0 => (
+                s.layers.iter().filter(|&&b| b).count(),
+                n.min(sliding_positions_held(s.window, chunk)),
+            ),
+            _ => (0, 0),
+        };
+        ((n_layers - n_sliding) * n + n_sliding * held) * row
+    }
 }
 
 /// Positions a sliding layer of `window` holds at most while chunks of up to `chunk` positions
@@ -478,6 +494,8 @@ mod tests {
             bounded.bytes_used(),
             (n * 12 + sliding_held * 12) * per_layer
         );
+        assert!(bounded.bytes_used() <= bounded.layout().bytes_at_most(n, 1));
+        assert_eq!(full.layout().bytes_at_most(n, 1), full.bytes_used());
         eprintln!(
             "gpt-oss-20b shape, f16 KV, {n} positions (512 prefilled, then decoded): full cache {} bytes used / {} allocated ({} per position); bounded {} used / {} allocated (sliding layers hold {sliding_held} positions)",
             full.bytes_used(),
