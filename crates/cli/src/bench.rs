@@ -297,11 +297,21 @@ fn sweep(
             eval(engine, s.id, std::slice::from_ref(t), LogitsWanted::Last)?;
         }
         let gen_secs = t1.elapsed().as_secs_f64();
-        engine.executor_mut().truncate(s.id, have)?;
         let per_pos = engine.info().n_layer;
         let kv_bytes = kv_bytes_estimate(engine, have, per_pos);
+        let at = have;
+        match engine.executor_mut().truncate(s.id, have) {
+            Ok(()) => {}
+            // The sliding-window layers dropped what position `have` attends to: the next
+            // depth prefills from the start (its prefill rate is then over the whole context).
+            Err(engine::EngineError::CannotRewind { .. }) => {
+                engine.executor_mut().destroy(s.id);
+                have = 0;
+            }
+            Err(e) => return Err(e.into()),
+        }
         let row = (
-            have,
+            at,
             prefill_tokens,
             prefill_tokens as f64 / prefill_secs.max(1e-9),
             args.sweep_gen,
@@ -322,7 +332,8 @@ fn sweep(
     Ok(())
 }
 
-/// KV bytes of `n` positions (all layers, whatever the split), from the model's shape.
+/// KV bytes of `n` positions (all layers, whatever the split), from the model's shape; the
+/// sliding-window layers hold at most their bound.
 fn kv_bytes_estimate(engine: &Engine, n: usize, _n_layer: usize) -> usize {
-    engine.info().kv_bytes_per_position * n
+    engine.info().kv_bytes_at(n)
 }

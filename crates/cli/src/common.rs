@@ -38,6 +38,11 @@ pub struct ModelArgs {
     /// Do not fault the weights in before the first token.
     #[arg(long)]
     pub no_warm: bool,
+    /// Keep every position of sliding-window layers too (gpt-oss), as llama.cpp's --swa-full:
+    /// any rewind of a session (prompt cache) reuses its KV, at the memory of full attention.
+    /// Single node only.
+    #[arg(long)]
+    pub swa_full: bool,
     #[command(flatten)]
     pub cluster: crate::cluster_args::ClusterArgs,
     #[command(flatten)]
@@ -58,6 +63,12 @@ impl ModelArgs {
 /// and faults in the weights this process will read, with a progress bar. A worker rank, whose
 /// rank is not known yet, gets the whole model bound; it rebinds its shard when it registers.
 pub fn load_model(args: &ModelArgs, topology: &Topology) -> anyhow::Result<Arc<Model>> {
+    // A coordinator answers rewinds for every stage and rank from its own cache, so they would
+    // all need the same cache; nothing carries the flag to them.
+    anyhow::ensure!(
+        !args.swa_full || *topology == Topology::Local,
+        "--swa-full works on a single node only (not with a pipeline or tensor-parallel group)"
+    );
     let path = args.model_path();
     let t0 = Instant::now();
     let files = Arc::new(
@@ -161,9 +172,9 @@ pub fn build_engine(
             runner(args, topology, model, n_ctx)?,
             args.cluster.pipeline_config()?,
         )?),
-        Topology::Local => Box::new(LocalExecutor::from_runner(runner(
-            args, topology, model, n_ctx,
-        )?)),
+        Topology::Local => Box::new(LocalExecutor::from_runner(
+            runner(args, topology, model, n_ctx)?.with_full_sliding(args.swa_full),
+        )),
     };
     Ok(Engine::new(exec))
 }

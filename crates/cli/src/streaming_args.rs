@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use experts::{CacheSize, StreamedExperts, StreamingOptions};
 use model::experts::ExpertSink;
-use model::{ExpertSource, KvCache, KvType, Model};
+use model::{ExpertSource, KvType, Model};
 
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct StreamingArgs {
@@ -121,11 +121,10 @@ impl StreamingArgs {
 
     pub fn options(&self, model: &Model, cx: StreamingContext) -> StreamingOptions {
         let last = model.n_layer() - 1;
-        let kv = KvCache::new(model.kv_layout(
-            cx.kv_type,
-            cx.layers.clone().unwrap_or(0..=last),
-            cx.n_ctx,
-        ));
+        let kv = model.kv_layout(cx.kv_type, cx.layers.clone().unwrap_or(0..=last), cx.n_ctx);
+        // A session at full context, its sliding-window layers holding at most their bound
+        // for prompt chunks of the engine's size (pipeline and server chunks are smaller).
+        let kv_bytes = kv.bytes_at_most(cx.n_ctx, engine::DEFAULT_PREFILL_CHUNK);
         StreamingOptions {
             cache: self.expert_cache.unwrap_or_default(),
             cold: self.expert_cache_cold,
@@ -138,7 +137,7 @@ impl StreamingArgs {
             lookahead: !self.no_expert_lookahead,
             layers: cx.layers,
             owned: cx.owned,
-            reserve_bytes: (kv.bytes_per_position() * cx.n_ctx) as u64,
+            reserve_bytes: kv_bytes as u64,
             ..StreamingOptions::default()
         }
     }

@@ -661,7 +661,7 @@ fn deepseek2_and_glm4moe_stages_are_bit_identical_to_single_node() {
 /// gpt-oss (sliding-window layers with sinks alternating with full ones): stage boundaries after
 /// a sliding layer and after a full one, prefill chunks that cross the 8-position window, a
 /// stage streaming its experts, and a snapshot saved on one split and continued on another —
-/// all bit-identical to a single node.
+/// all bit-identical to a single node; the single node's full cache (`--swa-full`) too.
 #[test]
 fn gpt_oss_stages_match_single_node() {
     let dir = tempfile::tempdir().unwrap();
@@ -762,4 +762,118 @@ fn gpt_oss_stages_match_single_node() {
             .trim_end(),
         "continuation after the snapshot differs"
     );
+
+    // The full cache (`--swa-full`) gives the same greedy text on one node; with a pipeline it
+    // is refused before anything starts (every stage would need it).
+    let full = run_ok(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        "The ferry",
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--kv-type",
+        "f32",
+        "--threads",
+        "2",
+        "--no-warm",
+        "--swa-full",
+    ]);
+    assert_eq!(full, want, "--swa-full changes the greedy text");
+    let refused = std::process::Command::new(bin())
+        .args(["run", "-m", m, "-p", "The ferry", "--no-warm", "--insecure"])
+        .args(["--layers", "0:1", "--listen", "127.0.0.1:0", "--swa-full"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("--swa-full works on a single node only"),
+        "{err}"
+    );
+}
+
+/// The HTTP address a `serve` process prints.
+fn http_addr(p: &Proc) -> String {
+    let line = p.wait_for_stderr("listening on http://", T);
+    line.rsplit("http://")
+        .next()
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap()
+        .to_string()
+}
+
+/// gpt-oss served by a 2-stage pipeline (coordinator 0:1, worker 2:output) and by one node,
+/// one slot each, the same requests in order: a prompt sharing only its start with the cached
+/// history needs a rewind past what the sliding layers keep, which the pipeline's coordinator
+/// refuses for all its stages as the single node does — both evaluate the prompt afresh and
+/// log it — and short rewinds and extensions reuse the cache; the texts are the same.
+#[test]
+fn gpt_oss_server_rewinds_past_the_window_are_cache_misses_on_a_pipeline() {
+    let m = fixture("gpt-oss", "model-f32.gguf");
+    let m = m.to_str().unwrap();
+    let base = [
+        "serve",
+        "-m",
+        m,
+        "--port",
+        "0",
+        "-t",
+        "1",
+        "--parallel",
+        "1",
+        "--kv-type",
+        "f32",
+        "--no-warm",
+    ];
+    let mut pipe_args = base.to_vec();
+    pipe_args.extend_from_slice(&["--insecure", "--layers", "0:1"]);
+    let (coord, addr) = coordinator("serve pipeline", &pipe_args);
+    let _w = worker(m, "2:output", &addr, &["--insecure"]);
+    let pipe = http_addr(&coord);
+    let local_proc = Proc::spawn("serve local", &base);
+    let local = http_addr(&local_proc);
+
+    let first = "The ferry left the harbour at dawn with farmers, their carts, two goats and a brass band that played until the island came into view";
+    let far = "The ferry left the harbour at noon without anyone on board, and the brass band stayed on the pier playing for the gulls";
+    let extended = format!("{far} until sunset");
+    let short = format!("{far} until dusk");
+    let mut cached = Vec::new();
+    for prompt in [first, far, &extended, &short] {
+        let body =
+            serde_json::json!({"prompt": prompt, "max_tokens": 3, "temperature": 0}).to_string();
+        let answer = |addr: &str| {
+            let (status, text) =
+                common::http::http(addr, "POST", "/v1/completions", Some(&body), &[]);
+            assert_eq!(status, 200, "{prompt}: {text}");
+            serde_json::from_str::<serde_json::Value>(&text).unwrap()
+        };
+        let (p, l) = (answer(&pipe), answer(&local));
+        assert_eq!(
+            p["choices"][0]["text"], l["choices"][0]["text"],
+            "{prompt}: the pipeline's text differs"
+        );
+        let tokens = |v: &serde_json::Value| {
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+        };
+        cached.push((tokens(&p), tokens(&l)));
+    }
+    eprintln!("cached prompt tokens (pipeline, single node): {cached:?}");
+    assert_eq!(
+        cached[1],
+        (0, 0),
+        "the far rewind is a cache miss: {cached:?}"
+    );
+    assert!(
+        cached[2..].iter().all(|&(p, l)| p > 0 && l > 0),
+        "extensions and short rewinds reuse the cache: {cached:?}"
+    );
+    for (name, p) in [("pipeline", &coord), ("single node", &local_proc)] {
+        let log = p.wait_for_stderr("evaluating the prompt afresh", Duration::from_secs(5));
+        assert!(log.contains("cannot rewind"), "{name}: {log}");
+    }
 }

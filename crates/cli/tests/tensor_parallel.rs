@@ -624,10 +624,31 @@ fn a_snapshot_moves_between_a_group_and_a_single_node() {
 /// one saved on a single node continues on a 2-rank group.
 #[test]
 fn an_mla_snapshot_moves_between_a_group_and_a_single_node() {
-    let dir = tempfile::tempdir().unwrap();
     let m = fixture("deepseek2", "model-f32.gguf");
-    let m = m.to_str().unwrap();
-    let prompt = "The ferry";
+    snapshot_moves_between_a_group_and_a_single_node(m.to_str().unwrap(), "The ferry", 3, 2);
+}
+
+/// gpt-oss: the snapshot holds only the latest 7 positions (window − 1) of each sliding layer,
+/// from a prompt long enough that the sliding layers dropped positions; saved on 2 ranks (kv
+/// heads split, merged by the layer's length) it continues on one node, and one saved on a
+/// single node continues on 3 ranks (kv heads replicated), both with the single node's greedy
+/// tokens.
+#[test]
+fn a_sliding_window_snapshot_moves_between_a_group_and_a_single_node() {
+    let m = fixture("gpt-oss", "model-f32.gguf");
+    let prompt = "The ferry left the harbour at dawn with farmers, their carts, two goats and a brass band that played until the island came into view";
+    snapshot_moves_between_a_group_and_a_single_node(m.to_str().unwrap(), prompt, 2, 3);
+}
+
+/// Saves `prompt` on a group of `save_ranks` and continues it on one node, then the reverse
+/// onto `load_ranks`: both give the single node's 16 greedy tokens.
+fn snapshot_moves_between_a_group_and_a_single_node(
+    m: &str,
+    prompt: &str,
+    save_ranks: usize,
+    load_ranks: usize,
+) {
+    let dir = tempfile::tempdir().unwrap();
     let single = |extra: &[&str]| {
         let mut args = vec![
             "run",
@@ -657,7 +678,7 @@ fn an_mla_snapshot_moves_between_a_group_and_a_single_node() {
         "--save-snapshot",
         from_group,
     ];
-    let (ok, _, err, _) = with_group(&save, m, 3, &[]);
+    let (ok, _, err, _) = with_group(&save, m, save_ranks, &[]);
     assert!(ok, "saving on the group failed:\n{err}");
     let out = single(&["-n", "16", "--load-snapshot", from_group]);
     assert_eq!(out.trim_end(), want, "group snapshot continued on one node");
@@ -675,7 +696,7 @@ fn an_mla_snapshot_moves_between_a_group_and_a_single_node() {
         "--load-snapshot",
         from_single,
     ];
-    let (ok, out, err, _) = with_group(&load, m, 2, &[]);
+    let (ok, out, err, _) = with_group(&load, m, load_ranks, &[]);
     assert!(ok, "loading on the group failed:\n{err}");
     assert_eq!(
         out.trim_end(),

@@ -12,6 +12,10 @@ pub enum EngineError {
     Template(String),
     #[error("context full: {needed} positions needed, the context holds {n_ctx}")]
     ContextFull { needed: usize, n_ctx: usize },
+    /// A rewind to a prefix whose positions the sliding-window layers no longer hold (they keep
+    /// the latest positions only): not an error of the session, which callers evaluate afresh.
+    #[error("cannot rewind session {session} to {n} positions: {why}")]
+    CannotRewind { session: u64, n: usize, why: String },
     #[error("snapshot: {0}")]
     Snapshot(String),
     #[error("{0}")]

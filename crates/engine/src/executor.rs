@@ -25,8 +25,23 @@ pub struct ModelInfo {
     pub fingerprint: String,
     /// Bytes of weights (all files).
     pub weight_bytes: u64,
-    /// KV cache bytes per position for the whole model (all layers and heads).
+    /// KV cache bytes per position for the whole model (all layers and heads), as a cache
+    /// that keeps every position of every layer stores them.
     pub kv_bytes_per_position: usize,
+    /// The part of `kv_bytes_per_position` that belongs to sliding-window layers, which keep
+    /// only their latest `kv_sliding_positions` positions (0: no such layers).
+    pub kv_sliding_bytes_per_position: usize,
+    /// Positions a sliding-window layer holds at most while decoding (one token at a time).
+    pub kv_sliding_positions: usize,
+}
+
+impl ModelInfo {
+    /// KV cache bytes of a session of `n` positions while decoding: full layers all of them,
+    /// sliding-window layers at most their bound.
+    pub fn kv_bytes_at(&self, n: usize) -> usize {
+        let full = self.kv_bytes_per_position - self.kv_sliding_bytes_per_position;
+        full * n + self.kv_sliding_bytes_per_position * n.min(self.kv_sliding_positions)
+    }
 }
 
 /// New tokens for one session, appended after its cached positions.

@@ -25,6 +25,11 @@ pub fn model_info_kv(model: &Model, n_ctx: usize, kv_type: KvType) -> ModelInfo 
         .flatten()
         .map(str::to_string)
         .unwrap_or_else(|| model.spec.name.to_string());
+    let layer_bytes =
+        model.hp.n_head_kv * (model.hp.head_dim_k + model.hp.head_dim_v) * kv_type.bytes();
+    let n_sliding = (0..model.hp.n_layer)
+        .filter(|&il| model.hp.window(il).is_some())
+        .count();
     ModelInfo {
         name,
         arch: model.spec.name.to_string(),
@@ -36,10 +41,12 @@ pub fn model_info_kv(model: &Model, n_ctx: usize, kv_type: KvType) -> ModelInfo 
         n_ctx,
         fingerprint: model.files().fingerprint().to_string(),
         weight_bytes: model.files().splits().iter().map(|s| s.file_len()).sum(),
-        kv_bytes_per_position: model.hp.n_layer
-            * model.hp.n_head_kv
-            * (model.hp.head_dim_k + model.hp.head_dim_v)
-            * kv_type.bytes(),
+        kv_bytes_per_position: model.hp.n_layer * layer_bytes,
+        kv_sliding_bytes_per_position: n_sliding * layer_bytes,
+        kv_sliding_positions: model
+            .hp
+            .sliding_window
+            .map_or(0, |w| model::kv::sliding_positions_held(w, 1)),
     }
 }
 
@@ -70,8 +77,13 @@ impl LocalExecutor {
     /// The executor of a runner that holds the whole model (embeddings to head).
     pub fn from_runner(runner: Runner) -> LocalExecutor {
         let (model, kv_type, n_ctx) = (runner.model(), runner.kv_type(), runner.n_ctx());
+        let mut info = model_info_kv(model, n_ctx, kv_type);
+        if runner.full_sliding() {
+            info.kv_sliding_bytes_per_position = 0;
+            info.kv_sliding_positions = 0;
+        }
         LocalExecutor {
-            info: model_info_kv(model, n_ctx, kv_type),
+            info,
             layout: SnapshotLayout::of(model, kv_type, n_ctx),
             runner,
         }
@@ -105,8 +117,7 @@ impl Executor for LocalExecutor {
                 "session {session} does not exist"
             )));
         }
-        self.runner.truncate(session, n);
-        Ok(())
+        self.runner.truncate(session, n)
     }
 
     fn session_len(&self, session: SessionId) -> usize {

@@ -100,6 +100,8 @@ pub struct Runner {
     kv_type: KvType,
     n_ctx: usize,
     experts: Option<SharedExperts>,
+    /// Sliding-window layers keep every position too (`KvLayout::full_sliding`).
+    full_sliding: bool,
     sessions: HashMap<SessionId, RunnerSession>,
 }
 
@@ -120,8 +122,22 @@ impl Runner {
             kv_type,
             n_ctx,
             experts: None,
+            full_sliding: false,
             sessions: HashMap::new(),
         }
+    }
+
+    /// With `on`, sessions' sliding-window layers keep every position, as full layers do
+    /// (llama.cpp's `--swa-full`): any rewind reuses the cache, at the memory of full attention.
+    /// Every runner of a session must agree, since a coordinator answers rewinds for all
+    /// (`can_rewind`); the command line offers it on a single node only.
+    pub fn with_full_sliding(mut self, on: bool) -> Self {
+        self.full_sliding = on;
+        self
+    }
+
+    pub fn full_sliding(&self) -> bool {
+        self.full_sliding
     }
 
     /// Routed experts from `experts` instead of the model's resident tensors.
@@ -176,23 +192,43 @@ impl Runner {
         self.sessions.clear();
     }
 
-    /// Keeps the first `n` positions of `session`.
-    pub fn truncate(&mut self, session: SessionId, n: usize) {
+    /// Keeps the first `n` positions of `session`; refused ([`EngineError::CannotRewind`],
+    /// nothing changed) when its sliding-window layers no longer hold what position `n`
+    /// attends to.
+    pub fn truncate(&mut self, session: SessionId, n: usize) -> Result<()> {
         if let Some(s) = self.sessions.get_mut(&session)
             && n < s.tokens.len()
         {
+            s.kv.truncate(n).map_err(|e| EngineError::CannotRewind {
+                session,
+                n,
+                why: e.to_string(),
+            })?;
             s.tokens.truncate(n);
-            s.kv.truncate(n);
             s.hash = prefix_hash::of(&s.tokens);
         }
+        Ok(())
+    }
+
+    /// Whether [`Runner::truncate`]`(session, n)` would succeed. Every stage and rank of a
+    /// session answers the same (the cache tracks the sliding layers' start whether or not it
+    /// holds one), so a coordinator asks its own runner for all of them.
+    pub fn can_rewind(&self, session: SessionId, n: usize) -> bool {
+        self.sessions
+            .get(&session)
+            .is_none_or(|s| n >= s.tokens.len() || s.kv.can_rewind(n))
     }
 
     fn new_session(&self) -> RunnerSession {
+        let layout = self
+            .model
+            .kv_layout(self.kv_type, self.range.layers(), self.n_ctx);
         RunnerSession {
-            kv: KvCache::new(
-                self.model
-                    .kv_layout(self.kv_type, self.range.layers(), self.n_ctx),
-            ),
+            kv: KvCache::new(if self.full_sliding {
+                layout.full_sliding()
+            } else {
+                layout
+            }),
             tokens: Vec::new(),
             hash: prefix_hash::EMPTY,
         }
@@ -241,9 +277,15 @@ impl Runner {
                 });
             }
             if fail.is_none() && pos0 < sess.tokens.len() {
-                sess.tokens.truncate(pos0);
-                sess.kv.truncate(pos0);
-                sess.hash = s.hash_before;
+                // Coordinators refuse such rewinds up front (`can_rewind`); a stage that still
+                // gets one fails the item rather than attend to positions it dropped.
+                match sess.kv.truncate(pos0) {
+                    Ok(()) => {
+                        sess.tokens.truncate(pos0);
+                        sess.hash = s.hash_before;
+                    }
+                    Err(e) => fail = Some(self.model_error(e)),
+                }
             }
             taken.push((s.session, sess));
             n_total += s.n_tokens as usize;
@@ -342,8 +384,9 @@ impl Runner {
         }
     }
 
-    /// KV bytes of `layer` for the session's first `n` positions (`None` when the session or
-    /// the layer is not here, or it holds fewer positions).
+    /// KV bytes of `layer` for a snapshot of the session's first `n` positions: all of them, or
+    /// the latest `window - 1` of a sliding layer (`None` when the session or the layer is not
+    /// here, or it holds fewer positions).
     pub fn export_layer(
         &self,
         session: SessionId,
@@ -389,7 +432,7 @@ impl Runner {
         }
         let mut sess = self.new_session();
         sess.kv
-            .reserve(0, tokens.len())
+            .begin_import(tokens.len())
             .map_err(|e| self.model_error(e))?;
         sess.tokens = tokens.to_vec();
         sess.hash = prefix_hash::of(tokens);

@@ -136,7 +136,15 @@ impl Engine {
         if keep == tokens.len() && keep == s.tokens.len() && !s.last_logits.is_empty() {
             return Ok(0);
         }
-        self.exec.truncate(s.id, keep)?;
+        match self.exec.truncate(s.id, keep) {
+            Ok(()) => {}
+            // The sliding-window layers dropped what the kept prefix needs: a cache miss.
+            Err(EngineError::CannotRewind { .. }) => {
+                self.exec.destroy(s.id);
+                keep = 0;
+            }
+            Err(e) => return Err(e),
+        }
         s.tokens.truncate(keep);
         s.last_logits.clear();
         self.append(s, &tokens[keep..])?;

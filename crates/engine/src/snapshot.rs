@@ -1,10 +1,16 @@
 //! Session snapshots that do not depend on the split: tokens, every layer's KV (position-major,
-//! all kv heads) and the last logits. Saved by one topology, loadable by any other.
+//! all kv heads) and the last logits. Saved by one topology, loadable by any other. A full
+//! layer holds every position; a sliding-window layer of a bounded cache only the latest
+//! `window - 1` (what the next token attends to besides itself; a restored session cannot
+//! rewind) — its first position is implied by its length.
 //!
-//! File format (version 2, magic `MSSNAP02`): the magic, length-prefixed little-endian fields,
+//! File format (version 3, magic `MSSNAP03`): the magic, length-prefixed little-endian fields,
 //! then an XXH3-128 checksum of everything before it ([`crate::file`]), checked on every read.
-//! Files are written atomically with mode 0600. A version-1 file (`MSSNAP01`, no checksum) is
-//! refused as an old format.
+//! Files are written atomically with mode 0600. Version 3 has the fields of version 2
+//! (`MSSNAP02`), whose layers all hold every position: version-2 files are still read (their
+//! sliding layers restore by keeping the latest positions), while a version-2 reader refuses a
+//! version-3 file by its magic instead of misreading short layers. A version-1 file
+//! (`MSSNAP01`, no checksum) is refused as an old format.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -14,8 +20,10 @@ use model::{KvType, Model};
 use crate::error::{EngineError, Result};
 use crate::file::{self, ChecksumReader, ChecksumWriter};
 
-/// Version 2: the fields of version 1, then a checksum of everything before it.
-const MAGIC: &[u8; 8] = b"MSSNAP02";
+/// Version 3: the fields of version 2, sliding-window layers holding their latest positions.
+const MAGIC: &[u8; 8] = b"MSSNAP03";
+/// Version 2: the fields of version 1 (every layer every position), then a checksum.
+const MAGIC_V2: &[u8; 8] = b"MSSNAP02";
 const OLD_MAGIC: &[u8; 8] = b"MSSNAP01";
 
 /// Keys and values of consecutive layers, each position-major.
@@ -30,7 +38,8 @@ pub struct Snapshot {
     pub n_kv_head: usize,
     pub head_dim_k: usize,
     pub head_dim_v: usize,
-    /// Keys and values of positions `0..tokens.len()` for every layer, in layer order.
+    /// Keys and values for every layer, in layer order: positions `0..tokens.len()`, or the
+    /// latest `min(tokens.len(), window - 1)` of them for a sliding-window layer.
     pub layers: LayersKv,
     pub last_logits: Vec<f32>,
 }
@@ -47,6 +56,9 @@ pub struct SnapshotLayout {
     pub head_dim_v: usize,
     /// Positions a session may hold.
     pub n_ctx: usize,
+    /// Per layer: the sliding window, for a layer that attends to one (whose snapshot may hold
+    /// only the latest `window - 1` positions); `None` for a full layer.
+    pub windows: Vec<Option<usize>>,
 }
 
 impl SnapshotLayout {
@@ -60,6 +72,9 @@ impl SnapshotLayout {
             head_dim_k: model.hp.head_dim_k,
             head_dim_v: model.hp.head_dim_v,
             n_ctx,
+            windows: (0..model.hp.n_layer)
+                .map(|il| model.hp.window(il))
+                .collect(),
         }
     }
 
@@ -174,9 +189,20 @@ impl Snapshot {
         }
         let (kr, vr) = want.row_bytes();
         for (il, (k, v)) in self.layers.iter().enumerate() {
-            if k.len() != n * kr || v.len() != n * vr {
+            let held = k.len() / kr.max(1);
+            let window = want.windows.get(il).copied().flatten();
+            let tail = window.map(|w| n.min(w.saturating_sub(1)));
+            let positions_ok = held == n || tail == Some(held);
+            if !positions_ok || k.len() != held * kr || v.len() != held * vr {
+                let sliding = tail.map_or(String::new(), |t| {
+                    format!(
+                        " (or, a sliding layer, {} and {} for its latest {t})",
+                        t * kr,
+                        t * vr
+                    )
+                });
                 return bad(format!(
-                    "layer {il} holds {} key and {} value bytes; {n} positions need {} and {}",
+                    "layer {il} holds {} key and {} value bytes; {n} positions need {} and {}{sliding}",
                     k.len(),
                     v.len(),
                     n * kr,
@@ -239,7 +265,7 @@ impl Snapshot {
                 String::from_utf8_lossy(MAGIC)
             )));
         }
-        if &magic != MAGIC {
+        if &magic != MAGIC && &magic != MAGIC_V2 {
             return Err(EngineError::Snapshot(
                 "not a moeshard snapshot (bad magic)".into(),
             ));
@@ -388,6 +414,22 @@ mod tests {
     }
 
     #[test]
+    fn a_version_2_snapshot_is_still_read() {
+        let mut buf = Vec::new();
+        sample().write_to(&mut buf).unwrap();
+        assert_eq!(&buf[..8], MAGIC);
+        // Same fields, same checksum (the magic is checksummed too: recompute it).
+        let mut v2 = Vec::new();
+        let mut w = ChecksumWriter::new(&mut v2);
+        w.write_all(MAGIC_V2).unwrap();
+        w.write_all(&buf[8..buf.len() - file::CHECKSUM_LEN])
+            .unwrap();
+        w.finish().unwrap();
+        let back = Snapshot::read_from(&mut v2.as_slice(), v2.len() as u64).unwrap();
+        assert_eq!(back, sample());
+    }
+
+    #[test]
     fn an_old_snapshot_is_named_as_such() {
         let mut buf = Vec::new();
         sample().write_to(&mut buf).unwrap();
@@ -434,10 +476,15 @@ mod tests {
             head_dim_k: 4,
             head_dim_v: 4,
             n_ctx: 8,
+            windows: vec![None, Some(3)],
         };
         // 3 positions × 2 heads × 4 dims × 2 bytes = 48 bytes per layer.
         let good = want.assemble(vec![1, 2, 3], vec![(vec![0; 48], vec![0; 48]); 2]);
         good.check_layout(&want).unwrap();
+        // The sliding layer (window 3) may hold its latest 2 positions only.
+        let mut windowed = good.clone();
+        windowed.layers[1] = (vec![0; 32], vec![0; 32]);
+        windowed.check_layout(&want).unwrap();
         let mut cases: Vec<(&str, Snapshot)> = Vec::new();
         let mut s = good.clone();
         s.fingerprint = "other".into();
@@ -457,6 +504,15 @@ mod tests {
         let mut s = good.clone();
         s.tokens.push(4);
         cases.push(("tokens without KV", s));
+        let mut s = good.clone();
+        s.layers[0] = (vec![0; 32], vec![0; 32]);
+        cases.push(("a full layer holding the window only", s));
+        let mut s = good.clone();
+        s.layers[1] = (vec![0; 16], vec![0; 16]);
+        cases.push(("a sliding layer holding less than its window", s));
+        let mut s = good.clone();
+        s.layers[1] = (vec![0; 32], vec![0; 16]);
+        cases.push(("a sliding layer's keys and values disagree", s));
         let mut s = want.assemble(vec![0; 9], vec![(vec![0; 144], vec![0; 144]); 2]);
         s.fingerprint = "abc".into();
         cases.push(("past the context", s));

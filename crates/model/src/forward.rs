@@ -176,7 +176,9 @@ impl Model {
         let result = self.run_layers(cx, experts, layers, head, &mut x, seqs, &pos0, hooks);
         if result.is_err() {
             for (s, &p) in seqs.iter_mut().zip(&pos0) {
-                s.kv.truncate(p);
+                // `reserve(p, ..)` kept what position `p` attends to, so this rewind holds.
+                let rewound = s.kv.truncate(p);
+                debug_assert!(rewound.is_ok(), "{rewound:?}");
             }
         }
         result

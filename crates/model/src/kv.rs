@@ -1,6 +1,7 @@
 //! The KV cache of one sequence for a range of layers: keys (after RoPE) and values, stored
 //! position-major (`[pos][kv_head][dim]`) so that it grows by appending and a snapshot of any
 //! prefix is one contiguous copy per layer, independent of how layers are split across nodes.
+//! Sliding-window layers keep only their latest positions (see [`KvCache`]).
 
 use std::ops::RangeInclusive;
 
@@ -56,16 +57,71 @@ pub struct KvLayout {
     pub head_dim_v: usize,
     /// Maximum positions.
     pub n_ctx: usize,
+    /// The model's sliding window, when sliding layers keep only their latest positions;
+    /// `None`: every layer keeps every position (no sliding layers, or the full cache was
+    /// asked for).
+    pub sliding: Option<SlidingLayers>,
+}
+
+/// Which of a cache's layers slide, and over how many positions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlidingLayers {
+    /// Positions a sliding layer's token attends to, its own included.
+    pub window: usize,
+    /// Per layer of the cache (`layers` in order): whether it slides. A cache may hold no
+    /// sliding layer and still track where they would start (see [`KvCache::held_from`]), so
+    /// that every stage of a pipeline answers rewinds the same way.
+    pub layers: Vec<bool>,
+}
+
+impl KvLayout {
+    /// Every layer keeps every position (llama.cpp's `--swa-full`).
+    pub fn full_sliding(mut self) -> KvLayout {
+        self.sliding = None;
+        self
+    }
+
+    /// The most bytes a cache of this layout holds at `n` positions, stored in chunks of up to
+    /// `chunk` positions: every position of a full layer, at most
+    /// [`sliding_positions_held`] of a sliding one.
+    pub fn bytes_at_most(&self, n: usize, chunk: usize) -> usize {
+        let row = self.n_kv_head * (self.head_dim_k + self.head_dim_v) * self.kv_type.bytes();
+        let n_layers = self.layers.clone().count();
+        let (n_sliding, held) = match &self.sliding {
+            Some(s) if s.window > 0 => (
+                s.layers.iter().filter(|&&b| b).count(),
+                n.min(sliding_positions_held(s.window, chunk)),
+            ),
+            _ => (0, 0),
+        };
+        ((n_layers - n_sliding) * n + n_sliding * held) * row
+    }
+}
+
+/// Positions a sliding layer of `window` holds at most while chunks of up to `chunk` positions
+/// are stored (see [`KvCache::reserve`]: the oldest position attended to, a window of slack,
+/// rounded down to a whole window).
+pub fn sliding_positions_held(window: usize, chunk: usize) -> usize {
+    (3 * window).saturating_sub(2) + chunk
 }
 
 /// Positions are added in chunks so a long prompt does not reallocate per token.
 const GROW_POSITIONS: usize = 256;
 
+/// The KV of one sequence. Full layers hold positions `0..len`; sliding layers hold
+/// `first..len` only: before a chunk is stored, positions no token of the chunk attends to
+/// are dropped, in blocks of a window (one shift of the kept rows per block, so the kept rows
+/// stay contiguous and in order and attention reads them exactly as from a full cache), and
+/// a window more than needed is kept so a short rewind (the re-evaluated last token of a
+/// repeated prompt, a reformatted end of turn) still finds its positions. A sliding layer
+/// thus holds at most 3 windows plus one chunk ([`sliding_positions_held`]).
 pub struct KvCache {
     layout: KvLayout,
     k: Vec<Vec<u8>>,
     v: Vec<Vec<u8>>,
     len: usize,
+    /// First position sliding layers hold (0 without a bounded window).
+    first: usize,
 }
 
 impl KvCache {
@@ -76,6 +132,7 @@ impl KvCache {
             k: vec![Vec::new(); n],
             v: vec![Vec::new(); n],
             len: 0,
+            first: 0,
         }
     }
 
@@ -92,20 +149,83 @@ impl KvCache {
         self.len == 0
     }
 
-    /// Forgets positions `n..` (rewind).
-    pub fn truncate(&mut self, n: usize) {
-        self.len = self.len.min(n);
+    /// The bounded window (a window of 0 would attend to nothing: treated as none).
+    fn window(&self) -> Option<usize> {
+        self.layout
+            .sliding
+            .as_ref()
+            .map(|s| s.window)
+            .filter(|&w| w > 0)
     }
 
-    /// Bytes of keys plus values per position, over all layers held.
+    fn slides(&self, local: usize) -> bool {
+        self.layout
+            .sliding
+            .as_ref()
+            .is_some_and(|s| s.layers.get(local).copied().unwrap_or(false))
+    }
+
+    /// First position a token at `pos` attends to in a sliding layer.
+    fn oldest_attended(&self, pos: usize) -> usize {
+        self.window()
+            .map_or(0, |w| pos.saturating_sub(w.saturating_sub(1)))
+    }
+
+    /// Whether [`KvCache::truncate`]`(n)` keeps what the next token (at position `n`) needs:
+    /// false when sliding layers already dropped positions it attends to. Depends only on the
+    /// positions stored and rewound, not on which layers this cache holds, so every stage of a
+    /// pipeline gives the same answer.
+    pub fn can_rewind(&self, n: usize) -> bool {
+        n == 0 || n >= self.len || self.oldest_attended(n) >= self.first
+    }
+
+    /// Forgets positions `n..` (rewind). Fails, changing nothing, when sliding layers no
+    /// longer hold the positions that position `n` attends to ([`KvCache::can_rewind`]): the
+    /// caller evaluates the sequence afresh instead.
+    pub fn truncate(&mut self, n: usize) -> Result<()> {
+        if !self.can_rewind(n) {
+            return Err(ModelError::Input(format!(
+                "cannot rewind to {n} positions: the sliding-window layers hold positions {}..{} only (position {n} attends from {})",
+                self.first,
+                self.len,
+                self.oldest_attended(n)
+            )));
+        }
+        self.len = self.len.min(n);
+        if self.len == 0 {
+            self.first = 0;
+        }
+        Ok(())
+    }
+
+    /// First position `layer` holds: 0 for a full layer.
+    pub fn held_from(&self, layer: usize) -> Result<usize> {
+        let l = self.local(layer)?;
+        Ok(if self.slides(l) { self.first } else { 0 })
+    }
+
+    /// Bytes of keys plus values per position, over all layers held, as a full cache would
+    /// store them.
     pub fn bytes_per_position(&self) -> usize {
         let l = &self.layout;
         self.k.len() * l.n_kv_head * (l.head_dim_k + l.head_dim_v) * l.kv_type.bytes()
     }
 
-    /// Bytes in use (filled positions).
+    fn layer_row_bytes(&self) -> usize {
+        self.k_row_bytes() + self.v_row_bytes()
+    }
+
+    /// Bytes of the positions held (full layers every filled position, sliding layers the
+    /// latest ones).
     pub fn bytes_used(&self) -> usize {
-        self.len * self.bytes_per_position()
+        let n_sliding = (0..self.k.len()).filter(|&l| self.slides(l)).count();
+        let n_full = self.k.len() - n_sliding;
+        (n_full * self.len + n_sliding * (self.len - self.first)) * self.layer_row_bytes()
+    }
+
+    /// Bytes allocated for keys and values (what [`KvCache::bytes_used`] grows into).
+    pub fn bytes_allocated(&self) -> usize {
+        self.k.iter().chain(&self.v).map(Vec::len).sum()
     }
 
     fn k_row_bytes(&self) -> usize {
@@ -127,7 +247,8 @@ impl KvCache {
     }
 
     /// Makes room for positions `pos0..pos0+n` (which must continue or rewrite the filled prefix)
-    /// and marks them filled.
+    /// and marks them filled. Sliding layers first drop the positions no token from `pos0` on
+    /// attends to (beyond the kept slack, in whole windows).
     pub fn reserve(&mut self, pos0: usize, n: usize) -> Result<()> {
         if pos0 > self.len {
             return Err(ModelError::Input(format!(
@@ -142,69 +263,168 @@ impl KvCache {
                 self.layout.n_ctx
             )));
         }
+        if pos0 < self.len {
+            self.truncate(pos0)?;
+        }
+        if let Some(w) = self.window() {
+            // Keep a window of slack before the oldest position attended to, and drop whole
+            // windows, so the shift below runs once per window of new positions.
+            let keep_from = pos0.saturating_sub(w.saturating_sub(1) + w);
+            let new_first = keep_from / w * w;
+            if new_first > self.first {
+                self.drop_sliding_before(new_first, pos0);
+            }
+        }
         let want = end
             .div_ceil(GROW_POSITIONS)
             .saturating_mul(GROW_POSITIONS)
             .min(self.layout.n_ctx);
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
-        for (k, v) in self.k.iter_mut().zip(self.v.iter_mut()) {
-            if k.len() < end * kr {
-                k.resize(want * kr, 0);
-                v.resize(want * vr, 0);
+        let first = self.first;
+        for l in 0..self.k.len() {
+            let from = if self.slides(l) { first } else { 0 };
+            let (need, grow_to) = (end - from, want - from);
+            if self.k[l].len() < need * kr {
+                self.k[l].resize(grow_to * kr, 0);
+                self.v[l].resize(grow_to * vr, 0);
             }
         }
         self.len = end;
         Ok(())
     }
 
+    /// Moves the sliding layers' positions `new_first..filled` to the front of their buffers.
+    fn drop_sliding_before(&mut self, new_first: usize, filled: usize) {
+        let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
+        let (skip, keep) = (new_first - self.first, filled.saturating_sub(new_first));
+        for l in 0..self.k.len() {
+            if self.slides(l) {
+                self.k[l].copy_within(skip * kr..(skip + keep) * kr, 0);
+                self.v[l].copy_within(skip * vr..(skip + keep) * vr, 0);
+            }
+        }
+        self.first = new_first;
+    }
+
+    /// Index of `pos` in local layer `l`'s rows.
+    fn row_index(&self, l: usize, pos: usize) -> usize {
+        if self.slides(l) {
+            pos - self.first
+        } else {
+            pos
+        }
+    }
+
     /// Stores the keys and values (all kv heads) of position `pos` of `layer`.
     pub fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<()> {
         let l = self.local(layer)?;
-        if pos >= self.len {
+        if pos >= self.len || pos < self.held_from(layer)? {
             return Err(ModelError::Input(format!(
                 "position {pos} was not reserved"
             )));
         }
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
         let t = self.layout.kv_type;
-        write_values(t, k, &mut self.k[l][pos * kr..(pos + 1) * kr]);
-        write_values(t, v, &mut self.v[l][pos * vr..(pos + 1) * vr]);
+        let i = self.row_index(l, pos);
+        write_values(t, k, &mut self.k[l][i * kr..(i + 1) * kr]);
+        write_values(t, v, &mut self.v[l][i * vr..(i + 1) * vr]);
         Ok(())
     }
 
-    /// Keys of `layer` for positions `0..len`, position-major.
+    /// Keys of `layer` for the positions it holds (`held_from(layer)..len`), position-major.
     pub fn keys(&self, layer: usize) -> Result<&[u8]> {
         let l = self.local(layer)?;
-        Ok(&self.k[l][..self.len * self.k_row_bytes()])
+        let n = self.len - self.held_from(layer)?;
+        Ok(&self.k[l][..n * self.k_row_bytes()])
     }
 
+    /// Values of `layer` for the positions it holds, as [`KvCache::keys`].
     pub fn values(&self, layer: usize) -> Result<&[u8]> {
         let l = self.local(layer)?;
-        Ok(&self.v[l][..self.len * self.v_row_bytes()])
+        let n = self.len - self.held_from(layer)?;
+        Ok(&self.v[l][..n * self.v_row_bytes()])
     }
 
-    /// Raw bytes of positions `0..n` of `layer` (keys, values), for snapshots.
+    /// Positions a snapshot of `n` positions keeps of local layer `l`: all of them for a full
+    /// layer; for a sliding one the latest `window - 1`, what the next token (at `n`) attends
+    /// to besides itself. That is exactly what [`KvCache::can_rewind`] keeps for a rewind
+    /// point, so a session can be exported after any rewind it accepted; a restored session
+    /// in turn cannot rewind (but to 0).
+    fn snapshot_positions(&self, l: usize, n: usize) -> usize {
+        match self.window() {
+            Some(w) if self.slides(l) => n.min(w.saturating_sub(1)),
+            _ => n,
+        }
+    }
+
+    /// Raw bytes (keys, values) of `layer` for a snapshot of positions `0..n`: every position
+    /// of a full layer, the latest `window - 1` positions of a sliding one.
     pub fn export(&self, layer: usize, n: usize) -> Result<(&[u8], &[u8])> {
         let l = self.local(layer)?;
         let n = n.min(self.len);
-        Ok((
-            &self.k[l][..n * self.k_row_bytes()],
-            &self.v[l][..n * self.v_row_bytes()],
-        ))
+        let from = n - self.snapshot_positions(l, n);
+        let held = self.held_from(layer)?;
+        if from < held {
+            return Err(ModelError::Input(format!(
+                "KV export of {n} positions for layer {layer}: the sliding window holds positions {held}.. only"
+            )));
+        }
+        let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
+        let (i, j) = (from - held, n - held);
+        Ok((&self.k[l][i * kr..j * kr], &self.v[l][i * vr..j * vr]))
     }
 
-    /// Restores positions `0..n` of `layer` from raw bytes made by [`KvCache::export`] with the
-    /// same layout. Call [`KvCache::reserve`]`(0, n)` first.
+    /// Makes the cache hold `n` positions to be filled by [`KvCache::import`], one layer at a
+    /// time: sliding layers then hold the latest `window - 1` of them.
+    pub fn begin_import(&mut self, n: usize) -> Result<()> {
+        if n > self.layout.n_ctx {
+            return Err(ModelError::Input(format!(
+                "{n} restored positions exceed the context size {}",
+                self.layout.n_ctx
+            )));
+        }
+        self.first = self
+            .window()
+            .map_or(0, |w| n.saturating_sub(w.saturating_sub(1)));
+        let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
+        for l in 0..self.k.len() {
+            let rows = n - if self.slides(l) { self.first } else { 0 };
+            self.k[l].clear();
+            self.k[l].resize(rows * kr, 0);
+            self.v[l].clear();
+            self.v[l].resize(rows * vr, 0);
+        }
+        self.len = n;
+        Ok(())
+    }
+
+    /// Restores `layer` of a snapshot of `n` positions (after [`KvCache::begin_import`]`(n)`)
+    /// from bytes made by [`KvCache::export`] with the same row shape: the latest positions of
+    /// the `n`, all of them or (a sliding layer of a bounded cache) at least `window - 1`.
     pub fn import(&mut self, layer: usize, n: usize, k: &[u8], v: &[u8]) -> Result<()> {
         let l = self.local(layer)?;
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
-        if n > self.len || k.len() != n * kr || v.len() != n * vr {
-            return Err(ModelError::Input(format!(
-                "KV import of {n} positions for layer {layer}: sizes do not match"
-            )));
+        let given = k.len() / kr.max(1);
+        let mismatch = |why: &str| {
+            Err(ModelError::Input(format!(
+                "KV import of {n} positions for layer {layer}: {} key and {} value bytes {why}",
+                k.len(),
+                v.len()
+            )))
+        };
+        if n != self.len || !k.len().is_multiple_of(kr.max(1)) || v.len() != given * vr || given > n
+        {
+            return mismatch("do not match the row size and positions");
         }
-        self.k[l][..n * kr].copy_from_slice(k);
-        self.v[l][..n * vr].copy_from_slice(v);
+        let need = n - self.held_from(layer)?;
+        if given < need {
+            return mismatch(&format!(
+                "hold only the latest {given} positions and this cache keeps {need} of the layer (a snapshot of a bounded sliding-window cache restored into a full one?)"
+            ));
+        }
+        let skip = given - need;
+        self.k[l][..need * kr].copy_from_slice(&k[skip * kr..]);
+        self.v[l][..need * vr].copy_from_slice(&v[skip * vr..]);
         Ok(())
     }
 }
@@ -222,6 +442,154 @@ fn write_values(t: KvType, src: &[f32], dst: &mut [u8]) {
             for (d, s) in dst.chunks_exact_mut(2).zip(&tmp) {
                 d.copy_from_slice(&s.to_bits().to_le_bytes());
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gpt-oss-20b's shape: 24 layers alternating sliding (window 128, layer 0 slides) and
+    /// full, 8 kv heads of 64 dims.
+    fn gpt_oss_20b(kv_type: KvType, n_ctx: usize, bounded: bool) -> KvLayout {
+        let n_layer = 24;
+        KvLayout {
+            kv_type,
+            layers: 0..=n_layer - 1,
+            n_kv_head: 8,
+            head_dim_k: 64,
+            head_dim_v: 64,
+            n_ctx,
+            sliding: bounded.then(|| SlidingLayers {
+                window: 128,
+                layers: (0..n_layer).map(|il| il % 2 == 0).collect(),
+            }),
+        }
+    }
+
+    /// Reserves a 512-token prompt, then decodes to `n` positions, one at a time.
+    fn fill(kv: &mut KvCache, n: usize) {
+        kv.reserve(0, 512).unwrap();
+        for pos in 512..n {
+            kv.reserve(pos, 1).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_gpt_oss_20b_shaped_cache_holds_the_window_of_its_sliding_layers() {
+        let n = 8192;
+        let mut full = KvCache::new(gpt_oss_20b(KvType::F16, n, false));
+        let mut bounded = KvCache::new(gpt_oss_20b(KvType::F16, n, true));
+        fill(&mut full, n);
+        fill(&mut bounded, n);
+        let per_layer = 8 * (64 + 64) * 2;
+        assert_eq!(full.bytes_used(), n * 24 * per_layer);
+        let sliding_held = bounded.len() - bounded.first;
+        assert!(
+            sliding_held <= sliding_positions_held(128, 1),
+            "{sliding_held}"
+        );
+        assert_eq!(
+            bounded.bytes_used(),
+            (n * 12 + sliding_held * 12) * per_layer
+        );
+        assert!(bounded.bytes_used() <= bounded.layout().bytes_at_most(n, 1));
+        assert_eq!(full.layout().bytes_at_most(n, 1), full.bytes_used());
+        eprintln!(
+            "gpt-oss-20b shape, f16 KV, {n} positions (512 prefilled, then decoded): full cache {} bytes used / {} allocated ({} per position); bounded {} used / {} allocated (sliding layers hold {sliding_held} positions)",
+            full.bytes_used(),
+            full.bytes_allocated(),
+            full.bytes_per_position(),
+            bounded.bytes_used(),
+            bounded.bytes_allocated()
+        );
+        // The sliding layers' buffers stop growing: the prompt chunk plus the bound.
+        let sliding_alloc = bounded.k[0].len() + bounded.v[0].len();
+        assert!(sliding_alloc <= (512 + sliding_positions_held(128, 1)) * per_layer);
+    }
+
+    /// Rows written as their position number survive drops, rewinds, exports and imports in
+    /// the right places: a bounded cache reads what a full one reads, from `held_from` on.
+    #[test]
+    fn bounded_rows_match_a_full_cache_through_drops_rewinds_and_restores() {
+        let layout = |bounded: bool| KvLayout {
+            kv_type: KvType::F32,
+            layers: 3..=5,
+            n_kv_head: 1,
+            head_dim_k: 2,
+            head_dim_v: 1,
+            n_ctx: 400,
+            sliding: bounded.then(|| SlidingLayers {
+                window: 4,
+                layers: vec![true, false, true],
+            }),
+        };
+        let (mut b, mut f) = (KvCache::new(layout(true)), KvCache::new(layout(false)));
+        let write = |kv: &mut KvCache, pos0: usize, n: usize| {
+            kv.reserve(pos0, n).unwrap();
+            for pos in pos0..pos0 + n {
+                for il in 3..=5 {
+                    let x = (pos * 10 + il) as f32;
+                    kv.store(il, pos, &[x, -x], &[x + 0.5]).unwrap();
+                }
+            }
+        };
+        let check = |b: &KvCache, f: &KvCache| {
+            assert_eq!(b.len(), f.len());
+            for il in 3..=5 {
+                let from = b.held_from(il).unwrap();
+                let kr = 8;
+                assert_eq!(b.keys(il).unwrap(), &f.keys(il).unwrap()[from * kr..]);
+                assert_eq!(b.values(il).unwrap(), &f.values(il).unwrap()[from * 4..]);
+            }
+        };
+        // Chunks of every size from 1 to 9 (crossing drops), with rewinds by up to a window.
+        let mut step = 0usize;
+        while b.len() < 300 {
+            step += 1;
+            let back = step % 5;
+            let len = b.len();
+            if back > 0 && back <= len {
+                assert!(b.can_rewind(len - back), "rewind by {back} at {len}");
+                b.truncate(len - back).unwrap();
+                f.truncate(len - back).unwrap();
+            }
+            let (pos0, n) = (b.len(), step % 9 + 1);
+            write(&mut b, pos0, n);
+            write(&mut f, pos0, n);
+            check(&b, &f);
+            assert!(b.len() - b.first <= sliding_positions_held(4, n));
+        }
+        assert!(b.first > 0);
+        assert!(b.truncate(1).is_err() && b.len() == f.len());
+        // A snapshot of the bounded cache (sliding layers: the latest window - 1) restores into
+        // a bounded cache, a full one's too; the full cache refuses the window only.
+        let n = b.len();
+        for source in [&b, &f] {
+            let mut r = KvCache::new(layout(true));
+            r.begin_import(n).unwrap();
+            for il in 3..=5 {
+                let (k, v) = source.export(il, n).unwrap();
+                r.import(il, n, k, v).unwrap();
+            }
+            for il in [3, 5] {
+                assert_eq!(r.keys(il).unwrap(), &f.keys(il).unwrap()[(n - 3) * 8..]);
+            }
+            assert_eq!(r.keys(4).unwrap(), f.keys(4).unwrap());
+            assert!(!r.can_rewind(n - 1) && r.can_rewind(0));
+        }
+        let mut r = KvCache::new(layout(false));
+        r.begin_import(n).unwrap();
+        let (k, v) = b.export(3, n).unwrap();
+        assert_eq!(k.len(), 3 * 8);
+        assert!(r.import(3, n, k, v).is_err());
+        // After the furthest rewind it accepts, a bounded cache still exports every layer.
+        let m = (1..n).find(|&m| b.can_rewind(m)).unwrap();
+        assert!(m > 1 && !b.can_rewind(m - 1));
+        b.truncate(m).unwrap();
+        for il in 3..=5 {
+            b.export(il, m).unwrap();
         }
     }
 }

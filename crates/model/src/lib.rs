@@ -24,6 +24,6 @@ pub use forward::{
     Hooks, Logits, LogitsWanted, NoHooks, ReducePoint, SeqInput, StageInput, StageOutput,
 };
 pub use hparams::Hparams;
-pub use kv::{KvCache, KvLayout, KvType};
+pub use kv::{KvCache, KvLayout, KvType, SlidingLayers};
 pub use model::{Model, WeightSelection};
 pub use shard::Shard;

@@ -11,7 +11,7 @@ use gguf::GgufModel;
 use crate::arch::{self, ArchSpec};
 use crate::error::{ModelError, Result};
 use crate::hparams::Hparams;
-use crate::kv::{KvLayout, KvType};
+use crate::kv::{KvLayout, KvType, SlidingLayers};
 use crate::names::TensorName;
 use crate::weights::{Binder, ExpertMatrices, Ffn, Layer, Matrix};
 
@@ -145,6 +145,13 @@ impl Model {
         layers: std::ops::RangeInclusive<usize>,
         n_ctx: usize,
     ) -> KvLayout {
+        let sliding = self.hp.sliding_window.map(|window| SlidingLayers {
+            window,
+            layers: layers
+                .clone()
+                .map(|il| self.hp.window(il).is_some())
+                .collect(),
+        });
         KvLayout {
             kv_type,
             layers,
@@ -152,6 +159,7 @@ impl Model {
             head_dim_k: self.hp.head_dim_k,
             head_dim_v: self.hp.head_dim_v,
             n_ctx,
+            sliding,
         }
     }
 

@@ -266,7 +266,13 @@ impl Scheduler {
         if keep < session.tokens.len() {
             self.save_to_disk(&session);
             if let Err(e) = self.engine.executor_mut().truncate(session.id, keep) {
-                tracing::warn!("truncating session {}: {e}; starting it afresh", session.id);
+                // A sliding-window cache that dropped what the kept prefix needs is an
+                // ordinary cache miss; anything else is worth a warning.
+                if matches!(e, engine::EngineError::CannotRewind { .. }) {
+                    tracing::info!("request {}: {e}; evaluating the prompt afresh", job.id);
+                } else {
+                    tracing::warn!("truncating session {}: {e}; starting it afresh", session.id);
+                }
                 self.engine.executor_mut().destroy(session.id);
                 session = self.engine.new_session();
             } else {

@@ -353,6 +353,15 @@ impl Executor for PipelineExecutor {
     }
 
     fn truncate(&mut self, session: SessionId, n: usize) -> Result<()> {
+        // Every stage drops the same sliding-window positions (they see the same work), so
+        // this stage's cache answers for all. A session to be replayed keeps nothing anyway.
+        if self.sessions.is_synced(session) && !self.local.can_rewind(session, n) {
+            return Err(EngineError::CannotRewind {
+                session,
+                n,
+                why: "the sliding-window layers no longer hold the positions it attends to".into(),
+            });
+        }
         self.sessions.truncate(session, n);
         // Stages rewind when the next work item names an earlier position.
         Ok(())

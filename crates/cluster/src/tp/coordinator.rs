@@ -375,6 +375,18 @@ impl Executor for TpExecutor {
     }
 
     fn truncate(&mut self, session: SessionId, n: usize) -> Result<()> {
+        // Every rank drops the same sliding-window positions (they run the same steps), so
+        // this rank's cache answers for all. A session to be replayed keeps nothing anyway.
+        if let Some(g) = &self.group
+            && self.sessions.is_synced(session)
+            && !g.own.runner.can_rewind(session, n)
+        {
+            return Err(EngineError::CannotRewind {
+                session,
+                n,
+                why: "the sliding-window layers no longer hold the positions it attends to".into(),
+            });
+        }
         self.sessions.truncate(session, n);
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! A tensor-parallel session's KV in the topology-free snapshot form: when attention is split
 //! by heads each rank holds its kv heads, which are interleaved back into rows of all heads for
 //! a snapshot and cut out again on restore; replicated attention, and latent attention (whose
-//! one latent cache every rank holds whole), need only rank 0's copy.
+//! one latent cache every rank holds whole), need only rank 0's copy. A sliding-window layer
+//! holds only its latest positions; how many is read from its size.
 
 use std::ops::Range;
 
@@ -45,6 +46,13 @@ pub fn merge(
                         .map_or((&[][..], &[][..]), |(k, v)| (&k[..], &v[..]))
                 })
                 .unzip();
+            // Rank 0's keys give the positions (the window of a sliding layer); the merge checks
+            // every part against them, and the snapshot's layout check the result.
+            let rank0_row = heads[0].len() * hp.head_dim_k * e;
+            let n_pos = match (hp.window(il), ks[0].len().checked_div(rank0_row)) {
+                (Some(_), Some(held)) => held.min(n_pos),
+                _ => n_pos,
+            };
             let k = kv_heads_merge(&ks, &heads, n_pos, hp.n_head_kv, hp.head_dim_k * e)?;
             let v = kv_heads_merge(&vs, &heads, n_pos, hp.n_head_kv, hp.head_dim_v * e)?;
             Ok((k, v))
@@ -52,8 +60,8 @@ pub fn merge(
         .collect()
 }
 
-/// Every rank's share of snapshot `layers` (all kv heads, `n_pos` positions, already checked
-/// against the model's layout).
+/// Every rank's share of snapshot `layers` (all kv heads, `n_pos` positions or a sliding
+/// layer's latest ones, already checked against the model's layout).
 pub fn split(
     model: &Model,
     kv_type: KvType,
@@ -72,6 +80,8 @@ pub fn split(
             layers
                 .iter()
                 .map(|(k, v)| {
+                    let row = hp.n_head_kv * hp.head_dim_k * e;
+                    let n_pos = k.len().checked_div(row).unwrap_or(n_pos);
                     Ok((
                         kv_heads_slice(k, n_pos, hp.n_head_kv, heads, hp.head_dim_k * e)?,
                         kv_heads_slice(v, n_pos, hp.n_head_kv, heads, hp.head_dim_v * e)?,

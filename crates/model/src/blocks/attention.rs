@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use kernels::attn::{self, KvElem, Rows};
 use kernels::{Kernels, ThreadPool};
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::kv::{KvCache, KvType};
 
 /// Where one sequence's new tokens sit in the batch and in its cache.
@@ -82,7 +82,16 @@ pub fn attend(
     let mut tasks = Vec::new();
     let mut caches = Vec::with_capacity(spans.len());
     for (si, s) in spans.iter().enumerate() {
-        caches.push((s.kv.keys(layer)?, s.kv.values(layer)?));
+        // A sliding layer's rows start at its first held position, not at 0.
+        let held_from = s.kv.held_from(layer)?;
+        let oldest = shape.window.map_or(0, |w| (s.pos0 + 1).saturating_sub(w));
+        if oldest < held_from {
+            return Err(ModelError::Input(format!(
+                "layer {layer}: position {} attends from position {oldest}, the cache holds {held_from}.. only",
+                s.pos0
+            )));
+        }
+        caches.push((s.kv.keys(layer)?, s.kv.values(layer)?, held_from));
         for i in 0..s.n_tokens {
             tasks.push((si, i));
         }
@@ -135,21 +144,22 @@ pub fn attend(
                 let (si, i) = tasks[w / n_kv];
                 let g = w % n_kv;
                 let s = &spans[si];
-                let (keys, values) = caches[si];
+                let (keys, values, held_from) = caches[si];
                 let values = if shape.values_in_keys { keys } else { values };
                 let row = s.row0 + i;
                 let end = s.pos0 + i + 1;
                 let first = shape.window.map_or(0, |w| end.saturating_sub(w));
                 let n_pos = end - first;
+                let row_of_first = first - held_from;
                 let krows = Rows {
-                    data: &keys[first * k_row + g * dk * esz..],
+                    data: &keys[row_of_first * k_row + g * dk * esz..],
                     stride: k_row,
                     n: n_pos,
                     d: dk,
                     elem,
                 };
                 let vrows = Rows {
-                    data: &values[first * v_row + g * v_head_stride..],
+                    data: &values[row_of_first * v_row + g * v_head_stride..],
                     stride: v_row,
                     n: n_pos,
                     d: dv,

@@ -330,6 +330,7 @@ fn decompressed(
             head_dim_k: dk,
             head_dim_v: dv,
             n_ctx: n_pos,
+            sliding: None,
         });
         cache.reserve(0, n_pos)?;
         let mut k_row = vec![0f32; nh * dk];
