@@ -45,6 +45,9 @@ fn f16_fields(t: GgmlType) -> &'static [usize] {
         T::Q3K => &[108],
         T::Q4K | T::Q5K => &[0, 2],
         T::Q6K => &[208],
+        T::Iq4Nl | T::Iq4Xs | T::Iq2Xxs | T::Iq2Xs | T::Iq2S | T::Iq3Xxs | T::Iq3S | T::Iq1S => {
+            &[0]
+        }
         _ => &[],
     }
 }
@@ -79,6 +82,15 @@ pub fn random_row(rng: &mut Rng, t: GgmlType, n: usize) -> Vec<u8> {
                 match t {
                     T::Q8K => block[..4].copy_from_slice(&(0.01 + 0.02 * rng.f32()).to_le_bytes()),
                     T::Mxfp4 => block[0] = 118 + (rng.next_u64() % 12) as u8,
+                    // The f16 scale is the top nibbles of the four scale words (bytes 49, 51,
+                    // 53, 55): exponent and sign stay those of 0.001…0.016.
+                    T::Iq1M => {
+                        let d = u16::from_le_bytes(f16_to_bytes(0.001 + 0.015 * rng.f32()));
+                        for (i, o) in [49, 51, 53, 55].into_iter().enumerate() {
+                            let nibble = ((d >> (4 * i)) & 0xF) as u8;
+                            block[o] = (block[o] & 0x0F) | (nibble << 4);
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -100,7 +112,7 @@ pub fn random_row(rng: &mut Rng, t: GgmlType, n: usize) -> Vec<u8> {
 }
 
 /// Every format the kernels compute with.
-pub const COMPUTE_TYPES: [GgmlType; 15] = [
+pub const COMPUTE_TYPES: [GgmlType; 24] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
@@ -116,4 +128,26 @@ pub const COMPUTE_TYPES: [GgmlType; 15] = [
     GgmlType::Q6K,
     GgmlType::Q8K,
     GgmlType::Mxfp4,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq3S,
+    GgmlType::Iq1S,
+    GgmlType::Iq1M,
+];
+
+/// The IQ formats, which have x86 kernels but (so far) no NEON ones.
+pub const IQ_TYPES: [GgmlType; 9] = [
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq3S,
+    GgmlType::Iq1S,
+    GgmlType::Iq1M,
 ];
