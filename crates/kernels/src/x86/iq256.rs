@@ -212,81 +212,119 @@ pub(crate) fn group_iq1_s(x: &BlockIq1S, ib: usize) -> Group {
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(crate) fn group_iq1_m(x: &BlockIq1M, ib: usize) -> Group {
-    let qh = |l: usize| x.qh[2 * ib + l / 2] as usize;
-    let hi = |l: usize| {
-        if l.is_multiple_of(2) {
-            (qh(l) << 8) & 0x700
-        } else {
-            (qh(l) << 4) & 0x700
-        }
-    };
-    let neg = |l: usize| qh(l) & if l.is_multiple_of(2) { 0x08 } else { 0x80 } != 0;
-    let g = |l: usize| IQ1S_GRID[x.qs[4 * ib + l] as usize | hi(l)] as i64;
-    let v = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+    let (h0, h1) = (x.qh[2 * ib] as usize, x.qh[2 * ib + 1] as usize);
+    let qs = &x.qs[4 * ib..4 * ib + 4];
+    // Each qh byte: bits 0..3 and 4..7 are the high index bits of two 8-element groups, bits 3
+    // and 7 their shift signs.
+    let g = [
+        IQ1S_GRID[qs[0] as usize | ((h0 << 8) & 0x700)],
+        IQ1S_GRID[qs[1] as usize | ((h0 << 4) & 0x700)],
+        IQ1S_GRID[qs[2] as usize | ((h1 << 8) & 0x700)],
+        IQ1S_GRID[qs[3] as usize | ((h1 << 4) & 0x700)],
+    ]
+    .map(|e| e as i64);
+    let v = _mm256_set_epi64x(g[3], g[2], g[1], g[0]);
     let sc = u16_at(&x.scales, 2 * (ib / 2));
     let s = |o: usize| 2 * ((sc >> (6 * (ib % 2) + o)) & 7) as i32 + 1;
     Group {
         q: _mm256_abs_epi8(v),
         sign: v,
         scale: halves(s(0), s(3)),
-        shift: _mm256_set_epi64x(unit(neg(3)), unit(neg(2)), unit(neg(1)), unit(neg(0))),
+        shift: _mm256_set_epi64x(
+            unit(h1 & 0x80 != 0),
+            unit(h1 & 0x08 != 0),
+            unit(h0 & 0x80 != 0),
+            unit(h0 & 0x08 != 0),
+        ),
     }
 }
 
-/// `iq_superblock!(groups, q8, shifted, accumulate)`: the exact integer dot of one superblock,
-/// `Σ scale·Σ w·a`, or for the IQ1 formats `8·that + Σ scale·Σ shift·a` (the shift is ±1/8).
-/// `groups(ib)` gives group ib's [`Group`], `q8` points at the 256 activation bytes.
-macro_rules! iq_superblock {
+/// Defines `fn $name(&Block) -> f32`: the block's f16 `d`, converted with F16C.
+macro_rules! f16_d {
+    ($($name:ident: $blk:ty),+) => {$(
+        #[inline]
+        #[target_feature(enable = "avx2,f16c")]
+        pub(crate) fn $name(x: &$blk) -> f32 {
+            crate::x86::simd256::f16_scalar(&x.d)
+        }
+    )+};
+}
+f16_d!(d_iq4_xs: BlockIq4Xs, d_iq2_xxs: BlockIq2Xxs, d_iq2_xs: BlockIq2Xs, d_iq2_s: BlockIq2S,
+    d_iq3_xxs: BlockIq3Xxs, d_iq3_s: BlockIq3S, d_iq1_s: BlockIq1S);
+
+/// The f16 block scale of an IQ1_M block (as `crate::formats::iquants::iq1m_d`), converted
+/// with F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) fn d_iq1_m(x: &BlockIq1M) -> f32 {
+    let sc = |i: usize| u16_at(&x.scales, 2 * i);
+    let bits = (sc(0) >> 12) | ((sc(1) >> 8) & 0x00F0) | ((sc(2) >> 4) & 0x0F00) | (sc(3) & 0xF000);
+    crate::x86::simd256::f16_scalar(&bits.to_le_bytes())
+}
+
+/// `iq_lanes!(groups, q8, shifted, accumulate)`: the exact integer dot of one superblock in 8
+/// lanes (to be summed): `Σ scale·Σ w·a`, or for the IQ1 formats `8·that + Σ scale·Σ shift·a`
+/// (the shift is ±1/8). `groups(ib)` gives group ib's [`Group`], `q8` points at the 256
+/// activation bytes.
+macro_rules! iq_lanes {
     ($groups:expr, $q8:expr, $shifted:expr, $acc:path) => {{
         let zero = _mm256_setzero_si256();
         let ones = _mm256_set1_epi8(1);
-        let mut sum = [zero; 2];
-        let mut shifted = zero;
-        for ib in 0..8 {
-            let g: $crate::x86::iq256::Group = $groups(ib);
-            // SAFETY: bytes 32ib..32ib + 32 of the 256 activation bytes at `$q8` (ib < 8).
-            let a8 = unsafe { $crate::x86::simd256::load256($q8.add(32 * ib)) };
-            let p = _mm256_maddubs_epi16(g.q, _mm256_sign_epi8(a8, g.sign));
-            sum[ib % 2] = $acc(sum[ib % 2], p, g.scale);
-            if $shifted {
-                let p = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(a8, g.shift));
-                shifted = $acc(shifted, p, g.scale);
+        // Two chains of accumulation (even and odd groups), each in a named register: an array
+        // indexed by `ib % 2` stayed in memory, and its store-to-load latency bounded the loop.
+        let (mut even, mut odd, mut shifted) = (zero, zero, zero);
+        for pair in 0..4 {
+            for ib in [2 * pair, 2 * pair + 1] {
+                let g: $crate::x86::iq256::Group = $groups(ib);
+                // SAFETY: bytes 32ib..32ib + 32 of the 256 activation bytes at `$q8` (ib < 8).
+                let a8 = unsafe { $crate::x86::simd256::load256($q8.add(32 * ib)) };
+                let p = _mm256_maddubs_epi16(g.q, _mm256_sign_epi8(a8, g.sign));
+                if ib % 2 == 0 {
+                    even = $acc(even, p, g.scale);
+                } else {
+                    odd = $acc(odd, p, g.scale);
+                }
+                if $shifted {
+                    let p = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(a8, g.shift));
+                    shifted = $acc(shifted, p, g.scale);
+                }
             }
         }
-        let s = $crate::x86::simd256::hsum_epi32(_mm256_add_epi32(sum[0], sum[1]));
+        let lanes = _mm256_add_epi32(even, odd);
         if $shifted {
-            8 * s + $crate::x86::simd256::hsum_epi32(shifted)
+            _mm256_add_epi32(_mm256_slli_epi32::<3>(lanes), shifted)
         } else {
-            s
+            lanes
         }
     }};
 }
-pub(crate) use iq_superblock;
+pub(crate) use iq_lanes;
 
 /// `iq_dot!(n, w, a, Block, group, d, shifted, factor, accumulate)`: a whole dot kernel body.
 macro_rules! iq_dot {
-    ($n:expr, $w:expr, $a:expr, $blk:ty, $group:path, $d:expr, $shifted:expr, $factor:expr,
+    ($n:expr, $w:expr, $a:expr, $blk:ty, $group:path, $d:path, $shifted:expr, $factor:expr,
      $acc:path) => {{
         use $crate::blocks::*;
         let nb = $n / QK_K;
         let (w, a): (&[$blk], &[BlockQ8K]) = (bytemuck::cast_slice($w), bytemuck::cast_slice($a));
-        let d_of = $d;
         let mut sum = 0f32;
         for (x, y) in w[..nb].iter().zip(&a[..nb]) {
             let q8 = y.qs.as_ptr() as *const u8;
-            let total = $crate::x86::iq256::iq_superblock!(|ib| $group(x, ib), q8, $shifted, $acc);
-            sum += d_of(x) * y.d() * total as f32;
+            let lanes = $crate::x86::iq256::iq_lanes!(|ib| $group(x, ib), q8, $shifted, $acc);
+            let total = $crate::x86::simd256::hsum_epi32(lanes);
+            sum += $d(x) * y.d() * total as f32;
         }
         $factor * sum
     }};
 }
 pub(crate) use iq_dot;
 
-/// Defines `unsafe fn $name<R, T>`, a panel tile (see `crate::x86::tiles`) for one IQ format:
-/// each row's groups are decoded once per superblock (the grid gathers are most of the work)
-/// and used for every token, with the single-row kernel's operations per (row, token).
+/// Defines `unsafe fn $name<R, T>`, a panel tile (see `crate::x86::tiles`) for one IQ format
+/// (T ≤ 8): each row's groups are decoded once per superblock (the grid gathers are most of the
+/// work) and used for every token; the T tokens' integer lanes are summed together (`hsums`)
+/// and the single-row kernel's float steps run with one token per lane.
 macro_rules! iq_tile {
-    ($name:ident, $features:literal, $blk:ty, $group:path, $d:expr, $shifted:expr, $factor:expr,
+    ($name:ident, $features:literal, $blk:ty, $group:path, $d:path, $shifted:expr, $factor:expr,
      $acc:path) => {
         /// # Safety
         /// Each `w[r]` points at `nb` readable weight blocks and each `a[t]` at `nb` Q8_K blocks.
@@ -298,29 +336,42 @@ macro_rules! iq_tile {
             a: [*const u8; T],
         ) -> [[f32; T]; R] {
             use $crate::blocks::*;
+            use $crate::x86::iq256::*;
             let w = w.map(|p| p as *const $blk);
             let a = a.map(|p| p as *const BlockQ8K);
-            let d_of = $d;
-            let mut acc = [[0f32; T]; R];
+            let zero = _mm256_setzero_si256();
+            let mut acc = [_mm256_setzero_ps(); R];
             for b in 0..nb {
                 // SAFETY: block b < nb of every token is readable (the contract above); the
                 // blocks have alignment 1 and are plain bytes, so a reference to one is valid.
                 let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
+                let dy: [f32; 8] = std::array::from_fn(|t| if t < T { ys[t].d() } else { 0.0 });
+                // SAFETY: the load reads the 8 floats of `dy`.
+                let dy = unsafe { _mm256_loadu_ps(dy.as_ptr()) };
                 for r in 0..R {
                     // SAFETY: as for `ys`, for the rows.
                     let x: &$blk = unsafe { &*w[r].add(b) };
-                    let groups: [$crate::x86::iq256::Group; 8] =
-                        std::array::from_fn(|ib| $group(x, ib));
-                    let d = d_of(x);
+                    let mut groups = [Group {
+                        q: zero,
+                        sign: zero,
+                        scale: zero,
+                        shift: zero,
+                    }; 8];
+                    for ib in 0..8 {
+                        groups[ib] = $group(x, ib);
+                    }
+                    let mut tot = [zero; T];
                     for t in 0..T {
                         let q8 = ys[t].qs.as_ptr() as *const u8;
-                        let total =
-                            $crate::x86::iq256::iq_superblock!(|ib| groups[ib], q8, $shifted, $acc);
-                        acc[r][t] += d * ys[t].d() * total as f32;
+                        tot[t] = iq_lanes!(|ib: usize| groups[ib], q8, $shifted, $acc);
                     }
+                    let tot = _mm256_cvtepi32_ps($crate::x86::simd256::hsums(&tot));
+                    let dd = _mm256_mul_ps(_mm256_set1_ps($d(x)), dy);
+                    acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dd, tot));
                 }
             }
-            acc.map(|row| row.map(|s| $factor * s))
+            let factor = _mm256_set1_ps($factor);
+            acc.map(|v| $crate::x86::simd256::lanes(_mm256_mul_ps(factor, v)))
         }
     };
 }
@@ -333,31 +384,31 @@ macro_rules! iq_kernel_set {
     ($features:literal, $acc:path, [$($t:literal),+]) => {
         $crate::x86::iq256::iq_kernel_set!(@one $features, $acc, [$($t),+],
             dot_iq4_xs, dot_iq4_xs_impl, panel_iq4_xs, iq4_xs_tile, iq4_xs_dots,
-            Iq4Xs, BlockIq4Xs, group_iq4_xs, |x: &BlockIq4Xs| f16_bytes(x.d), false, 1.0);
+            Iq4Xs, BlockIq4Xs, group_iq4_xs, d_iq4_xs, false, 1.0);
         $crate::x86::iq256::iq_kernel_set!(@one $features, $acc, [$($t),+],
             dot_iq2_xxs, dot_iq2_xxs_impl, panel_iq2_xxs, iq2_xxs_tile, iq2_xxs_dots,
-            Iq2Xxs, BlockIq2Xxs, group_iq2_xxs, |x: &BlockIq2Xxs| f16_bytes(x.d), false, 0.125);
+            Iq2Xxs, BlockIq2Xxs, group_iq2_xxs, d_iq2_xxs, false, 0.125);
         $crate::x86::iq256::iq_kernel_set!(@one $features, $acc, [$($t),+],
             dot_iq2_xs, dot_iq2_xs_impl, panel_iq2_xs, iq2_xs_tile, iq2_xs_dots,
-            Iq2Xs, BlockIq2Xs, group_iq2_xs, |x: &BlockIq2Xs| f16_bytes(x.d), false, 0.125);
+            Iq2Xs, BlockIq2Xs, group_iq2_xs, d_iq2_xs, false, 0.125);
         $crate::x86::iq256::iq_kernel_set!(@one $features, $acc, [$($t),+],
             dot_iq2_s, dot_iq2_s_impl, panel_iq2_s, iq2_s_tile, iq2_s_dots,
-            Iq2S, BlockIq2S, group_iq2_s, |x: &BlockIq2S| f16_bytes(x.d), false, 0.125);
+            Iq2S, BlockIq2S, group_iq2_s, d_iq2_s, false, 0.125);
         $crate::x86::iq256::iq_kernel_set!(@one $features, $acc, [$($t),+],
             dot_iq3_xxs, dot_iq3_xxs_impl, panel_iq3_xxs, iq3_xxs_tile, iq3_xxs_dots,
-            Iq3Xxs, BlockIq3Xxs, group_iq3_xxs, |x: &BlockIq3Xxs| f16_bytes(x.d), false, 0.25);
+            Iq3Xxs, BlockIq3Xxs, group_iq3_xxs, d_iq3_xxs, false, 0.25);
         $crate::x86::iq256::iq_kernel_set!(@one $features, $acc, [$($t),+],
             dot_iq3_s, dot_iq3_s_impl, panel_iq3_s, iq3_s_tile, iq3_s_dots,
-            Iq3S, BlockIq3S, group_iq3_s, |x: &BlockIq3S| f16_bytes(x.d), false, 1.0);
+            Iq3S, BlockIq3S, group_iq3_s, d_iq3_s, false, 1.0);
         $crate::x86::iq256::iq_kernel_set!(@one $features, $acc, [$($t),+],
             dot_iq1_s, dot_iq1_s_impl, panel_iq1_s, iq1_s_tile, iq1_s_dots,
-            Iq1S, BlockIq1S, group_iq1_s, |x: &BlockIq1S| f16_bytes(x.d), true, 0.125);
+            Iq1S, BlockIq1S, group_iq1_s, d_iq1_s, true, 0.125);
         $crate::x86::iq256::iq_kernel_set!(@one $features, $acc, [$($t),+],
             dot_iq1_m, dot_iq1_m_impl, panel_iq1_m, iq1_m_tile, iq1_m_dots,
-            Iq1M, BlockIq1M, group_iq1_m, $crate::formats::iquants::iq1m_d, true, 0.125);
+            Iq1M, BlockIq1M, group_iq1_m, d_iq1_m, true, 0.125);
     };
     (@one $features:literal, $acc:path, [$($t:literal),+], $dot:ident, $imp:ident, $panel:ident,
-     $tile:ident, $dots:ident, $ty:ident, $blk:ident, $group:ident, $d:expr, $shifted:expr,
+     $tile:ident, $dots:ident, $ty:ident, $blk:ident, $group:ident, $d:ident, $shifted:expr,
      $factor:expr) => {
         $crate::x86::dot_wrapper!(pub $dot => $imp, gguf::GgmlType::$ty, gguf::GgmlType::Q8K);
 
@@ -367,7 +418,7 @@ macro_rules! iq_kernel_set {
             $crate::x86::iq256::iq_dot!(n, w, a, $blk, $group, $d, $shifted, $factor, $acc)
         }
 
-        $crate::x86::iq256::iq_tile!($tile, $features, $blk, $crate::x86::iq256::$group, $d,
+        $crate::x86::iq256::iq_tile!($tile, $features, $blk, $group, $d,
             $shifted, $factor, $acc);
         $crate::x86::tiles::dot_tile!($dots, $features, $imp, $crate::blocks::$blk,
             $crate::blocks::BlockQ8K, $crate::blocks::QK_K);

@@ -1,7 +1,8 @@
 //! 32-element formats (Q4_0 … Q8_0 and IQ4_NL) against Q8_0 activations: one block per 256-bit
-//! register (AVX-512VL), in the shared loop of `crate::x86::blocks32`. Byte products go straight to i32 with `vpdpbusd`
-//! (no i16 stage, so nothing can saturate); the fifth bits of Q5 and the signs of Q8_0 are
-//! applied under byte masks. (MXFP4 runs the AVX2 kernel of `crate::x86::mxfp4` at this level.)
+//! register (AVX-512VL), in the shared loop of `crate::x86::blocks32`. Byte products go straight
+//! to i32 with `vpdpbusd` (no i16 stage, so nothing can saturate); the fifth bits of Q5 and the
+//! signs of Q8_0 and IQ4_NL are applied under byte masks. (MXFP4 runs the AVX2 kernel of
+//! `crate::x86::mxfp4` at this level.)
 //!
 //! Packed nibbles become `[low | high]` per block, the element order of the Q8_0 block, with a
 //! 128-bit broadcast and a masked shift. Signed weights get their sign moved onto the activation
