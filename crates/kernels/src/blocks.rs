@@ -159,6 +159,15 @@ block!(
     /// `qh`, 3-bit scales per 16 in `scales`, whose top nibbles hold the f16 block scale.
     BlockIq1M { qs: [u8; 32], qh: [u8; 16], scales: [u8; 8] } = 56
 );
+block!(
+    /// 256 ternary weights `(t - 1) * d`: 5 trits per byte in `qs` (240 weights, base 3 as a
+    /// fraction of 256), 4 per byte in `qh`.
+    BlockTq1_0 { qs: [u8; 48], qh: [u8; 4], d: [u8; 2] } = 54
+);
+block!(
+    /// 256 weights `(q - 1) * d`, 2 bits each.
+    BlockTq2_0 { qs: [u8; 64], d: [u8; 2] } = 66
+);
 
 impl BlockQ8K {
     #[inline(always)]
@@ -241,6 +250,8 @@ pub fn f16_scale_fields(t: gguf::GgmlType) -> &'static [usize] {
         T::Iq4Nl | T::Iq4Xs | T::Iq2Xxs | T::Iq2Xs | T::Iq2S | T::Iq3Xxs | T::Iq3S | T::Iq1S => {
             &[0]
         }
+        T::Tq1_0 => &[52],
+        T::Tq2_0 => &[64],
         _ => &[],
     }
 }

@@ -35,23 +35,6 @@ impl Rng {
     }
 }
 
-/// Byte offsets of the f16 scale fields within one block of `t`.
-fn f16_fields(t: GgmlType) -> &'static [usize] {
-    use GgmlType as T;
-    match t {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 => &[0],
-        T::Q4_1 | T::Q5_1 => &[0, 2],
-        T::Q2K => &[80, 82],
-        T::Q3K => &[108],
-        T::Q4K | T::Q5K => &[0, 2],
-        T::Q6K => &[208],
-        T::Iq4Nl | T::Iq4Xs | T::Iq2Xxs | T::Iq2Xs | T::Iq2S | T::Iq3Xxs | T::Iq3S | T::Iq1S => {
-            &[0]
-        }
-        _ => &[],
-    }
-}
-
 /// A row of `n` elements of type `t` with random quants and sane scales (no NaN/inf).
 pub fn random_row(rng: &mut Rng, t: GgmlType, n: usize) -> Vec<u8> {
     use GgmlType as T;
@@ -75,7 +58,7 @@ pub fn random_row(rng: &mut Rng, t: GgmlType, n: usize) -> Vec<u8> {
             let (bs, ts) = (t.block_size(), t.type_size());
             let mut row = rng.bytes(n / bs * ts);
             for block in row.chunks_exact_mut(ts) {
-                for &off in f16_fields(t) {
+                for &off in kernels::blocks::f16_scale_fields(t) {
                     let v = 0.001 + 0.02 * rng.f32();
                     block[off..off + 2].copy_from_slice(&f16_to_bytes(v));
                 }
@@ -112,7 +95,7 @@ pub fn random_row(rng: &mut Rng, t: GgmlType, n: usize) -> Vec<u8> {
 }
 
 /// Every format the kernels compute with.
-pub const COMPUTE_TYPES: [GgmlType; 24] = [
+pub const COMPUTE_TYPES: [GgmlType; 26] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
@@ -137,10 +120,13 @@ pub const COMPUTE_TYPES: [GgmlType; 24] = [
     GgmlType::Iq3S,
     GgmlType::Iq1S,
     GgmlType::Iq1M,
+    GgmlType::Tq1_0,
+    GgmlType::Tq2_0,
 ];
 
-/// The IQ formats, which have x86 kernels but (so far) no NEON ones.
-pub const IQ_TYPES: [GgmlType; 9] = [
+/// The IQ and ternary formats: no quantizer (their weights come quantized), x86 kernels but (so
+/// far) no NEON ones.
+pub const IQ_TQ_TYPES: [GgmlType; 11] = [
     GgmlType::Iq4Nl,
     GgmlType::Iq4Xs,
     GgmlType::Iq2Xxs,
@@ -150,4 +136,6 @@ pub const IQ_TYPES: [GgmlType; 9] = [
     GgmlType::Iq3S,
     GgmlType::Iq1S,
     GgmlType::Iq1M,
+    GgmlType::Tq1_0,
+    GgmlType::Tq2_0,
 ];

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{COMPUTE_TYPES, IQ_TYPES, Rng, random_row};
+use common::{COMPUTE_TYPES, IQ_TQ_TYPES, Rng, random_row};
 use kernels::{ActKind, Isa, format, simd_dot};
 
 /// Lengths that exercise whole multiples of every unrolled loop and the tails.
@@ -108,8 +108,8 @@ fn every_format_has_avx2_and_avx512_kernels() {
     }
 }
 
-/// Every AArch64 level has a kernel for every format but the IQ formats, which run the scalar
-/// dot there for now.
+/// Every AArch64 level has a kernel for every format but the IQ and ternary formats, which run
+/// the scalar dot there for now.
 #[test]
 fn every_format_has_neon_kernels() {
     for isa in [Isa::Neon, Isa::NeonDotprod, Isa::NeonI8mm] {
@@ -119,7 +119,7 @@ fn every_format_has_neon_kernels() {
         }
         let missing: Vec<_> = COMPUTE_TYPES
             .iter()
-            .filter(|&&t| !IQ_TYPES.contains(&t) && simd_dot(isa, t).is_none())
+            .filter(|&&t| !IQ_TQ_TYPES.contains(&t) && simd_dot(isa, t).is_none())
             .collect();
         assert!(missing.is_empty(), "{isa:?} lacks kernels for {missing:?}");
     }
@@ -159,15 +159,15 @@ fn quantized_neon_dots_give_the_scalar_bits() {
     eprintln!("checked {checked} NEON kernels bitwise");
 }
 
-/// The 256-element IQ kernels reduce each superblock to one exact integer and repeat the scalar
-/// reference's float steps, so every x86 level gives the scalar bits (IQ4_NL, a 32-element
-/// format, sums blocks in vector lanes like Q4_0: close, not bitwise).
+/// The 256-element IQ and ternary kernels reduce each superblock to one exact integer and repeat
+/// the scalar reference's float steps, so every x86 level gives the scalar bits (IQ4_NL, a
+/// 32-element format, sums blocks in vector lanes like Q4_0: close, not bitwise).
 #[test]
 fn iq_superblock_dots_give_the_scalar_bits() {
     let mut rng = Rng::new(5);
     let mut checked = 0;
     for isa in Isa::supported().into_iter().filter(|&i| i != Isa::Scalar) {
-        for t in IQ_TYPES.into_iter().filter(|t| t.block_size() == 256) {
+        for t in IQ_TQ_TYPES.into_iter().filter(|t| t.block_size() == 256) {
             let Some(simd) = simd_dot(isa, t) else {
                 continue;
             };

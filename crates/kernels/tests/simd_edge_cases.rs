@@ -28,6 +28,8 @@ fn scale_fields(t: GgmlType) -> &'static [(usize, usize)] {
         }
         // Its f16 scale is in the top nibbles of the scale words.
         T::Iq1M => &[(48, 56)],
+        T::Tq1_0 => &[(52, 54)],
+        T::Tq2_0 => &[(64, 66)],
         _ => &[],
     }
 }

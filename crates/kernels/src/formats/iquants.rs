@@ -36,7 +36,7 @@ pub struct Superblock {
 }
 
 impl Superblock {
-    fn new() -> Superblock {
+    pub(crate) fn new() -> Superblock {
         Superblock {
             w: [0; QK_K],
             scale: [0; 16],
@@ -493,7 +493,7 @@ pub fn dequantize_iq1_m(src: &[u8], dst: &mut [f32]) {
 /// `factor · Σ_blocks (d·dy) · total`, where `total` is the exact integer dot of a superblock
 /// (`sum`, plus `shifted / 8` for the IQ1 formats, kept integral as `8·sum + shifted`).
 #[inline(always)]
-fn dot_superblocks<B: bytemuck::Pod>(
+pub(crate) fn dot_superblocks<B: bytemuck::Pod>(
     n: usize,
     w: &[u8],
     a: &[u8],

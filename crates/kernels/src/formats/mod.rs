@@ -10,6 +10,7 @@ pub mod legacy;
 pub mod mxfp4;
 pub mod quantize_k;
 pub mod quantize_legacy;
+pub mod ternary;
 
 use gguf::GgmlType;
 
@@ -20,7 +21,7 @@ pub enum ActKind {
     F32,
     /// Q8_0 blocks (paired with Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL).
     Q8_0,
-    /// Q8_K blocks (paired with the K-quants and the 256-element IQ formats).
+    /// Q8_K blocks (paired with the K-quants, the 256-element IQ formats, TQ1_0 and TQ2_0).
     Q8K,
 }
 
@@ -223,6 +224,18 @@ pub fn format(dtype: GgmlType) -> Option<Format> {
             ActKind::Q8K,
             iquants::dequantize_iq1_m,
             iquants::dot_iq1_m,
+            None,
+        ),
+        T::Tq1_0 => f(
+            ActKind::Q8K,
+            ternary::dequantize_tq1_0,
+            ternary::dot_tq1_0,
+            None,
+        ),
+        T::Tq2_0 => f(
+            ActKind::Q8K,
+            ternary::dequantize_tq2_0,
+            ternary::dot_tq2_0,
             None,
         ),
         _ => return None,

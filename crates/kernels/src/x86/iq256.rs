@@ -1,4 +1,4 @@
-//! The 256-element IQ formats against Q8_K on 256-bit registers, shared by the AVX2 and
+//! The 256-element IQ formats (and the ternary TQ1_0, TQ2_0) against Q8_K on 256-bit registers, shared by the AVX2 and
 //! AVX-512 kernel sets (each expands the macros here with its way to scale and accumulate 16-bit
 //! pair sums: `vpmaddwd` + `vpaddd`, or one `vpdpwssd`).
 //!
@@ -187,6 +187,42 @@ pub(crate) fn group_iq3_s(x: &BlockIq3S, ib: usize) -> Group {
     unshifted(q, sign, _mm256_set1_epi16(ls))
 }
 
+/// TQ2_0: group ib holds bits 2(ib % 4).. of the 32 bytes `qs[32(ib / 4)..]`, stored as q + 1.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn group_tq2_0(x: &BlockTq2_0, ib: usize) -> Group {
+    // SAFETY: bytes 32(ib / 4)..+32 of the 64 in `x.qs` (ib < 8).
+    let q = unsafe { crate::x86::simd256::load256(x.qs.as_ptr().add(32 * (ib / 4))) };
+    let shifted = _mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (ib % 4) as i32));
+    let w = _mm256_sub_epi8(
+        _mm256_and_si256(shifted, _mm256_set1_epi8(3)),
+        _mm256_set1_epi8(1),
+    );
+    unshifted(_mm256_abs_epi8(w), w, _mm256_set1_epi16(1))
+}
+
+/// TQ1_0: its trits are spread over rows of 32, 16 and 4 bytes, so a group is assembled with
+/// scalar code (a rare format; see `crate::formats::ternary` for the layout).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn group_tq1_0(x: &BlockTq1_0, ib: usize) -> Group {
+    use crate::formats::ternary::trit;
+    let mut w = [0i8; 32];
+    for (k, v) in w.iter_mut().enumerate() {
+        let e = 32 * ib + k;
+        let (byte, n) = if e < 160 {
+            (x.qs[e % 32], e / 32)
+        } else if e < 240 {
+            (x.qs[32 + (e - 160) % 16], (e - 160) / 16)
+        } else {
+            (x.qh[(e - 240) % 4], (e - 240) / 4)
+        };
+        *v = trit(byte, n) - 1;
+    }
+    let w = crate::x86::simd256::load256_of(&w);
+    unshifted(_mm256_abs_epi8(w), w, _mm256_set1_epi16(1))
+}
+
 /// `-1` or `1` in every byte.
 #[inline(always)]
 fn unit(negative: bool) -> i64 {
@@ -250,7 +286,8 @@ macro_rules! f16_d {
     )+};
 }
 f16_d!(d_iq4_xs: BlockIq4Xs, d_iq2_xxs: BlockIq2Xxs, d_iq2_xs: BlockIq2Xs, d_iq2_s: BlockIq2S,
-    d_iq3_xxs: BlockIq3Xxs, d_iq3_s: BlockIq3S, d_iq1_s: BlockIq1S);
+    d_iq3_xxs: BlockIq3Xxs, d_iq3_s: BlockIq3S, d_iq1_s: BlockIq1S, d_tq1_0: BlockTq1_0,
+    d_tq2_0: BlockTq2_0);
 
 /// The f16 block scale of an IQ1_M block (as `crate::formats::iquants::iq1m_d`), converted
 /// with F16C.
@@ -406,6 +443,12 @@ macro_rules! iq_kernel_set {
         $crate::x86::iq256::iq_kernel_set!(@one $features, $acc, [$($t),+],
             dot_iq1_m, dot_iq1_m_impl, panel_iq1_m, iq1_m_tile, iq1_m_dots,
             Iq1M, BlockIq1M, group_iq1_m, d_iq1_m, true, 0.125);
+        $crate::x86::iq256::iq_kernel_set!(@one $features, $acc, [$($t),+],
+            dot_tq1_0, dot_tq1_0_impl, panel_tq1_0, tq1_0_tile, tq1_0_dots,
+            Tq1_0, BlockTq1_0, group_tq1_0, d_tq1_0, false, 1.0);
+        $crate::x86::iq256::iq_kernel_set!(@one $features, $acc, [$($t),+],
+            dot_tq2_0, dot_tq2_0_impl, panel_tq2_0, tq2_0_tile, tq2_0_dots,
+            Tq2_0, BlockTq2_0, group_tq2_0, d_tq2_0, false, 1.0);
     };
     (@one $features:literal, $acc:path, [$($t:literal),+], $dot:ident, $imp:ident, $panel:ident,
      $tile:ident, $dots:ident, $ty:ident, $blk:ident, $group:ident, $d:ident, $shifted:expr,

@@ -1,4 +1,4 @@
-//! The 256-element IQ formats against Q8_K, dots and panels (`crate::x86::iq256`), with the
+//! The 256-element IQ formats and TQ1_0/TQ2_0 against Q8_K, dots and panels (`crate::x86::iq256`), with the
 //! group scales applied and accumulated in one `vpdpwssd` (VNNI on 256-bit registers).
 
 // Tiles index several per-row and per-token arrays with the same loop variable.

@@ -54,6 +54,8 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
         T::Iq3S => iquants::dot_iq3_s,
         T::Iq1S => iquants::dot_iq1_s,
         T::Iq1M => iquants::dot_iq1_m,
+        T::Tq1_0 => iquants::dot_tq1_0,
+        T::Tq2_0 => iquants::dot_tq2_0,
         _ => return None,
     })
 }
@@ -74,6 +76,8 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
         T::Iq3S => iquants::panel_iq3_s,
         T::Iq1S => iquants::panel_iq1_s,
         T::Iq1M => iquants::panel_iq1_m,
+        T::Tq1_0 => iquants::panel_tq1_0,
+        T::Tq2_0 => iquants::panel_tq2_0,
         _ => return None,
     })
 }
