@@ -201,25 +201,58 @@ pub(crate) fn group_tq2_0(x: &BlockTq2_0, ib: usize) -> Group {
     unshifted(_mm256_abs_epi8(w), w, _mm256_set1_epi16(1))
 }
 
-/// TQ1_0: its trits are spread over rows of 32, 16 and 4 bytes, so a group is assembled with
-/// scalar code (a rare format; see `crate::formats::ternary` for the layout).
+/// The trits `((b·p mod 256)·3) >> 8` of the bytes `b` with multipliers `p` (powers of three),
+/// minus one. AVX2 has no byte multiply: even and odd bytes go through 16-bit lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn trits_minus_one(b: __m256i, p: __m256i) -> __m256i {
+    let lo = _mm256_set1_epi16(0x00FF);
+    let hi = _mm256_set1_epi16(0xFF00u16 as i16);
+    let even = _mm256_and_si256(_mm256_mullo_epi16(b, p), lo);
+    let odd = _mm256_slli_epi16::<8>(_mm256_mullo_epi16(
+        _mm256_srli_epi16::<8>(b),
+        _mm256_srli_epi16::<8>(p),
+    ));
+    let q = _mm256_or_si256(even, odd);
+    // (q·3) >> 8 per byte: the high half of q·768 for even bytes, of (q·256)·3 for odd ones.
+    let t_even = _mm256_mulhi_epu16(_mm256_and_si256(q, lo), _mm256_set1_epi16(0x0300));
+    let t_odd = _mm256_mulhi_epu16(_mm256_and_si256(q, hi), _mm256_set1_epi16(3));
+    let t = _mm256_or_si256(t_even, _mm256_slli_epi16::<8>(t_odd));
+    _mm256_sub_epi8(t, _mm256_set1_epi8(1))
+}
+
+/// TQ1_0 (layout in `crate::formats::ternary`): groups 0..5 are trit n = ib of `qs[0..32]`;
+/// groups 5 and 6 trits 2(ib − 5) and 2(ib − 5) + 1 of `qs[32..48]`; group 7 trit 4 of
+/// `qs[32..48]`, then trits 0..4 of the four `qh` bytes.
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(crate) fn group_tq1_0(x: &BlockTq1_0, ib: usize) -> Group {
-    use crate::formats::ternary::trit;
-    let mut w = [0i8; 32];
-    for (k, v) in w.iter_mut().enumerate() {
-        let e = 32 * ib + k;
-        let (byte, n) = if e < 160 {
-            (x.qs[e % 32], e / 32)
-        } else if e < 240 {
-            (x.qs[32 + (e - 160) % 16], (e - 160) / 16)
-        } else {
-            (x.qh[(e - 240) % 4], (e - 240) / 4)
-        };
-        *v = trit(byte, n) - 1;
-    }
-    let w = crate::x86::simd256::load256_of(&w);
+    const POW3: [i8; 5] = [1, 3, 9, 27, 81];
+    // SAFETY: bytes 32..48 of the 48 in `x.qs`.
+    let tail = unsafe { crate::x86::simd256::load128(x.qs.as_ptr().add(32)) };
+    let (b, p) = match ib {
+        // SAFETY: the 32 bytes `qs[0..32]`.
+        0..5 => (
+            unsafe { crate::x86::simd256::load256(x.qs.as_ptr()) },
+            _mm256_set1_epi8(POW3[ib]),
+        ),
+        5 | 6 => {
+            let n = 2 * (ib - 5);
+            (
+                _mm256_set_m128i(tail, tail),
+                _mm256_set_m128i(_mm_set1_epi8(POW3[n + 1]), _mm_set1_epi8(POW3[n])),
+            )
+        }
+        _ => {
+            let qh = _mm_set1_epi32(i32::from_le_bytes(x.qh));
+            let p_qh = _mm_setr_epi8(1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27);
+            (
+                _mm256_set_m128i(qh, tail),
+                _mm256_set_m128i(p_qh, _mm_set1_epi8(POW3[4])),
+            )
+        }
+    };
+    let w = trits_minus_one(b, p);
     unshifted(_mm256_abs_epi8(w), w, _mm256_set1_epi16(1))
 }
 
