@@ -267,12 +267,16 @@ fn quantized_fixtures_match_llama_cpp() {
     }
 }
 
-/// IQ4_NL and IQ4_XS versions of two fixtures (llama-quantize without an importance matrix,
-/// `tools/fixtures/models/iq_quants.py`) against llama.cpp on the same files, with the bounds
-/// of [`quantized_fixtures_match_llama_cpp`].
+/// IQ and TQ versions of two fixtures made by llama-quantize (`tools/fixtures/models/iq_quants.py`;
+/// IQ4_NL and IQ4_XS of both, and for olmoe the low-bit mixes, each with other formats where
+/// llama-quantize keeps some tensors wider) against llama.cpp on the same files, with the
+/// bounds of [`quantized_fixtures_match_llama_cpp`].
 #[test]
 fn iq_fixtures_match_llama_cpp() {
     let cx = Compute::new(2);
+    let low_bit = [
+        "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m", "tq2_0",
+    ];
     for arch in ["olmoe", "qwen3moe"] {
         let dir = fixtures().join(arch);
         let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
@@ -282,7 +286,8 @@ fn iq_fixtures_match_llama_cpp() {
             &prompt,
         );
         let (_, llama_f32) = npy_f32(&dir.join("llama_cpp_logits_f32.npy"));
-        for q in ["iq4_nl", "iq4_xs"] {
+        let extra: &[&str] = if arch == "olmoe" { &low_bit } else { &[] };
+        for &q in ["iq4_nl", "iq4_xs"].iter().chain(extra) {
             check_against_llama_cpp(&cx, arch, &dir, &prompt, &f32_logits, &llama_f32, q);
         }
     }
