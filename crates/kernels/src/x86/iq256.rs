@@ -1,6 +1,6 @@
-//! The 256-element IQ formats (and the ternary TQ1_0, TQ2_0) against Q8_K on 256-bit registers, shared by the AVX2 and
-//! AVX-512 kernel sets (each expands the macros here with its way to scale and accumulate 16-bit
-//! pair sums: `vpmaddwd` + `vpaddd`, or one `vpdpwssd`).
+//! The 256-element IQ formats (and the ternary TQ1_0, TQ2_0) against Q8_K on 256-bit
+//! registers, shared by the AVX2 and AVX-512 kernel sets (each expands the macros here with its
+//! way to scale and accumulate 16-bit pair sums: `vpmaddwd` + `vpaddd`, or one `vpdpwssd`).
 //!
 //! Each format has a decoder that turns one 32-element group of a block into a [`Group`]: the
 //! unsigned magnitudes (grid entries gathered with scalar loads, or IQ4 levels by `vpshufb`),

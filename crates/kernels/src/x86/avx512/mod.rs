@@ -67,6 +67,7 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
         T::Q4K => panels::panel_q4_k,
         T::Q6K => panels::panel_q6_k,
         T::Q8_0 => panels::panel_q8_0,
+        T::Iq4Nl => panels::panel_iq4_nl,
         T::Mxfp4 => crate::x86::mxfp4::panel,
         T::Iq4Xs => iquants::panel_iq4_xs,
         T::Iq2Xxs => iquants::panel_iq2_xxs,
