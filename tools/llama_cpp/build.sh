@@ -71,7 +71,7 @@ export GIT_CEILING_DIRECTORIES="$CACHE"
     >"$BUILD.configure.log" 2>&1 || { cat "$BUILD.configure.log" >&2; exit 1; }
 
 TARGETS=(llama-quantize llama-bench llama-simple llama-completion llama-perplexity
-         llama-eval-callback llama-tokenize llama-batched-bench)
+         llama-eval-callback llama-tokenize llama-batched-bench llama-imatrix)
 "$CMAKE" --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
 
 # 5. our measurement program, linked against the shared libllama/libggml of this build tree

@@ -22,6 +22,29 @@ pub struct SynthArgs {
     /// Seed of the random rows.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Formats of the routed experts (not gpt-oss, whose experts are MXFP4).
+    #[arg(long, value_enum, default_value_t = ExpertMix::Q4KM)]
+    pub experts: ExpertMix,
+}
+
+/// The formats of the routed experts' gate/up and down projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExpertMix {
+    /// Q4_K gate/up, Q6_K down (llama.cpp's Q4_K_M).
+    #[value(name = "q4_k_m")]
+    Q4KM,
+    /// IQ2_XXS gate/up, IQ3_XXS down: the bulk of DeepSeek-class "dynamic" low-bit files.
+    #[value(name = "iq2_xxs")]
+    Iq2Xxs,
+}
+
+impl ExpertMix {
+    fn gate_up_down(self) -> (GgmlType, GgmlType) {
+        match self {
+            ExpertMix::Q4KM => (GgmlType::Q4K, GgmlType::Q6K),
+            ExpertMix::Iq2Xxs => (GgmlType::Iq2Xxs, GgmlType::Iq3Xxs),
+        }
+    }
 }
 
 /// Shapes of a synthetic MoE model.
@@ -268,6 +291,41 @@ impl Rng {
     }
 }
 
+/// Random rows of `dtype` for a format without a quantizer (the IQ formats): random bytes, which
+/// are valid blocks, with every block's f16 scale set so that the values' RMS is about `std`
+/// (measured on the row dequantized with scales of 1).
+fn random_rows(
+    rng: &mut Rng,
+    dtype: GgmlType,
+    row_len: usize,
+    rb: usize,
+    std: f32,
+) -> anyhow::Result<Vec<Vec<u8>>> {
+    let fields = kernels::blocks::f16_scale_fields(dtype);
+    if fields.is_empty() {
+        bail!("no quantizer for {dtype}, and no f16 scale to set in random blocks");
+    }
+    let set_scales = |row: &mut [u8], d: f32| {
+        for block in row.chunks_exact_mut(dtype.type_size()) {
+            for &o in fields {
+                block[o..o + 2].copy_from_slice(&kernels::blocks::f16_to_bytes(d));
+            }
+        }
+    };
+    let mut values = vec![0f32; row_len];
+    (0..POOL_ROWS)
+        .map(|_| {
+            let mut row: Vec<u8> = (0..rb).map(|_| rng.next() as u8).collect();
+            set_scales(&mut row, 1.0);
+            kernels::formats::dequantize_row(dtype, &row, &mut values)
+                .with_context(|| format!("cannot dequantize {dtype}"))?;
+            let rms = (values.iter().map(|v| v * v).sum::<f32>() / row_len as f32).sqrt();
+            set_scales(&mut row, std / rms.max(f32::MIN_POSITIVE));
+            Ok(row)
+        })
+        .collect()
+}
+
 /// Quantized random rows, tiled into tensors.
 struct RowPool {
     rows: Vec<Vec<u8>>,
@@ -277,13 +335,15 @@ const POOL_ROWS: usize = 64;
 
 impl RowPool {
     fn new(rng: &mut Rng, dtype: GgmlType, row_len: usize, std: f32) -> anyhow::Result<RowPool> {
-        let quantize = kernels::format(dtype)
-            .and_then(|f| f.quantize)
-            .with_context(|| format!("no quantizer for {dtype}"))?;
         let rb = dtype
             .row_bytes(row_len as u64)
             .with_context(|| format!("{row_len} is not whole {dtype} blocks"))?
             as usize;
+        let Some(quantize) = kernels::format(dtype).and_then(|f| f.quantize) else {
+            return Ok(RowPool {
+                rows: random_rows(rng, dtype, row_len, rb, std)?,
+            });
+        };
         let rows = (0..POOL_ROWS)
             .map(|_| {
                 let v: Vec<f32> = (0..row_len).map(|_| rng.normal() * std).collect();
@@ -304,11 +364,12 @@ struct TensorPlan {
     std: f32,
 }
 
-fn plan(p: &Preset) -> Vec<TensorPlan> {
+fn plan(p: &Preset, experts: ExpertMix) -> Vec<TensorPlan> {
     if p.arch == "gpt-oss" {
         return plan_gpt_oss(p);
     }
     use GgmlType::{F32, Q4K, Q6K, Q8_0};
+    let (exp_gate_up, exp_down) = experts.gate_up_down();
     let (d, hd) = (p.n_embd as u64, p.head_dim as u64);
     let (q, kv) = (p.n_head as u64 * hd, p.n_head_kv as u64 * hd);
     let (e, ff) = (p.n_expert as u64, p.n_ff_exp as u64);
@@ -316,7 +377,7 @@ fn plan(p: &Preset) -> Vec<TensorPlan> {
     // (e.g. 1408-wide expert down projections).
     let t = |name: String, dtype: GgmlType, shape: Vec<u64>, std| TensorPlan {
         name,
-        dtype: if matches!(dtype, Q4K | Q6K) && !shape[0].is_multiple_of(256) {
+        dtype: if dtype.block_size() == 256 && !shape[0].is_multiple_of(256) {
             Q8_0
         } else {
             dtype
@@ -404,9 +465,9 @@ fn plan(p: &Preset) -> Vec<TensorPlan> {
         if p.sigmoid_gating {
             v.push(t(format!("blk.{i}.exp_probs_b.bias"), F32, vec![e], 0.01));
         }
-        v.push(t(b("ffn_gate_exps"), Q4K, vec![d, ff, e], 0.02));
-        v.push(t(b("ffn_up_exps"), Q4K, vec![d, ff, e], 0.02));
-        v.push(t(b("ffn_down_exps"), Q6K, vec![ff, d, e], 0.02));
+        v.push(t(b("ffn_gate_exps"), exp_gate_up, vec![d, ff, e], 0.02));
+        v.push(t(b("ffn_up_exps"), exp_gate_up, vec![d, ff, e], 0.02));
+        v.push(t(b("ffn_down_exps"), exp_down, vec![ff, d, e], 0.02));
         if p.n_shared_exp > 0 {
             let fs = (p.n_ff_exp * p.n_shared_exp) as u64;
             v.push(t(b("ffn_gate_shexp"), Q4K, vec![d, fs], 0.02));
@@ -525,8 +586,12 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
     let u = |v: usize| Value::U32(v as u32);
     w.add_metadata("general.architecture", a)?;
     w.add_metadata("general.name", format!("moeshard synth {}", p.name))?;
-    // MOSTLY_MXFP4_MOE (gpt-oss) or MOSTLY_Q4_K_M.
-    let file_type = if a == "gpt-oss" { 38 } else { 15 };
+    // MOSTLY_MXFP4_MOE (gpt-oss), MOSTLY_IQ2_XXS or MOSTLY_Q4_K_M.
+    let file_type = match (a, args.experts) {
+        ("gpt-oss", _) => 38,
+        (_, ExpertMix::Iq2Xxs) => 19,
+        (_, ExpertMix::Q4KM) => 15,
+    };
     w.add_metadata("general.file_type", Value::U32(file_type))?;
     w.add_metadata("general.quantization_version", Value::U32(2))?;
     w.add_metadata(format!("{a}.block_count"), u(p.n_layer))?;
@@ -615,7 +680,7 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
     w.add_metadata("tokenizer.ggml.eos_token_id", u(p.n_vocab - 1))?;
     w.add_metadata("tokenizer.ggml.bos_token_id", u(p.n_vocab - 1))?;
     w.add_metadata("tokenizer.ggml.add_bos_token", Value::Bool(false))?;
-    let plans = plan(p);
+    let plans = plan(p, args.experts);
     for t in &plans {
         w.declare_tensor(t.name.clone(), t.dtype, &t.shape)?;
     }
@@ -655,4 +720,35 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random IQ rows are valid blocks whose values have about the requested RMS.
+    #[test]
+    fn random_iq_rows_have_the_requested_rms() {
+        let mut rng = Rng(7);
+        for dtype in [GgmlType::Iq2Xxs, GgmlType::Iq3Xxs] {
+            let pool = RowPool::new(&mut rng, dtype, 512, 0.02).unwrap();
+            let mut out = vec![0f32; 512];
+            for row in &pool.rows {
+                kernels::formats::dequantize_row(dtype, row, &mut out).unwrap();
+                let rms = (out.iter().map(|v| v * v).sum::<f32>() / 512.0).sqrt();
+                assert!((rms - 0.02).abs() < 0.002, "{dtype}: rms {rms}");
+            }
+        }
+    }
+
+    #[test]
+    fn iq2_xxs_mix_puts_iq_formats_on_the_routed_experts() {
+        let p = PRESETS.iter().find(|p| p.name == "olmoe-7b-a1b").unwrap();
+        let plans = plan(p, ExpertMix::Iq2Xxs);
+        let of = |name: &str| plans.iter().find(|t| t.name == name).unwrap().dtype;
+        assert_eq!(of("blk.0.ffn_gate_exps.weight"), GgmlType::Iq2Xxs);
+        assert_eq!(of("blk.0.ffn_up_exps.weight"), GgmlType::Iq2Xxs);
+        assert_eq!(of("blk.0.ffn_down_exps.weight"), GgmlType::Iq3Xxs);
+        assert_eq!(of("blk.0.attn_q.weight"), GgmlType::Q4K);
+    }
 }

@@ -53,7 +53,15 @@ fn gemm32(c: &mut Criterion) {
         c,
         "gemm32",
         32,
-        &[GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::F32],
+        &[
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::Q8_0,
+            GgmlType::F32,
+            GgmlType::Iq4Xs,
+            GgmlType::Iq2Xxs,
+            GgmlType::Iq3Xxs,
+        ],
     );
 }
 

@@ -116,6 +116,59 @@ block!(
     BlockMxfp4 { e: u8, qs: [u8; 16] } = 17
 );
 
+block!(
+    /// 32 weights: `d * kvalues_iq4nl[q]`, nibbles as in Q4_0.
+    BlockIq4Nl { d: [u8; 2], qs: [u8; 16] } = 18
+);
+block!(
+    /// 256 weights in 8 groups of 32 with 6-bit scales (`ls - 32`, low 4 bits in `scales_l`,
+    /// high 2 in `scales_h`), the IQ4_NL levels.
+    BlockIq4Xs { d: [u8; 2], scales_h: [u8; 2], scales_l: [u8; 4], qs: [u8; 128] } = 136
+);
+block!(
+    /// 256 weights in 8 groups of 32; each group's 8 bytes: 4 grid indices, then 4×7 sign bits
+    /// and a 4-bit scale (a little-endian u32).
+    BlockIq2Xxs { d: [u8; 2], qs: [u8; 64] } = 66
+);
+block!(
+    /// 256 weights: 32 u16 of 9-bit grid index and 7 sign bits, two 4-bit scales per 32.
+    BlockIq2Xs { d: [u8; 2], qs: [u8; 64], scales: [u8; 8] } = 74
+);
+block!(
+    /// 256 weights: 32 low grid-index bytes then 32 sign bytes in `qs`, 2 high bits per index
+    /// in `qh`, two 4-bit scales per 32.
+    BlockIq2S { d: [u8; 2], qs: [u8; 64], qh: [u8; 8], scales: [u8; 8] } = 82
+);
+block!(
+    /// 256 weights: 64 grid indices (4 elements each), then per group of 32 a u32 of 4×7 sign
+    /// bits and a 4-bit scale.
+    BlockIq3Xxs { d: [u8; 2], qs: [u8; 96] } = 98
+);
+block!(
+    /// 256 weights: 64 low grid-index bytes, their ninth bits in `qh`, 8 sign bits per 8
+    /// elements, a 4-bit scale per 32.
+    BlockIq3S { d: [u8; 2], qs: [u8; 64], qh: [u8; 8], signs: [u8; 32], scales: [u8; 4] } = 110
+);
+block!(
+    /// 256 weights: 32 low grid-index bytes; per 32 a u16 of 4×3 high index bits, a 3-bit
+    /// scale and the sign of the ±1/8 shift.
+    BlockIq1S { d: [u8; 2], qs: [u8; 32], qh: [u8; 16] } = 50
+);
+block!(
+    /// 256 weights: 32 low grid-index bytes, per 8 elements 3 high bits and a shift sign in
+    /// `qh`, 3-bit scales per 16 in `scales`, whose top nibbles hold the f16 block scale.
+    BlockIq1M { qs: [u8; 32], qh: [u8; 16], scales: [u8; 8] } = 56
+);
+block!(
+    /// 256 ternary weights `(t - 1) * d`: 5 trits per byte in `qs` (240 weights, base 3 as a
+    /// fraction of 256), 4 per byte in `qh`.
+    BlockTq1_0 { qs: [u8; 48], qh: [u8; 4], d: [u8; 2] } = 54
+);
+block!(
+    /// 256 weights `(q - 1) * d`, 2 bits each.
+    BlockTq2_0 { qs: [u8; 64], d: [u8; 2] } = 66
+);
+
 impl BlockQ8K {
     #[inline(always)]
     pub fn d(&self) -> f32 {
@@ -193,6 +246,12 @@ pub fn f16_scale_fields(t: gguf::GgmlType) -> &'static [usize] {
         T::Q3K => &[108],
         T::Q4K | T::Q5K => &[0, 2],
         T::Q6K => &[208],
+        // IQ1_M has no f16 field: its scale is spread over four scale words.
+        T::Iq4Nl | T::Iq4Xs | T::Iq2Xxs | T::Iq2Xs | T::Iq2S | T::Iq3Xxs | T::Iq3S | T::Iq1S => {
+            &[0]
+        }
+        T::Tq1_0 => &[52],
+        T::Tq2_0 => &[64],
         _ => &[],
     }
 }

@@ -35,20 +35,6 @@ impl Rng {
     }
 }
 
-/// Byte offsets of the f16 scale fields within one block of `t`.
-fn f16_fields(t: GgmlType) -> &'static [usize] {
-    use GgmlType as T;
-    match t {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 => &[0],
-        T::Q4_1 | T::Q5_1 => &[0, 2],
-        T::Q2K => &[80, 82],
-        T::Q3K => &[108],
-        T::Q4K | T::Q5K => &[0, 2],
-        T::Q6K => &[208],
-        _ => &[],
-    }
-}
-
 /// A row of `n` elements of type `t` with random quants and sane scales (no NaN/inf).
 pub fn random_row(rng: &mut Rng, t: GgmlType, n: usize) -> Vec<u8> {
     use GgmlType as T;
@@ -72,13 +58,22 @@ pub fn random_row(rng: &mut Rng, t: GgmlType, n: usize) -> Vec<u8> {
             let (bs, ts) = (t.block_size(), t.type_size());
             let mut row = rng.bytes(n / bs * ts);
             for block in row.chunks_exact_mut(ts) {
-                for &off in f16_fields(t) {
+                for &off in kernels::blocks::f16_scale_fields(t) {
                     let v = 0.001 + 0.02 * rng.f32();
                     block[off..off + 2].copy_from_slice(&f16_to_bytes(v));
                 }
                 match t {
                     T::Q8K => block[..4].copy_from_slice(&(0.01 + 0.02 * rng.f32()).to_le_bytes()),
                     T::Mxfp4 => block[0] = 118 + (rng.next_u64() % 12) as u8,
+                    // The f16 scale is the top nibbles of the four scale words (bytes 49, 51,
+                    // 53, 55): exponent and sign stay those of 0.001…0.016.
+                    T::Iq1M => {
+                        let d = u16::from_le_bytes(f16_to_bytes(0.001 + 0.015 * rng.f32()));
+                        for (i, o) in [49, 51, 53, 55].into_iter().enumerate() {
+                            let nibble = ((d >> (4 * i)) & 0xF) as u8;
+                            block[o] = (block[o] & 0x0F) | (nibble << 4);
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -100,7 +95,7 @@ pub fn random_row(rng: &mut Rng, t: GgmlType, n: usize) -> Vec<u8> {
 }
 
 /// Every format the kernels compute with.
-pub const COMPUTE_TYPES: [GgmlType; 15] = [
+pub const COMPUTE_TYPES: [GgmlType; 26] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
@@ -116,4 +111,31 @@ pub const COMPUTE_TYPES: [GgmlType; 15] = [
     GgmlType::Q6K,
     GgmlType::Q8K,
     GgmlType::Mxfp4,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq3S,
+    GgmlType::Iq1S,
+    GgmlType::Iq1M,
+    GgmlType::Tq1_0,
+    GgmlType::Tq2_0,
+];
+
+/// The IQ and ternary formats: no quantizer (their weights come quantized), x86 kernels but (so
+/// far) no NEON ones.
+pub const IQ_TQ_TYPES: [GgmlType; 11] = [
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq3S,
+    GgmlType::Iq1S,
+    GgmlType::Iq1M,
+    GgmlType::Tq1_0,
+    GgmlType::Tq2_0,
 ];

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{COMPUTE_TYPES, Rng, random_row};
+use common::{COMPUTE_TYPES, IQ_TQ_TYPES, Rng, random_row};
 use kernels::{ActKind, Isa, format, simd_dot};
 
 /// Lengths that exercise whole multiples of every unrolled loop and the tails.
@@ -108,7 +108,8 @@ fn every_format_has_avx2_and_avx512_kernels() {
     }
 }
 
-/// Every AArch64 level has a kernel for every format, like the x86 ones.
+/// Every AArch64 level has a kernel for every format but the IQ and ternary formats, which run
+/// the scalar dot there for now.
 #[test]
 fn every_format_has_neon_kernels() {
     for isa in [Isa::Neon, Isa::NeonDotprod, Isa::NeonI8mm] {
@@ -118,7 +119,7 @@ fn every_format_has_neon_kernels() {
         }
         let missing: Vec<_> = COMPUTE_TYPES
             .iter()
-            .filter(|&&t| simd_dot(isa, t).is_none())
+            .filter(|&&t| !IQ_TQ_TYPES.contains(&t) && simd_dot(isa, t).is_none())
             .collect();
         assert!(missing.is_empty(), "{isa:?} lacks kernels for {missing:?}");
     }
@@ -140,7 +141,9 @@ fn quantized_neon_dots_give_the_scalar_bits() {
             if f.act == ActKind::F32 {
                 continue; // F32/F16/BF16 sum in vector lanes: close, not bitwise.
             }
-            let simd = simd_dot(isa, t).unwrap();
+            let Some(simd) = simd_dot(isa, t) else {
+                continue;
+            };
             for n in LENGTHS {
                 let w = random_row(&mut rng, t, n);
                 let (a, _) = activations(&mut rng, f.act, n);
@@ -154,4 +157,32 @@ fn quantized_neon_dots_give_the_scalar_bits() {
         }
     }
     eprintln!("checked {checked} NEON kernels bitwise");
+}
+
+/// The 256-element IQ and ternary kernels reduce each superblock to one exact integer and repeat
+/// the scalar reference's float steps, so every x86 level gives the scalar bits (IQ4_NL, a
+/// 32-element format, sums blocks in vector lanes like Q4_0: close, not bitwise).
+#[test]
+fn iq_superblock_dots_give_the_scalar_bits() {
+    let mut rng = Rng::new(5);
+    let mut checked = 0;
+    for isa in Isa::supported().into_iter().filter(|&i| i != Isa::Scalar) {
+        for t in IQ_TQ_TYPES.into_iter().filter(|t| t.block_size() == 256) {
+            let Some(simd) = simd_dot(isa, t) else {
+                continue;
+            };
+            let f = format(t).unwrap();
+            for n in LENGTHS {
+                let w = random_row(&mut rng, t, n);
+                let (a, _) = activations(&mut rng, f.act, n);
+                assert_eq!(
+                    simd(n, &w, &a).to_bits(),
+                    (f.dot_scalar)(n, &w, &a).to_bits(),
+                    "{isa:?} {t} n={n}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    eprintln!("checked {checked} IQ kernels bitwise");
 }

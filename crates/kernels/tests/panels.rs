@@ -151,6 +151,10 @@ fn fill_quants(t: GgmlType, row: &mut [u8], fill: u8) {
         T::Q5K => (4, 176),
         T::Q6K => (0, 192),
         T::Q8K => (4, 260),
+        T::Iq1M => (0, 48),
+        T::Tq1_0 => (0, 52),
+        T::Tq2_0 => (0, 64),
+        t if t.block_size() > 1 => (2, t.type_size()),
         _ => (0, 0),
     };
     for block in row.chunks_exact_mut(t.type_size()) {

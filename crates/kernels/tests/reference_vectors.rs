@@ -53,9 +53,10 @@ fn load(name: &str) -> Vectors {
     }
 }
 
-const ALL: [&str; 15] = [
+const ALL: [&str; 26] = [
     "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K",
-    "q6_K", "q8_K", "mxfp4",
+    "q6_K", "q8_K", "mxfp4", "iq4_nl", "iq4_xs", "iq2_xxs", "iq3_xxs", "iq2_xs", "iq3_s", "iq2_s",
+    "iq1_s", "iq1_m", "tq1_0", "tq2_0",
 ];
 
 #[test]

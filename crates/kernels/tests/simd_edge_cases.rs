@@ -23,6 +23,13 @@ fn scale_fields(t: GgmlType) -> &'static [(usize, usize)] {
         T::Q6K => &[(208, 210)],
         T::Q8K => &[(0, 4), (260, 292)],
         T::Mxfp4 => &[(0, 1)],
+        T::Iq4Nl | T::Iq4Xs | T::Iq2Xxs | T::Iq2Xs | T::Iq2S | T::Iq3Xxs | T::Iq3S | T::Iq1S => {
+            &[(0, 2)]
+        }
+        // Its f16 scale is in the top nibbles of the scale words.
+        T::Iq1M => &[(48, 56)],
+        T::Tq1_0 => &[(52, 54)],
+        T::Tq2_0 => &[(64, 66)],
         _ => &[],
     }
 }

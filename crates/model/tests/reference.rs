@@ -307,54 +307,94 @@ fn quantized_fixtures_match_llama_cpp() {
             &["q8_0", "q4_k"]
         };
         for &q in quants {
-            let model = load_as_llama_cpp(&dir.join(format!("model-{q}.gguf")));
-            let got = logits(&model, &cx, &prompt);
-            let (_, want) = npy_f32(&dir.join(format!("llama_cpp_logits_{q}.npy")));
-            let v = model.hp.n_vocab;
-            let d = max_abs_diff(&got, &want);
-            let rows = prompt.len();
-            let mut agree = 0;
-            let mut near_ties = 0;
-            for (a, b) in got.chunks(v).zip(want.chunks(v)) {
-                let (ours, theirs) = (argmax(a), argmax(b));
-                if ours == theirs {
-                    agree += 1;
-                } else if b[theirs] - b[ours] <= 2.0 * d {
-                    near_ties += 1;
-                }
-            }
-            let d32 = max_abs_diff(&got, &f32_logits);
-            let llama_d32 = max_abs_diff(&want, &llama_f32);
-            eprintln!(
-                "{arch} {q}: max |ours − llama.cpp| = {d:.3}, top-1 agreement {agree}/{rows} \
-                 ({near_ties} near ties); max |{q} − our F32| = {d32:.3} (llama.cpp's own {llama_d32:.3})"
-            );
-            // llama.cpp's logits were computed on x86, whose kernels sum in the same order as
-            // ours there. Elsewhere (aarch64: ours equal the scalar reference bit for bit) the
-            // other order can flip a near-tied expert where routing is that fragile — where
-            // llama.cpp's own quantized run strays more than 1.0 from its F32 run (deepseek2
-            // Q4_K: 0.77 under qemu); the near-tie and F32 checks below still hold there.
-            let fragile_elsewhere = !cfg!(target_arch = "x86_64") && llama_d32 > 1.0;
-            let bound = if fragile_elsewhere { 1.0 } else { 0.1 };
-            assert!(d <= bound, "{arch} {q}: differs from llama.cpp by {d}");
-            assert_eq!(
-                agree + near_ties,
-                rows,
-                "{arch} {q}: top-1 differs from llama.cpp"
-            );
-            // Where llama.cpp's own quantized run strays further than 1.0 from its F32 run or
-            // from transformers (gpt-oss: router gaps of 0.006 flip experts under
-            // quantization), that is the bound.
-            let (_, hf) = npy_f32(&dir.join("logits.npy"));
-            let bound = (llama_d32 + 0.1)
-                .max(max_abs_diff(&want, &hf) + 0.1)
-                .max(1.0);
-            assert!(
-                d32 <= bound,
-                "{arch} {q}: differs from our F32 run by {d32} (bound {bound})"
-            );
+            check_against_llama_cpp(&cx, arch, &dir, &prompt, &f32_logits, &llama_f32, q);
         }
     }
+}
+
+/// IQ and TQ versions of two fixtures made by llama-quantize (`tools/fixtures/models/iq_quants.py`;
+/// IQ4_NL and IQ4_XS of both, and for olmoe the low-bit mixes, each with other formats where
+/// llama-quantize keeps some tensors wider) against llama.cpp on the same files, with the
+/// bounds of [`quantized_fixtures_match_llama_cpp`].
+#[test]
+fn iq_fixtures_match_llama_cpp() {
+    let cx = Compute::new(2);
+    let low_bit = [
+        "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m", "tq2_0",
+    ];
+    for arch in ["olmoe", "qwen3moe"] {
+        let dir = fixtures().join(arch);
+        let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
+        let f32_logits = logits(
+            &load_as_llama_cpp(&dir.join("model-f32.gguf")),
+            &cx,
+            &prompt,
+        );
+        let (_, llama_f32) = npy_f32(&dir.join("llama_cpp_logits_f32.npy"));
+        let extra: &[&str] = if arch == "olmoe" { &low_bit } else { &[] };
+        for &q in ["iq4_nl", "iq4_xs"].iter().chain(extra) {
+            check_against_llama_cpp(&cx, arch, &dir, &prompt, &f32_logits, &llama_f32, q);
+        }
+    }
+}
+
+/// Our logits on `model-{q}.gguf` against llama.cpp's (`llama_cpp_logits_{q}.npy`) and against
+/// our F32 run (see [`quantized_fixtures_match_llama_cpp`] for the bounds).
+fn check_against_llama_cpp(
+    cx: &Compute,
+    arch: &str,
+    dir: &Path,
+    prompt: &[u32],
+    f32_logits: &[f32],
+    llama_f32: &[f32],
+    q: &str,
+) {
+    let model = load_as_llama_cpp(&dir.join(format!("model-{q}.gguf")));
+    let got = logits(&model, cx, prompt);
+    let (_, want) = npy_f32(&dir.join(format!("llama_cpp_logits_{q}.npy")));
+    let v = model.hp.n_vocab;
+    let d = max_abs_diff(&got, &want);
+    let rows = prompt.len();
+    let mut agree = 0;
+    let mut near_ties = 0;
+    for (a, b) in got.chunks(v).zip(want.chunks(v)) {
+        let (ours, theirs) = (argmax(a), argmax(b));
+        if ours == theirs {
+            agree += 1;
+        } else if b[theirs] - b[ours] <= 2.0 * d {
+            near_ties += 1;
+        }
+    }
+    let d32 = max_abs_diff(&got, f32_logits);
+    let llama_d32 = max_abs_diff(&want, llama_f32);
+    eprintln!(
+        "{arch} {q}: max |ours − llama.cpp| = {d:.3}, top-1 agreement {agree}/{rows} \
+         ({near_ties} near ties); max |{q} − our F32| = {d32:.3} (llama.cpp's own {llama_d32:.3})"
+    );
+    // llama.cpp's logits were computed on x86, whose kernels sum in the same order as
+    // ours there. Elsewhere (aarch64: ours equal the scalar reference bit for bit) the
+    // other order can flip a near-tied expert where routing is that fragile — where
+    // llama.cpp's own quantized run strays more than 1.0 from its F32 run (deepseek2
+    // Q4_K: 0.77 under qemu); the near-tie and F32 checks below still hold there.
+    let fragile_elsewhere = !cfg!(target_arch = "x86_64") && llama_d32 > 1.0;
+    let bound = if fragile_elsewhere { 1.0 } else { 0.1 };
+    assert!(d <= bound, "{arch} {q}: differs from llama.cpp by {d}");
+    assert_eq!(
+        agree + near_ties,
+        rows,
+        "{arch} {q}: top-1 differs from llama.cpp"
+    );
+    // Where llama.cpp's own quantized run strays further than 1.0 from its F32 run or
+    // from transformers (gpt-oss: router gaps of 0.006 flip experts under
+    // quantization), that is the bound.
+    let (_, hf) = npy_f32(&dir.join("logits.npy"));
+    let bound = (llama_d32 + 0.1)
+        .max(max_abs_diff(&want, &hf) + 0.1)
+        .max(1.0);
+    assert!(
+        d32 <= bound,
+        "{arch} {q}: differs from our F32 run by {d32} (bound {bound})"
+    );
 }
 
 /// SmolLM2-135M (Q4_1) against llama.cpp at every position of a 79-token text, both with an f32

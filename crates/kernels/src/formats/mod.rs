@@ -3,11 +3,14 @@
 //! `crate::x86` and are checked against these.
 
 pub mod float;
+pub mod iq_grids;
+pub mod iquants;
 pub mod kquants;
 pub mod legacy;
 pub mod mxfp4;
 pub mod quantize_k;
 pub mod quantize_legacy;
+pub mod ternary;
 
 use gguf::GgmlType;
 
@@ -16,9 +19,9 @@ use gguf::GgmlType;
 pub enum ActKind {
     /// Plain little-endian f32 values (paired with F32/F16/BF16 weights).
     F32,
-    /// Q8_0 blocks (paired with Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4).
+    /// Q8_0 blocks (paired with Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL).
     Q8_0,
-    /// Q8_K blocks (paired with the K-quants).
+    /// Q8_K blocks (paired with the K-quants, the 256-element IQ formats, TQ1_0 and TQ2_0).
     Q8K,
 }
 
@@ -166,6 +169,74 @@ pub fn format(dtype: GgmlType) -> Option<Format> {
             kquants::dequantize_q8_k,
             kquants::dot_q8_k,
             Some(kquants::quantize_q8_k),
+        ),
+        // No quantizers: IQ weights come already quantized (ggml's IQ quantizers search large
+        // tables, most with an importance matrix).
+        T::Iq4Nl => f(
+            ActKind::Q8_0,
+            iquants::dequantize_iq4_nl,
+            iquants::dot_iq4_nl,
+            None,
+        ),
+        T::Iq4Xs => f(
+            ActKind::Q8K,
+            iquants::dequantize_iq4_xs,
+            iquants::dot_iq4_xs,
+            None,
+        ),
+        T::Iq2Xxs => f(
+            ActKind::Q8K,
+            iquants::dequantize_iq2_xxs,
+            iquants::dot_iq2_xxs,
+            None,
+        ),
+        T::Iq2Xs => f(
+            ActKind::Q8K,
+            iquants::dequantize_iq2_xs,
+            iquants::dot_iq2_xs,
+            None,
+        ),
+        T::Iq2S => f(
+            ActKind::Q8K,
+            iquants::dequantize_iq2_s,
+            iquants::dot_iq2_s,
+            None,
+        ),
+        T::Iq3Xxs => f(
+            ActKind::Q8K,
+            iquants::dequantize_iq3_xxs,
+            iquants::dot_iq3_xxs,
+            None,
+        ),
+        T::Iq3S => f(
+            ActKind::Q8K,
+            iquants::dequantize_iq3_s,
+            iquants::dot_iq3_s,
+            None,
+        ),
+        T::Iq1S => f(
+            ActKind::Q8K,
+            iquants::dequantize_iq1_s,
+            iquants::dot_iq1_s,
+            None,
+        ),
+        T::Iq1M => f(
+            ActKind::Q8K,
+            iquants::dequantize_iq1_m,
+            iquants::dot_iq1_m,
+            None,
+        ),
+        T::Tq1_0 => f(
+            ActKind::Q8K,
+            ternary::dequantize_tq1_0,
+            ternary::dot_tq1_0,
+            None,
+        ),
+        T::Tq2_0 => f(
+            ActKind::Q8K,
+            ternary::dequantize_tq2_0,
+            ternary::dot_tq2_0,
+            None,
         ),
         _ => return None,
     })

@@ -2,8 +2,9 @@
 //! own `#[target_feature]` set and only handed out by `crate::isa` after run-time detection.
 //! Neither imports from the other: what both use lives beside them — `simd256` (loads, f16
 //! scales, horizontal sums), `scales` (K-quant scale unpacking), `kq256` (the K-quant loops),
-//! `blocks32` (the loop of the 32-element formats), `tiles` (the panel loop) and `mxfp4` (the
-//! MXFP4 dot and panel, AVX2, which both levels hand out).
+//! `iq256` (the 256-element IQ formats' decoders, loops and tiles), `blocks32` (the loop of the
+//! 32-element formats), `tiles` (the panel loop) and `mxfp4` (the MXFP4 dot and panel, AVX2,
+//! which both levels hand out).
 //!
 //! Every kernel function carries the `#[target_feature]`s it needs, so the intrinsics without
 //! pointer arguments are safe to call inside it; what stays `unsafe` is reading through raw
@@ -13,6 +14,7 @@
 pub mod avx2;
 pub mod avx512;
 mod blocks32;
+mod iq256;
 mod kq256;
 mod mxfp4;
 mod scales;

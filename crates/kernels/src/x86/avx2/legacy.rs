@@ -1,5 +1,5 @@
-//! 32-element formats against Q8_0 activations: one block per 256-bit register, in the shared
-//! loop of `crate::x86::blocks32`.
+//! 32-element formats (Q4_0 … Q8_0 and IQ4_NL) against Q8_0 activations: one block per 256-bit
+//! register, in the shared loop of `crate::x86::blocks32`.
 //!
 //! The 16 bytes of packed nibbles become 32 bytes, low nibbles first: the element order of the
 //! Q8_0 block they pair with. Quants stay unsigned (0..16 or 0..32) for `vpmaddubsw`; the offset
@@ -15,6 +15,7 @@ use gguf::GgmlType;
 
 use super::mul_sum_i8_pairs;
 use crate::blocks::*;
+use crate::formats::iq_grids::KVALUES_IQ4NL;
 use crate::x86::blocks32::{f16x8, sum_blocks};
 use crate::x86::dot_wrapper;
 use crate::x86::simd256::{bcast_f16, load128_of, load256_of};
@@ -24,6 +25,7 @@ dot_wrapper!(pub dot_q4_1 => dot_q4_1_impl, GgmlType::Q4_1, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q5_0 => dot_q5_0_impl, GgmlType::Q5_0, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q5_1 => dot_q5_1_impl, GgmlType::Q5_1, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q8_0 => dot_q8_0_impl, GgmlType::Q8_0, GgmlType::Q8_0);
+dot_wrapper!(pub dot_iq4_nl => dot_iq4_nl_impl, GgmlType::Iq4Nl, GgmlType::Q8_0);
 
 /// 16 bytes of packed nibbles as 32 bytes: the low nibbles, then the high nibbles.
 #[inline]
@@ -185,5 +187,25 @@ fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
         },
         scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
         body: |x, y| mul_sum_i8_pairs(load256_of(&x.qs), load256_of(&y.qs), ones),
+    )
+}
+
+/// IQ4_NL: Q4_0's nibbles mapped through the 16 levels with one `vpshufb`, then Q8_0's signed
+/// product (levels reach -127, whose magnitude still fits the unsigned operand).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_iq4_nl_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let ones = _mm256_set1_epi16(1);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
+    sum_blocks!(BlockIq4Nl, n, w, a,
+        scales8: |xs, ys| {
+            let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
+            (d, d)
+        },
+        scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
+        body: |x, y| {
+            let v = _mm256_shuffle_epi8(levels, nibbles(&x.qs, m4));
+            mul_sum_i8_pairs(v, load256_of(&y.qs), ones)
+        },
     )
 }

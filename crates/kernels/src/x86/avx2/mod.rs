@@ -3,6 +3,7 @@
 //! `crate::x86::simd256`.
 
 mod float;
+mod iquants;
 mod kquants;
 mod legacy;
 mod panels;
@@ -34,6 +35,17 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
         T::Q5K => kquants::dot_q5_k,
         T::Q6K => kquants::dot_q6_k,
         T::Q8K => kquants::dot_q8_k,
+        T::Iq4Nl => legacy::dot_iq4_nl,
+        T::Iq4Xs => iquants::dot_iq4_xs,
+        T::Iq2Xxs => iquants::dot_iq2_xxs,
+        T::Iq2Xs => iquants::dot_iq2_xs,
+        T::Iq2S => iquants::dot_iq2_s,
+        T::Iq3Xxs => iquants::dot_iq3_xxs,
+        T::Iq3S => iquants::dot_iq3_s,
+        T::Iq1S => iquants::dot_iq1_s,
+        T::Iq1M => iquants::dot_iq1_m,
+        T::Tq1_0 => iquants::dot_tq1_0,
+        T::Tq2_0 => iquants::dot_tq2_0,
         _ => return None,
     })
 }
@@ -45,7 +57,18 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
         T::Q4K => panels::panel_q4_k,
         T::Q6K => panels::panel_q6_k,
         T::Q8_0 => panels::panel_q8_0,
+        T::Iq4Nl => panels::panel_iq4_nl,
         T::Mxfp4 => crate::x86::mxfp4::panel,
+        T::Iq4Xs => iquants::panel_iq4_xs,
+        T::Iq2Xxs => iquants::panel_iq2_xxs,
+        T::Iq2Xs => iquants::panel_iq2_xs,
+        T::Iq2S => iquants::panel_iq2_s,
+        T::Iq3Xxs => iquants::panel_iq3_xxs,
+        T::Iq3S => iquants::panel_iq3_s,
+        T::Iq1S => iquants::panel_iq1_s,
+        T::Iq1M => iquants::panel_iq1_m,
+        T::Tq1_0 => iquants::panel_tq1_0,
+        T::Tq2_0 => iquants::panel_tq2_0,
         _ => return None,
     })
 }

@@ -1,4 +1,5 @@
-//! Panel kernels (see `crate::panel`) for AVX2: Q4_K and Q6_K against Q8_K, Q8_0 against Q8_0.
+//! Panel kernels (see `crate::panel`) for AVX2: Q4_K and Q6_K against Q8_K, Q8_0 and IQ4_NL
+//! against Q8_0 (the IQ and TQ panels are in `super::iquants`).
 //! The integer work is the single-row kernels' (`vpmaddubsw`, scales applied with `vpmaddwd`),
 //! so every value equals `super::kquants` / `super::legacy` bit for bit; a tile shares the weight
 //! unpacking and scale shuffles across its tokens and the activation loads across its rows.
@@ -10,7 +11,8 @@
 use std::arch::x86_64::*;
 
 use super::kquants::madd_acc;
-use crate::blocks::{BlockQ4K, BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, QK8_0};
+use crate::blocks::{BlockIq4Nl, BlockQ4K, BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, QK8_0};
+use crate::formats::iq_grids::KVALUES_IQ4NL;
 use crate::x86::blocks32::f16x8;
 use crate::x86::kq256::Q6K_SCALE;
 use crate::x86::simd256::{bcast_f16, hsum_ps, hsums, lanes, load128_of, load256, load256_of};
@@ -20,6 +22,8 @@ panel_kernel!(pub panel_q4_k, "avx2,fma,f16c",
     block = QK_K, batch = q4k_tile(1, [2, 3, 4]), single = q4k_dots(1));
 panel_kernel!(pub panel_q6_k, "avx2,fma,f16c",
     block = QK_K, batch = q6k_tile(1, [2, 3, 4]), single = q6k_dots(1));
+panel_kernel!(pub panel_iq4_nl, "avx2,fma,f16c",
+    block = QK8_0, batch = iq4_nl_tile(2, [2]), single = iq4_nl_tile(1));
 panel_kernel!(pub panel_q8_0, "avx2,fma,f16c",
     block = QK8_0, batch = q8_0_tile(2, [2]), single = q8_0_tile(1));
 
@@ -135,20 +139,23 @@ dot_tile!(
     QK_K
 );
 
-/// Q8_0 × Q8_0: the single-row dot's lanes (`mul_sum_i8_pairs`: the weight's sign moved onto
+/// 32-element blocks whose weights are signed bytes once decoded (`values`; f16 scale `d`)
+/// against Q8_0: the single-row dot's lanes (`mul_sum_i8_pairs`: the weight's sign moved onto
 /// the activation, `vpmaddubsw` then `vpmaddwd` by ones) and float steps (see the AVX-512
-/// `q8_0_tile`), with each weight block's magnitudes shared by the tile's tokens.
+/// `signed_bytes_tile`), with each weight block's magnitudes shared by the tile's tokens.
 ///
 /// # Safety
-/// Each `w[r]` and each `a[t]` points at `nb` readable Q8_0 blocks.
+/// Each `w[r]` points at `nb` readable blocks `B` and each `a[t]` at `nb` Q8_0 blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_tile<const R: usize, const T: usize>(
+unsafe fn signed_bytes_tile<B, const R: usize, const T: usize>(
     nb: usize,
     w: [*const u8; R],
     a: [*const u8; T],
+    values: impl Fn(&B) -> __m256i,
+    d: impl Fn(&B) -> [u8; 2] + Copy,
 ) -> [[f32; T]; R] {
-    let w = w.map(|p| p as *const BlockQ8_0);
+    let w = w.map(|p| p as *const B);
     let a = a.map(|p| p as *const BlockQ8_0);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
@@ -160,7 +167,7 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
     let act = |j: usize, t: usize| unsafe { &*a[t].add(j) };
     // The lanes of block j for every (row, token).
     let lanes = |j: usize| -> [[__m256i; T]; R] {
-        let x: [__m256i; R] = std::array::from_fn(|r| load256_of(&block(j, r).qs));
+        let x: [__m256i; R] = std::array::from_fn(|r| values(block(j, r)));
         let ax: [__m256i; R] = std::array::from_fn(|r| _mm256_sign_epi8(x[r], x[r]));
         let mut out = [[_mm256_setzero_si256(); T]; R];
         for t in 0..T {
@@ -179,7 +186,7 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
                 // SAFETY: blocks j0..j0 + 8 lie below `main` ≤ nb, readable by the contract
                 // above and not written while the slice lives.
                 unsafe { std::slice::from_raw_parts(w[r].add(j0), 8) },
-                |b| b.d,
+                d,
             )
         });
         let dy: [__m256; T] = std::array::from_fn(|t| {
@@ -206,7 +213,7 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
     for j in main..nb {
         let s = lanes(j);
         for r in 0..R {
-            let dx = bcast_f16(&block(j, r).d);
+            let dx = bcast_f16(&d(block(j, r)));
             for t in 0..T {
                 let dj = _mm256_mul_ps(dx, bcast_f16(&act(j, t).d));
                 acc[r][t][0] = _mm256_fmadd_ps(dj, _mm256_cvtepi32_ps(s[r][t]), acc[r][t][0]);
@@ -214,4 +221,42 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
         }
     }
     acc.map(|row| row.map(|[a0, a1]| hsum_ps(_mm256_add_ps(a0, a1))))
+}
+
+/// Q8_0 × Q8_0 (see [`signed_bytes_tile`]).
+///
+/// # Safety
+/// Each `w[r]` and each `a[t]` points at `nb` readable Q8_0 blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_tile<const R: usize, const T: usize>(
+    nb: usize,
+    w: [*const u8; R],
+    a: [*const u8; T],
+) -> [[f32; T]; R] {
+    // SAFETY: the contract above, which is `signed_bytes_tile`'s.
+    unsafe { signed_bytes_tile(nb, w, a, |x: &BlockQ8_0| load256_of(&x.qs), |x| x.d) }
+}
+
+/// IQ4_NL × Q8_0 (see [`signed_bytes_tile`]): the nibbles mapped through the 16 levels, as in
+/// the single-row dot.
+///
+/// # Safety
+/// Each `w[r]` points at `nb` readable IQ4_NL blocks and each `a[t]` at `nb` Q8_0 blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_nl_tile<const R: usize, const T: usize>(
+    nb: usize,
+    w: [*const u8; R],
+    a: [*const u8; T],
+) -> [[f32; T]; R] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
+    let values = |x: &BlockIq4Nl| {
+        let q = load128_of(&x.qs);
+        let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), m4);
+        _mm256_shuffle_epi8(levels, nib)
+    };
+    // SAFETY: the contract above, which is `signed_bytes_tile`'s.
+    unsafe { signed_bytes_tile(nb, w, a, values, |x| x.d) }
 }

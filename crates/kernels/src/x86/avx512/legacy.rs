@@ -1,7 +1,8 @@
-//! 32-element formats against Q8_0 activations: one block per 256-bit register (AVX-512VL), in
-//! the shared loop of `crate::x86::blocks32`. Byte products go straight to i32 with `vpdpbusd`
-//! (no i16 stage, so nothing can saturate); the fifth bits of Q5 and the signs of Q8_0 are
-//! applied under byte masks. (MXFP4 runs the AVX2 kernel of `crate::x86::mxfp4` at this level.)
+//! 32-element formats (Q4_0 … Q8_0 and IQ4_NL) against Q8_0 activations: one block per 256-bit
+//! register (AVX-512VL), in the shared loop of `crate::x86::blocks32`. Byte products go straight
+//! to i32 with `vpdpbusd` (no i16 stage, so nothing can saturate); the fifth bits of Q5 and the
+//! signs of Q8_0 and IQ4_NL are applied under byte masks. (MXFP4 runs the AVX2 kernel of
+//! `crate::x86::mxfp4` at this level.)
 //!
 //! Packed nibbles become `[low | high]` per block, the element order of the Q8_0 block, with a
 //! 128-bit broadcast and a masked shift. Signed weights get their sign moved onto the activation
@@ -16,6 +17,7 @@ use std::arch::x86_64::*;
 use gguf::GgmlType;
 
 use crate::blocks::*;
+use crate::formats::iq_grids::KVALUES_IQ4NL;
 use crate::x86::blocks32::{f16x8, sum_blocks};
 use crate::x86::dot_wrapper;
 use crate::x86::simd256::{bcast_f16, load128_of, load256_of};
@@ -25,6 +27,7 @@ dot_wrapper!(pub dot_q4_1 => dot_q4_1_impl, GgmlType::Q4_1, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q5_0 => dot_q5_0_impl, GgmlType::Q5_0, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q5_1 => dot_q5_1_impl, GgmlType::Q5_1, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q8_0 => dot_q8_0_impl, GgmlType::Q8_0, GgmlType::Q8_0);
+dot_wrapper!(pub dot_iq4_nl => dot_iq4_nl_impl, GgmlType::Iq4Nl, GgmlType::Q8_0);
 
 /// 16 bytes of packed nibbles as 32 bytes: the low nibbles, then the high nibbles.
 #[inline]
@@ -154,6 +157,25 @@ fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
             // |x| read as unsigned is exact even for -128.
             let x = load256_of(&x.qs);
             signed_dot(_mm256_abs_epi8(x), _mm256_movepi8_mask(x), load256_of(&y.qs))
+        },
+    )
+}
+
+/// IQ4_NL: Q4_0's nibbles mapped through the 16 levels with one `vpshufb`, then Q8_0's signed
+/// product.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+fn dot_iq4_nl_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
+    sum_blocks!(BlockIq4Nl, n, w, a,
+        scales8: |xs, ys| {
+            let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
+            (d, d)
+        },
+        scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
+        body: |x, y| {
+            let v = _mm256_shuffle_epi8(levels, nibbles(&x.qs, m4));
+            signed_dot(_mm256_abs_epi8(v), _mm256_movepi8_mask(v), load256_of(&y.qs))
         },
     )
 }

@@ -1,6 +1,7 @@
 //! Panel kernels (see `crate::panel`) for AVX-512 VNNI: Q4_K and Q6_K against Q8_K, Q8_0
-//! against Q8_0. A tile keeps R × T accumulators in registers; weights are unpacked once per
-//! tile for its T tokens and each activation load serves its R rows. Every value equals the
+//! and IQ4_NL against Q8_0 (the IQ and TQ panels are in `super::iquants`). A tile keeps R × T
+//! accumulators in registers; weights are unpacked once per tile for its T tokens and each
+//! activation load serves its R rows. Every value equals the
 //! single-row dot of `super::kquants` / `super::legacy` bit for bit: the integer lanes are the
 //! same (exact, whatever instructions produce them) and the float operations are the same, in the
 //! same order, per (row, token).
@@ -21,7 +22,8 @@
 use std::arch::x86_64::*;
 
 use super::kquants::dpwssd;
-use crate::blocks::{BlockQ4K, BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, QK8_0};
+use crate::blocks::{BlockIq4Nl, BlockQ4K, BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, QK8_0};
+use crate::formats::iq_grids::KVALUES_IQ4NL;
 use crate::x86::blocks32::f16x8;
 use crate::x86::kq256::K4_MINS;
 use crate::x86::scales::unpack_k4;
@@ -34,6 +36,8 @@ panel_kernel!(pub panel_q4_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx
     block = QK_K, batch = q4k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_dots(1));
 panel_kernel!(pub panel_q6_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     block = QK_K, batch = q6k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q6k_dots(1));
+panel_kernel!(pub panel_iq4_nl, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    block = QK8_0, batch = iq4_nl_tile(2, [2, 3, 4]), single = iq4_nl_tile(1));
 panel_kernel!(pub panel_q8_0, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     block = QK8_0, batch = q8_0_tile(2, [2, 3, 4]), single = q8_0_tile(1));
 
@@ -268,22 +272,26 @@ unsafe fn q6k_tile<const R: usize, const T: usize>(
     acc.map(|v| lanes(v))
 }
 
-/// Q8_0 × Q8_0. The single-row dot (`blocks32::sum_blocks`) gives each block's lanes the sums
+/// 32-element blocks whose weights are signed bytes once decoded (`values`; f16 scale `d`:
+/// Q8_0, IQ4_NL) against Q8_0. The single-row dot (`blocks32::sum_blocks`) gives each block's
+/// lanes the sums
 /// of four products and adds `fl(dx·dy)·lanes` to `acc[j % 2]` for the blocks of whole batches
 /// of eight, to `acc[0]` for the rest, and returns `hsum(acc0 + acc1)`. Here the products come
 /// from `vpdpbusd` with the weights made unsigned (`x + 128`, shared by the tile's tokens) and
 /// `128·Σy` removed through the accumulator's start value (shared by its rows).
 ///
 /// # Safety
-/// Each `w[r]` and each `a[t]` points at `nb` readable Q8_0 blocks.
+/// Each `w[r]` points at `nb` readable blocks `B` and each `a[t]` at `nb` Q8_0 blocks.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8_0_tile<const R: usize, const T: usize>(
+unsafe fn signed_bytes_tile<B, const R: usize, const T: usize>(
     nb: usize,
     w: [*const u8; R],
     a: [*const u8; T],
+    values: impl Fn(&B) -> __m256i,
+    d: impl Fn(&B) -> [u8; 2] + Copy,
 ) -> [[f32; T]; R] {
-    let w = w.map(|p| p as *const BlockQ8_0);
+    let w = w.map(|p| p as *const B);
     let a = a.map(|p| p as *const BlockQ8_0);
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let zero = _mm256_setzero_si256();
@@ -296,8 +304,7 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
     let act = |j: usize, t: usize| unsafe { &*a[t].add(j) };
     // The lanes of block j for every (row, token).
     let lanes = |j: usize| -> [[__m256i; T]; R] {
-        let xu: [__m256i; R] =
-            std::array::from_fn(|r| _mm256_xor_si256(load256_of(&block(j, r).qs), k80));
+        let xu: [__m256i; R] = std::array::from_fn(|r| _mm256_xor_si256(values(block(j, r)), k80));
         let mut out = [[zero; T]; R];
         for t in 0..T {
             let y = load256_of(&act(j, t).qs);
@@ -315,7 +322,7 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
                 // SAFETY: blocks j0..j0 + 8 lie below `main` ≤ nb, readable by the contract
                 // above and not written while the slice lives.
                 unsafe { std::slice::from_raw_parts(w[r].add(j0), 8) },
-                |b| b.d,
+                d,
             )
         });
         let dy: [__m256; T] = std::array::from_fn(|t| {
@@ -342,7 +349,7 @@ unsafe fn q8_0_tile<const R: usize, const T: usize>(
     for j in main..nb {
         let s = lanes(j);
         for r in 0..R {
-            let dx = bcast_f16(&block(j, r).d);
+            let dx = bcast_f16(&d(block(j, r)));
             for t in 0..T {
                 let dj = _mm256_mul_ps(dx, bcast_f16(&act(j, t).d));
                 acc[r][t][0] = _mm256_fmadd_ps(dj, _mm256_cvtepi32_ps(s[r][t]), acc[r][t][0]);
@@ -369,3 +376,41 @@ dot_tile!(
     BlockQ8K,
     QK_K
 );
+
+/// Q8_0 × Q8_0 (see [`signed_bytes_tile`]).
+///
+/// # Safety
+/// Each `w[r]` and each `a[t]` points at `nb` readable Q8_0 blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_0_tile<const R: usize, const T: usize>(
+    nb: usize,
+    w: [*const u8; R],
+    a: [*const u8; T],
+) -> [[f32; T]; R] {
+    // SAFETY: the contract above, which is `signed_bytes_tile`'s.
+    unsafe { signed_bytes_tile(nb, w, a, |x: &BlockQ8_0| load256_of(&x.qs), |x| x.d) }
+}
+
+/// IQ4_NL × Q8_0 (see [`signed_bytes_tile`]): the nibbles mapped through the 16 levels, as in
+/// the single-row dot.
+///
+/// # Safety
+/// Each `w[r]` points at `nb` readable IQ4_NL blocks and each `a[t]` at `nb` Q8_0 blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn iq4_nl_tile<const R: usize, const T: usize>(
+    nb: usize,
+    w: [*const u8; R],
+    a: [*const u8; T],
+) -> [[f32; T]; R] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
+    let values = |x: &BlockIq4Nl| {
+        let q = load128_of(&x.qs);
+        let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), m4);
+        _mm256_shuffle_epi8(levels, nib)
+    };
+    // SAFETY: the contract above, which is `signed_bytes_tile`'s.
+    unsafe { signed_bytes_tile(nb, w, a, values, |x| x.d) }
+}
