@@ -194,6 +194,10 @@ mod x86 {
 
     use super::{EXP_C, KvElem, LN2_HI, LN2_LO, Rows};
 
+    /// Independent accumulators per step of the score and weighted-sum loops: enough to cover
+    /// an FMA's latency at two a cycle.
+    const KEYS: usize = 8;
+
     /// Values `c..c + 16` of row `j` as f32.
     ///
     /// # Safety
@@ -246,19 +250,29 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
     pub unsafe fn scores_avx512(q: &[f32], keys: Rows, scale: f32, out: &mut [f32]) {
         let d16 = keys.d / 16 * 16;
-        for (j, o) in out.iter_mut().enumerate().take(keys.n) {
-            let mut acc = _mm512_setzero_ps();
+        // KEYS rows at a time, each with its own accumulator: a single row's chain of FMAs
+        // waits on each one's latency, independent rows fill the pipes. Every row's
+        // operations and their order are those of one row alone, so the bits are too.
+        let mut j = 0;
+        while j < keys.n {
+            let m = KEYS.min(keys.n - j);
+            let mut acc = [_mm512_setzero_ps(); KEYS];
             for c in (0..d16).step_by(16) {
-                // SAFETY: c + 16 <= d16 <= d <= q.len(), and j < n (the contract above).
-                acc = unsafe {
-                    _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(c)), load16(&keys, j, c), acc)
-                };
+                // SAFETY: c + 16 <= d16 <= d <= q.len() (the contract above).
+                let qc = unsafe { _mm512_loadu_ps(q.as_ptr().add(c)) };
+                for (u, a) in acc.iter_mut().enumerate().take(m) {
+                    // SAFETY: j + u < n, c + 16 <= d (the contract above).
+                    *a = unsafe { _mm512_fmadd_ps(qc, load16(&keys, j + u, c), *a) };
+                }
             }
-            let mut s = _mm512_reduce_add_ps(acc);
-            for c in d16..keys.d {
-                s += q[c] * keys.value(j, c);
+            for (u, a) in acc.iter().enumerate().take(m) {
+                let mut s = _mm512_reduce_add_ps(*a);
+                for c in d16..keys.d {
+                    s += q[c] * keys.value(j + u, c);
+                }
+                out[j + u] = s * scale;
             }
-            *o = s * scale;
+            j += m;
         }
     }
 
@@ -269,21 +283,29 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn scores_avx2(q: &[f32], keys: Rows, scale: f32, out: &mut [f32]) {
         let d8 = keys.d / 8 * 8;
-        for (j, o) in out.iter_mut().enumerate().take(keys.n) {
-            let mut acc = _mm256_setzero_ps();
+        // KEYS rows at a time, as in `scores_avx512` (same bits as one row alone).
+        let mut j = 0;
+        while j < keys.n {
+            let m = KEYS.min(keys.n - j);
+            let mut acc = [_mm256_setzero_ps(); KEYS];
             for c in (0..d8).step_by(8) {
-                // SAFETY: c + 8 <= d8 <= d <= q.len(), and j < n (the contract above).
-                acc = unsafe {
-                    _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(c)), load8(&keys, j, c), acc)
-                };
+                // SAFETY: c + 8 <= d8 <= d <= q.len() (the contract above).
+                let qc = unsafe { _mm256_loadu_ps(q.as_ptr().add(c)) };
+                for (u, a) in acc.iter_mut().enumerate().take(m) {
+                    // SAFETY: j + u < n, c + 8 <= d (the contract above).
+                    *a = unsafe { _mm256_fmadd_ps(qc, load8(&keys, j + u, c), *a) };
+                }
             }
-            let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            let mut s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-            for c in d8..keys.d {
-                s += q[c] * keys.value(j, c);
+            for (u, a) in acc.iter().enumerate().take(m) {
+                let h = _mm_add_ps(_mm256_castps256_ps128(*a), _mm256_extractf128_ps::<1>(*a));
+                let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+                let mut s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+                for c in d8..keys.d {
+                    s += q[c] * keys.value(j + u, c);
+                }
+                out[j + u] = s * scale;
             }
-            *o = s * scale;
+            j += m;
         }
     }
 
@@ -295,15 +317,28 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
     pub unsafe fn weighted_sum_avx512(p: &[f32], values: Rows, out: &mut [f32]) {
         let d16 = values.d / 16 * 16;
-        for c in (0..d16).step_by(16) {
-            // SAFETY: c + 16 <= d16 <= d <= out.len() (the contract above).
-            let mut acc = unsafe { _mm512_loadu_ps(out.as_ptr().add(c)) };
-            for (j, &pj) in p.iter().enumerate().take(values.n) {
-                // SAFETY: j < n, c + 16 <= d, and `values` passed `Rows::check`.
-                acc = unsafe { _mm512_fmadd_ps(_mm512_set1_ps(pj), load16(&values, j, c), acc) };
+        // KEYS column blocks at a time, each with its own accumulator (independent chains; the
+        // operations of every lane, in order, are those of one block alone).
+        let mut c0 = 0;
+        while c0 < d16 {
+            let m = KEYS.min((d16 - c0) / 16);
+            let mut acc = [_mm512_setzero_ps(); KEYS];
+            for (u, a) in acc.iter_mut().enumerate().take(m) {
+                // SAFETY: c0 + 16u + 16 <= d16 <= d <= out.len() (the contract above).
+                *a = unsafe { _mm512_loadu_ps(out.as_ptr().add(c0 + 16 * u)) };
             }
-            // SAFETY: as for the load of `acc`.
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(c), acc) };
+            for (j, &pj) in p.iter().enumerate().take(values.n) {
+                let pv = _mm512_set1_ps(pj);
+                for (u, a) in acc.iter_mut().enumerate().take(m) {
+                    // SAFETY: j < n, c0 + 16u + 16 <= d, and `values` passed `Rows::check`.
+                    *a = unsafe { _mm512_fmadd_ps(pv, load16(&values, j, c0 + 16 * u), *a) };
+                }
+            }
+            for (u, a) in acc.iter().enumerate().take(m) {
+                // SAFETY: as for the loads of `acc`.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(c0 + 16 * u), *a) };
+            }
+            c0 += 16 * m;
         }
         for c in d16..values.d {
             for (j, &pj) in p.iter().enumerate().take(values.n) {
@@ -320,15 +355,27 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn weighted_sum_avx2(p: &[f32], values: Rows, out: &mut [f32]) {
         let d8 = values.d / 8 * 8;
-        for c in (0..d8).step_by(8) {
-            // SAFETY: c + 8 <= d8 <= d <= out.len() (the contract above).
-            let mut acc = unsafe { _mm256_loadu_ps(out.as_ptr().add(c)) };
-            for (j, &pj) in p.iter().enumerate().take(values.n) {
-                // SAFETY: j < n, c + 8 <= d, and `values` passed `Rows::check`.
-                acc = unsafe { _mm256_fmadd_ps(_mm256_set1_ps(pj), load8(&values, j, c), acc) };
+        // KEYS column blocks at a time, as in `weighted_sum_avx512`.
+        let mut c0 = 0;
+        while c0 < d8 {
+            let m = KEYS.min((d8 - c0) / 8);
+            let mut acc = [_mm256_setzero_ps(); KEYS];
+            for (u, a) in acc.iter_mut().enumerate().take(m) {
+                // SAFETY: c0 + 8u + 8 <= d8 <= d <= out.len() (the contract above).
+                *a = unsafe { _mm256_loadu_ps(out.as_ptr().add(c0 + 8 * u)) };
             }
-            // SAFETY: as for the load of `acc`.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c), acc) };
+            for (j, &pj) in p.iter().enumerate().take(values.n) {
+                let pv = _mm256_set1_ps(pj);
+                for (u, a) in acc.iter_mut().enumerate().take(m) {
+                    // SAFETY: j < n, c0 + 8u + 8 <= d, and `values` passed `Rows::check`.
+                    *a = unsafe { _mm256_fmadd_ps(pv, load8(&values, j, c0 + 8 * u), *a) };
+                }
+            }
+            for (u, a) in acc.iter().enumerate().take(m) {
+                // SAFETY: as for the loads of `acc`.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c0 + 8 * u), *a) };
+            }
+            c0 += 8 * m;
         }
         for c in d8..values.d {
             for (j, &pj) in p.iter().enumerate().take(values.n) {
@@ -396,6 +443,70 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    /// A key's score and a value column's sum do not depend on which other rows or columns
+    /// one call computes with it (the SIMD loops run several independent accumulators), so a
+    /// split of the positions or of the head dimensions gives the same bits.
+    #[test]
+    fn results_do_not_depend_on_the_rows_and_columns_computed_together() {
+        for isa in Isa::supported() {
+            for elem in [KvElem::F32, KvElem::F16] {
+                for d in [576usize, 72, 200] {
+                    let n = 37;
+                    let data = rows(n, d, elem, 5);
+                    let stride = d * elem.bytes();
+                    let all = Rows {
+                        data: &data,
+                        stride,
+                        n,
+                        d,
+                        elem,
+                    };
+                    let q: Vec<f32> = (0..d)
+                        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 97.0)
+                        .collect();
+                    let mut together = vec![0f32; n];
+                    scores(isa, &q, all, 0.125, &mut together);
+                    for j in 0..n {
+                        let one = Rows {
+                            data: &data[j * stride..],
+                            n: 1,
+                            ..all
+                        };
+                        let mut alone = [0f32];
+                        scores(isa, &q, one, 0.125, &mut alone);
+                        assert_eq!(
+                            alone[0].to_bits(),
+                            together[j].to_bits(),
+                            "{isa:?} {elem:?} d={d} key {j}"
+                        );
+                    }
+                    let p: Vec<f32> = (0..n).map(|j| 1.0 / (j + 2) as f32).collect();
+                    let mut together = vec![0.5f32; d];
+                    weighted_sum(isa, &p, all, &mut together);
+                    // Columns in blocks of 16 (and the rest), each call on its own.
+                    for c0 in (0..d).step_by(16) {
+                        let w = 16.min(d - c0);
+                        let cols = Rows {
+                            data: &data[c0 * elem.bytes()..],
+                            d: w,
+                            ..all
+                        };
+                        let mut alone = vec![0.5f32; w];
+                        weighted_sum(isa, &p, cols, &mut alone);
+                        for (c, v) in alone.iter().enumerate() {
+                            assert_eq!(
+                                v.to_bits(),
+                                together[c0 + c].to_bits(),
+                                "{isa:?} {elem:?} d={d} column {}",
+                                c0 + c
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
