@@ -512,90 +512,23 @@ pub(crate) fn dot_superblocks<B: bytemuck::Pod>(
     factor * sum
 }
 
-pub fn dot_iq4_xs(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_superblocks(
-        n,
-        w,
-        a,
-        |b: &BlockIq4Xs| (f16_bytes(b.d), decode_iq4_xs(b)),
-        false,
-        1.0,
-    )
+/// `pub fn $name(n, w, a) -> f32`: the scalar dot of a 256-element format through
+/// [`dot_superblocks`], from its block type, block scale, decoder, IQ1-style shift and factor.
+macro_rules! superblock_dot {
+    ($($name:ident: $blk:ty, $scale:expr, $decode:ident, $shifted:expr, $factor:expr;)+) => {$(
+        pub fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            dot_superblocks(n, w, a, |b: &$blk| ($scale(b), $decode(b)), $shifted, $factor)
+        }
+    )+};
 }
 
-pub fn dot_iq2_xxs(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_superblocks(
-        n,
-        w,
-        a,
-        |b: &BlockIq2Xxs| (f16_bytes(b.d), decode_iq2_xxs(b)),
-        false,
-        0.125,
-    )
-}
-
-pub fn dot_iq2_xs(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_superblocks(
-        n,
-        w,
-        a,
-        |b: &BlockIq2Xs| (f16_bytes(b.d), decode_iq2_xs(b)),
-        false,
-        0.125,
-    )
-}
-
-pub fn dot_iq2_s(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_superblocks(
-        n,
-        w,
-        a,
-        |b: &BlockIq2S| (f16_bytes(b.d), decode_iq2_s(b)),
-        false,
-        0.125,
-    )
-}
-
-pub fn dot_iq3_xxs(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_superblocks(
-        n,
-        w,
-        a,
-        |b: &BlockIq3Xxs| (f16_bytes(b.d), decode_iq3_xxs(b)),
-        false,
-        0.25,
-    )
-}
-
-pub fn dot_iq3_s(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_superblocks(
-        n,
-        w,
-        a,
-        |b: &BlockIq3S| (f16_bytes(b.d), decode_iq3_s(b)),
-        false,
-        1.0,
-    )
-}
-
-pub fn dot_iq1_s(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_superblocks(
-        n,
-        w,
-        a,
-        |b: &BlockIq1S| (f16_bytes(b.d), decode_iq1_s(b)),
-        true,
-        IQ1_DELTA,
-    )
-}
-
-pub fn dot_iq1_m(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_superblocks(
-        n,
-        w,
-        a,
-        |b: &BlockIq1M| (iq1m_d(b), decode_iq1_m(b)),
-        true,
-        IQ1_DELTA,
-    )
+superblock_dot! {
+    dot_iq4_xs: BlockIq4Xs, |b: &BlockIq4Xs| f16_bytes(b.d), decode_iq4_xs, false, 1.0;
+    dot_iq2_xxs: BlockIq2Xxs, |b: &BlockIq2Xxs| f16_bytes(b.d), decode_iq2_xxs, false, 0.125;
+    dot_iq2_xs: BlockIq2Xs, |b: &BlockIq2Xs| f16_bytes(b.d), decode_iq2_xs, false, 0.125;
+    dot_iq2_s: BlockIq2S, |b: &BlockIq2S| f16_bytes(b.d), decode_iq2_s, false, 0.125;
+    dot_iq3_xxs: BlockIq3Xxs, |b: &BlockIq3Xxs| f16_bytes(b.d), decode_iq3_xxs, false, 0.25;
+    dot_iq3_s: BlockIq3S, |b: &BlockIq3S| f16_bytes(b.d), decode_iq3_s, false, 1.0;
+    dot_iq1_s: BlockIq1S, |b: &BlockIq1S| f16_bytes(b.d), decode_iq1_s, true, IQ1_DELTA;
+    dot_iq1_m: BlockIq1M, iq1m_d, decode_iq1_m, true, IQ1_DELTA;
 }
