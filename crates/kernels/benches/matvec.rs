@@ -61,6 +61,7 @@ fn gemm32(c: &mut Criterion) {
             GgmlType::Iq4Xs,
             GgmlType::Iq2Xxs,
             GgmlType::Iq3Xxs,
+            GgmlType::Mxfp4,
         ],
     );
 }

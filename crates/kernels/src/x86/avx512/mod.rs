@@ -37,8 +37,8 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
         T::Q5_0 => legacy::dot_q5_0,
         T::Q5_1 => legacy::dot_q5_1,
         T::Q8_0 => legacy::dot_q8_0,
-        // The AVX2 kernel (same bits as its panel, below); see `crate::x86::mxfp4`.
-        T::Mxfp4 => crate::x86::mxfp4::dot_checked,
+        // The VNNI form of the AVX2 kernel (same bits as it and as its panel); see `crate::x86::mxfp4`.
+        T::Mxfp4 => crate::x86::mxfp4::dot_vnni_checked,
         T::Q2K => kquants::dot_q2_k,
         T::Q3K => kquants::dot_q3_k,
         T::Q4K => kquants::dot_q4_k,
@@ -68,7 +68,7 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
         T::Q6K => panels::panel_q6_k,
         T::Q8_0 => panels::panel_q8_0,
         T::Iq4Nl => panels::panel_iq4_nl,
-        T::Mxfp4 => crate::x86::mxfp4::panel,
+        T::Mxfp4 => crate::x86::mxfp4::panel_vnni,
         T::Iq4Xs => iquants::panel_iq4_xs,
         T::Iq2Xxs => iquants::panel_iq2_xxs,
         T::Iq2Xs => iquants::panel_iq2_xs,
