@@ -3,8 +3,8 @@
 //! Neither imports from the other: what both use lives beside them — `simd256` (loads, f16
 //! scales, horizontal sums), `scales` (K-quant scale unpacking), `kq256` (the K-quant loops),
 //! `iq256` (the 256-element IQ formats' decoders, loops and tiles), `blocks32` (the loop of the
-//! 32-element formats), `tiles` (the panel loop) and `mxfp4` (the MXFP4 dot and panel in an AVX2 and a VNNI form with the same bits,
-//! which both levels hand out).
+//! 32-element formats), `tiles` (the panel loop) and `mxfp4` (the MXFP4 dot and panel, in an
+//! AVX2 form for one level and a VNNI form for the other, with the same bits).
 //!
 //! Every kernel function carries the `#[target_feature]`s it needs, so the intrinsics without
 //! pointer arguments are safe to call inside it; what stays `unsafe` is reading through raw
