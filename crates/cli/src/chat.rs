@@ -12,6 +12,7 @@ use engine::tokenizer::Tokenizer;
 
 use crate::common::{self, ModelArgs};
 use crate::sampling::SamplingArgs;
+use crate::speculative_args::{self, SpeculativeArgs};
 
 #[derive(clap::Args)]
 pub struct ChatArgs {
@@ -25,6 +26,8 @@ pub struct ChatArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
     /// Stop before this text (repeatable), e.g. `--stop $'\n\n'`.
     #[arg(long)]
     pub stop: Vec<String>,
@@ -75,6 +78,7 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
             max_tokens: args.n_predict,
             stop: args.stop.clone(),
             ignore_eos: false,
+            speculative: args.speculative.prompt_lookup(),
         };
         let mut reply = String::new();
         let mut out = std::io::stdout().lock();
@@ -92,12 +96,13 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         )?;
         writeln!(out)?;
         eprintln!(
-            "[{} new prompt tokens ({} reused) at {:.1} t/s, {} tokens at {:.1} t/s]",
+            "[{} new prompt tokens ({} reused) at {:.1} t/s, {} tokens at {:.1} t/s{}]",
             stats.prompt_evaluated,
             stats.prompt_tokens - stats.prompt_evaluated,
             stats.prompt_tps(),
             stats.generated_tokens,
-            stats.generation_tps()
+            stats.generation_tps(),
+            speculative_args::acceptance(&stats)
         );
         messages.push(ChatMessage::new("assistant", reply));
     }

@@ -13,6 +13,7 @@ mod quantize;
 mod run;
 mod sampling;
 mod serve;
+mod speculative_args;
 mod streaming_args;
 mod synth;
 mod topology;

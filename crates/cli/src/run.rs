@@ -10,6 +10,7 @@ use engine::tokenizer::Tokenizer;
 
 use crate::common::{self, ModelArgs};
 use crate::sampling::SamplingArgs;
+use crate::speculative_args::{self, SpeculativeArgs};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -23,6 +24,8 @@ pub struct RunArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
     /// Stop before this text (repeatable), e.g. `--stop $'\n\n'`.
     #[arg(long)]
     pub stop: Vec<String>,
@@ -67,6 +70,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         max_tokens: args.n_predict,
         stop: args.stop.clone(),
         ignore_eos: args.ignore_eos,
+        speculative: args.speculative.prompt_lookup(),
     };
     let mut out = std::io::stdout().lock();
     write!(out, "{}", args.prompt)?;
@@ -91,14 +95,15 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         );
     }
     eprintln!(
-        "\nprompt: {} tokens in {:.2} s ({:.1} t/s) | generation: {} tokens in {:.2} s ({:.1} t/s) | {:?}",
+        "\nprompt: {} tokens in {:.2} s ({:.1} t/s) | generation: {} tokens in {:.2} s ({:.1} t/s) | {:?}{}",
         stats.prompt_evaluated,
         stats.prompt_secs,
         stats.prompt_tps(),
         stats.generated_tokens,
         stats.generation_secs,
         stats.generation_tps(),
-        stats.finish
+        stats.finish,
+        speculative_args::acceptance(&stats)
     );
     if args.stats {
         eprintln!("executor: {}", engine.executor().describe());

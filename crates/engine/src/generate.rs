@@ -2,11 +2,13 @@
 //! prefix), sample, detokenize incrementally (multi-byte characters split across tokens come
 //! out whole), stop on end-of-generation tokens, stop strings or the token limit.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::error::{EngineError, Result};
 use crate::sampler::Sampler;
 use crate::session::{Engine, Session};
+use crate::speculative::{DraftLength, PromptLookup};
 use crate::text::TextStream;
 pub use crate::text::Utf8Stream;
 
@@ -23,6 +25,8 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Keep going past end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Speculative decoding by prompt lookup (`None`: one token per step).
+    pub speculative: Option<PromptLookup>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -48,6 +52,9 @@ pub struct GenerateStats {
     pub generation_secs: f64,
     pub finish: FinishReason,
     pub tokens: Vec<u32>,
+    /// Speculative decoding: tokens drafted, and how many of them the model kept.
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 impl GenerateStats {
@@ -87,9 +94,26 @@ pub fn generate(
     let mut tokens = Vec::new();
     let n_ctx = engine.info().n_ctx;
     let mut finish = FinishReason::Length;
+    // Logits for the next token, and (speculative decoding) the drafted tokens already in the
+    // session after it, each with the logits that follow it.
+    let mut logits = std::mem::take(&mut session.last_logits);
+    let mut drafted: VecDeque<(u32, Vec<f32>)> = VecDeque::new();
+    let (mut n_drafted, mut n_accepted) = (0, 0);
+    let mut draft_length = DraftLength::new(opts.speculative.as_ref().map_or(1, |l| l.max_draft));
+    // The last draft's length and the accepted count before it, to judge it once it is done.
+    let mut last_draft: Option<(usize, usize)> = None;
     while tokens.len() < opts.max_tokens {
-        let mut logits = std::mem::take(&mut session.last_logits);
-        let tok = sampler.sample(&mut logits);
+        let (tok, kept_draft) = match drafted.pop_front() {
+            Some((draft, after)) => {
+                let tok = sampler.verify(&mut logits, draft);
+                if tok == draft {
+                    logits = after;
+                    n_accepted += 1;
+                }
+                (tok, tok == draft)
+            }
+            None => (sampler.sample(&mut logits), false),
+        };
         sampler.accept(tok);
         tokens.push(tok);
         if !opts.ignore_eos && detok.is_end_of_generation(tok) {
@@ -109,11 +133,64 @@ pub fn generate(
         if tokens.len() >= opts.max_tokens {
             break;
         }
+        if kept_draft {
+            continue;
+        }
+        // `tok` is new to the session: drop the drafts a rejection left behind it, then
+        // evaluate it (with a fresh draft when there is one).
+        if !drafted.is_empty() || session.tokens.len() > prompt.len() + tokens.len() - 1 {
+            drafted.clear();
+            rewind(engine, session, prompt, &tokens[..tokens.len() - 1])?;
+        }
         if session.tokens.len() + 1 > n_ctx {
             finish = FinishReason::ContextFull;
             break;
         }
-        engine.append(session, &[tok])?;
+        if let Some((len, accepted_before)) = last_draft.take() {
+            draft_length.record(len, n_accepted - accepted_before);
+        }
+        let draft = match &opts.speculative {
+            Some(lookup) => {
+                // Room for the draft: the context, and the tokens still wanted after `tok`.
+                let room = (n_ctx - session.tokens.len() - 1)
+                    .min(opts.max_tokens - tokens.len() - 1)
+                    .min(draft_length.get());
+                let mut context = Vec::with_capacity(session.tokens.len() + 1);
+                context.extend_from_slice(&session.tokens);
+                context.push(tok);
+                lookup.draft(&context, room)
+            }
+            None => Vec::new(),
+        };
+        if draft.is_empty() {
+            engine.append(session, &[tok])?;
+            logits = std::mem::take(&mut session.last_logits);
+            continue;
+        }
+        let mut run = Vec::with_capacity(draft.len() + 1);
+        run.push(tok);
+        run.extend_from_slice(&draft);
+        let rows = engine.append_all(session, &run)?;
+        session.last_logits.clear();
+        logits = rows.row(0).to_vec();
+        n_drafted += draft.len();
+        last_draft = Some((draft.len(), n_accepted));
+        drafted.extend(
+            draft
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| (d, rows.row(i + 1).to_vec())),
+        );
+    }
+    // The session holds what a non-speculative run leaves: the prompt and every generated
+    // token but the last (whose logits were never needed).
+    if session.tokens.len() > prompt.len() + tokens.len().saturating_sub(1) {
+        rewind(
+            engine,
+            session,
+            prompt,
+            &tokens[..tokens.len().saturating_sub(1)],
+        )?;
     }
     // Text held back as a possible stop-string start (or incomplete UTF-8) belongs to the
     // output unless a stop string ended it or the consumer left.
@@ -131,7 +208,29 @@ pub fn generate(
         generation_secs: t1.elapsed().as_secs_f64(),
         finish,
         tokens,
+        drafted_tokens: n_drafted,
+        accepted_tokens: n_accepted,
     })
+}
+
+/// Cuts the session back to `prompt` followed by `generated` after a rejected draft. Where the
+/// sliding-window layers cannot rewind that far, the history is evaluated again.
+fn rewind(
+    engine: &mut Engine,
+    session: &mut Session,
+    prompt: &[u32],
+    generated: &[u32],
+) -> Result<()> {
+    let keep = prompt.len() + generated.len();
+    match engine.truncate(session, keep) {
+        Ok(()) => Ok(()),
+        Err(EngineError::CannotRewind { .. }) => {
+            let mut history = prompt.to_vec();
+            history.extend_from_slice(generated);
+            engine.sync(session, &history).map(|_| ())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 impl Detokenizer for crate::tokenizer::Tokenizer {

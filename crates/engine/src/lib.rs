@@ -13,6 +13,7 @@ pub mod runner;
 pub mod sampler;
 pub mod session;
 pub mod snapshot;
+pub mod speculative;
 pub mod text;
 pub mod tokenizer;
 
@@ -24,3 +25,4 @@ pub use runner::{RunError, Runner, SeqWork, SharedExperts};
 pub use sampler::{Sampler, SamplerConfig};
 pub use session::{DEFAULT_PREFILL_CHUNK, Engine, Session};
 pub use snapshot::{Snapshot, SnapshotLayout};
+pub use speculative::PromptLookup;

@@ -113,9 +113,50 @@ impl Sampler {
 
     /// Picks the next token from `logits` (modified in place by the penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        let Some(weights) = self.distribution(logits) else {
+            return argmax(logits);
+        };
+        let total: f64 = weights.iter().sum();
+        let r = self.rng.random::<f64>() * total;
+        self.candidates[pick(&weights, r)].0
+    }
+
+    /// Decides a drafted token at the position `logits` belong to (speculative decoding; the
+    /// draft came from a source that proposes one token with certainty, such as prompt lookup):
+    /// `draft` itself, or the token to emit instead. Greedy: the argmax, so the output is the
+    /// non-speculative one. Sampling: the draft is kept with probability `p(draft)` and
+    /// otherwise a token is drawn from `p` without the draft, renormalized — the standard
+    /// acceptance rule (Leviathan et al., 2023, for a point-mass draft distribution), under
+    /// which every emitted token has exactly the distribution `sample` draws from.
+    pub fn verify(&mut self, logits: &mut [f32], draft: u32) -> u32 {
+        let Some(mut weights) = self.distribution(logits) else {
+            return argmax(logits);
+        };
+        let total: f64 = weights.iter().sum();
+        let Some(d) = self.candidates.iter().position(|&(t, _)| t == draft) else {
+            // Outside the kept candidates: probability 0, always rejected.
+            let r = self.rng.random::<f64>() * total;
+            return self.candidates[pick(&weights, r)].0;
+        };
+        if self.rng.random::<f64>() * total < weights[d] {
+            return draft;
+        }
+        let rest = total - weights[d];
+        weights[d] = 0.0;
+        if rest <= 0.0 {
+            return draft;
+        }
+        let r = self.rng.random::<f64>() * rest;
+        self.candidates[pick(&weights, r)].0
+    }
+
+    /// Applies the penalties to `logits` and leaves in `self.candidates` the tokens the
+    /// configuration keeps, with their weights (unnormalized probabilities at the temperature).
+    /// `None`: greedy, or nothing finite to sample from; the caller takes the argmax.
+    fn distribution(&mut self, logits: &mut [f32]) -> Option<Vec<f64>> {
         self.penalize(logits);
         if self.cfg.is_greedy() {
-            return argmax(logits);
+            return None;
         }
         let c = &self.cfg;
         let cand = &mut self.candidates;
@@ -128,7 +169,7 @@ impl Sampler {
                 .map(|(i, &l)| (i as u32, l)),
         );
         if cand.is_empty() {
-            return argmax(logits);
+            return None;
         }
         cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if c.top_k > 0 && c.top_k < cand.len() {
@@ -157,20 +198,27 @@ impl Sampler {
             let keep = probs.iter().take_while(|&&p| p >= floor).count().max(1);
             cand.truncate(keep);
         }
-        let weights: Vec<f64> = cand
-            .iter()
-            .map(|&(_, l)| (((l - max) / c.temperature) as f64).exp())
-            .collect();
-        let total: f64 = weights.iter().sum();
-        let mut r = self.rng.random::<f64>() * total;
-        for (i, w) in weights.iter().enumerate() {
-            if r < *w {
-                return cand[i].0;
-            }
-            r -= w;
-        }
-        cand[cand.len() - 1].0
+        Some(
+            cand.iter()
+                .map(|&(_, l)| (((l - max) / c.temperature) as f64).exp())
+                .collect(),
+        )
     }
+}
+
+/// The index whose weight interval holds `r` (`0 ≤ r < Σ weights`); the last one of nonzero
+/// weight when rounding leaves `r` past the end.
+fn pick(weights: &[f64], mut r: f64) -> usize {
+    for (i, w) in weights.iter().enumerate() {
+        if r < *w {
+            return i;
+        }
+        r -= w;
+    }
+    weights
+        .iter()
+        .rposition(|&w| w > 0.0)
+        .unwrap_or(weights.len() - 1)
 }
 
 /// Index of the largest logit (the first one on ties).
@@ -190,6 +238,55 @@ mod tests {
 
     fn logits() -> Vec<f32> {
         vec![1.0, 3.0, 2.5, -1.0, 0.0, 2.9]
+    }
+
+    /// The acceptance rule keeps the sampler's distribution: over many draws, the tokens
+    /// `verify` emits for a fixed draft have the frequencies `sample` would give, whether the
+    /// draft is likely, unlikely or outside the candidates.
+    #[test]
+    fn verify_emits_tokens_with_the_sampling_distribution() {
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        };
+        let l = [1.0f32, 3.0, 2.5, -1.0, 0.0, f32::NEG_INFINITY];
+        let max = 3.0f32;
+        let w: Vec<f64> = l.iter().map(|&x| ((x - max) as f64).exp()).collect();
+        let total: f64 = w.iter().sum();
+        let trials = 40_000;
+        for draft in [1u32, 3, 5] {
+            let mut s = Sampler::new(SamplerConfig {
+                seed: 7,
+                ..cfg.clone()
+            });
+            let mut counts = [0usize; 6];
+            let mut kept = 0;
+            for _ in 0..trials {
+                let t = s.verify(&mut l.clone(), draft);
+                counts[t as usize] += 1;
+                kept += usize::from(t == draft);
+            }
+            for (t, &n) in counts.iter().enumerate() {
+                let freq = n as f64 / trials as f64;
+                let p = w[t] / total;
+                assert!(
+                    (freq - p).abs() < 0.01,
+                    "draft {draft}: token {t} emitted with frequency {freq}, probability {p}"
+                );
+            }
+            let p_draft = w[draft as usize] / total;
+            assert!((kept as f64 / trials as f64 - p_draft).abs() < 0.01);
+        }
+    }
+
+    #[test]
+    fn greedy_verify_is_the_argmax() {
+        let mut s = Sampler::new(SamplerConfig::greedy());
+        assert_eq!(s.verify(&mut logits(), 1), 1);
+        assert_eq!(s.verify(&mut logits(), 2), 1);
     }
 
     #[test]

@@ -120,6 +120,49 @@ impl Engine {
         Ok(())
     }
 
+    /// Appends `tokens` in one evaluation and returns the logits after each of them
+    /// (speculative decoding verifies a drafted run this way: one step, or one pipeline round
+    /// trip, for all of it). `last_logits` becomes the last row.
+    pub fn append_all(&mut self, s: &mut Session, tokens: &[u32]) -> Result<EvalResult> {
+        let n_ctx = self.info().n_ctx;
+        if s.tokens.len() + tokens.len() > n_ctx {
+            return Err(EngineError::ContextFull {
+                needed: s.tokens.len() + tokens.len(),
+                n_ctx,
+            });
+        }
+        let req = EvalRequest {
+            session: s.id,
+            tokens,
+            logits: LogitsWanted::All,
+        };
+        let out = self
+            .exec
+            .eval(std::slice::from_ref(&req))?
+            .pop()
+            .ok_or_else(|| EngineError::Executor("no result for the request".into()))?;
+        if out.n_rows != tokens.len() {
+            return Err(EngineError::Executor(format!(
+                "expected {} rows of logits, got {}",
+                tokens.len(),
+                out.n_rows
+            )));
+        }
+        s.tokens.extend_from_slice(tokens);
+        s.last_logits = out.last().map(<[f32]>::to_vec).unwrap_or_default();
+        Ok(out)
+    }
+
+    /// Keeps the session's first `n` positions (a rewind; `last_logits` is cleared). Fails with
+    /// [`EngineError::CannotRewind`] where sliding-window layers no longer hold what the kept
+    /// prefix needs.
+    pub fn truncate(&mut self, s: &mut Session, n: usize) -> Result<()> {
+        self.exec.truncate(s.id, n)?;
+        s.tokens.truncate(n);
+        s.last_logits.clear();
+        Ok(())
+    }
+
     /// Makes the session's history equal `tokens`, reusing the longest cached common prefix;
     /// returns how many tokens had to be evaluated. At least the last token is always
     /// re-evaluated so fresh logits exist.

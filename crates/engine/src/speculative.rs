@@ -1,0 +1,146 @@
+//! Drafts for speculative decoding by prompt lookup: where the context's last few tokens
+//! occurred before, the tokens that followed them then are proposed as the continuation
+//! (vLLM's `ngram` method, llama.cpp's lookup decoding). Code being edited, documents being
+//! revised and answers quoting their sources repeat long runs of their context, and each run
+//! the model agrees with costs one batched step instead of one step per token.
+
+/// Prompt-lookup drafting parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PromptLookup {
+    /// Longest suffix n-gram matched (tried first).
+    pub max_ngram: usize,
+    /// Shortest suffix n-gram matched.
+    pub min_ngram: usize,
+    /// Most tokens drafted per step.
+    pub max_draft: usize,
+}
+
+impl Default for PromptLookup {
+    fn default() -> Self {
+        PromptLookup {
+            max_ngram: 3,
+            min_ngram: 1,
+            max_draft: 8,
+        }
+    }
+}
+
+impl PromptLookup {
+    /// The tokens that followed the most recent earlier occurrence of the longest suffix of
+    /// `context` (between `min_ngram` and `max_ngram` tokens) that occurred before, continued
+    /// periodically past the context's end, `limit` and at most `max_draft` of them; empty when
+    /// no suffix recurs.
+    pub fn draft(&self, context: &[u32], limit: usize) -> Vec<u32> {
+        let limit = limit.min(self.max_draft);
+        if limit == 0 {
+            return Vec::new();
+        }
+        let len = context.len();
+        for n in (self.min_ngram.max(1)..=self.max_ngram).rev() {
+            if n >= len {
+                continue;
+            }
+            let suffix = &context[len - n..];
+            // The most recent occurrence that ends before the suffix itself starts to overlap
+            // the end (start + n < len), so at least one token follows it.
+            if let Some(start) = (0..len - n).rev().find(|&i| &context[i..i + n] == suffix) {
+                // Read on past the context's end into the draft itself: a run that repeats
+                // with period `len - start - n` is drafted as that repetition.
+                let from = start + n;
+                let mut draft = Vec::with_capacity(limit);
+                for k in 0..limit {
+                    let i = from + k;
+                    draft.push(if i < len { context[i] } else { draft[i - len] });
+                }
+                return draft;
+            }
+        }
+        Vec::new()
+    }
+}
+
+/// How many tokens to draft next, from how the last drafts did: twice as many after a draft
+/// the model kept whole, one more than it kept after a rejection. Where the model rarely
+/// agrees, drafts stay at one token, so a verification step costs little more than a plain
+/// one; where it copies long runs, drafts grow to the maximum.
+#[derive(Clone, Debug)]
+pub struct DraftLength {
+    current: usize,
+    max: usize,
+}
+
+impl DraftLength {
+    pub fn new(max: usize) -> DraftLength {
+        DraftLength {
+            current: max.clamp(1, 2),
+            max: max.max(1),
+        }
+    }
+
+    pub fn get(&self) -> usize {
+        self.current
+    }
+
+    /// Records that of `drafted` tokens the model kept `accepted`.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        self.current = if accepted >= drafted {
+            (2 * drafted.max(self.current)).min(self.max)
+        } else {
+            (accepted + 1).min(self.max)
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drafts_what_followed_the_latest_occurrence_of_the_longest_suffix() {
+        let p = PromptLookup::default();
+        // "1 2 3" occurs at 0 (followed by 4 5) and at 5 (followed by 9): the latest wins.
+        let ctx = [1, 2, 3, 4, 5, 1, 2, 3, 9, 7, 1, 2, 3];
+        assert_eq!(p.draft(&ctx, 8), vec![9, 7, 1, 2, 3, 9, 7, 1]);
+        assert_eq!(p.draft(&ctx, 2), vec![9, 7]);
+    }
+
+    #[test]
+    fn falls_back_to_shorter_ngrams_and_drafts_nothing_without_a_match() {
+        let p = PromptLookup::default();
+        assert_eq!(p.draft(&[5, 6, 7, 8, 6], 4), vec![7, 8, 6, 7]);
+        assert!(p.draft(&[1, 2, 3, 4], 8).is_empty());
+        assert!(p.draft(&[1], 8).is_empty());
+        assert!(p.draft(&[1, 2, 1, 2], 0).is_empty());
+        let bigrams_only = PromptLookup {
+            min_ngram: 2,
+            ..PromptLookup::default()
+        };
+        assert!(bigrams_only.draft(&[5, 6, 7, 8, 6], 8).is_empty());
+    }
+
+    #[test]
+    fn draft_length_doubles_on_whole_acceptance_and_shrinks_on_rejection() {
+        let mut d = DraftLength::new(8);
+        assert_eq!(d.get(), 2);
+        d.record(2, 2);
+        assert_eq!(d.get(), 4);
+        d.record(4, 4);
+        d.record(8, 8);
+        assert_eq!(d.get(), 8);
+        d.record(8, 3);
+        assert_eq!(d.get(), 4);
+        d.record(4, 0);
+        assert_eq!(d.get(), 1);
+        // A shorter draft than asked for (the lookup ran out) kept whole still grows it.
+        d.record(1, 1);
+        assert_eq!(d.get(), 2);
+        assert_eq!(DraftLength::new(1).get(), 1);
+    }
+
+    #[test]
+    fn a_repeating_token_drafts_its_repetition() {
+        let p = PromptLookup::default();
+        assert_eq!(p.draft(&[4, 4, 4, 4], 3), vec![4, 4, 4]);
+        assert_eq!(p.draft(&[9, 4, 4, 4, 4, 4], 20), vec![4; 8]);
+    }
+}
