@@ -50,6 +50,9 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         }
     };
     let mut sampler = Sampler::new(args.sampling.config());
+    let speculation = args
+        .speculative
+        .speculation(&args.model, engine.info().n_ctx, &tokenizer)?;
     let mut session = engine.new_session();
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
@@ -78,7 +81,7 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
             max_tokens: args.n_predict,
             stop: args.stop.clone(),
             ignore_eos: false,
-            speculative: args.speculative.prompt_lookup(),
+            speculative: speculation.clone(),
         };
         let mut reply = String::new();
         let mut out = std::io::stdout().lock();

@@ -66,11 +66,14 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let cfg = args.sampling.config();
     let seed = cfg.seed;
     let mut sampler = Sampler::new(cfg);
+    let speculation = args
+        .speculative
+        .speculation(&args.model, engine.info().n_ctx, &tokenizer)?;
     let opts = GenerateOptions {
         max_tokens: args.n_predict,
         stop: args.stop.clone(),
         ignore_eos: args.ignore_eos,
-        speculative: args.speculative.prompt_lookup(),
+        speculative: speculation.clone(),
     };
     let mut out = std::io::stdout().lock();
     write!(out, "{}", args.prompt)?;

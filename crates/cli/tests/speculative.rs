@@ -1,6 +1,7 @@
-//! Speculative decoding by prompt lookup keeps greedy output exactly the non-speculative one,
-//! on a single node (dense, MoE, sliding-window attention), in a pipeline and in a
-//! tensor-parallel group, while actually accepting drafts.
+//! Speculative decoding (prompt lookup, a draft model) keeps greedy output exactly the
+//! non-speculative one, on a single node (dense, MoE, sliding-window attention), in a pipeline
+//! and in a tensor-parallel group, while actually accepting drafts; a draft model with another
+//! vocabulary is refused by name.
 
 mod common;
 
@@ -86,69 +87,116 @@ fn greedy_speculative_output_is_the_plain_output_on_a_single_node() {
     }
 }
 
+/// The demo model requantized to Q4_0: the same vocabulary, close but not equal predictions.
+fn draft_model(dir: &std::path::Path) -> String {
+    let out = dir.join("draft-q4_0.gguf");
+    let out = out.to_string_lossy().into_owned();
+    run_ok(&["quantize", "--type", "q4_0", &demo_model(), &out]);
+    out
+}
+
+#[test]
+fn a_draft_model_keeps_greedy_output_and_another_vocabulary_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let draft = draft_model(dir.path());
+    let m = demo_model();
+    let want = run_ok(&greedy_args(&m, "ROMEO:", "160"));
+    let mut args = greedy_args(&m, "ROMEO:", "160");
+    args.extend_from_slice(&["--draft-model", &draft]);
+    let (out, err) = run_with_stderr(&args);
+    assert_eq!(out, want, "draft-model greedy text differs");
+    assert!(
+        accepted(&err) > 0,
+        "the draft model's drafts were never kept:\n{err}"
+    );
+
+    let other = smollm2();
+    let mut args = greedy_args(&m, "ROMEO:", "4");
+    args.extend_from_slice(&["--draft-model", other.to_str().unwrap()]);
+    let (ok, _, err) = Proc::spawn("run", &args).finish(T);
+    assert!(!ok, "a draft model with another vocabulary was accepted");
+    assert!(
+        err.contains("draft model") && err.contains("vocabulary"),
+        "the refusal does not say why:\n{err}"
+    );
+}
+
 #[test]
 fn greedy_speculative_output_is_the_plain_output_in_a_pipeline_and_a_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let draft = draft_model(dir.path());
     let m = demo_model();
     let (prompt, n) = ("ROMEO:", "120");
     let want = run_ok(&greedy_args(&m, prompt, n));
+    let configs: [(&str, Vec<&str>); 2] = [
+        ("prompt lookup", SPECULATIVE.to_vec()),
+        ("draft model", vec!["--draft-model", &draft]),
+    ];
+    for (name, spec) in &configs {
+        // Two stages.
+        let mut args = greedy_args(&m, prompt, n);
+        args.extend_from_slice(spec);
+        args.extend_from_slice(&["--layers", "0:2", "--listen", "127.0.0.1:0", "--insecure"]);
+        let coord = Proc::spawn("pipeline coordinator", &args);
+        let addr = format!("127.0.0.1:{}", coord.coordinator_port());
+        let _worker = Proc::spawn(
+            "worker 3:output",
+            &[
+                "worker",
+                "-m",
+                &m,
+                "--layers",
+                "3:output",
+                "--coordinator",
+                &addr,
+                "--kv-type",
+                "f32",
+                "--no-warm",
+                "--insecure",
+            ],
+        );
+        let (ok, out, err) = coord.finish(T);
+        assert!(ok, "{name}: pipeline failed:\n{err}");
+        assert_eq!(out, want, "{name}: 2-stage speculative greedy text differs");
+        assert!(
+            accepted(&err) > 0,
+            "{name}: the pipeline accepted no draft:\n{err}"
+        );
 
-    // Two stages.
-    let mut args = greedy_args(&m, prompt, n);
-    args.extend_from_slice(&SPECULATIVE);
-    args.extend_from_slice(&["--layers", "0:2", "--listen", "127.0.0.1:0", "--insecure"]);
-    let coord = Proc::spawn("pipeline coordinator", &args);
-    let addr = format!("127.0.0.1:{}", coord.coordinator_port());
-    let _worker = Proc::spawn(
-        "worker 3:output",
-        &[
-            "worker",
-            "-m",
-            &m,
-            "--layers",
-            "3:output",
-            "--coordinator",
-            &addr,
-            "--kv-type",
-            "f32",
-            "--no-warm",
-            "--insecure",
-        ],
-    );
-    let (ok, out, err) = coord.finish(T);
-    assert!(ok, "pipeline failed:\n{err}");
-    assert_eq!(out, want, "2-stage speculative greedy text differs");
-    assert!(accepted(&err) > 0, "the pipeline accepted no draft:\n{err}");
-
-    // Two tensor-parallel ranks.
-    let mut args = greedy_args(&m, prompt, n);
-    args.extend_from_slice(&SPECULATIVE);
-    args.extend_from_slice(&[
-        "--tensor-parallel",
-        "--tp-size",
-        "2",
-        "--listen",
-        "127.0.0.1:0",
-        "--insecure",
-    ]);
-    let coord = Proc::spawn("tp coordinator", &args);
-    let addr = format!("127.0.0.1:{}", coord.coordinator_port());
-    let _rank = Proc::spawn(
-        "rank",
-        &[
-            "worker",
+        // Two tensor-parallel ranks.
+        let mut args = greedy_args(&m, prompt, n);
+        args.extend_from_slice(spec);
+        args.extend_from_slice(&[
             "--tensor-parallel",
-            "-m",
-            &m,
-            "--coordinator",
-            &addr,
-            "--kv-type",
-            "f32",
-            "--no-warm",
+            "--tp-size",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
             "--insecure",
-        ],
-    );
-    let (ok, out, err) = coord.finish(T);
-    assert!(ok, "tensor-parallel group failed:\n{err}");
-    assert_eq!(out, want, "2-rank speculative greedy text differs");
-    assert!(accepted(&err) > 0, "the group accepted no draft:\n{err}");
+        ]);
+        let coord = Proc::spawn("tp coordinator", &args);
+        let addr = format!("127.0.0.1:{}", coord.coordinator_port());
+        let _rank = Proc::spawn(
+            "rank",
+            &[
+                "worker",
+                "--tensor-parallel",
+                "-m",
+                &m,
+                "--coordinator",
+                &addr,
+                "--kv-type",
+                "f32",
+                "--no-warm",
+                "--insecure",
+            ],
+        );
+        let (ok, out, err) = coord.finish(T);
+        assert!(ok, "{name}: tensor-parallel group failed:\n{err}");
+        assert_eq!(out, want, "{name}: 2-rank speculative greedy text differs");
+        assert!(
+            accepted(&err) > 0,
+            "{name}: the group accepted no draft:\n{err}"
+        );
+    }
 }

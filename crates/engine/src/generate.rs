@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::error::{EngineError, Result};
 use crate::sampler::Sampler;
 use crate::session::{Engine, Session};
-use crate::speculative::{DraftLength, PromptLookup};
+use crate::speculative::{DraftLength, Speculation};
 use crate::text::TextStream;
 pub use crate::text::Utf8Stream;
 
@@ -25,8 +25,8 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Keep going past end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
-    /// Speculative decoding by prompt lookup (`None`: one token per step).
-    pub speculative: Option<PromptLookup>,
+    /// Speculative decoding: where drafts come from (`None`: one token per step).
+    pub speculative: Option<Speculation>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -99,7 +99,7 @@ pub fn generate(
     let mut logits = std::mem::take(&mut session.last_logits);
     let mut drafted: VecDeque<(u32, Vec<f32>)> = VecDeque::new();
     let (mut n_drafted, mut n_accepted) = (0, 0);
-    let mut draft_length = DraftLength::new(opts.speculative.as_ref().map_or(1, |l| l.max_draft));
+    let mut draft_length = DraftLength::new(opts.speculative.as_ref().map_or(1, |s| s.max_draft()));
     // The last draft's length and the accepted count before it, to judge it once it is done.
     let mut last_draft: Option<(usize, usize)> = None;
     while tokens.len() < opts.max_tokens {
@@ -150,7 +150,7 @@ pub fn generate(
             draft_length.record(len, n_accepted - accepted_before);
         }
         let draft = match &opts.speculative {
-            Some(lookup) => {
+            Some(speculation) => {
                 // Room for the draft: the context, and the tokens still wanted after `tok`.
                 let room = (n_ctx - session.tokens.len() - 1)
                     .min(opts.max_tokens - tokens.len() - 1)
@@ -158,7 +158,7 @@ pub fn generate(
                 let mut context = Vec::with_capacity(session.tokens.len() + 1);
                 context.extend_from_slice(&session.tokens);
                 context.push(tok);
-                lookup.draft(&context, room)
+                speculation.draft(&context, room)?
             }
             None => Vec::new(),
         };

@@ -25,4 +25,4 @@ pub use runner::{RunError, Runner, SeqWork, SharedExperts};
 pub use sampler::{Sampler, SamplerConfig};
 pub use session::{DEFAULT_PREFILL_CHUNK, Engine, Session};
 pub use snapshot::{Snapshot, SnapshotLayout};
-pub use speculative::PromptLookup;
+pub use speculative::{DraftModel, PromptLookup, Speculation};

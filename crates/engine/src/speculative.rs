@@ -1,8 +1,95 @@
-//! Drafts for speculative decoding by prompt lookup: where the context's last few tokens
+//! Drafts for speculative decoding. Prompt lookup: where the context's last few tokens
 //! occurred before, the tokens that followed them then are proposed as the continuation
-//! (vLLM's `ngram` method, llama.cpp's lookup decoding). Code being edited, documents being
-//! revised and answers quoting their sources repeat long runs of their context, and each run
-//! the model agrees with costs one batched step instead of one step per token.
+//! (vLLM's `ngram` method, llama.cpp's lookup decoding); code being edited, documents being
+//! revised and answers quoting their sources repeat long runs of their context. A draft model:
+//! a small model with the same vocabulary, run greedily on the coordinator. Either way each run
+//! of drafts the target agrees with costs it one batched step instead of one step per token.
+//!
+//! Both drafters are deterministic functions of the context (a point-mass draft distribution),
+//! which is what [`crate::Sampler::verify`]'s acceptance rule assumes.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::{EngineError, Result};
+use crate::sampler::argmax;
+use crate::session::{Engine, Session};
+
+/// Where drafts come from.
+#[derive(Clone, Debug)]
+pub enum Speculation {
+    PromptLookup(PromptLookup),
+    /// Shared so that options holding it stay cheap to clone; one generation uses it at a time.
+    DraftModel(Arc<Mutex<DraftModel>>),
+}
+
+impl Speculation {
+    /// Most tokens drafted per step.
+    pub fn max_draft(&self) -> usize {
+        match self {
+            Speculation::PromptLookup(l) => l.max_draft,
+            Speculation::DraftModel(m) => m.lock().map_or(1, |m| m.max_draft),
+        }
+    }
+
+    /// Up to `limit` drafted tokens to follow `context` (possibly none).
+    pub fn draft(&self, context: &[u32], limit: usize) -> Result<Vec<u32>> {
+        match self {
+            Speculation::PromptLookup(l) => Ok(l.draft(context, limit)),
+            Speculation::DraftModel(m) => m
+                .lock()
+                .map_err(|_| EngineError::Executor("the draft model's lock is poisoned".into()))?
+                .draft(context, limit),
+        }
+    }
+}
+
+/// A draft model: its own engine (a local executor on the coordinator) and one session whose
+/// history follows the target's, so each step evaluates only what changed since the last one
+/// (the tokens the target kept are already in its cache from drafting them).
+pub struct DraftModel {
+    engine: Engine,
+    session: Session,
+    max_draft: usize,
+}
+
+impl std::fmt::Debug for DraftModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraftModel")
+            .field("model", &self.engine.info().name)
+            .field("max_draft", &self.max_draft)
+            .finish()
+    }
+}
+
+impl DraftModel {
+    pub fn new(mut engine: Engine, max_draft: usize) -> DraftModel {
+        let session = engine.new_session();
+        DraftModel {
+            engine,
+            session,
+            max_draft: max_draft.max(1),
+        }
+    }
+
+    /// The draft model's greedy continuation of `context`, `limit` (at most `max_draft`)
+    /// tokens; none when the context no longer fits the draft model's.
+    pub fn draft(&mut self, context: &[u32], limit: usize) -> Result<Vec<u32>> {
+        let limit = limit.min(self.max_draft);
+        if limit == 0 || context.len() + limit > self.engine.info().n_ctx {
+            return Ok(Vec::new());
+        }
+        self.engine.sync(&mut self.session, context)?;
+        let mut out = Vec::with_capacity(limit);
+        loop {
+            let tok = argmax(&self.session.last_logits);
+            out.push(tok);
+            if out.len() == limit {
+                return Ok(out);
+            }
+            self.engine.append(&mut self.session, &[tok])?;
+        }
+    }
+}
 
 /// Prompt-lookup drafting parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
