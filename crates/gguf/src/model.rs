@@ -356,6 +356,39 @@ pub fn write_split_model(
 mod tests {
     use super::*;
 
+    fn model_with(key: Option<&str>) -> Result<GgufModel> {
+        let mut w = GgufWriter::new();
+        w.add_metadata(ARCHITECTURE_KEY, "llama")?;
+        if let Some(hex) = key {
+            w.add_metadata(PARENT_FINGERPRINT_KEY, hex)?;
+        }
+        w.add_tensor("t", crate::GgmlType::F32, &[2], vec![0u8; 8])?;
+        let mut bytes = Vec::new();
+        w.write_to(&mut bytes)?;
+        assert_eq!(
+            w.file_len(),
+            bytes.len() as u64,
+            "file_len is the written size"
+        );
+        GgufModel::from_splits(vec![GgufFile::from_bytes("m.gguf", bytes)?])
+    }
+
+    #[test]
+    fn a_shard_file_presents_its_parents_fingerprint() {
+        let full = model_with(None).unwrap();
+        assert!(!full.is_shard());
+        assert_eq!(full.fingerprint(), full.own_fingerprint());
+        let parent = Fingerprint([0xab; 32]);
+        let shard = model_with(Some(&parent.to_string())).unwrap();
+        assert!(shard.is_shard());
+        assert_eq!(shard.fingerprint(), parent);
+        assert_ne!(shard.own_fingerprint(), parent);
+        let err = model_with(Some("not hex")).unwrap_err().to_string();
+        assert!(err.contains(PARENT_FINGERPRINT_KEY), "{err}");
+        assert_eq!(Fingerprint::from_hex(&parent.to_string()), Some(parent));
+        assert_eq!(Fingerprint::from_hex(&"g".repeat(64)), None);
+    }
+
     #[test]
     fn split_names_parse_and_rebuild() {
         let name =
