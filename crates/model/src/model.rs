@@ -204,6 +204,9 @@ impl Model {
                     down: experts.down.expert(e).weights(&self.files),
                 })
             }
+            Some(Ffn::Moe { experts, .. }) if e < experts.gate.n_expert => {
+                Err(self.not_held(&format!("expert {e} of layer {il}")))
+            }
             _ => Err(ModelError::Experts(format!("layer {il} has no expert {e}"))),
         }
     }
@@ -260,7 +263,7 @@ impl Model {
     /// The error of asking a shard file for `what` it does not hold.
     pub(crate) fn not_held(&self, what: &str) -> ModelError {
         ModelError::WrongShard(format!(
-            "{what} are not in this file ({})",
+            "{what}: not in this file ({})",
             self.slice
                 .as_ref()
                 .map_or("a full model".into(), FileSlice::describe)
