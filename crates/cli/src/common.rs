@@ -77,6 +77,9 @@ pub fn load_model(args: &ModelArgs, topology: &Topology) -> anyhow::Result<Arc<M
     let (rank, n_ranks) = topology.shard().unwrap_or((0, 1));
     let model = Model::from_gguf_rank(files, rank, n_ranks)
         .with_context(|| format!("loading {}", path.display()))?;
+    model
+        .check_role(&topology.role(&model)?)
+        .with_context(|| format!("{} cannot run here", path.display()))?;
     let sel = topology.selection(&model, args.streaming.ssd_streaming)?;
     let ranges = model.weight_ranges(&sel);
     let total: u64 = ranges.iter().map(|r| r.len).sum();

@@ -13,6 +13,7 @@ mod quantize;
 mod run;
 mod sampling;
 mod serve;
+mod shard;
 mod speculative_args;
 mod streaming_args;
 mod synth;
@@ -57,6 +58,9 @@ enum Command {
     Synth(synth::SynthArgs),
     /// Rewrite a GGUF with its matrices in another block format.
     Quantize(quantize::QuantizeArgs),
+    /// Write the part of a model one pipeline stage or tensor-parallel rank runs (--plan: the
+    /// bytes per machine).
+    Shard(shard::ShardArgs),
     /// Turn a dense llama GGUF into an equivalent Mixtral-style MoE GGUF (a test of the MoE path).
     Upcycle(upcycle::UpcycleArgs),
 }
@@ -79,6 +83,7 @@ fn main() -> std::process::ExitCode {
         Command::Logits(a) => logits::run(&a),
         Command::Worker(a) => worker::run(&a),
         Command::Keygen(a) => keygen::run(&a),
+        Command::Shard(a) => shard::run(&a),
         Command::Inspect(a) => inspect::run(&a),
         Command::Upcycle(a) => upcycle::run(&a),
         Command::Quantize(a) => quantize::run(&a),

@@ -5,7 +5,7 @@
 
 use anyhow::{Context, bail};
 use engine::{LayerRange, RangeSpec};
-use model::{Model, WeightSelection};
+use model::{Model, Role, WeightSelection};
 
 use crate::cluster_args::ClusterArgs;
 
@@ -100,6 +100,27 @@ impl Topology {
                 .with_context(|| format!("--layers {}", show(range))),
             _ => Ok(LayerRange::whole(n_layer)),
         }
+    }
+
+    /// What this process runs, for checking a shard file against it. A rank's experts are
+    /// known once the group is formed (the coordinator checks them then), so this asks only
+    /// for every layer, the embeddings and the head.
+    pub fn role(&self, model: &Model) -> anyhow::Result<Role> {
+        Ok(match self {
+            Topology::Local => Role::Whole,
+            Topology::Pipeline { .. } => {
+                let range = self.layers(model.n_layer())?;
+                Role::Stage {
+                    layers: range.layers(),
+                    head: range.head,
+                }
+            }
+            Topology::TensorParallel { n_ranks, rank } => Role::Rank {
+                rank: rank.unwrap_or(0),
+                n_ranks: *n_ranks,
+                experts: 0..0,
+            },
+        })
     }
 
     /// What this process reads of `model`, for warming. Routed experts are left to fault in

@@ -6,6 +6,7 @@ use std::time::Duration;
 use cluster::membership::Membership;
 use cluster::pipeline::{WorkerConfig, run_worker};
 use cluster::tp::{TpWorkerConfig, run_tp_worker};
+use cluster::wire::HeldExperts;
 
 use crate::common::{self, ModelArgs};
 use crate::topology::{Side, Topology};
@@ -52,11 +53,22 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     };
     let served = match topology {
         Topology::TensorParallel { .. } => {
+            let slice = model.slice();
+            let held = slice.map(|s| HeldExperts {
+                first: s.experts.start as u32,
+                end: s.experts.end as u32,
+                file: format!("{} ({})", args.model.model_path().display(), s.describe()),
+            });
+            // A rank's file was written for one rank: ask for that one unless told otherwise.
+            let file_rank = slice
+                .and_then(|s| s.placement.as_ref())
+                .map(|p| p.rank as u32);
             let cfg = TpWorkerConfig {
                 membership,
                 data_listen: data_listen.clone(),
-                rank: args.rank,
+                rank: args.rank.or(file_rank),
                 expert_weight: 1.0,
+                held,
                 tp_timeout: Duration::from_secs_f64(c.tp_timeout.max(0.1)),
                 threads: args.model.threads,
                 kv_type: args.model.kv_type,

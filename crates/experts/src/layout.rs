@@ -59,21 +59,19 @@ fn align_up(x: u64) -> u64 {
 
 /// How many routed experts `layer` has (`None` for a dense layer).
 pub(crate) fn n_expert_of(model: &Model, layer: usize) -> Option<usize> {
-    match &model.layer(layer).ffn {
+    match &model.layer(layer)?.ffn {
         Ffn::Moe { experts, .. } => Some(experts.gate.n_expert),
         Ffn::Dense { .. } => None,
     }
 }
 
-/// The read plan of one expert, or `None` when `layer` has no routed expert `expert`.
+/// The read plan of one expert, or `None` when `layer` has no routed expert `expert` in the
+/// file (a shard file holds only some layers, or only some experts).
 pub fn plan(model: &Model, layer: usize, expert: usize) -> Option<ExpertPlan> {
-    if layer >= model.n_layer() {
-        return None;
-    }
-    let Ffn::Moe { experts, .. } = &model.layer(layer).ffn else {
+    let Ffn::Moe { experts, .. } = &model.layer(layer)?.ffn else {
         return None;
     };
-    if expert >= experts.gate.n_expert {
+    if !experts.gate.holds(expert) {
         return None;
     }
     let (gate, up) = experts.gate_up(expert);

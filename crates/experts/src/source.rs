@@ -133,7 +133,16 @@ impl StreamedExperts {
         let mut resident_keys = Vec::new();
         for &l in &moe_layers {
             for k in owned_keys(l) {
-                let p = layout::plan(&model, l, k.expert as usize).expect("MoE layer expert");
+                let p = layout::plan(&model, l, k.expert as usize).ok_or_else(|| {
+                    StreamError::Config(format!(
+                        "expert {} of layer {l} is not in {} ({})",
+                        k.expert,
+                        model.files().splits()[0].path().display(),
+                        model
+                            .slice()
+                            .map_or("no such expert".into(), |s| s.describe())
+                    ))
+                })?;
                 slot_bytes = slot_bytes.max(p.slot_bytes);
                 if resident.contains(&l) {
                     resident_keys.push(k);

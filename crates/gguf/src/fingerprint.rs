@@ -3,6 +3,10 @@
 //! headers agree on it whatever their paths, so the cluster handshake can reject a peer serving
 //! a different model (or a different quantization or split layout of the same one). Tensor data
 //! is not hashed: reading hundreds of GiB at start-up is not affordable.
+//!
+//! A file written by `moeshard shard` (a pipeline stage's or a tensor-parallel rank's part of a
+//! model) names its parent's fingerprint under [`PARENT_FINGERPRINT_KEY`]; a model opened from
+//! it presents that identity, so shard files and full files of one model form one cluster.
 
 use std::fmt;
 
@@ -17,6 +21,9 @@ const DOMAIN: &[u8] = b"moeshard.gguf.fingerprint.v1\0";
 /// Flush the encoding buffer into the hasher beyond this size (a vocabulary is megabytes).
 const FLUSH_BYTES: usize = 1 << 16;
 
+/// Metadata key of a shard file's parent fingerprint (64 lower-case hex digits).
+pub const PARENT_FINGERPRINT_KEY: &str = "moeshard.shard.parent_fingerprint";
+
 /// A 256-bit model fingerprint.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Fingerprint(pub [u8; 32]);
@@ -24,6 +31,19 @@ pub struct Fingerprint(pub [u8; 32]);
 impl Fingerprint {
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
+    }
+
+    /// Parses the 64 hex digits [`Fingerprint`]'s `Display` writes.
+    pub fn from_hex(hex: &str) -> Option<Fingerprint> {
+        if hex.len() != 64 || !hex.is_ascii() {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (byte, pair) in out.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
+            let pair = std::str::from_utf8(pair).ok()?;
+            *byte = u8::from_str_radix(pair, 16).ok()?;
+        }
+        Some(Fingerprint(out))
     }
 
     /// The first 8 bytes as a little-endian u64, for logs and compact wire fields.

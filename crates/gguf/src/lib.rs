@@ -18,7 +18,7 @@ mod value;
 mod writer;
 
 pub use error::{GgufError, Result};
-pub use fingerprint::Fingerprint;
+pub use fingerprint::{Fingerprint, PARENT_FINGERPRINT_KEY};
 pub use metadata::{ALIGNMENT_KEY, ARCHITECTURE_KEY, DEFAULT_ALIGNMENT, Metadata};
 pub use model::{
     GgufModel, ModelTensor, SPLIT_COUNT_KEY, SPLIT_NO_KEY, SPLIT_TENSORS_COUNT_KEY,

@@ -9,7 +9,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::error::{GgufError, Result};
-use crate::fingerprint::{Fingerprint, fingerprint_files};
+use crate::fingerprint::{Fingerprint, PARENT_FINGERPRINT_KEY, fingerprint_files};
 use crate::metadata::{ARCHITECTURE_KEY, Metadata};
 use crate::reader::{GgufFile, TensorLocation};
 use crate::tensor::TensorInfo;
@@ -59,6 +59,8 @@ pub struct GgufModel {
     splits: Vec<GgufFile>,
     /// Tensor name → (split, index in that split's tensor list).
     index: HashMap<String, (usize, usize)>,
+    /// The identity of the model this file is a part of (`moeshard shard` output).
+    parent: Option<Fingerprint>,
 }
 
 impl GgufModel {
@@ -153,7 +155,22 @@ impl GgufModel {
                 found: total as u64,
             });
         }
-        Ok(Self { splits, index })
+        let parent = match first.metadata().get_str(PARENT_FINGERPRINT_KEY)? {
+            None => None,
+            Some(hex) => {
+                Some(
+                    Fingerprint::from_hex(hex).ok_or_else(|| GgufError::InvalidValue {
+                        key: PARENT_FINGERPRINT_KEY.into(),
+                        reason: format!("{hex:?} is not 64 hex digits"),
+                    })?,
+                )
+            }
+        };
+        Ok(Self {
+            splits,
+            index,
+            parent,
+        })
     }
 
     /// The model's metadata: the first split's.
@@ -194,9 +211,20 @@ impl GgufModel {
         self.tensor(name).map(|t| t.location())
     }
 
-    /// SHA-256 over all splits' metadata and tensor indexes: the model identity peers compare.
+    /// The model identity peers compare: SHA-256 over all splits' metadata and tensor indexes,
+    /// or, for a shard file, the parent model's (the part stands for the whole it came from).
     pub fn fingerprint(&self) -> Fingerprint {
+        self.parent.unwrap_or_else(|| self.own_fingerprint())
+    }
+
+    /// The hash of these files themselves, whatever they are a part of.
+    pub fn own_fingerprint(&self) -> Fingerprint {
         fingerprint_files(self.splits.iter().map(|f| (f.metadata(), f.tensors())))
+    }
+
+    /// Whether these files are a part of another model (a `moeshard shard` file).
+    pub fn is_shard(&self) -> bool {
+        self.parent.is_some()
     }
 }
 
@@ -327,6 +355,39 @@ pub fn write_split_model(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn model_with(key: Option<&str>) -> Result<GgufModel> {
+        let mut w = GgufWriter::new();
+        w.add_metadata(ARCHITECTURE_KEY, "llama")?;
+        if let Some(hex) = key {
+            w.add_metadata(PARENT_FINGERPRINT_KEY, hex)?;
+        }
+        w.add_tensor("t", crate::GgmlType::F32, &[2], vec![0u8; 8])?;
+        let mut bytes = Vec::new();
+        w.write_to(&mut bytes)?;
+        assert_eq!(
+            w.file_len(),
+            bytes.len() as u64,
+            "file_len is the written size"
+        );
+        GgufModel::from_splits(vec![GgufFile::from_bytes("m.gguf", bytes)?])
+    }
+
+    #[test]
+    fn a_shard_file_presents_its_parents_fingerprint() {
+        let full = model_with(None).unwrap();
+        assert!(!full.is_shard());
+        assert_eq!(full.fingerprint(), full.own_fingerprint());
+        let parent = Fingerprint([0xab; 32]);
+        let shard = model_with(Some(&parent.to_string())).unwrap();
+        assert!(shard.is_shard());
+        assert_eq!(shard.fingerprint(), parent);
+        assert_ne!(shard.own_fingerprint(), parent);
+        let err = model_with(Some("not hex")).unwrap_err().to_string();
+        assert!(err.contains(PARENT_FINGERPRINT_KEY), "{err}");
+        assert_eq!(Fingerprint::from_hex(&parent.to_string()), Some(parent));
+        assert_eq!(Fingerprint::from_hex(&"g".repeat(64)), None);
+    }
 
     #[test]
     fn split_names_parse_and_rebuild() {

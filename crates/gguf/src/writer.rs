@@ -237,6 +237,18 @@ impl<'data> GgufWriter<'data> {
         self.tensors.len()
     }
 
+    /// The size of the file [`GgufWriter::write_to`] (or `write_streaming`) would write, without
+    /// writing it: header, then every tensor padded to the alignment.
+    pub fn file_len(&self) -> u64 {
+        let alignment = self.alignment();
+        let data: u64 = self
+            .tensors
+            .iter()
+            .map(|t| t.len.next_multiple_of(alignment))
+            .sum();
+        self.encode_header(alignment).len() as u64 + data
+    }
+
     /// Writes the file to `out`; returns the number of bytes written.
     pub fn write_to<W: Write>(&self, mut out: W) -> Result<u64> {
         if let Some(t) = self.tensors.iter().find(|t| t.lazy) {

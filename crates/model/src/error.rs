@@ -24,6 +24,8 @@ pub enum ModelError {
     Input(String),
     #[error("expert source: {0}")]
     Experts(String),
+    #[error("wrong shard file: {0}")]
+    WrongShard(String),
     #[error("collective operation at layer {layer}: {detail}")]
     Collective { layer: usize, detail: String },
 }

@@ -139,6 +139,9 @@ impl Model {
                 self.hp.n_layer
             )));
         }
+        if self.layer(*layers.start()).is_none() || self.layer(*layers.end()).is_none() {
+            return Err(self.not_held(&format!("layers {}:{}", layers.start(), layers.end())));
+        }
         let mut x = match input {
             StageInput::Tokens(t) => {
                 if *layers.start() != 0 {
@@ -227,12 +230,15 @@ impl Model {
             h.extend_from_slice(&x[r * d..(r + 1) * d]);
         }
         let head_span = span(Phase::Head);
-        cx.rms_norm_rows_inplace(&mut h, &self.output_norm, self.hp.rms_eps);
+        let (Some(output_norm), Some(output)) = (&self.output_norm, &self.output) else {
+            return Err(self.not_held("the output norm and head"));
+        };
+        cx.rms_norm_rows_inplace(&mut h, output_norm, self.hp.rms_eps);
         hooks.observe(None, "result_norm", &h);
         let input = Input::new(&h, rows.len(), d)?;
         // A tensor-parallel rank computes its slice of the vocabulary.
         let vocab = self.shard.vocab.clone();
-        let out_w = self.output.weights(self.files()).rows_slice(vocab.clone());
+        let out_w = output.weights(self.files()).rows_slice(vocab.clone());
         let data = cx.project(&input, &[out_w])?.pop().expect("one output");
         drop(head_span);
         hooks.observe(None, "result_output", &data);
@@ -257,7 +263,7 @@ impl Model {
         rope: &RopeTable,
         hooks: &mut dyn Hooks,
     ) -> Result<()> {
-        let a = match &self.layers[il].attn {
+        let a = match &self.held_layer(il)?.attn {
             AttentionWeights::Gqa(a) => a,
             AttentionWeights::Mla(m) => {
                 return self.mla_attention_layer(cx, il, m, x, seqs, pos0, rope, hooks);
@@ -493,11 +499,7 @@ impl Model {
             Some(_) => 1,
             None => self.hp.n_head / self.hp.n_head_kv.max(1),
         };
-        crate::shard::o_chunk(
-            self.layers[0].attn.o().dtype,
-            self.hp.head_dim_out(),
-            heads_per_unit,
-        )
+        crate::shard::o_chunk(self.o_dtype, self.hp.head_dim_out(), heads_per_unit)
     }
 
     /// A SwiGLU FFN, split by columns across tensor-parallel ranks (partial sums); when the
@@ -548,7 +550,7 @@ impl Model {
             selection_bias,
             experts: tensors,
             ..
-        }) = self.layers.get(next).map(|l| &l.ffn)
+        }) = self.layer(next).map(|l| &l.ffn)
         else {
             return Ok(());
         };
@@ -558,7 +560,7 @@ impl Model {
         );
         let n = x.len() / d;
         let mut h = vec![0f32; n * d];
-        cx.rms_norm_rows(x, &self.layers[next].ffn_norm, self.hp.rms_eps, &mut h);
+        cx.rms_norm_rows(x, &self.held_layer(next)?.ffn_norm, self.hp.rms_eps, &mut h);
         let hin = Input::new(&h, n, d)?;
         let logits = self.router_logits(cx, next, &hin)?;
         let routing = route(
@@ -585,7 +587,7 @@ impl Model {
             router,
             router_bias,
             ..
-        } = &self.layers[il].ffn
+        } = &self.held_layer(il)?.ffn
         else {
             return Err(ModelError::Input(format!("layer {il} has no router")));
         };
@@ -611,7 +613,7 @@ impl Model {
         hooks: &mut dyn Hooks,
     ) -> Result<()> {
         let hp = &self.hp;
-        let l = &self.layers[il];
+        let l = self.held_layer(il)?;
         let d = hp.n_embd;
         let n = x.len() / d;
         let mut h = vec![0f32; n * d];

@@ -6,6 +6,7 @@ pub mod arch;
 pub mod blocks;
 pub mod error;
 pub mod experts;
+pub mod file_slice;
 pub mod forward;
 pub mod hparams;
 pub mod kv;
@@ -20,6 +21,7 @@ pub use error::{ModelError, Result};
 pub use experts::{
     BalancedResidentExperts, ExpertMatrices, ExpertSource, OwnedResidentExperts, ResidentExperts,
 };
+pub use file_slice::{FileSlice, RankPlacement, Role};
 pub use forward::{
     Hooks, Logits, LogitsWanted, NoHooks, ReducePoint, SeqInput, StageInput, StageOutput,
 };

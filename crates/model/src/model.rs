@@ -10,6 +10,7 @@ use gguf::GgufModel;
 
 use crate::arch::{self, ArchSpec};
 use crate::error::{ModelError, Result};
+use crate::file_slice::{FileSlice, Role};
 use crate::hparams::Hparams;
 use crate::kv::{KvLayout, KvType, SlidingLayers};
 use crate::names::TensorName;
@@ -19,11 +20,16 @@ pub struct Model {
     files: Arc<GgufModel>,
     pub spec: &'static ArchSpec,
     pub hp: Hparams,
-    pub(crate) token_embd: Matrix,
-    pub(crate) output_norm: Vec<f32>,
-    pub(crate) output: Matrix,
+    /// Absent (like the head and the layers outside its range) only in a shard file that does
+    /// not hold them; `slice` says what it holds.
+    pub(crate) token_embd: Option<Matrix>,
+    pub(crate) output_norm: Option<Vec<f32>>,
+    pub(crate) output: Option<Matrix>,
     pub(crate) rope_freqs: Option<Vec<f32>>,
-    pub(crate) layers: Vec<Layer>,
+    pub(crate) layers: Vec<Option<Layer>>,
+    /// Layer 0's attention output type, which fixes every layer's reduction chunk.
+    pub(crate) o_dtype: gguf::GgmlType,
+    pub(crate) slice: Option<FileSlice>,
     pub(crate) shard: crate::shard::Shard,
     /// How multi-head latent attention is computed (absorbed unless set; both give the same
     /// attention, and every topology must use the same form to stay bit-identical).
@@ -41,7 +47,8 @@ impl Model {
     }
 
     /// Rank `rank` of a tensor-parallel group of `n_ranks`: its share of heads, FFN columns and
-    /// vocabulary is fixed here, before any KV cache is made for it.
+    /// vocabulary is fixed here, before any KV cache is made for it. A shard file binds what it
+    /// holds; [`Model::check_role`] says whether that is enough for a role.
     pub fn from_gguf_rank(files: Arc<GgufModel>, rank: usize, n_ranks: usize) -> Result<Model> {
         let meta = files.metadata();
         let arch_name = meta.arch()?;
@@ -50,21 +57,51 @@ impl Model {
             supported: arch::supported().join(", "),
         })?;
         let mut hp = Hparams::from_metadata(meta, spec)?;
-        let b = Binder { files: &files };
-        let token_embd = b.matrix_any_rows(&TensorName::TokenEmbd.weight(0), hp.n_embd)?;
-        hp.n_vocab = token_embd.rows;
-        let output_norm = b.vector(&TensorName::OutputNorm.weight(0), hp.n_embd)?;
+        let n_expert = hp.moe.as_ref().map_or(0, |m| m.n_expert);
+        let slice = FileSlice::from_metadata(meta, hp.n_layer, n_expert)?;
+        let b = Binder {
+            files: &files,
+            experts: slice.as_ref().map_or(0..n_expert, |s| s.experts.clone()),
+        };
+        // A full file must have what a shard file may leave out.
+        let required = |name: &str, present: bool| match (&slice, present) {
+            (None, false) => Err(ModelError::MissingTensor(name.to_string())),
+            _ => Ok(()),
+        };
+        let embd_name = TensorName::TokenEmbd.weight(0);
+        let token_embd = b.matrix_any_rows_opt(&embd_name, hp.n_embd)?;
+        required(&embd_name, token_embd.is_some())?;
+        hp.n_vocab = match (&slice, &token_embd) {
+            (Some(s), _) => s.n_vocab,
+            (None, Some(t)) => t.rows,
+            (None, None) => 0,
+        };
+        if let Some(t) = &token_embd
+            && t.rows != hp.n_vocab
+        {
+            return Err(crate::error::bad_tensor(
+                &embd_name,
+                format!("{} rows, the shard's vocabulary is {}", t.rows, hp.n_vocab),
+            ));
+        }
+        let norm_name = TensorName::OutputNorm.weight(0);
+        let output_norm = b.vector_opt(&norm_name, hp.n_embd)?;
+        required(&norm_name, output_norm.is_some())?;
         let output = b
             .matrix_opt(&TensorName::Output.weight(0), hp.n_embd, hp.n_vocab)?
-            .unwrap_or(token_embd);
+            .or(token_embd);
         let rope_freqs = b.vector_opt(&TensorName::RopeFreqs.weight(0), hp.rope.n_rot / 2)?;
         let layers = (0..hp.n_layer)
-            .map(|il| b.layer(spec, &hp, il))
+            .map(|il| match &slice {
+                Some(s) if !s.layers.contains(&il) => Ok(None),
+                _ => b.layer(spec, &hp, il).map(Some),
+            })
             .collect::<Result<Vec<_>>>()?;
-        let o_dtype = layers
-            .first()
-            .map(|l| l.attn.o().dtype)
-            .unwrap_or(gguf::GgmlType::F32);
+        let o_dtype = match (&slice, layers.first()) {
+            (Some(s), _) => s.attn_output_type,
+            (None, Some(Some(l))) => l.attn.o().dtype,
+            (None, _) => gguf::GgmlType::F32,
+        };
         let shard = crate::shard::Shard::new(&hp, spec.qk_norm, o_dtype, rank, n_ranks);
         Ok(Model {
             files,
@@ -75,9 +112,34 @@ impl Model {
             output,
             rope_freqs,
             layers,
+            o_dtype,
+            slice,
             shard,
             mla_form: crate::blocks::mla::MlaForm::Absorbed,
         })
+    }
+
+    /// What the file holds when it is a shard file (`None`: the whole model).
+    pub fn slice(&self) -> Option<&FileSlice> {
+        self.slice.as_ref()
+    }
+
+    /// Whether this model's file holds everything `role` runs (a full file always does); the
+    /// refusal names the file's slice and the role.
+    pub fn check_role(&self, role: &Role) -> Result<()> {
+        match &self.slice {
+            None => Ok(()),
+            Some(s) => {
+                let n_expert = self.hp.moe.as_ref().map_or(0, |m| m.n_expert);
+                s.check(role, self.n_layer(), n_expert)
+                    .map_err(ModelError::WrongShard)
+            }
+        }
+    }
+
+    /// The layer-0 attention output type (of the parent, for a shard file).
+    pub fn attn_output_type(&self) -> gguf::GgmlType {
+        self.o_dtype
     }
 
     /// This process's tensor-parallel share (everything unless set).
@@ -88,15 +150,10 @@ impl Model {
     /// The share rank `rank` of a group of this model's size has (every rank computes the
     /// others' the same way).
     pub fn shard_of(&self, rank: usize) -> crate::shard::Shard {
-        let o_dtype = self
-            .layers
-            .first()
-            .map(|l| l.attn.o().dtype)
-            .unwrap_or(gguf::GgmlType::F32);
         crate::shard::Shard::new(
             &self.hp,
             self.spec.qk_norm,
-            o_dtype,
+            self.o_dtype,
             rank,
             self.shard.n_ranks,
         )
@@ -110,8 +167,21 @@ impl Model {
         Arc::clone(&self.files)
     }
 
-    pub fn layer(&self, il: usize) -> &Layer {
-        &self.layers[il]
+    /// Layer `il`'s weights (`None` past the last layer or outside a shard file's layers).
+    pub fn layer(&self, il: usize) -> Option<&Layer> {
+        self.layers.get(il)?.as_ref()
+    }
+
+    /// Layer `il` for the forward path, whose range was checked against the file's slice.
+    pub(crate) fn held_layer(&self, il: usize) -> Result<&Layer> {
+        self.layer(il).ok_or_else(|| {
+            ModelError::Input(format!(
+                "layer {il} is not in this file ({})",
+                self.slice
+                    .as_ref()
+                    .map_or("the model has fewer".into(), FileSlice::describe)
+            ))
+        })
     }
 
     pub fn n_layer(&self) -> usize {
@@ -120,19 +190,22 @@ impl Model {
 
     /// Whether layer `il` routes through experts.
     pub fn is_moe_layer(&self, il: usize) -> bool {
-        matches!(self.layers.get(il).map(|l| &l.ffn), Some(Ffn::Moe { .. }))
+        matches!(self.layer(il).map(|l| &l.ffn), Some(Ffn::Moe { .. }))
     }
 
     /// Expert `e` of layer `il`, straight from the map.
     pub fn expert_weights(&self, il: usize, e: usize) -> Result<ExpertMatrices<'_>> {
-        match &self.layers.get(il).map(|l| &l.ffn) {
-            Some(Ffn::Moe { experts, .. }) if e < experts.gate.n_expert => {
+        match &self.layer(il).map(|l| &l.ffn) {
+            Some(Ffn::Moe { experts, .. }) if experts.gate.holds(e) => {
                 let (gate, up) = experts.gate_up(e);
                 Ok(ExpertMatrices {
                     gate: gate.weights(&self.files),
                     up: up.weights(&self.files),
                     down: experts.down.expert(e).weights(&self.files),
                 })
+            }
+            Some(Ffn::Moe { experts, .. }) if e < experts.gate.n_expert => {
+                Err(self.not_held(&format!("expert {e} of layer {il}")))
             }
             _ => Err(ModelError::Experts(format!("layer {il} has no expert {e}"))),
         }
@@ -166,7 +239,11 @@ impl Model {
     /// Embedding rows of `tokens`, dequantized into `out` (`tokens.len() × n_embd`).
     pub fn embed(&self, tokens: &[u32], out: &mut [f32]) -> Result<()> {
         let d = self.hp.n_embd;
-        let w = self.token_embd.weights(&self.files);
+        let w = self
+            .token_embd
+            .as_ref()
+            .ok_or_else(|| self.not_held("token embeddings"))?
+            .weights(&self.files);
         for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
             if t as usize >= self.hp.n_vocab {
                 return Err(ModelError::Input(format!(
@@ -179,6 +256,18 @@ impl Model {
             })?;
         }
         Ok(())
+    }
+}
+
+impl Model {
+    /// The error of asking a shard file for `what` it does not hold.
+    pub(crate) fn not_held(&self, what: &str) -> ModelError {
+        ModelError::WrongShard(format!(
+            "{what}: not in this file ({})",
+            self.slice
+                .as_ref()
+                .map_or("a full model".into(), FileSlice::describe)
+        ))
     }
 }
 
@@ -198,7 +287,10 @@ impl Model {
     pub fn weight_ranges(&self, sel: &WeightSelection) -> Vec<crate::weights::TensorRef> {
         use crate::weights::TensorRef;
         let mut refs: Vec<TensorRef> = Vec::new();
-        let tied = self.output.data == self.token_embd.data;
+        let tied = match (&self.output, &self.token_embd) {
+            (Some(o), Some(t)) => o.data == t.data,
+            _ => false,
+        };
         let names = self.files().tensors().filter_map(|t| {
             let name = t.info.name.as_str();
             let layer = name

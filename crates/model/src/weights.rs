@@ -41,22 +41,37 @@ impl Matrix {
 }
 
 /// `n_expert` matrices of `rows × cols` stacked in one tensor (`ffn_*_exps`), expert-major.
+/// A tensor-parallel rank's shard file stacks only its experts: `n_held` of them, the first
+/// being expert `first` (the ids stay the parent's).
 #[derive(Clone, Copy, Debug)]
 pub struct ExpertStack {
     pub dtype: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub n_expert: usize,
+    pub first: usize,
+    pub n_held: usize,
     pub data: TensorRef,
 }
 
 impl ExpertStack {
     pub fn bytes_per_expert(&self) -> u64 {
-        self.data.len / self.n_expert as u64
+        self.data.len / self.n_held.max(1) as u64
     }
 
-    /// Expert `e` as a matrix of its own.
+    /// Whether expert `e`'s bytes are in this file.
+    pub fn holds(&self, e: usize) -> bool {
+        e >= self.first && e < self.first + self.n_held
+    }
+
+    /// Expert `e` (one this stack [holds](Self::holds)) as a matrix of its own.
     pub fn expert(&self, e: usize) -> Matrix {
+        debug_assert!(
+            self.holds(e),
+            "expert {e} outside {}+{}",
+            self.first,
+            self.n_held
+        );
         let per = self.bytes_per_expert();
         Matrix {
             dtype: self.dtype,
@@ -64,7 +79,7 @@ impl ExpertStack {
             cols: self.cols,
             data: TensorRef {
                 split: self.data.split,
-                offset: self.data.offset + e as u64 * per,
+                offset: self.data.offset + (e - self.first) as u64 * per,
                 len: per,
             },
         }
@@ -228,6 +243,8 @@ pub struct Layer {
 /// Resolves names to tensors and checks shapes.
 pub(crate) struct Binder<'m> {
     pub files: &'m GgufModel,
+    /// The routed experts the file's stacks hold (all of them but in a rank's shard file).
+    pub experts: std::ops::Range<usize>,
 }
 
 impl<'m> Binder<'m> {
@@ -296,7 +313,14 @@ impl<'m> Binder<'m> {
 
     /// A 2-D tensor whose row count is read from the file (vocabulary size, n_ff).
     pub fn matrix_any_rows(&self, name: &str, cols: usize) -> Result<Matrix> {
-        let t = self.require(name)?;
+        self.matrix_any_rows_opt(name, cols)?
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+    }
+
+    pub fn matrix_any_rows_opt(&self, name: &str, cols: usize) -> Result<Option<Matrix>> {
+        let Some(t) = self.get(name) else {
+            return Ok(None);
+        };
         let dims = t.info.shape.dims();
         if dims.len() > 2 || dims[0] as usize != cols {
             return Err(bad_tensor(
@@ -305,26 +329,50 @@ impl<'m> Binder<'m> {
             ));
         }
         self.matrix_of(name, &t, cols, dims.get(1).copied().unwrap_or(1) as usize)
+            .map(Some)
     }
 
+    /// A stack of `n` matrices, all of them in the file (per-head matrices).
     pub fn stack(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: Option<usize>,
+        n: usize,
+    ) -> Result<ExpertStack> {
+        self.stack_of(name, cols, rows, n, 0..n)
+    }
+
+    /// The stack of a layer's routed experts: the experts the file holds of `n_expert`.
+    fn expert_stack(
         &self,
         name: &str,
         cols: usize,
         rows: Option<usize>,
         n_expert: usize,
     ) -> Result<ExpertStack> {
+        self.stack_of(name, cols, rows, n_expert, self.experts.clone())
+    }
+
+    fn stack_of(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: Option<usize>,
+        n_expert: usize,
+        held: std::ops::Range<usize>,
+    ) -> Result<ExpertStack> {
         let t = self.require(name)?;
         let dims = t.info.shape.dims();
         let ok = dims.len() == 3
             && dims[0] as usize == cols
             && rows.is_none_or(|r| dims[1] as usize == r)
-            && dims[2] as usize == n_expert;
+            && dims[2] as usize == held.len();
         if !ok {
             let r = rows.map_or("*".to_string(), |r| r.to_string());
             return Err(bad_tensor(
                 name,
-                format!("shape {:?}, expected [{cols}, {r}, {n_expert}]", dims),
+                format!("shape {:?}, expected [{cols}, {r}, {}]", dims, held.len()),
             ));
         }
         Self::check_computable(name, t.info.dtype)?;
@@ -333,6 +381,8 @@ impl<'m> Binder<'m> {
             rows: dims[1] as usize,
             cols,
             n_expert,
+            first: held.start,
+            n_held: held.len(),
             data: Self::tref(&t),
         })
     }
@@ -508,9 +558,10 @@ impl<'m> Binder<'m> {
             let router = self.matrix(&T::FfnGateInp.weight(il), n_embd, n_expert)?;
             // The down projection's row length is the expert FFN width; read it from there.
             let n_ff = self.require(&T::FfnDownExps.weight(il))?.info.shape.dims()[0] as usize;
-            let down = self.stack(&T::FfnDownExps.weight(il), n_ff, Some(n_embd), n_expert)?;
+            let down =
+                self.expert_stack(&T::FfnDownExps.weight(il), n_ff, Some(n_embd), n_expert)?;
             let experts = if self.get(&T::FfnGateUpExps.weight(il)).is_some() {
-                let gate_up = self.stack(
+                let gate_up = self.expert_stack(
                     &T::FfnGateUpExps.weight(il),
                     n_embd,
                     Some(2 * n_ff),
@@ -528,8 +579,18 @@ impl<'m> Binder<'m> {
                 }
             } else {
                 ExpertTensors {
-                    gate: self.stack(&T::FfnGateExps.weight(il), n_embd, Some(n_ff), n_expert)?,
-                    up: self.stack(&T::FfnUpExps.weight(il), n_embd, Some(n_ff), n_expert)?,
+                    gate: self.expert_stack(
+                        &T::FfnGateExps.weight(il),
+                        n_embd,
+                        Some(n_ff),
+                        n_expert,
+                    )?,
+                    up: self.expert_stack(
+                        &T::FfnUpExps.weight(il),
+                        n_embd,
+                        Some(n_ff),
+                        n_expert,
+                    )?,
                     down,
                     fused_gate_up: false,
                 }

@@ -15,7 +15,7 @@ use model::{KvType, Model};
 
 use super::admission::{RankAdmission, RankLink};
 use super::group::{Group, JoinSpec};
-use super::placement::{Share, shares};
+use super::placement::{Share, needed_experts, shares};
 use super::protocol::{TpCommand, TpReply, reply_of};
 use super::{BALANCE_NEEDS_RESIDENT, ExpertFactory, snapshot};
 use crate::error::{ClusterError, bind};
@@ -70,6 +70,18 @@ pub struct TpExecutor {
     steps: u64,
 }
 
+/// `--tp-size 3, --expert-weights 2,1,1` (or the balanced dealing), for refusals.
+fn describe_placement(cfg: &TpConfig) -> String {
+    let mut s = format!("--tp-size {}", cfg.n_ranks);
+    if cfg.balance_experts {
+        s.push_str(", --tp-balance-experts");
+    } else if !cfg.expert_weights.is_empty() {
+        let w: Vec<String> = cfg.expert_weights.iter().map(f32::to_string).collect();
+        s.push_str(&format!(", --expert-weights {}", w.join(",")));
+    }
+    s
+}
+
 fn exec_err(msg: impl Into<String>) -> EngineError {
     EngineError::Executor(msg.into())
 }
@@ -97,10 +109,29 @@ impl TpExecutor {
         let layout = SnapshotLayout::of(&model, kv_type, n_ctx);
         let (listener, bound) = bind("--listen", &cfg.listen)?;
         let (data_listener, data_bound) = bind("the mesh port", &cfg.data_listen)?;
+        let shares = shares(
+            info.n_expert,
+            cfg.n_ranks,
+            &cfg.expert_weights,
+            cfg.balance_experts,
+        );
+        let needed: Vec<_> = shares
+            .iter()
+            .map(|s| needed_experts(s, info.n_expert))
+            .collect();
+        model
+            .check_role(&model::Role::Rank {
+                rank: 0,
+                n_ranks: cfg.n_ranks,
+                experts: needed[0].clone(),
+            })
+            .map_err(|e| exec_err(format!("rank 0 (this process): {e}")))?;
         let admission = RankAdmission {
             fingerprint: info.fingerprint.clone(),
             n_ctx,
             n_ranks: cfg.n_ranks,
+            needed,
+            placement: describe_placement(&cfg),
         };
         let registry = Registry::start(admission, listener, cfg.link.clone())?;
         tracing::info!(
@@ -111,12 +142,6 @@ impl TpExecutor {
             } else {
                 "replicated".into()
             }
-        );
-        let shares = shares(
-            info.n_expert,
-            cfg.n_ranks,
-            &cfg.expert_weights,
-            cfg.balance_experts,
         );
         Ok(TpExecutor {
             model,

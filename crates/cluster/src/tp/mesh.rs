@@ -63,6 +63,7 @@ fn hello(rank: usize, epoch: u64) -> Hello {
     let role = Role::Rank {
         rank: Some(rank as u32),
         expert_weight: 0.0,
+        held: None,
     };
     Hello::new(role, &format!("mesh-epoch-{epoch}"), 0, None)
 }

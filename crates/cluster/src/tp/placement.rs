@@ -49,6 +49,22 @@ pub fn rank_weights(n_ranks: usize, weights: &[f32]) -> Vec<f64> {
         .collect()
 }
 
+/// The expert ids a share needs in every MoE layer of `n_expert`: the owned ones (contiguous
+/// by construction), or all of them when experts are dealt out per step.
+pub fn needed_experts(share: &Share, n_expert: usize) -> std::ops::Range<usize> {
+    match share {
+        Share::Owned(owned) => {
+            let first = owned.iter().position(|&o| o).unwrap_or(0);
+            let end = owned
+                .iter()
+                .rposition(|&o| o)
+                .map_or(first, |last| last + 1);
+            first..end
+        }
+        Share::Balanced(_) => 0..n_expert,
+    }
+}
+
 /// Every rank's share.
 pub fn shares(n_expert: usize, n_ranks: usize, weights: &[f32], balance: bool) -> Vec<Share> {
     if balance {
@@ -78,6 +94,15 @@ impl Share {
         rank: usize,
         factory: Option<&ExpertFactory>,
     ) -> Result<SharedExperts> {
+        let n_expert = model.hp.moe.as_ref().map_or(0, |m| m.n_expert);
+        let role = model::Role::Rank {
+            rank,
+            n_ranks: model.shard().n_ranks,
+            experts: needed_experts(self, n_expert),
+        };
+        model
+            .check_role(&role)
+            .map_err(|e| ClusterError::Formation(e.to_string()))?;
         match (factory, self) {
             (Some(make), Share::Owned(owned)) => {
                 make(model, owned.clone()).map_err(ClusterError::Experts)

@@ -15,7 +15,7 @@ use super::placement::Share;
 use super::protocol::{TpCommand, TpReply, send_reply};
 use crate::error::{ClusterError, Result, bind};
 use crate::membership::{Ended, Membership, PANIC_EXIT, panic_message};
-use crate::wire::{Connection, ConnectionReader, Kind, Role, f32_bytes, unpack};
+use crate::wire::{Connection, ConnectionReader, HeldExperts, Kind, Role, f32_bytes, unpack};
 
 pub struct TpWorkerConfig {
     pub membership: Membership,
@@ -23,6 +23,8 @@ pub struct TpWorkerConfig {
     pub data_listen: String,
     pub rank: Option<u32>,
     pub expert_weight: f32,
+    /// What the rank's shard file holds (`None` for a full file), told to the coordinator.
+    pub held: Option<HeldExperts>,
     pub tp_timeout: Duration,
     pub threads: usize,
     pub kv_type: KvType,
@@ -39,6 +41,7 @@ pub fn run_tp_worker(files: Arc<GgufModel>, cfg: TpWorkerConfig) -> Result<()> {
     let role = Role::Rank {
         rank: cfg.rank,
         expert_weight: cfg.expert_weight,
+        held: cfg.held.clone(),
     };
     cfg.membership.run(
         "tensor-parallel rank",

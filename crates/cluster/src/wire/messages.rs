@@ -14,7 +14,21 @@ pub enum Role {
     Rank {
         rank: Option<u32>,
         expert_weight: f32,
+        /// The routed experts its file holds, when it is a rank's shard file (a full file
+        /// holds them all).
+        held: Option<HeldExperts>,
     },
+}
+
+/// The routed experts a rank's shard file holds, so the coordinator can refuse a file that
+/// lacks the experts the group would give that rank.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeldExperts {
+    /// Expert ids `first..end` of every MoE layer.
+    pub first: u32,
+    pub end: u32,
+    /// The file and its slice, for messages (`r1.gguf, rank 1 of 3 (experts 3..5)`).
+    pub file: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -17,7 +17,7 @@ pub use handshake::{
     HandshakeSlot, PendingHandshakes, accept, connect, hello_frame, log_rejected, read_answer,
     transport_pair,
 };
-pub use messages::{Hello, Role, Welcome};
+pub use messages::{HeldExperts, Hello, Role, Welcome};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
