@@ -112,7 +112,7 @@ pub async fn metrics(State(st): Shared) -> Response {
     let mut r = st.metrics.render().into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
     );
     r
 }

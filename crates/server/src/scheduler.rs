@@ -228,6 +228,10 @@ impl Scheduler {
             None => self.engine.new_session(),
         };
         let prompt_len = job.prompt.len();
+        self.metrics
+            .latency
+            .queue_wait
+            .observe(job.submitted.elapsed().as_secs_f64());
         let mut source = "memory";
         if job.params.cache_prompt
             && common < prompt_len
@@ -359,9 +363,8 @@ impl Scheduler {
         };
         let secs = t0.elapsed().as_secs_f64();
         self.metrics.steps.inc();
-        self.metrics
-            .step_seconds
-            .set(self.metrics.step_seconds.get() + secs);
+        self.metrics.step_seconds.add(secs);
+        self.metrics.latency.step.observe(secs);
         self.metrics.batch_size.set(plan.len() as f64);
         if plan.len() as f64 > self.metrics.batch_size_max.get() {
             self.metrics.batch_size_max.set(plan.len() as f64);
