@@ -24,6 +24,8 @@ pub struct AppState {
     pub sched: SchedulerHandle,
     pub metrics: Arc<Metrics>,
     pub requests: RequestContext,
+    /// The model's sizes and identity (`/v1/status`).
+    pub model_info: engine::ModelInfo,
     pub fingerprint: String,
     pub created: u64,
     pub keepalive: Duration,

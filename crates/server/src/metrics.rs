@@ -59,28 +59,68 @@ impl FloatCounter {
     }
 }
 
+/// A latency histogram in seconds, which also keeps its count and sum for `/v1/status` (the
+/// crate's histogram only encodes them).
+#[derive(Clone, Debug)]
+pub struct Latency {
+    histogram: Histogram,
+    count: PromCounter,
+    sum: PromCounter<f64, AtomicU64>,
+}
+
+impl Latency {
+    /// Doubling buckets from `first` seconds.
+    fn new(first: f64) -> Latency {
+        Latency {
+            histogram: Histogram::new(exponential_buckets(first, 2.0, 16)),
+            count: PromCounter::default(),
+            sum: PromCounter::default(),
+        }
+    }
+
+    pub fn observe(&self, seconds: f64) {
+        self.histogram.observe(seconds);
+        self.count.inc();
+        self.sum.inc_by(seconds);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.get()
+    }
+
+    /// Mean seconds (0 before the first observation).
+    pub fn mean(&self) -> f64 {
+        let n = self.count.get();
+        if n > 0 {
+            self.sum.get() / n as f64
+        } else {
+            0.0
+        }
+    }
+}
+
 /// Request latencies, in seconds.
 #[derive(Clone, Debug)]
 pub struct Latencies {
     /// Admission (before the body is read) to the first sampled token.
-    pub time_to_first_token: Histogram,
+    pub time_to_first_token: Latency,
     /// Between consecutive sampled tokens of one request.
-    pub inter_token: Histogram,
+    pub inter_token: Latency,
     /// Submission to the scheduler until a slot takes the request.
-    pub queue_wait: Histogram,
+    pub queue_wait: Latency,
     /// One batched forward step (`Executor::eval`).
-    pub step: Histogram,
+    pub step: Latency,
 }
 
 impl Default for Latencies {
     fn default() -> Self {
-        // Doubling buckets: a 14 MiB demo model decodes in well under a millisecond per token,
-        // a streamed 600 GiB model takes seconds; each range covers both ends.
+        // 16 doubling buckets each: a 14 MiB demo model decodes in well under a millisecond per
+        // token, a streamed 600 GiB model takes seconds; each range covers both ends.
         Latencies {
-            time_to_first_token: Histogram::new(exponential_buckets(0.005, 2.0, 16)),
-            inter_token: Histogram::new(exponential_buckets(0.000_25, 2.0, 16)),
-            queue_wait: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
-            step: Histogram::new(exponential_buckets(0.000_25, 2.0, 16)),
+            time_to_first_token: Latency::new(0.005),
+            inter_token: Latency::new(0.000_25),
+            queue_wait: Latency::new(0.001),
+            step: Latency::new(0.000_25),
         }
     }
 }
@@ -123,6 +163,8 @@ pub struct Metrics {
     pub latency: Latencies,
     /// `Executor::stats()` as of the last publication.
     pub executor: Mutex<Vec<(String, f64)>>,
+    /// `Executor::cluster_view()` as of the last publication.
+    pub cluster: Mutex<engine::ClusterView>,
     registry: Registry,
 }
 
@@ -178,6 +220,7 @@ impl Metrics {
             connections_refused: Counter::default(),
             latency: Latencies::default(),
             executor: Mutex::new(Vec::new()),
+            cluster: Mutex::new(engine::ClusterView::default()),
             registry: Registry::with_prefix("moeshard"),
         };
         // Help texts without a final full stop: the encoder adds it.
@@ -308,7 +351,7 @@ impl Metrics {
                 &m.latency.step,
             ),
         ]
-        .map(|(name, help, h)| (name, help, h.clone()));
+        .map(|(name, help, h)| (name, help, h.histogram.clone()));
         let r = &mut m.registry;
         for (name, help, c) in counters {
             r.register(name, help, c);

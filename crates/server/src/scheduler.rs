@@ -83,6 +83,7 @@ impl Scheduler {
 
     /// Runs until [`SchedulerHandle::shutdown`] (or every handle is gone).
     pub fn run(mut self) {
+        self.publish(true);
         loop {
             let busy = self.slots.iter().any(|s| s.active.is_some()) || !self.queue.is_empty();
             let first = if busy {
@@ -500,6 +501,9 @@ impl Scheduler {
             self.published_tokens = now;
             if let Ok(mut s) = m.executor.lock() {
                 *s = self.engine.executor().stats();
+            }
+            if let Ok(mut c) = m.cluster.lock() {
+                *c = self.engine.executor().cluster_view();
             }
             self.last_rates = Instant::now();
         }
