@@ -16,6 +16,7 @@ import urllib.request
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -50,7 +51,11 @@ def browser():
 
 
 def text_of(d, css):
-    return d.find_element(By.CSS_SELECTOR, css).text
+    """The rendered text of the element `css` selects, read in one script call: the cluster
+    view re-renders every second, so an element found in one call may be gone in the next."""
+    text = d.execute_script("const e = document.querySelector(arguments[0]); return e && e.innerText;", css)
+    assert text is not None, f"nothing matches {css}"
+    return text.strip()
 
 
 def tile(d, label):
@@ -70,7 +75,7 @@ def main():
 
 
 def run(d):
-    wait = WebDriverWait(d, WAIT_S)
+    wait = WebDriverWait(d, WAIT_S, ignored_exceptions=[StaleElementReferenceException])
     d.get(URL + "/")
     assert d.title == "moeshard", d.title
 
@@ -80,9 +85,11 @@ def run(d):
     assert text_of(d, "#cluster-kind") == status["cluster"]["kind"].replace("_", " "), text_of(d, "#cluster-kind")
     assert text_of(d, "#cluster-complete") == "complete"
     assert text_of(d, "#conn") == "connected"
-    rows = d.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")
-    assert len(rows) == len(status["cluster"]["nodes"]), [r.text for r in rows]
-    first = [c.text for c in rows[0].find_elements(By.TAG_NAME, "td")]
+    rows = d.execute_script(
+        "return [...document.querySelectorAll('#nodes tbody tr')]"
+        ".map((r) => [...r.cells].map((c) => c.innerText.trim()));")
+    assert len(rows) == len(status["cluster"]["nodes"]), rows
+    first = rows[0]
     node = status["cluster"]["nodes"][0]
     assert first[0] == node["role"] and first[1] == node["layers"], first
     assert status["model"]["id"] in text_of(d, "#model-name")
