@@ -8,12 +8,11 @@ use std::time::Instant;
 use engine::{DEFAULT_PREFILL_CHUNK, Engine, EvalRequest};
 use model::LogitsWanted;
 
+use crate::cluster_args::ClusterArgs;
 use crate::common::{self, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
     /// Prompt tokens per prompt-processing test (0 skips it).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     pub n_prompt: usize,
@@ -49,6 +48,10 @@ pub struct BenchArgs {
     /// cluster), summed over the repetitions.
     #[arg(long)]
     pub profile: bool,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 /// Deterministic token ids spread over the vocabulary (like llama-bench's random prompt).
@@ -138,7 +141,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     {
         margs.ctx = max + args.sweep_gen + 1;
     }
-    let (model, mut engine) = common::open(&margs)?;
+    let (model, mut engine) = common::open(&margs, &args.cluster)?;
     let info = engine.info().clone();
     let threads = if margs.threads == 0 {
         std::thread::available_parallelism()
@@ -213,7 +216,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let json = serde_json::json!({
             "model": info.name,
             "arch": info.arch,
-            "file": margs.model_path(),
+            "file": margs.source().display_path(),
             "weight_bytes": info.weight_bytes,
             "threads": threads,
             "kernels": kernels::Isa::detect().name(),

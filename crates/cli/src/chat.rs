@@ -10,31 +10,34 @@ use engine::chat_template::{ChatMessage, ChatTemplate};
 use engine::generate::{GenerateOptions, generate};
 use engine::tokenizer::Tokenizer;
 
+use crate::cluster_args::ClusterArgs;
 use crate::common::{self, ModelArgs};
 use crate::sampling::SamplingArgs;
 use crate::speculative_args::{self, SpeculativeArgs};
 
 #[derive(clap::Args)]
 pub struct ChatArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
     /// A system message to start the conversation with.
     #[arg(long)]
     pub system: Option<String>,
     /// Maximum tokens per reply.
     #[arg(short = 'n', long, default_value_t = 512)]
     pub n_predict: usize,
+    /// Stop before this text (repeatable), e.g. `--stop $'\n\n'`.
+    #[arg(long)]
+    pub stop: Vec<String>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub speculative: SpeculativeArgs,
-    /// Stop before this text (repeatable), e.g. `--stop $'\n\n'`.
-    #[arg(long)]
-    pub stop: Vec<String>,
 }
 
 pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
-    let (model, mut engine) = common::open(&args.model)?;
+    let (model, mut engine) = common::open(&args.model, &args.cluster)?;
     let meta = model.files().metadata();
     let tokenizer = Tokenizer::from_metadata(meta).context("building the tokenizer")?;
     let template = match ChatTemplate::from_metadata(meta).context("reading the chat template")? {

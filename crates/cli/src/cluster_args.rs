@@ -1,6 +1,7 @@
-//! Cluster flags (pipeline and tensor parallel) and the configurations they give. Which of them
-//! applies is decided once by `topology::Topology`; the executor is built in
-//! `common::build_engine`.
+//! Cluster flags (pipeline and tensor parallel) and the configurations they give: the
+//! coordinator's ([`ClusterArgs`]) and the link flags every node shares ([`LinkArgs`]; the
+//! worker's own flags are in `worker.rs`). Which topology applies is decided once by
+//! `topology::Topology`; the executor is built in `common::build_engine`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,7 +11,36 @@ use cluster::activation::ActFormat;
 use cluster::pipeline::PipelineConfig;
 use cluster::wire::{AuthMode, ClusterKey, LinkConfig};
 
+/// How a node's links are protected and watched: the same on the coordinator and every worker.
+#[derive(clap::Args, Clone, Debug)]
+#[command(next_help_heading = "Cluster")]
+pub struct LinkArgs {
+    /// File holding the cluster key (or set MOESHARD_CLUSTER_KEY).
+    #[arg(long)]
+    pub cluster_key_file: Option<PathBuf>,
+    /// Allow links without a key (loopback only).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Seconds a peer may stay silent (no frame, not even a heartbeat) before its link counts
+    /// as dead; heartbeats go out at a quarter of this.
+    #[arg(long, default_value_t = 10.0)]
+    pub peer_timeout: f64,
+}
+
+impl Default for LinkArgs {
+    fn default() -> Self {
+        LinkArgs {
+            cluster_key_file: None,
+            insecure: false,
+            peer_timeout: 10.0,
+        }
+    }
+}
+
+/// The coordinator's cluster flags (`run`, `chat`, `serve`, `bench`, ...): which split it
+/// drives and how.
 #[derive(clap::Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Cluster")]
 pub struct ClusterArgs {
     /// Run only layers A:B here as the coordinator of a pipeline (A must be 0); workers serve
     /// the rest and register at --listen.
@@ -34,12 +64,8 @@ pub struct ClusterArgs {
     /// Replay every prefill and require bit-identical logits.
     #[arg(long)]
     pub dist_replay_check: bool,
-    /// File holding the cluster key (or set MOESHARD_CLUSTER_KEY).
-    #[arg(long)]
-    pub cluster_key_file: Option<PathBuf>,
-    /// Allow links without a key (loopback only).
-    #[arg(long)]
-    pub insecure: bool,
+    #[command(flatten)]
+    pub link: LinkArgs,
     /// Print per-hop timing of every chunk and token (pipeline) or step (tensor parallel).
     #[arg(long)]
     pub debug: bool,
@@ -61,15 +87,11 @@ pub struct ClusterArgs {
     /// Seconds a rank may take to send a partial sum before the step fails.
     #[arg(long, default_value_t = 30.0)]
     pub tp_timeout: f64,
-    /// Seconds a peer may stay silent (no frame, not even a heartbeat) before its link counts
-    /// as dead; heartbeats go out at a quarter of this.
-    #[arg(long, default_value_t = 10.0)]
-    pub peer_timeout: f64,
 }
 
-impl ClusterArgs {
+impl LinkArgs {
     /// How this process's links are protected and how long a peer may stay silent.
-    pub fn link(&self) -> anyhow::Result<LinkConfig> {
+    pub fn config(&self) -> anyhow::Result<LinkConfig> {
         let key = ClusterKey::from_flag_or_env(self.cluster_key_file.as_deref())?;
         let auth = AuthMode::from_flags(key, self.insecure)?;
         if !(self.peer_timeout > 0.0 && self.peer_timeout.is_finite()) {
@@ -80,7 +102,9 @@ impl ClusterArgs {
         }
         Ok(LinkConfig::new(auth).with_peer_timeout(Duration::from_secs_f64(self.peer_timeout)))
     }
+}
 
+impl ClusterArgs {
     pub fn tp_config(&self) -> anyhow::Result<cluster::tp::TpConfig> {
         let Some(listen) = self.listen.clone() else {
             bail!("--tensor-parallel needs --listen HOST:PORT for the ranks")
@@ -92,7 +116,7 @@ impl ClusterArgs {
         Ok(cluster::tp::TpConfig {
             listen,
             data_listen: format!("{host}:0"),
-            link: self.link()?,
+            link: self.link.config()?,
             n_ranks: self.tp_size.max(1),
             expert_weights: self.expert_weights.clone(),
             route_wait: Duration::from_secs_f64(self.route_wait.max(0.0)),
@@ -119,7 +143,7 @@ impl ClusterArgs {
         }
         Ok(PipelineConfig {
             listen,
-            link: self.link()?,
+            link: self.link.config()?,
             route_wait: Duration::from_secs_f64(self.route_wait.max(0.0)),
             chunk: self.dist_prefill_chunk,
             window: self.dist_prefill_window,

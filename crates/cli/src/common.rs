@@ -11,19 +11,55 @@ use engine::{Engine, LocalExecutor, Runner};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::{Compute, KvType, Model};
 
+use crate::cluster_args::ClusterArgs;
 use crate::topology::{Side, Topology};
 
-/// The demo model committed to the repository, used when `-m` is not given.
-pub fn default_model_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("MOESHARD_DEFAULT_MODEL") {
-        return PathBuf::from(p);
+/// The demo model committed to the repository (`models/`), built into the binary so that an
+/// installed `moeshard` runs without `-m` from any directory; 14 MiB.
+static BUILT_IN_MODEL: &[u8] = include_bytes!("../../../models/shakespeare-moe.gguf");
+
+/// What `-m` names, the built-in demo model standing in when it is not given.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelSource {
+    File(PathBuf),
+    BuiltIn,
+}
+
+impl ModelSource {
+    /// The file name (or, for the built-in model, the file it was built from).
+    pub fn display_path(&self) -> PathBuf {
+        match self {
+            ModelSource::File(p) => p.clone(),
+            ModelSource::BuiltIn => PathBuf::from("shakespeare-moe.gguf"),
+        }
     }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/shakespeare-moe.gguf")
+
+    pub fn open(&self) -> anyhow::Result<gguf::GgufModel> {
+        let opened = match self {
+            ModelSource::File(p) => gguf::GgufModel::open(p),
+            ModelSource::BuiltIn => {
+                gguf::GgufFile::from_bytes(self.display_path(), BUILT_IN_MODEL.to_vec())
+                    .and_then(|f| gguf::GgufModel::from_splits(vec![f]))
+            }
+        };
+        opened.with_context(|| format!("loading {self}"))
+    }
+}
+
+impl std::fmt::Display for ModelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelSource::File(p) => write!(f, "{}", p.display()),
+            ModelSource::BuiltIn => f.write_str("the built-in demo model shakespeare-moe"),
+        }
+    }
 }
 
 #[derive(clap::Args, Clone, Debug)]
+#[command(next_help_heading = "Model")]
 pub struct ModelArgs {
-    /// GGUF model (any file of a split set). Default: the committed demo model.
+    /// GGUF model (any file of a split set). Default: $MOESHARD_DEFAULT_MODEL, else the demo
+    /// model built into the binary.
     #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
     /// Compute threads (0: one per core).
@@ -44,8 +80,6 @@ pub struct ModelArgs {
     #[arg(long)]
     pub swa_full: bool,
     #[command(flatten)]
-    pub cluster: crate::cluster_args::ClusterArgs,
-    #[command(flatten)]
     pub streaming: crate::streaming_args::StreamingArgs,
 }
 
@@ -54,8 +88,12 @@ pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
 }
 
 impl ModelArgs {
-    pub fn model_path(&self) -> PathBuf {
-        self.model.clone().unwrap_or_else(default_model_path)
+    pub fn source(&self) -> ModelSource {
+        match (&self.model, std::env::var_os("MOESHARD_DEFAULT_MODEL")) {
+            (Some(p), _) => ModelSource::File(p.clone()),
+            (None, Some(p)) if !p.is_empty() => ModelSource::File(PathBuf::from(p)),
+            (None, _) => ModelSource::BuiltIn,
+        }
     }
 }
 
@@ -69,17 +107,20 @@ pub fn load_model(args: &ModelArgs, topology: &Topology) -> anyhow::Result<Arc<M
         !args.swa_full || *topology == Topology::Local,
         "--swa-full works on a single node only (not with a pipeline or tensor-parallel group)"
     );
-    let path = args.model_path();
-    let t0 = Instant::now();
-    let files = Arc::new(
-        gguf::GgufModel::open(&path).with_context(|| format!("loading {}", path.display()))?,
+    let source = args.source();
+    // Streaming reads experts from the file itself, past the page cache.
+    anyhow::ensure!(
+        !(args.streaming.ssd_streaming && source == ModelSource::BuiltIn),
+        "--ssd-streaming reads experts from a file: give -m MODEL"
     );
+    let t0 = Instant::now();
+    let files = Arc::new(source.open()?);
     let (rank, n_ranks) = topology.shard().unwrap_or((0, 1));
-    let model = Model::from_gguf_rank(files, rank, n_ranks)
-        .with_context(|| format!("loading {}", path.display()))?;
+    let model =
+        Model::from_gguf_rank(files, rank, n_ranks).with_context(|| format!("loading {source}"))?;
     model
         .check_role(&topology.role(&model)?)
-        .with_context(|| format!("{} cannot run here", path.display()))?;
+        .with_context(|| format!("{source} cannot run here"))?;
     let sel = topology.selection(&model, args.streaming.ssd_streaming)?;
     let ranges = model.weight_ranges(&sel);
     let total: u64 = ranges.iter().map(|r| r.len).sum();
@@ -93,7 +134,9 @@ pub fn load_model(args: &ModelArgs, topology: &Topology) -> anyhow::Result<Arc<M
             .progress_chars("=> "),
         );
         bar.set_message(
-            path.file_name()
+            source
+                .display_path()
+                .file_name()
                 .map(|f| f.to_string_lossy().into_owned())
                 .unwrap_or_default(),
         );
@@ -102,7 +145,7 @@ pub fn load_model(args: &ModelArgs, topology: &Topology) -> anyhow::Result<Arc<M
     }
     tracing::info!(
         "loaded {} ({}, {} layers, {:.2} GiB of weights for this process) in {:.2?}",
-        path.display(),
+        source,
         model.spec.name,
         model.n_layer(),
         total as f64 / (1u64 << 30) as f64,
@@ -155,13 +198,14 @@ pub fn runner(
 /// tensor-parallel group.
 pub fn build_engine(
     args: &ModelArgs,
+    cluster: &ClusterArgs,
     topology: &Topology,
     model: Arc<Model>,
 ) -> anyhow::Result<Engine> {
     let n_ctx = context_size(args, &model);
     let exec: Box<dyn engine::Executor> = match topology {
         Topology::TensorParallel { .. } => {
-            let mut cfg = args.cluster.tp_config()?;
+            let mut cfg = cluster.tp_config()?;
             cfg.experts = args.streaming.expert_factory(n_ctx, args.kv_type);
             Box::new(cluster::tp::TpExecutor::new(
                 model,
@@ -173,7 +217,7 @@ pub fn build_engine(
         }
         Topology::Pipeline { .. } => Box::new(cluster::pipeline::PipelineExecutor::new(
             runner(args, topology, model, n_ctx)?,
-            args.cluster.pipeline_config()?,
+            cluster.pipeline_config()?,
         )?),
         Topology::Local => Box::new(LocalExecutor::from_runner(
             runner(args, topology, model, n_ctx)?.with_full_sliding(args.swa_full),
@@ -183,9 +227,9 @@ pub fn build_engine(
 }
 
 /// Loads the model for these flags (only this process's share is warmed) and builds the engine.
-pub fn open(args: &ModelArgs) -> anyhow::Result<(Arc<Model>, Engine)> {
-    let topology = Topology::from_flags(&args.cluster, Side::Coordinator)?;
+pub fn open(args: &ModelArgs, cluster: &ClusterArgs) -> anyhow::Result<(Arc<Model>, Engine)> {
+    let topology = Topology::from_flags(cluster, Side::Coordinator)?;
     let model = load_model(args, &topology)?;
-    let engine = build_engine(args, &topology, Arc::clone(&model))?;
+    let engine = build_engine(args, cluster, &topology, Arc::clone(&model))?;
     Ok((model, engine))
 }

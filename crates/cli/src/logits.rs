@@ -6,13 +6,15 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use engine::tokenizer::Tokenizer;
 
+use crate::cluster_args::ClusterArgs;
 use crate::common::{self, ModelArgs};
 use crate::npy;
 
+/// Reference numbers are the point of this command, so its KV cache is f32 unless asked
+/// otherwise (every other command defaults to f16).
 #[derive(clap::Args)]
+#[command(mut_arg("kv_type", |a| a.default_value("f32")))]
 pub struct LogitsArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
     /// Text to tokenize (BOS added per the model's metadata).
     #[arg(short = 'p', long, conflicts_with = "tokens")]
     pub prompt: Option<String>,
@@ -22,10 +24,14 @@ pub struct LogitsArgs {
     /// Output `.npy` (`[n_tokens, n_vocab]` f32); the ids go to `<out>.tokens.npy`.
     #[arg(long)]
     pub out: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 pub fn run(args: &LogitsArgs) -> anyhow::Result<()> {
-    let (model, mut engine) = common::open(&args.model)?;
+    let (model, mut engine) = common::open(&args.model, &args.cluster)?;
     let tokens = match (&args.prompt, &args.tokens) {
         (Some(p), _) => Tokenizer::from_metadata(model.files().metadata())
             .context("building the tokenizer")?

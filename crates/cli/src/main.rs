@@ -6,6 +6,7 @@ mod cluster_args;
 mod common;
 mod inspect;
 mod keygen;
+mod logging;
 mod logits;
 mod npy;
 mod perplexity;
@@ -32,6 +33,9 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as text or as JSON objects (what is logged: RUST_LOG, default `info`).
+    #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Text)]
+    log_format: logging::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -49,6 +53,7 @@ enum Command {
     /// Write the logits of every position as a NumPy array.
     Logits(logits::LogitsArgs),
     /// Serve a layer range of a pipeline, or a rank of a tensor-parallel group.
+    #[command(long_about = worker::ABOUT)]
     Worker(worker::WorkerArgs),
     /// Write a new cluster key (32 random bytes, mode 0600).
     Keygen(keygen::KeygenArgs),
@@ -66,14 +71,8 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MOESHARD_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    logging::init(cli.log_format);
     let result = match cli.command {
         Command::Run(a) => run::run(&a),
         Command::Chat(a) => chat::run(&a),

@@ -8,18 +8,21 @@ use std::time::Instant;
 use anyhow::Context;
 use engine::tokenizer::Tokenizer;
 
+use crate::cluster_args::ClusterArgs;
 use crate::common::{self, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct PerplexityArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
     /// Text file to score.
     #[arg(short = 'f', long)]
     pub file: PathBuf,
     /// Stop after this many windows (0: all).
     #[arg(long, default_value_t = 0)]
     pub chunks: usize,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 /// -log softmax(logits)[target], computed stably in f64.
@@ -34,7 +37,7 @@ pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
     if margs.ctx == 0 {
         margs.ctx = 512;
     }
-    let (model, mut engine) = common::open(&margs)?;
+    let (model, mut engine) = common::open(&margs, &args.cluster)?;
     let tokenizer =
         Tokenizer::from_metadata(model.files().metadata()).context("building the tokenizer")?;
     let text = std::fs::read_to_string(&args.file)

@@ -8,24 +8,19 @@ use engine::Sampler;
 use engine::generate::{GenerateOptions, generate};
 use engine::tokenizer::Tokenizer;
 
+use crate::cluster_args::ClusterArgs;
 use crate::common::{self, ModelArgs};
 use crate::sampling::SamplingArgs;
 use crate::speculative_args::{self, SpeculativeArgs};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
     /// The prompt (appended to the restored conversation with --load-snapshot).
     #[arg(short = 'p', long, default_value = "")]
     pub prompt: String,
     /// Tokens to generate.
     #[arg(short = 'n', long, default_value_t = 128)]
     pub n_predict: usize,
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
-    #[command(flatten)]
-    pub speculative: SpeculativeArgs,
     /// Stop before this text (repeatable), e.g. `--stop $'\n\n'`.
     #[arg(long)]
     pub stop: Vec<String>,
@@ -41,10 +36,18 @@ pub struct RunArgs {
     /// Start from a saved session (made by any split of the same model).
     #[arg(long)]
     pub load_snapshot: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    let (model, mut engine) = common::open(&args.model)?;
+    let (model, mut engine) = common::open(&args.model, &args.cluster)?;
     let tokenizer =
         Tokenizer::from_metadata(model.files().metadata()).context("building the tokenizer")?;
     let (mut session, prompt) = match &args.load_snapshot {

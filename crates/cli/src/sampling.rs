@@ -3,6 +3,7 @@
 use engine::SamplerConfig;
 
 #[derive(clap::Args, Clone, Debug)]
+#[command(next_help_heading = "Sampling")]
 pub struct SamplingArgs {
     /// Temperature (0: greedy).
     #[arg(long = "temp", default_value_t = 0.8)]

@@ -8,12 +8,12 @@ use anyhow::Context;
 use engine::chat_template::ChatTemplate;
 use engine::tokenizer::Tokenizer;
 
+use crate::cluster_args::ClusterArgs;
 use crate::common::{self, ModelArgs};
 
 #[derive(clap::Args)]
+#[command(next_help_heading = "Server")]
 pub struct ServeArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -64,6 +64,10 @@ pub struct ServeArgs {
     /// Open HTTP connections at most (idle keep-alive ones included); more are answered 503.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 /// The API key from --api-key, --api-key-file or MOESHARD_API_KEY (in that order), if any.
@@ -121,7 +125,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections,
     };
     let api_key = read_api_key(args)?;
-    let (model, engine) = common::open(&args.model)?;
+    let (model, engine) = common::open(&args.model, &args.cluster)?;
     let meta = model.files().metadata();
     let tokenizer = Tokenizer::from_metadata(meta).context("building the tokenizer")?;
     let template = match ChatTemplate::from_metadata(meta).context("reading the chat template")? {
@@ -137,7 +141,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         }
     };
     let model_id = args.alias.clone().unwrap_or_else(|| {
-        let path = args.model.model_path();
+        let path = args.model.source().display_path();
         path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "moeshard".into())

@@ -22,6 +22,7 @@ pub enum SpeculativeMode {
 }
 
 #[derive(clap::Args, Clone, Debug)]
+#[command(next_help_heading = "Speculative decoding")]
 pub struct SpeculativeArgs {
     /// Speculative decoding. Greedy output is the same as without it; sampled output keeps the
     /// sampler's distribution (other random draws than without it).
@@ -93,7 +94,7 @@ fn open_draft_model(
         .with_context(|| format!("loading the draft model {}", path.display()))?;
     let draft_vocab = Tokenizer::from_metadata(model.files().metadata())
         .with_context(|| format!("the draft model {}'s tokenizer", path.display()))?;
-    let target_name = target.model_path().display().to_string();
+    let target_name = target.source().to_string();
     anyhow::ensure!(
         draft_vocab.vocab_size() == vocab.vocab_size(),
         "the draft model {} has {} tokens, the target {} has {}: a draft model needs the \

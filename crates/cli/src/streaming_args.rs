@@ -10,6 +10,7 @@ use model::experts::ExpertSink;
 use model::{ExpertSource, KvType, Model};
 
 #[derive(clap::Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Streaming")]
 pub struct StreamingArgs {
     /// Keep routed experts on disk and stream them into a bounded cache.
     #[arg(long)]

@@ -8,48 +8,88 @@ use cluster::pipeline::{WorkerConfig, run_worker};
 use cluster::tp::{TpWorkerConfig, run_tp_worker};
 use cluster::wire::HeldExperts;
 
+use crate::cluster_args::{ClusterArgs, LinkArgs};
 use crate::common::{self, ModelArgs};
 use crate::topology::{Side, Topology};
 
+/// `moeshard worker --help`: the flags a worker takes, and only those (sampling, sessions and
+/// the split itself belong to the coordinator).
+pub const ABOUT: &str = "\
+Serve a layer range of a pipeline, or a rank of a tensor-parallel group, for a coordinator.
+
+Pipeline: the coordinator runs layers 0:K (`--layers 0:K --listen HOST:PORT`); each worker
+serves the next range and registers at the coordinator's --listen address:
+  moeshard worker -m model.gguf --layers 20:output --coordinator 10.0.0.1:7000 --cluster-key-file cluster.key
+
+Tensor/expert parallel: the coordinator is rank 0 (`--tensor-parallel --tp-size N --listen
+HOST:PORT`); each worker is one more rank, running every layer with its share of the experts
+and attention heads (given by the coordinator when it joins):
+  moeshard worker -m model.gguf --tensor-parallel --coordinator 10.0.0.1:7000 --cluster-key-file cluster.key
+
+Workers start in any order and retry until the coordinator is up.";
+
 #[derive(clap::Args)]
+#[command(mut_arg("swa_full", |a| a.hide(true)))]
 pub struct WorkerArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
+    /// Pipeline: serve layers A:B (A > 0; `A:output` includes the last layer and the head).
+    #[arg(long, value_name = "A:B|A:output", help_heading = "Cluster")]
+    pub layers: Option<engine::RangeSpec>,
+    /// Tensor parallel: serve one rank of the coordinator's group.
+    #[arg(long, conflicts_with = "layers", help_heading = "Cluster")]
+    pub tensor_parallel: bool,
     /// The coordinator to register with (host:port).
-    #[arg(long)]
+    #[arg(long, help_heading = "Cluster")]
     pub coordinator: String,
     /// Where to accept data links: the previous stage's, or the other ranks' (host:port; port 0
     /// picks one). Default: every interface of the coordinator's address family (loopback
     /// with --insecure).
-    #[arg(long = "data-listen")]
+    #[arg(long = "data-listen", help_heading = "Cluster")]
     pub data_listen: Option<String>,
     /// Address to announce for data links (default: this host's address on its link to the
     /// coordinator, with the bound port).
-    #[arg(long)]
+    #[arg(long, help_heading = "Cluster")]
     pub advertise: Option<String>,
     /// Stop trying to reach the coordinator after this many seconds (0: retry forever).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, help_heading = "Cluster")]
     pub give_up: f64,
-    /// Ask for this tensor-parallel rank (default: the lowest free one).
-    #[arg(long)]
+    /// Tensor parallel: ask for this rank (default: the lowest free one).
+    #[arg(long, requires = "tensor_parallel", help_heading = "Cluster")]
     pub rank: Option<u32>,
+    /// Tensor parallel: seconds a peer rank may take to send a partial sum before the step
+    /// fails.
+    #[arg(long, default_value_t = 30.0, help_heading = "Cluster")]
+    pub tp_timeout: f64,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub link: LinkArgs,
+}
+
+impl WorkerArgs {
+    fn topology(&self) -> anyhow::Result<Topology> {
+        let flags = ClusterArgs {
+            layers: self.layers,
+            tensor_parallel: self.tensor_parallel,
+            ..ClusterArgs::default()
+        };
+        Topology::from_flags(&flags, Side::Worker)
+    }
 }
 
 pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
-    let topology = Topology::from_flags(&args.model.cluster, Side::Worker)?;
+    let topology = args.topology()?;
     let model = common::load_model(&args.model, &topology)?;
     let n_ctx = common::context_size(&args.model, &model);
-    let c = &args.model.cluster;
     let membership = Membership {
         coordinator: args.coordinator.clone(),
         advertise: args.advertise.clone(),
-        link: c.link()?,
+        link: args.link.config()?,
         retry: Duration::from_millis(500),
         give_up_after: (args.give_up > 0.0).then(|| Duration::from_secs_f64(args.give_up)),
     };
     let data_listen = match &args.data_listen {
         Some(a) => a.clone(),
-        None => default_data_listen(&args.coordinator, c.insecure),
+        None => default_data_listen(&args.coordinator, args.link.insecure),
     };
     let served = match topology {
         Topology::TensorParallel { .. } => {
@@ -57,7 +97,7 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
             let held = slice.map(|s| HeldExperts {
                 first: s.experts.start as u32,
                 end: s.experts.end as u32,
-                file: format!("{} ({})", args.model.model_path().display(), s.describe()),
+                file: format!("{} ({})", args.model.source(), s.describe()),
             });
             // A rank's file was written for one rank: ask for that one unless told otherwise.
             let file_rank = slice
@@ -69,7 +109,7 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
                 rank: args.rank.or(file_rank),
                 expert_weight: 1.0,
                 held,
-                tp_timeout: Duration::from_secs_f64(c.tp_timeout.max(0.1)),
+                tp_timeout: Duration::from_secs_f64(args.tp_timeout.max(0.1)),
                 threads: args.model.threads,
                 kv_type: args.model.kv_type,
                 n_ctx,

@@ -876,4 +876,48 @@ fn gpt_oss_server_rewinds_past_the_window_are_cache_misses_on_a_pipeline() {
         let log = p.wait_for_stderr("evaluating the prompt afresh", Duration::from_secs(5));
         assert!(log.contains("cannot rewind"), "{name}: {log}");
     }
+
+    // `/v1/status` (the web page's cluster view) describes both: the pipeline's stages with
+    // their layers and addresses and the last item's time in each, once the scheduler has
+    // published after the requests (at most a second later).
+    let status = |addr: &str| {
+        let (code, text) = common::http::http(addr, "GET", "/v1/status", None, &[]);
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+    let t0 = Instant::now();
+    let view = loop {
+        let s = status(&pipe);
+        if s["cluster"]["hops"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+        {
+            break s["cluster"].clone();
+        }
+        assert!(t0.elapsed() < T, "no hop timings in /v1/status: {s}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(view["kind"], "pipeline", "{view}");
+    assert_eq!(view["complete"], true, "{view}");
+    let nodes = view["nodes"].as_array().unwrap();
+    let layers: Vec<&str> = nodes
+        .iter()
+        .map(|n| n["layers"].as_str().unwrap())
+        .collect();
+    assert_eq!(layers, ["0:1", "2:output"], "{view}");
+    assert_eq!(nodes[0]["role"], "coordinator");
+    assert_eq!(nodes[0]["address"], addr.as_str());
+    assert_eq!(nodes[1]["role"], "stage");
+    assert!(
+        nodes[1]["address"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("127.0.0.1:"))
+    );
+    let hops = view["hops"].as_array().unwrap();
+    let stages: Vec<&str> = hops.iter().map(|h| h["stage"].as_str().unwrap()).collect();
+    assert_eq!(stages, ["0:1", "2:output"], "{view}");
+    assert!(hops[1]["bytes_in"].as_u64().unwrap() > 0, "{view}");
+    let local_view = status(&local)["cluster"].clone();
+    assert_eq!(local_view["kind"], "local", "{local_view}");
+    assert_eq!(local_view["nodes"][0]["layers"], "0:output", "{local_view}");
 }

@@ -146,13 +146,21 @@ fn pipeline_logits(stages: &[(&str, &Path)], tokens: &str, out: &Path) -> Vec<f3
     read_npy_f32(out).1
 }
 
-/// Logits from a tensor-parallel group of `files.len()` ranks, rank 0 on `files[0]`; `extra`
-/// goes to every process.
-fn group_logits(files: &[&Path], tokens: &str, out: &Path, extra: &[&str]) -> Vec<f32> {
+/// Logits from a tensor-parallel group of `files.len()` ranks, rank 0 on `files[0]`;
+/// `coordinator_extra` goes to the coordinator (placement flags such as `--expert-weights`,
+/// which workers do not take), `extra` to every process.
+fn group_logits(
+    files: &[&Path],
+    tokens: &str,
+    out: &Path,
+    coordinator_extra: &[&str],
+    extra: &[&str],
+) -> Vec<f32> {
     let n = files.len().to_string();
     let mut args = logits_args(s(files[0]), tokens, s(out));
     args.extend_from_slice(&["--insecure", "--tensor-parallel", "--tp-size", &n]);
     args.extend_from_slice(&["--listen", "127.0.0.1:0"]);
+    args.extend_from_slice(coordinator_extra);
     args.extend_from_slice(extra);
     let coord = Proc::spawn("tp coordinator", &args);
     let addr = format!("127.0.0.1:{}", coord.coordinator_port());
@@ -220,18 +228,18 @@ fn clusters_started_from_shard_files_only_match_single_node_bit_for_bit() {
 
     let files: Vec<&Path> = ranks.iter().map(PathBuf::as_path).collect();
     let weights = ["--expert-weights", "2,1,1"];
-    let got = group_logits(&files, &toks, &d.join("tp.npy"), &weights);
+    let got = group_logits(&files, &toks, &d.join("tp.npy"), &weights, &[]);
     assert_bits("3 ranks from rank files", &got, &want);
 
     // Each rank streams its experts from its own file (experts 0..3, 3..4, 4..6), one slot.
-    let streaming = [
-        weights[0],
-        weights[1],
-        "--ssd-streaming",
-        "--expert-cache",
-        "1",
-    ];
-    let got = group_logits(&files, &toks, &d.join("tp-stream.npy"), &streaming);
+    let streaming = ["--ssd-streaming", "--expert-cache", "1"];
+    let got = group_logits(
+        &files,
+        &toks,
+        &d.join("tp-stream.npy"),
+        &weights,
+        &streaming,
+    );
     assert_bits("3 ranks streaming from rank files", &got, &want);
 }
 
@@ -357,7 +365,7 @@ fn a_file_that_lacks_its_role_is_refused_naming_both_and_full_files_mix_with_sha
 
     // The right rank file joins a coordinator on the full file: one model identity.
     let want = single(&full, &toks, &d.join("single.npy"));
-    let got = group_logits(&[&full, &even], &toks, &d.join("mixed.npy"), &[]);
+    let got = group_logits(&[&full, &even], &toks, &d.join("mixed.npy"), &[], &[]);
     assert_bits("full file + rank file", &got, &want);
 }
 

@@ -704,3 +704,77 @@ fn snapshot_moves_between_a_group_and_a_single_node(
         "single-node snapshot continued on the group"
     );
 }
+
+/// `moeshard serve` as rank 0 of a 2-rank group: `/v1/status` (the web page's cluster view)
+/// lists both ranks with their addresses and, after a completion, rank 0's last step.
+#[test]
+fn served_group_is_described_by_the_status_endpoint() {
+    let m = common::fixture("qwen3moe", "model-q8_0.gguf");
+    let m = m.to_str().unwrap();
+    let coord = Proc::spawn(
+        "tp serve",
+        &[
+            "serve",
+            "-m",
+            m,
+            "--port",
+            "0",
+            "--tensor-parallel",
+            "--tp-size",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--insecure",
+            "--threads",
+            "1",
+            "--no-warm",
+        ],
+    );
+    let addr = format!("127.0.0.1:{}", coord.coordinator_port());
+    let _rank = rank(m, &addr, &["--insecure"]);
+    let line = coord.wait_for_stderr("listening on http://", T);
+    let http_addr = line
+        .rsplit("http://")
+        .next()
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let body = serde_json::json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0});
+    let (code, text) = common::http::http(
+        &http_addr,
+        "POST",
+        "/v1/completions",
+        Some(&body.to_string()),
+        &[],
+    );
+    assert_eq!(code, 200, "{text}");
+    let t0 = Instant::now();
+    let view = loop {
+        let (code, text) = common::http::http(&http_addr, "GET", "/v1/status", None, &[]);
+        assert_eq!(code, 200, "{text}");
+        let s: serde_json::Value = serde_json::from_str(&text).unwrap();
+        if !s["cluster"]["tp_step"].is_null() {
+            break s["cluster"].clone();
+        }
+        assert!(t0.elapsed() < T, "no step in /v1/status: {s}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(view["kind"], "tensor_parallel", "{view}");
+    assert_eq!(view["complete"], true, "{view}");
+    let nodes = view["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2, "{view}");
+    assert_eq!(
+        (&nodes[0]["role"], &nodes[0]["rank"]),
+        (&"coordinator".into(), &0.into())
+    );
+    assert_eq!(
+        (&nodes[1]["role"], &nodes[1]["rank"]),
+        (&"rank".into(), &1.into())
+    );
+    assert!(
+        nodes[1]["address"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("127.0.0.1:"))
+    );
+    assert!(view["tp_step"]["exchanges"].as_u64().unwrap() > 0, "{view}");
+}

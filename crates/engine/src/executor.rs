@@ -137,4 +137,9 @@ pub trait Executor: Send {
     fn stats(&self) -> Vec<(String, f64)> {
         Vec::new()
     }
+
+    /// Where the model runs: nodes, their layers and addresses, the last step's time per hop.
+    fn cluster_view(&self) -> crate::ClusterView {
+        crate::ClusterView::local(self.info().n_layer)
+    }
 }

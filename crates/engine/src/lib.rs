@@ -2,6 +2,7 @@
 //! executor seam behind which a session runs locally, as a pipeline or as a tensor-parallel group.
 
 pub mod chat_template;
+pub mod cluster_view;
 pub mod error;
 pub mod executor;
 pub mod file;
@@ -17,6 +18,7 @@ pub mod speculative;
 pub mod text;
 pub mod tokenizer;
 
+pub use cluster_view::ClusterView;
 pub use error::{EngineError, Result};
 pub use executor::{EvalRequest, EvalResult, Executor, ModelInfo, SessionId};
 pub use layer_range::{LayerRange, RangeSpec};

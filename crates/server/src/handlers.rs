@@ -24,6 +24,8 @@ pub struct AppState {
     pub sched: SchedulerHandle,
     pub metrics: Arc<Metrics>,
     pub requests: RequestContext,
+    /// The model's sizes and identity (`/v1/status`).
+    pub model_info: engine::ModelInfo,
     pub fingerprint: String,
     pub created: u64,
     pub keepalive: Duration,
@@ -112,7 +114,7 @@ pub async fn metrics(State(st): Shared) -> Response {
     let mut r = st.metrics.render().into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
     );
     r
 }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
+use std::time::Instant;
 
 use engine::SamplerConfig;
 use engine::generate::FinishReason;
@@ -35,18 +36,31 @@ pub struct Job {
     pub prompt: Vec<u32>,
     pub params: GenParams,
     pub reply: UnboundedSender<Event>,
+    /// When it was handed to the scheduler (its queue wait starts here).
+    pub submitted: Instant,
     /// Counts the request as outstanding until the job is dropped (however it ends).
-    _admission: Admission,
+    admission: Admission,
+}
+
+impl Job {
+    /// When the request was admitted, before its body was read: time to first token counts
+    /// from here.
+    pub fn admitted(&self) -> Instant {
+        self.admission.at
+    }
 }
 
 /// A request's place among those the server holds (being prepared, waiting or running), taken
 /// by [`SchedulerHandle::admit`] before the request is parsed or tokenized; counted in
 /// [`Metrics::outstanding`] until dropped.
-pub struct Admission(Arc<Metrics>);
+pub struct Admission {
+    metrics: Arc<Metrics>,
+    at: Instant,
+}
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        self.0.outstanding.fetch_sub(1, Ordering::AcqRel);
+        self.metrics.outstanding.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -147,7 +161,10 @@ impl SchedulerHandle {
             return refuse(ApiError::unavailable("the scheduler has stopped"));
         }
         let held = self.metrics.outstanding.fetch_add(1, Ordering::AcqRel);
-        let admission = Admission(Arc::clone(&self.metrics));
+        let admission = Admission {
+            metrics: Arc::clone(&self.metrics),
+            at: Instant::now(),
+        };
         if held >= self.capacity {
             return refuse(ApiError::unavailable(format!(
                 "the server is busy: all slots are in use and {} requests are waiting; retry later",
@@ -179,7 +196,8 @@ impl SchedulerHandle {
                 prompt,
                 params,
                 reply,
-                _admission: admission,
+                submitted: Instant::now(),
+                admission,
             }))
             .is_err()
         {

@@ -14,7 +14,9 @@
 //! | `slot` | one slot's session and its request's sampler, text and progress |
 //! | [`prefix_cache`] | which idle slot a prompt reuses |
 //! | [`disk_cache`] | sessions saved to and restored from disk |
-//! | [`metrics`] | counters, gauges, Prometheus text |
+//! | [`metrics`] | counters, gauges, histograms, Prometheus text |
+//! | [`status`] | `/v1/status`: model, cluster view, gauges, executor statistics as JSON |
+//! | [`web`] | the built-in page at `/` (chat and cluster view), embedded in the binary |
 //! | [`text`] | UTF-8 and stop-string handling of the streamed text |
 
 pub mod api;
@@ -28,6 +30,8 @@ pub mod prefix_cache;
 mod respond;
 pub mod scheduler;
 mod slot;
+pub mod status;
+pub mod web;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -204,6 +208,7 @@ pub fn start(
     let state = Arc::new(AppState {
         sched: handle,
         metrics,
+        model_info: info.clone(),
         requests: RequestContext {
             tokenizer,
             template,
@@ -230,6 +235,10 @@ pub fn start(
         .route("/v1/completions", post(handlers::completions))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
+        .route("/v1/status", get(status::status))
+        .route("/", get(web::index))
+        .route("/web/app.js", get(web::script))
+        .route("/web/style.css", get(web::style))
         .fallback(handlers::not_found)
         .layer(axum::middleware::from_fn_with_state(
             cfg.api_key.as_deref().map(|k| Arc::new(ApiKey::new(k))),

@@ -83,6 +83,7 @@ impl Scheduler {
 
     /// Runs until [`SchedulerHandle::shutdown`] (or every handle is gone).
     pub fn run(mut self) {
+        self.publish(true);
         loop {
             let busy = self.slots.iter().any(|s| s.active.is_some()) || !self.queue.is_empty();
             let first = if busy {
@@ -228,6 +229,10 @@ impl Scheduler {
             None => self.engine.new_session(),
         };
         let prompt_len = job.prompt.len();
+        self.metrics
+            .latency
+            .queue_wait
+            .observe(job.submitted.elapsed().as_secs_f64());
         let mut source = "memory";
         if job.params.cache_prompt
             && common < prompt_len
@@ -359,9 +364,8 @@ impl Scheduler {
         };
         let secs = t0.elapsed().as_secs_f64();
         self.metrics.steps.inc();
-        self.metrics
-            .step_seconds
-            .set(self.metrics.step_seconds.get() + secs);
+        self.metrics.step_seconds.add(secs);
+        self.metrics.latency.step.observe(secs);
         self.metrics.batch_size.set(plan.len() as f64);
         if plan.len() as f64 > self.metrics.batch_size_max.get() {
             self.metrics.batch_size_max.set(plan.len() as f64);
@@ -497,6 +501,9 @@ impl Scheduler {
             self.published_tokens = now;
             if let Ok(mut s) = m.executor.lock() {
                 *s = self.engine.executor().stats();
+            }
+            if let Ok(mut c) = m.cluster.lock() {
+                *c = self.engine.executor().cluster_view();
             }
             self.last_rates = Instant::now();
         }

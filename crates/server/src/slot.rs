@@ -30,6 +30,8 @@ pub(crate) struct Active {
     pub seq: u64,
     pub t_admit: Instant,
     pub t_prefilled: Option<Instant>,
+    /// When the last token was sampled (inter-token latency).
+    pub t_last_token: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -59,6 +61,7 @@ impl Active {
             seq,
             t_admit: Instant::now(),
             t_prefilled: None,
+            t_last_token: None,
         }
     }
 
@@ -80,6 +83,14 @@ impl Active {
         self.sampler.accept(tok);
         self.generated += 1;
         metrics.generated_tokens.inc();
+        let now = Instant::now();
+        let latency = &metrics.latency;
+        match self.t_last_token.replace(now) {
+            Some(last) => latency.inter_token.observe((now - last).as_secs_f64()),
+            None => latency
+                .time_to_first_token
+                .observe((now - self.job.admitted()).as_secs_f64()),
+        }
         if !self.job.params.ignore_eos && detok.is_end_of_generation(tok) {
             return Some(FinishReason::Stop);
         }

@@ -76,7 +76,7 @@ impl Proc {
 
     fn spawn_command(name: &str, mut cmd: Command, env: &[(&str, &str)]) -> Proc {
         let mut child = cmd
-            .env("MOESHARD_LOG", "info")
+            .env("RUST_LOG", "info")
             .env_remove("MOESHARD_API_KEY")
             .envs(env.iter().copied())
             .stdin(Stdio::null())

@@ -51,6 +51,9 @@ pub struct PipelineExecutor {
     pub(super) sessions: Transcripts,
     next_request: u64,
     bound: std::net::SocketAddr,
+    /// The last work item's timing per stage (this one first) and its round trip, for
+    /// `cluster_view`.
+    last_item: Option<(Vec<engine::cluster_view::HopTiming>, u64)>,
 }
 
 pub(super) fn exec_err(msg: impl Into<String>) -> EngineError {
@@ -86,6 +89,7 @@ impl PipelineExecutor {
             sessions: Transcripts::default(),
             next_request: 1,
             bound,
+            last_item: None,
         })
     }
 
@@ -241,11 +245,27 @@ impl PipelineExecutor {
         Ok(out)
     }
 
-    fn report(&self, item: usize, local_us: u64, sent: Instant, h: &ResultHeader) {
+    fn report(&mut self, item: usize, local_us: u64, sent: Instant, h: &ResultHeader) {
+        let round = sent.elapsed().as_micros() as u64;
+        let here = engine::cluster_view::HopTiming {
+            stage: self.local.label(),
+            compute_us: local_us,
+            ..Default::default()
+        };
+        let hops = std::iter::once(here)
+            .chain(h.timings.iter().map(|t| engine::cluster_view::HopTiming {
+                stage: t.stage.clone(),
+                wait_us: t.wait_us,
+                compute_us: t.compute_us,
+                send_us: t.send_us,
+                bytes_in: t.bytes_in,
+                bytes_out: t.bytes_out,
+            }))
+            .collect();
+        self.last_item = Some((hops, round));
         if !self.cfg.debug {
             return;
         }
-        let round = sent.elapsed().as_micros() as u64;
         let mut line = format!("item {item}: {} compute {local_us} µs", self.local.label());
         let mut accounted = 0;
         for t in &h.timings {
@@ -395,6 +415,36 @@ impl Executor for PipelineExecutor {
 
     fn stats(&self) -> Vec<(String, f64)> {
         self.local.stats()
+    }
+
+    fn cluster_view(&self) -> engine::ClusterView {
+        use engine::cluster_view::{ClusterKind, NodeView};
+        let (mut members, _) = self.registry.members();
+        members.sort_by_key(|m| m.claim.first);
+        let here = NodeView {
+            role: "coordinator".into(),
+            layers: self.local.label(),
+            rank: None,
+            address: Some(self.bound.to_string()),
+        };
+        let stages = members.iter().map(|m| NodeView {
+            role: "stage".into(),
+            layers: m.claim.to_string(),
+            rank: None,
+            address: Some(m.listen.clone()),
+        });
+        let (hops, round_trip_us) = match &self.last_item {
+            Some((hops, round)) => (hops.clone(), Some(*round)),
+            None => (Vec::new(), None),
+        };
+        engine::ClusterView {
+            kind: ClusterKind::Pipeline,
+            complete: self.all_local() || self.route_ok(),
+            nodes: std::iter::once(here).chain(stages).collect(),
+            hops,
+            round_trip_us,
+            tp_step: None,
+        }
     }
 
     fn chunks_long_evals(&self) -> bool {

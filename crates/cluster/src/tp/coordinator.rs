@@ -68,6 +68,8 @@ pub struct TpExecutor {
     exchanges: u64,
     exchange_time: Duration,
     steps: u64,
+    /// The last step's timing, for `cluster_view`.
+    last_step: Option<engine::cluster_view::TpStepTiming>,
 }
 
 /// `--tp-size 3, --expert-weights 2,1,1` (or the balanced dealing), for refusals.
@@ -161,6 +163,7 @@ impl TpExecutor {
             exchanges: 0,
             exchange_time: Duration::ZERO,
             steps: 0,
+            last_step: None,
         })
     }
 
@@ -293,6 +296,15 @@ impl TpExecutor {
         self.steps += 1;
         self.exchanges += st.exchanges;
         self.exchange_time += st.exchange_time;
+        self.last_step = Some(engine::cluster_view::TpStepTiming {
+            tokens: tokens.len(),
+            step_us: t_step.elapsed().as_micros() as u64,
+            compute_us: st.compute.as_micros() as u64,
+            gather_us: st.gather.as_micros() as u64,
+            exchanges: st.exchanges,
+            exchange_us: st.exchange_time.as_micros() as u64,
+            slowest_rank_us: st.slowest_rank_us,
+        });
         if self.cfg.debug {
             eprintln!(
                 "[tp] step {step}: {} tokens, step {:.0?}, compute {:.0?}, logits gather {:.0?}, {} exchanges taking {:.0?} (mean {:.0} µs), slowest rank {} µs",
@@ -506,6 +518,32 @@ impl Executor for TpExecutor {
                 "replicated"
             },
         )
+    }
+
+    fn cluster_view(&self) -> engine::ClusterView {
+        use engine::cluster_view::{ClusterKind, NodeView};
+        let (mut members, _) = self.registry.members();
+        members.sort_by_key(|m| m.claim);
+        let all = engine::LayerRange::whole(self.info.n_layer).to_string();
+        let here = NodeView {
+            role: "coordinator".into(),
+            layers: all.clone(),
+            rank: Some(0),
+            address: Some(self.data_bound.to_string()),
+        };
+        let ranks = members.iter().map(|m| NodeView {
+            role: "rank".into(),
+            layers: all.clone(),
+            rank: Some(m.claim),
+            address: Some(m.listen.clone()),
+        });
+        engine::ClusterView {
+            kind: ClusterKind::TensorParallel,
+            complete: self.group.is_some(),
+            nodes: std::iter::once(here).chain(ranks).collect(),
+            tp_step: self.last_step.clone(),
+            ..Default::default()
+        }
     }
 
     fn stats(&self) -> Vec<(String, f64)> {
