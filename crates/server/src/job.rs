@@ -27,16 +27,41 @@ pub struct GenParams {
     /// Stream text as it is produced; otherwise it is sent once at the end (no wake-up of the
     /// HTTP side per token).
     pub stream: bool,
+    /// Choices sampled from the one evaluated prompt (`n`); choice `k` samples with seed
+    /// `seed + k`.
+    pub n: usize,
+    /// Report each generated token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
-/// A request as the scheduler receives it: tokens, not text.
+/// A request as the scheduler receives it: tokens, not text. A request for `n` choices is one
+/// job for choice 0, which the scheduler forks into the others once the prompt is evaluated.
 pub struct Job {
     pub id: u64,
     pub prompt: Vec<u32>,
     pub params: GenParams,
     pub reply: UnboundedSender<Event>,
-    /// Counts the request as outstanding until the job is dropped (however it ends).
-    _admission: Admission,
+    /// Which of the request's `n` choices this job generates.
+    pub choice: usize,
+    /// Counts the request as outstanding until its last job is dropped (however it ends).
+    _admission: Arc<Admission>,
+}
+
+impl Job {
+    /// The job of choice `choice` of the same request: same prompt and reply channel, its own
+    /// derived seed.
+    pub fn sibling(&self, choice: usize) -> Job {
+        let mut params = self.params.clone();
+        params.sampler.seed = params.sampler.seed.wrapping_add(choice as u64);
+        Job {
+            id: self.id,
+            prompt: self.prompt.clone(),
+            params,
+            reply: self.reply.clone(),
+            choice,
+            _admission: Arc::clone(&self._admission),
+        }
+    }
 }
 
 /// A request's place among those the server holds (being prepared, waiting or running), taken
@@ -74,11 +99,29 @@ pub struct Outcome {
     pub completion_tokens: usize,
 }
 
-/// What streams back to a handler.
+/// A generated token's log-probability (of the model's distribution, before sampling
+/// transforms) and the most likely alternatives, as token bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(Vec<u8>, f32)>,
+}
+
+/// What streams back to a handler, per choice.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Text(String),
-    Done(Outcome),
+    /// Text produced, with the log-probabilities of the tokens generated since the last
+    /// event when they were asked for.
+    Text {
+        choice: usize,
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Done {
+        choice: usize,
+        outcome: Outcome,
+    },
     Error(ApiError),
 }
 
@@ -179,7 +222,8 @@ impl SchedulerHandle {
                 prompt,
                 params,
                 reply,
-                _admission: admission,
+                choice: 0,
+                _admission: Arc::new(admission),
             }))
             .is_err()
         {
