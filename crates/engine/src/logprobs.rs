@@ -51,7 +51,10 @@ pub fn token_logprobs(logits: &[f32], chosen: u32, top: usize) -> TokenLogprobs 
     TokenLogprobs {
         token: chosen,
         logprob,
-        top: ranked.into_iter().map(|(t, l)| (t, logprob_of(l))).collect(),
+        top: ranked
+            .into_iter()
+            .map(|(t, l)| (t, logprob_of(l)))
+            .collect(),
     }
 }
 
@@ -73,7 +76,9 @@ mod tests {
 
     #[test]
     fn top_entries_are_ordered_and_probabilities_sum_to_one() {
-        let l: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1000) as f32 / 100.0).collect();
+        let l: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+            .collect();
         let t = token_logprobs(&l, 5, 20);
         assert_eq!(t.top.len(), 20);
         assert!(t.top.windows(2).all(|w| w[0].1 >= w[1].1));

@@ -114,7 +114,9 @@ fn tools(req: &ChatRequest) -> Result<Vec<Value>, ApiError> {
         if !named {
             return Err(ApiError::invalid_param(
                 "tools",
-                format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"),
+                format!(
+                    "tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"
+                ),
             ));
         }
     }

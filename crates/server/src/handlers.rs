@@ -425,10 +425,7 @@ pub fn prepare_completion(st: &RequestContext, id: u64, body: &[u8]) -> Result<P
             "only best_of=1 is supported",
         ));
     }
-    let logprobs = req
-        .logprobs
-        .map(|k| top_count("logprobs", k))
-        .transpose()?;
+    let logprobs = req.logprobs.map(|k| top_count("logprobs", k)).transpose()?;
     if logprobs.is_some() && req.echo {
         return Err(ApiError::invalid_param(
             "logprobs",

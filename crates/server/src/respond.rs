@@ -152,7 +152,10 @@ impl Reply {
     /// A stream chunk of one choice.
     fn chunk(&self, index: usize, body: Value, finish: Option<&str>, logprobs: Value) -> Value {
         let (object, mut choice) = match self.kind {
-            Kind::Chat => ("chat.completion.chunk", json!({"index": index, "delta": body})),
+            Kind::Chat => (
+                "chat.completion.chunk",
+                json!({"index": index, "delta": body}),
+            ),
             Kind::Completion => ("text_completion", json!({"index": index, "text": body})),
         };
         choice["logprobs"] = logprobs;

@@ -431,7 +431,11 @@ impl Scheduler {
 
     /// Samples slot `i`'s next token; finishes its request when the generation ends.
     fn advance(&mut self, i: usize) {
-        if self.slots[i].active.as_ref().is_some_and(|a| a.forks_pending) {
+        if self.slots[i]
+            .active
+            .as_ref()
+            .is_some_and(|a| a.forks_pending)
+        {
             self.fork_choices(i);
         }
         let tick = self.next_tick();

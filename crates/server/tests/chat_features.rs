@@ -24,7 +24,9 @@ use serde_json::{Value, json};
 use server::{RunningServer, ServerConfig};
 
 fn repo_path(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
 }
 
 /// The fixture model, whose every computed logits row is steered to the script's next token.
@@ -136,7 +138,8 @@ fn serve(
 /// One request with `Connection: close`: status, body (chunked transfer decoded).
 fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("timeout");
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
@@ -260,7 +263,11 @@ fn check_call(message: &Value) {
     let calls = message["tool_calls"].as_array().expect("tool_calls");
     assert_eq!(calls.len(), 1, "{message}");
     assert_eq!(calls[0]["type"], "function");
-    assert!(calls[0]["id"].as_str().is_some_and(|id| id.starts_with("call_")));
+    assert!(
+        calls[0]["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("call_"))
+    );
     assert_eq!(calls[0]["function"]["name"], "get_weather");
     let args: Value =
         serde_json::from_str(calls[0]["function"]["arguments"].as_str().expect("text"))
@@ -316,7 +323,10 @@ fn gpt_oss_harmony_tool_call_with_reasoning() {
     assert!(prompt.contains("namespace functions {"), "{prompt}");
     assert!(prompt.contains("type get_weather = "), "{prompt}");
     assert!(prompt.ends_with("<|start|>assistant"), "{prompt}");
-    check_reasoned_call(addr, "The user wants the weather in Paris; call get_weather.");
+    check_reasoned_call(
+        addr,
+        "The user wants the weather in Paris; call get_weather.",
+    );
 
     // The call and its result go back to the template in the shape harmony expects.
     let round_trip = json!({"tools": [weather_tool()], "messages": [
@@ -346,7 +356,9 @@ fn gpt_oss_harmony_tool_call_with_reasoning() {
         "/v1/chat/completions",
         &ask(json!({"reasoning_format": "none"})),
     );
-    let content = r["choices"][0]["message"]["content"].as_str().expect("text");
+    let content = r["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("text");
     assert!(
         content.starts_with("<|channel|>analysis<|message|>The user wants"),
         "{r}"
@@ -395,13 +407,19 @@ fn qwen3_tool_call_with_reasoning() {
         .as_str()
         .expect("prompt")
         .to_string();
-    assert!(prompt.contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""), "{prompt}");
+    assert!(
+        prompt
+            .contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""),
+        "{prompt}"
+    );
     check_reasoned_call(addr, "The user wants the weather in Paris.");
     // Without tools in the request the same text is content (after the reasoning).
     let mut no_tools = ask(json!({}));
     no_tools.as_object_mut().expect("object").remove("tools");
     let r = post(addr, "/v1/chat/completions", &no_tools);
-    let content = r["choices"][0]["message"]["content"].as_str().expect("text");
+    let content = r["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("text");
     assert!(content.starts_with("<tool_call>"), "{r}");
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
 }

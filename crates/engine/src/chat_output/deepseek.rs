@@ -24,9 +24,7 @@ pub(super) fn parse(text: &str, partial: bool) -> ChatOutput {
         let rest_trimmed = rest.trim_start();
         let Some(body) = rest_trimmed.strip_prefix(CALL_BEGIN) else {
             // The block's end, or text after it.
-            let after = rest_trimmed
-                .strip_prefix(CALLS_END)
-                .unwrap_or(rest_trimmed);
+            let after = rest_trimmed.strip_prefix(CALLS_END).unwrap_or(rest_trimmed);
             let after = held_back(after, partial, &[CALL_BEGIN, CALLS_END]);
             if !after.trim().is_empty() && !after.starts_with(CALL_BEGIN) {
                 push_content(&mut out.content, after.trim_end());
@@ -125,7 +123,8 @@ mod tests {
 
     #[test]
     fn partial_streams_whole_calls() {
-        let first = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>{}<｜tool▁call▁end｜>";
+        let first =
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>{}<｜tool▁call▁end｜>";
         let second = format!("{first}<｜tool▁call▁begin｜>b<｜tool▁sep｜>{{\"x\":");
         assert_eq!(parse(first, true).tool_calls, vec![tc("a", "{}")]);
         assert_eq!(parse(&second, true).tool_calls, vec![tc("a", "{}")]);

@@ -30,7 +30,9 @@ pub(super) fn parse(text: &str, partial: bool) -> ChatOutput {
         };
         match call(&body[..end]) {
             Some(c) => out.tool_calls.push(c),
-            None => out.content.push_str(&rest[start..start + OPEN.len() + end + CLOSE.len()]),
+            None => out
+                .content
+                .push_str(&rest[start..start + OPEN.len() + end + CLOSE.len()]),
         }
         rest = &body[end + CLOSE.len()..];
     }
@@ -89,7 +91,10 @@ mod tests {
         assert_eq!(parse(text, true), ChatOutput::default());
         assert_eq!(parse("Sure<tool_", true).content, "Sure");
         // The same text complete gives the call.
-        let done = parse("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>", true);
+        let done = parse(
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+            true,
+        );
         assert_eq!(done.tool_calls, vec![tc("f", "{}")]);
     }
 

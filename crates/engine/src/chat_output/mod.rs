@@ -190,7 +190,10 @@ mod tests {
         assert_eq!(partial_marker_start("abc<", "<tool_call>"), Some(3));
         assert_eq!(partial_marker_start("abc<tool_call>", "<tool_call>"), None);
         assert_eq!(partial_marker_start("a<b", "<tool_call>"), None);
-        assert_eq!(partial_marker_start("é<｜tool", "<｜tool▁calls▁begin｜>"), Some(2));
+        assert_eq!(
+            partial_marker_start("é<｜tool", "<｜tool▁calls▁begin｜>"),
+            Some(2)
+        );
     }
 
     #[test]

@@ -17,8 +17,9 @@ pub(super) fn split<'a>(text: &'a str, partial: bool, opts: &OutputOptions) -> (
         let start = text.trim_start();
         match start.strip_prefix(OPEN) {
             Some(inside) => inside,
-            // The tag may still be arriving; nothing is known yet.
-            None if partial && !start.is_empty() && OPEN.starts_with(start) => return hold(text),
+            // The tag may still be arriving (or only whitespace came so far): nothing is known
+            // yet, and streaming the whitespace as content could not be taken back.
+            None if partial && OPEN.starts_with(start) => return hold(text),
             None => return (String::new(), text),
         }
     };
@@ -62,6 +63,8 @@ mod tests {
             ("Hmm".into(), "")
         );
         assert_eq!(split("\n<thi", true, &opts(false)), (String::new(), ""));
+        assert_eq!(split("\n", true, &opts(false)), (String::new(), ""));
+        assert_eq!(split("\n", false, &opts(false)), (String::new(), "\n"));
         assert_eq!(split("Hello", true, &opts(false)), (String::new(), "Hello"));
     }
 
