@@ -170,8 +170,8 @@ fn push_content(content: &mut String, text: &str) {
     content.push_str(text);
 }
 
-/// JSON text of a tool call's arguments: kept as written when it is JSON, else as a JSON
-/// string holding what was written.
+/// JSON text of a tool call's arguments: written compactly when it is JSON, else as the model
+/// wrote it (OpenAI's `arguments` is text, and may be invalid JSON).
 fn arguments_text(raw: &str) -> String {
     let raw = raw.trim();
     match serde_json::from_str::<Value>(raw) {
