@@ -149,22 +149,117 @@ def test_bad_model_is_404(client):
 
 def test_invalid_parameters_are_400(client):
     with pytest.raises(openai.BadRequestError) as e:
-        chat(client, n=2)
+        chat(client, n=17)
     assert e.value.param == "n"
     with pytest.raises(openai.BadRequestError):
         chat(client, temperature=5)
     with pytest.raises(openai.BadRequestError):
         chat(client, messages=[])
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, logprobs=True, top_logprobs=21)
+    assert e.value.param == "top_logprobs"
 
 
-def test_unsupported_features_are_refused_not_ignored(client):
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def test_chat_logprobs(client):
+    r = chat(client, logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True}, max_tokens=6)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 6
+    for t in content:
+        assert len(t.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert t.token == t.top_logprobs[0].token and t.logprob == t.top_logprobs[0].logprob
+        assert t.logprob <= 0
+    whole = b"".join(bytes(t.bytes) for t in content)
+    assert whole.decode("utf-8", "replace") == r.choices[0].message.content
+    stream = chat(client, logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True}, max_tokens=6, stream=True)
+    streamed = [t for c in stream if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+
+
+def test_completion_logprobs(client):
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5, temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert lp.text_offset[0] == 0
+    assert lp.text_offset == sorted(lp.text_offset)
+    assert all(len(t) <= 2 for t in lp.top_logprobs)
+
+
+def test_n_choices_share_the_prompt_and_have_their_own_seeds(client):
+    kw = dict(n=3, temperature=1.0, seed=7, max_tokens=8, extra_body={"ignore_eos": True})
+    r = chat(client, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.completion_tokens == 24
+    again = chat(client, **kw)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
+    # Choice 0 of n is the n=1 answer with the same seed.
+    one = chat(client, **{**kw, "n": 1})
+    assert one.choices[0].message.content == r.choices[0].message.content
+    texts = {}
+    for chunk in chat(client, stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+    assert [texts[i] for i in range(3)] == [c.message.content for c in r.choices]
+
+
+def test_tools_reach_the_template_and_tool_messages_round_trip(client):
+    # The server runs with the real Qwen3 template (--chat-template-file); this tiny model
+    # does not call tools by itself, so the request shapes are what is checked here.
+    msgs = [
+        {"role": "user", "content": "Weather in Paris?", "name": "ann"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"},
+    ]
+    r = chat(client, messages=msgs, tools=[TOOL], max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    p = httpx.post(URL + "/apply-template", json={"messages": msgs, "tools": [TOOL]}).json()["prompt"]
+    assert "<tools>" in p and '"name": "get_weather"' in p
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in p
+    assert "<tool_response>\n18 C and sunny\n</tool_response>" in p
+    none = httpx.post(URL + "/apply-template", json={"messages": msgs[:1], "tools": [TOOL], "tool_choice": "none"}).json()["prompt"]
+    assert "<tools>" not in none
     with pytest.raises(openai.BadRequestError) as e:
-        chat(client, logprobs=True)
-    assert e.value.param == "logprobs"
-    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
-    with pytest.raises(openai.BadRequestError) as e:
-        chat(client, tools=[tool])
-    assert e.value.param == "tools"
+        chat(client, tools=[TOOL], tool_choice="required")
+    assert e.value.param == "tool_choice"
+
+
+def test_thinking_switch_reaches_the_template():
+    msgs = [{"role": "user", "content": "hi"}]
+    off = httpx.post(URL + "/apply-template", json={"messages": msgs, "chat_template_kwargs": {"enable_thinking": False}}).json()
+    assert off["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    on = httpx.post(URL + "/apply-template", json={"messages": msgs, "enable_thinking": True}).json()
+    assert on["prompt"].endswith("<|im_start|>assistant\n")
+
+
+def test_tokenize_and_detokenize():
+    t = httpx.post(URL + "/tokenize", json={"content": "Hello world"}).json()["tokens"]
+    assert t and all(isinstance(i, int) for i in t)
+    assert httpx.post(URL + "/detokenize", json={"tokens": t}).json()["content"] == "Hello world"
+    pieces = httpx.post(URL + "/tokenize", json={"content": "Hello world", "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == t and "".join(p["piece"] for p in pieces) == "Hello world"
+    bad = httpx.post(URL + "/detokenize", json={"tokens": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_cors_preflight_and_headers():
+    pre = httpx.request("OPTIONS", URL + "/v1/chat/completions", headers={
+        "Origin": "https://example.org", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+    assert pre.status_code == 200
+    assert pre.headers["access-control-allow-origin"] == "*"
+    r = httpx.get(URL + "/v1/models", headers={"Origin": "https://example.org"})
+    assert r.headers["access-control-allow-origin"] == "*"
 
 
 def test_malformed_json_is_400():

@@ -6,7 +6,7 @@ use std::io::{BufRead, Write};
 
 use anyhow::Context;
 use engine::Sampler;
-use engine::chat_template::{ChatMessage, ChatTemplate};
+use engine::chat_template::ChatMessage;
 use engine::generate::{GenerateOptions, generate};
 use engine::tokenizer::Tokenizer;
 
@@ -26,6 +26,9 @@ pub struct ChatArgs {
     /// Stop before this text (repeatable), e.g. `--stop $'\n\n'`.
     #[arg(long)]
     pub stop: Vec<String>,
+    /// A Jinja chat template to use instead of the model's.
+    #[arg(long)]
+    pub chat_template_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -40,18 +43,7 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
     let (model, mut engine) = common::open(&args.model, &args.cluster)?;
     let meta = model.files().metadata();
     let tokenizer = Tokenizer::from_metadata(meta).context("building the tokenizer")?;
-    let template = match ChatTemplate::from_metadata(meta).context("reading the chat template")? {
-        Some(t) => t,
-        None => {
-            eprintln!("(the model has no chat template; using ChatML)");
-            let text = |id: Option<u32>| {
-                id.and_then(|i| tokenizer.token_text(i))
-                    .unwrap_or("")
-                    .to_string()
-            };
-            ChatTemplate::chatml(text(tokenizer.bos()), text(tokenizer.eos()))
-        }
-    };
+    let template = common::chat_template(meta, &tokenizer, args.chat_template_file.as_deref())?;
     let mut sampler = Sampler::new(args.sampling.config());
     let speculation = args
         .speculative

@@ -233,3 +233,34 @@ pub fn open(args: &ModelArgs, cluster: &ClusterArgs) -> anyhow::Result<(Arc<Mode
     let engine = build_engine(args, cluster, &topology, Arc::clone(&model))?;
     Ok((model, engine))
 }
+
+/// The chat template: `--chat-template-file` when given (Jinja, the model's BOS/EOS texts),
+/// else the model's own, else ChatML (said on stderr, since replies may then be poor).
+pub fn chat_template(
+    meta: &gguf::Metadata,
+    tokenizer: &engine::tokenizer::Tokenizer,
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<engine::chat_template::ChatTemplate> {
+    use engine::chat_template::ChatTemplate;
+    let text = |id: Option<u32>| {
+        id.and_then(|i| tokenizer.token_text(i))
+            .unwrap_or("")
+            .to_string()
+    };
+    if let Some(path) = file {
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --chat-template-file {}", path.display()))?;
+        return ChatTemplate::new(source, text(tokenizer.bos()), text(tokenizer.eos()))
+            .with_context(|| format!("--chat-template-file {}", path.display()));
+    }
+    match ChatTemplate::from_metadata(meta).context("reading the chat template")? {
+        Some(t) => Ok(t),
+        None => {
+            eprintln!("(the model has no chat template; using ChatML)");
+            Ok(ChatTemplate::chatml(
+                text(tokenizer.bos()),
+                text(tokenizer.eos()),
+            ))
+        }
+    }
+}

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use engine::chat_template::ChatTemplate;
 use engine::tokenizer::Tokenizer;
 
 use crate::cluster_args::ClusterArgs;
@@ -64,6 +63,17 @@ pub struct ServeArgs {
     /// Open HTTP connections at most (idle keep-alive ones included); more are answered 503.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
+    /// A Jinja chat template to use instead of the model's.
+    #[arg(long)]
+    pub chat_template_file: Option<PathBuf>,
+    /// Where reasoning (`<think>…</think>`, gpt-oss' analysis channel) goes: `deepseek` (or
+    /// `auto`) into `reasoning_content`, `none` left in the content.
+    #[arg(long, default_value = "deepseek")]
+    pub reasoning_format: engine::chat_output::ReasoningFormat,
+    /// An origin browsers may call the API from (repeatable), e.g. `https://app.example`.
+    /// Without it any origin may (CORS `*`), as with llama-server.
+    #[arg(long)]
+    pub cors_origin: Vec<String>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -128,18 +138,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let (model, engine) = common::open(&args.model, &args.cluster)?;
     let meta = model.files().metadata();
     let tokenizer = Tokenizer::from_metadata(meta).context("building the tokenizer")?;
-    let template = match ChatTemplate::from_metadata(meta).context("reading the chat template")? {
-        Some(t) => t,
-        None => {
-            tracing::info!("the model has no chat template; /v1/chat/completions uses ChatML");
-            let text = |id: Option<u32>| {
-                id.and_then(|i| tokenizer.token_text(i))
-                    .unwrap_or("")
-                    .to_string()
-            };
-            ChatTemplate::chatml(text(tokenizer.bos()), text(tokenizer.eos()))
-        }
-    };
+    let template = common::chat_template(meta, &tokenizer, args.chat_template_file.as_deref())?;
     let model_id = args.alias.clone().unwrap_or_else(|| {
         let path = args.model.source().display_path();
         path.file_stem()
@@ -164,6 +163,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
         sse_keepalive: Duration::from_secs_f64(args.sse_keepalive),
         http,
+        reasoning: args.reasoning_format,
+        cors_origins: args.cors_origin.clone(),
         ..Default::default()
     };
     server::serve(cfg, engine, tokenizer, template).context("serving")

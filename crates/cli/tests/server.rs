@@ -150,6 +150,12 @@ fn openai_python_client_and_curl() {
             "fixture-moe",
             "--ctx",
             "8192",
+            // The real Qwen3 template (the fixture has none): tools and thinking switches.
+            "--chat-template-file",
+            repo()
+                .join("crates/engine/tests/data/chat/qwen3.jinja")
+                .to_str()
+                .expect("a UTF-8 path"),
         ],
     );
     let script = repo().join("tools/server-tests/run.sh");

@@ -1,6 +1,7 @@
 //! The engine: sessions (tokens, positions, KV), sampling, tokenizer and chat template, and the
 //! executor seam behind which a session runs locally, as a pipeline or as a tensor-parallel group.
 
+pub mod chat_output;
 pub mod chat_template;
 pub mod cluster_view;
 pub mod error;
@@ -9,6 +10,7 @@ pub mod file;
 pub mod generate;
 pub mod layer_range;
 pub mod local;
+pub mod logprobs;
 pub mod prefix_hash;
 pub mod runner;
 pub mod sampler;

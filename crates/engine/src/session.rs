@@ -210,4 +210,12 @@ impl Engine {
         s.last_logits = snap.last_logits.clone();
         Ok(s)
     }
+
+    /// A second session with the same history, KV and last logits (`n > 1` choices sampled
+    /// from one evaluated prompt). Goes through snapshot and restore, which every executor
+    /// has, so it costs a copy of the session's KV.
+    pub fn fork(&mut self, s: &Session) -> Result<Session> {
+        let snap = self.snapshot(s)?;
+        self.restore(&snap)
+    }
 }

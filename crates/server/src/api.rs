@@ -162,6 +162,15 @@ pub struct ChatMessageIn {
     /// A string, an array of `{"type": "text", "text": ...}` parts, or null.
     #[serde(default)]
     pub content: Value,
+    /// The participant's name (templates that use it render it).
+    pub name: Option<String>,
+    /// An assistant message's calls: `[{"id", "type": "function", "function": {"name",
+    /// "arguments": "<JSON text>"}}]`.
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` message: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// An assistant message's reasoning, for templates that render past reasoning.
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -173,12 +182,44 @@ pub struct ChatRequest {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub logprobs: Option<bool>,
-    /// Function-calling tools: not implemented, so a request that offers any is refused
-    /// rather than answered as if they were absent.
-    #[serde(default)]
+    /// Alternatives per generated token (0–20), with `logprobs: true`.
+    pub top_logprobs: Option<i64>,
+    /// Function-calling tools: `[{"type": "function", "function": {"name", "description",
+    /// "parameters"}}]`, passed to the chat template.
     pub tools: Option<Vec<Value>>,
+    /// `"auto"` (default) or `"none"`; `"required"` and a named function are refused (no
+    /// constrained decoding enforces them).
+    pub tool_choice: Option<Value>,
+    /// False: only the first tool call the model writes is returned.
+    pub parallel_tool_calls: Option<bool>,
+    /// Extra template variables (`{"enable_thinking": false}`, …), as vLLM and llama-server
+    /// take them.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Shorthands for the template variables of the same name (Qwen3, gpt-oss).
+    pub enable_thinking: Option<bool>,
+    pub reasoning_effort: Option<String>,
+    /// `none` or `deepseek` (`auto`): this request's `--reasoning-format`.
+    pub reasoning_format: Option<String>,
     #[serde(flatten)]
     pub sampling: Sampling,
+}
+
+/// `POST /tokenize` (llama-server's shape).
+#[derive(Clone, Debug, Deserialize)]
+pub struct TokenizeRequest {
+    pub content: String,
+    /// Add BOS (when the model adds one); default false.
+    #[serde(default)]
+    pub add_special: bool,
+    /// Return `[{"id", "piece"}]` instead of ids.
+    #[serde(default)]
+    pub with_pieces: bool,
+}
+
+/// `POST /detokenize`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<i64>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -38,13 +38,19 @@ impl std::fmt::Debug for ApiKey {
 
 /// Middleware: with a key, `/v1/…` requests without `Authorization: Bearer KEY` get 401;
 /// `/health` and `/metrics` stay open.
+/// The OpenAI API and llama-server's tokenizer and template endpoints; not `/health` or
+/// `/metrics`.
+fn needs_key(path: &str) -> bool {
+    path.starts_with("/v1/") || ["/tokenize", "/detokenize", "/apply-template"].contains(&path)
+}
+
 pub async fn require_key(
     State(key): State<Option<Arc<ApiKey>>>,
     req: Request,
     next: Next,
 ) -> Response {
     if let Some(key) = &key
-        && req.uri().path().starts_with("/v1/")
+        && needs_key(req.uri().path())
     {
         let given = req
             .headers()

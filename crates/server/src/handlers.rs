@@ -11,11 +11,13 @@ use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use engine::SamplerConfig;
-use engine::chat_template::{ChatMessage, ChatTemplate};
+use engine::chat_output::ReasoningFormat;
+use engine::chat_template::ChatTemplate;
 use engine::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 
 use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, Sampling};
+use crate::chat::OutputReader;
 use crate::job::{Admission, GenParams, SchedulerHandle};
 use crate::metrics::Metrics;
 use crate::respond::{Kind, Reply, respond};
@@ -41,7 +43,14 @@ pub struct RequestContext {
     pub model_id: String,
     pub n_ctx: usize,
     pub n_vocab: usize,
+    /// Where reasoning goes unless a request says (`--reasoning-format`).
+    pub reasoning: ReasoningFormat,
 }
+
+/// Choices per request at most (`n`): each takes a slot while it runs.
+pub const MAX_CHOICES: i64 = 16;
+/// Alternatives per token at most (`top_logprobs`, completions' `logprobs`), OpenAI's limit.
+pub const MAX_TOP_LOGPROBS: i64 = 20;
 
 /// A request body parsed, validated and tokenized: what is submitted to the scheduler, and what
 /// the reply needs besides the generated text.
@@ -53,6 +62,8 @@ pub struct Prepared {
     pub include_usage: bool,
     /// Text the reply's output starts with (a completion's `echo`).
     pub prefix: String,
+    /// Chat: how the generated text is read (reasoning, tool calls).
+    pub reader: Option<OutputReader>,
 }
 
 impl IntoResponse for ApiError {
@@ -119,7 +130,7 @@ pub async fn metrics(State(st): Shared) -> Response {
     r
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         ApiError::invalid(format!(
             "We could not parse the JSON body of your request: {e}"
@@ -166,9 +177,16 @@ fn gen_params(
             )
         });
     }
-    if s.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid_param("n", "only n=1 is supported"));
-    }
+    let n = match s.n {
+        None => 1,
+        Some(n) if (1..=MAX_CHOICES).contains(&n) => n as usize,
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "n",
+                format!("n must be between 1 and {MAX_CHOICES}"),
+            ));
+        }
+    };
     let max = match max_tokens {
         Some(m) if m < 1 => {
             return Err(ApiError::invalid_param(
@@ -239,7 +257,20 @@ fn gen_params(
         cache_prompt: s.cache_prompt.unwrap_or(true),
         ignore_eos: s.ignore_eos,
         stream: false,
+        n,
+        logprobs: None,
     })
+}
+
+/// A `top_logprobs` / `logprobs` count, checked.
+fn top_count(param: &'static str, k: i64) -> Result<usize, ApiError> {
+    if !(0..=MAX_TOP_LOGPROBS).contains(&k) {
+        return Err(ApiError::invalid_param(
+            param,
+            format!("{param} must be between 0 and {MAX_TOP_LOGPROBS}"),
+        ));
+    }
+    Ok(k as usize)
 }
 
 fn unix_now() -> u64 {
@@ -272,31 +303,12 @@ fn check_prompt_bytes(
     Ok(())
 }
 
-/// Renders and tokenizes a conversation (CPU work: off the async workers).
-fn chat_prompt(st: &RequestContext, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
-    if req.messages.is_empty() {
-        return Err(ApiError::invalid_param(
-            "messages",
-            "messages must not be empty",
-        ));
-    }
-    let mut msgs = Vec::with_capacity(req.messages.len());
-    for m in &req.messages {
-        let role = if m.role == "developer" {
-            "system"
-        } else {
-            m.role.as_str()
-        };
-        msgs.push(ChatMessage::new(role, api::content_text(&m.content)?));
-    }
-    let rendered = st
-        .template
-        .render(&msgs, true, &Default::default())
-        .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
+/// Tokenizes a rendered conversation (CPU work: off the async workers).
+fn chat_tokens(st: &RequestContext, rendered: &str) -> Result<Vec<u32>, ApiError> {
     check_prompt_bytes(st, "messages", rendered.len())?;
     let bos = st.template.bos_token();
     let starts_with_bos = !bos.is_empty() && rendered.starts_with(bos);
-    Ok(st.tokenizer.encode(&rendered, !starts_with_bos, true))
+    Ok(st.tokenizer.encode(rendered, !starts_with_bos, true))
 }
 
 pub async fn chat(State(st): Shared, req: Request) -> Response {
@@ -325,27 +337,28 @@ async fn admit(st: &AppState, req: Request) -> Result<(Admission, Bytes), Respon
 pub fn prepare_chat(st: &RequestContext, id: u64, body: &[u8]) -> Result<Prepared, ApiError> {
     let req: ChatRequest = parse(body)?;
     check_model(st, req.model.as_deref())?;
-    if req.logprobs == Some(true) {
-        return Err(ApiError::invalid_param(
-            "logprobs",
-            "logprobs are not supported",
-        ));
-    }
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid_param(
-            "tools",
-            "tool calls are not supported",
-        ));
-    }
-    let prompt = chat_prompt(st, &req)?;
+    let logprobs = match (req.logprobs, req.top_logprobs) {
+        (Some(true), k) => Some(top_count("top_logprobs", k.unwrap_or(0))?),
+        (_, Some(_)) => {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ));
+        }
+        _ => None,
+    };
+    let rendered = crate::chat::render(&st.template, &req, st.reasoning)?;
+    let prompt = chat_tokens(st, &rendered.prompt)?;
     let max = req.max_completion_tokens.or(req.sampling.max_tokens);
     let mut params = gen_params(st, id, &req.sampling, max, usize::MAX, prompt.len())?;
     params.stream = req.stream;
+    params.logprobs = logprobs;
     Ok(Prepared {
         prompt,
         params,
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         prefix: String::new(),
+        reader: Some(rendered.reader),
     })
 }
 
@@ -375,6 +388,9 @@ async fn generate(
         fingerprint: st.fingerprint.clone(),
         include_usage: job.include_usage,
         prefix: job.prefix,
+        n: job.params.n,
+        reader: job.reader,
+        logprobs: job.params.logprobs.is_some(),
     };
     let stream = job.params.stream;
     let rx = st.sched.submit(admission, id, job.prompt, job.params)?;
@@ -411,10 +427,11 @@ pub fn prepare_completion(st: &RequestContext, id: u64, body: &[u8]) -> Result<P
             "only best_of=1 is supported",
         ));
     }
-    if req.logprobs.is_some_and(|l| l > 0) {
+    let logprobs = req.logprobs.map(|k| top_count("logprobs", k)).transpose()?;
+    if logprobs.is_some() && req.echo {
         return Err(ApiError::invalid_param(
             "logprobs",
-            "logprobs are not supported",
+            "logprobs with echo (the prompt's logprobs) are not supported",
         ));
     }
     // One prompt per request: text (tokenized here) or token ids.
@@ -456,6 +473,7 @@ pub fn prepare_completion(st: &RequestContext, id: u64, body: &[u8]) -> Result<P
         prompt.len(),
     )?;
     params.stream = req.stream;
+    params.logprobs = logprobs;
     let prefix = match (req.echo, prompt_text) {
         (false, _) => String::new(),
         (true, Some(t)) => t,
@@ -466,5 +484,6 @@ pub fn prepare_completion(st: &RequestContext, id: u64, body: &[u8]) -> Result<P
         params,
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         prefix,
+        reader: None,
     })
 }

@@ -28,9 +28,15 @@ pub struct GenParams {
     /// Stream text as it is produced; otherwise it is sent once at the end (no wake-up of the
     /// HTTP side per token).
     pub stream: bool,
+    /// Choices sampled from the one evaluated prompt (`n`); choice `k` samples with seed
+    /// `seed + k`.
+    pub n: usize,
+    /// Report each generated token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
-/// A request as the scheduler receives it: tokens, not text.
+/// A request as the scheduler receives it: tokens, not text. A request for `n` choices is one
+/// job for choice 0, which the scheduler forks into the others once the prompt is evaluated.
 pub struct Job {
     pub id: u64,
     pub prompt: Vec<u32>,
@@ -38,8 +44,10 @@ pub struct Job {
     pub reply: UnboundedSender<Event>,
     /// When it was handed to the scheduler (its queue wait starts here).
     pub submitted: Instant,
-    /// Counts the request as outstanding until the job is dropped (however it ends).
-    admission: Admission,
+    /// Which of the request's `n` choices this job generates.
+    pub choice: usize,
+    /// Counts the request as outstanding until its last job is dropped (however it ends).
+    admission: Arc<Admission>,
 }
 
 impl Job {
@@ -47,6 +55,22 @@ impl Job {
     /// from here.
     pub fn admitted(&self) -> Instant {
         self.admission.at
+    }
+
+    /// The job of choice `choice` of the same request: same prompt and reply channel, its own
+    /// derived seed.
+    pub fn sibling(&self, choice: usize) -> Job {
+        let mut params = self.params.clone();
+        params.sampler.seed = params.sampler.seed.wrapping_add(choice as u64);
+        Job {
+            id: self.id,
+            prompt: self.prompt.clone(),
+            params,
+            reply: self.reply.clone(),
+            submitted: self.submitted,
+            choice,
+            admission: Arc::clone(&self.admission),
+        }
     }
 }
 
@@ -88,11 +112,29 @@ pub struct Outcome {
     pub completion_tokens: usize,
 }
 
-/// What streams back to a handler.
+/// A generated token's log-probability (of the model's distribution, before sampling
+/// transforms) and the most likely alternatives, as token bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(Vec<u8>, f32)>,
+}
+
+/// What streams back to a handler, per choice.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Text(String),
-    Done(Outcome),
+    /// Text produced, with the log-probabilities of the tokens generated since the last
+    /// event when they were asked for.
+    Text {
+        choice: usize,
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Done {
+        choice: usize,
+        outcome: Outcome,
+    },
     Error(ApiError),
 }
 
@@ -197,7 +239,8 @@ impl SchedulerHandle {
                 params,
                 reply,
                 submitted: Instant::now(),
-                admission,
+                choice: 0,
+                admission: Arc::new(admission),
             }))
             .is_err()
         {

@@ -8,6 +8,8 @@
 //! | [`http`] | the connection loop: connection cap, idle and request timeouts, graceful stop |
 //! | [`auth`] | the API key, compared in constant time |
 //! | [`handlers`] | HTTP: admission, validation, chat template + tokenization, submission |
+//! | [`chat`] | a chat request as its template sees it; reading the reply (reasoning, tool calls) |
+//! | [`tokenize`] | `/tokenize`, `/detokenize`, `/apply-template` |
 //! | `respond` | events → a JSON response or an SSE stream |
 //! | [`job`] | what handlers and the scheduler exchange; admission control |
 //! | [`scheduler`] | the engine's owner: slots, queue, continuous batching |
@@ -21,6 +23,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod chat;
 pub mod disk_cache;
 pub mod handlers;
 pub mod http;
@@ -32,6 +35,7 @@ pub mod scheduler;
 mod slot;
 pub mod status;
 pub mod web;
+pub mod tokenize;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,9 +48,11 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use engine::Engine;
+use engine::chat_output::ReasoningFormat;
 use engine::chat_template::ChatTemplate;
 use engine::tokenizer::Tokenizer;
 use tokio::sync::oneshot;
+use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 
 use crate::auth::ApiKey;
 use crate::disk_cache::DiskCache;
@@ -84,6 +90,10 @@ pub struct ServerConfig {
     pub http_threads: usize,
     /// Request timeout, idle timeout, connection cap.
     pub http: HttpLimits,
+    /// Where reasoning text goes unless a request says (`--reasoning-format`).
+    pub reasoning: ReasoningFormat,
+    /// Origins browsers may call the API from (`--cors-origin`); empty: any origin.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -101,8 +111,31 @@ impl Default for ServerConfig {
             sse_keepalive: Duration::from_secs(10),
             http_threads: 2,
             http: HttpLimits::default(),
+            reasoning: ReasoningFormat::default(),
+            cors_origins: Vec::new(),
         }
     }
+}
+
+/// The CORS policy: preflights answered, any method and header, the configured origins (any
+/// when none are), as llama-server allows any.
+fn cors(origins: &[String]) -> std::io::Result<CorsLayer> {
+    let layer = CorsLayer::new().allow_methods(Any).allow_headers(Any);
+    if origins.is_empty() {
+        return Ok(layer.allow_origin(Any));
+    }
+    let list = origins
+        .iter()
+        .map(|o| {
+            axum::http::HeaderValue::from_str(o).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("--cors-origin {o:?} is not a valid origin"),
+                )
+            })
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    Ok(layer.allow_origin(AllowOrigin::list(list)))
 }
 
 /// A server running on its own threads (tests, embedding); `serve` is this plus signals.
@@ -181,6 +214,7 @@ pub fn start(
     signals: bool,
 ) -> std::io::Result<RunningServer> {
     let info = engine.info().clone();
+    let cors = cors(&cfg.cors_origins)?;
     let disk = match &cfg.kv_disk {
         Some((dir, max)) => Some(DiskCache::open(dir, &info.fingerprint, *max)?),
         None => None,
@@ -215,6 +249,7 @@ pub fn start(
             model_id: cfg.model_id.clone(),
             n_ctx: info.n_ctx,
             n_vocab: info.n_vocab,
+            reasoning: cfg.reasoning,
         },
         fingerprint: format!(
             "fp_{}",
@@ -233,6 +268,9 @@ pub fn start(
         .route("/v1/models/{id}", get(handlers::model))
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/apply-template", post(tokenize::apply_template))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
         .route("/v1/status", get(status::status))
@@ -244,6 +282,8 @@ pub fn start(
             cfg.api_key.as_deref().map(|k| Arc::new(ApiKey::new(k))),
             auth::require_key,
         ))
+        // Outside the key check: a browser's preflight carries no key.
+        .layer(cors)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(Arc::clone(&state));
     let app = http::with_request_timeout(app, cfg.http.request_timeout);

@@ -435,6 +435,13 @@ impl Scheduler {
 
     /// Samples slot `i`'s next token; finishes its request when the generation ends.
     fn advance(&mut self, i: usize) {
+        if self.slots[i]
+            .active
+            .as_ref()
+            .is_some_and(|a| a.forks_pending)
+        {
+            self.fork_choices(i);
+        }
         let tick = self.next_tick();
         let slot = &mut self.slots[i];
         let (Some(session), Some(a)) = (slot.session.as_ref(), slot.active.as_mut()) else {
@@ -445,6 +452,62 @@ impl Scheduler {
             let a = slot.active.take().expect("active");
             slot.last_used = tick;
             a.finish(finish, &self.metrics);
+        }
+    }
+
+    /// Starts choices 1..n of slot `i`'s request from its just-evaluated prompt: each in an
+    /// idle slot with a fork of the session (empty slots, then the least recently used), or,
+    /// when no slot is idle, queued first (it then gets its prompt from the prefix cache).
+    fn fork_choices(&mut self, i: usize) {
+        let Some(a) = self.slots[i].active.as_mut() else {
+            return;
+        };
+        a.forks_pending = false;
+        let siblings: Vec<Job> = (1..a.job.params.n).map(|k| a.job.sibling(k)).collect();
+        let mut waiting = Vec::new();
+        for job in siblings {
+            let idle = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.active.is_none())
+                .min_by_key(|(_, s)| (s.session.is_some(), s.last_used))
+                .map(|(k, _)| k);
+            let Some(k) = idle else {
+                waiting.push(job);
+                continue;
+            };
+            let leader = self.slots[i]
+                .session
+                .as_ref()
+                .expect("active slots have sessions");
+            let forked = match self.engine.fork(leader) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("request {}: forking choice {}: {e}", job.id, job.choice);
+                    waiting.push(job);
+                    continue;
+                }
+            };
+            if let Some(old) = self.slots[k].session.take() {
+                self.save_to_disk(&old);
+                self.engine.executor_mut().destroy(old.id);
+            }
+            tracing::info!(
+                "request {}: choice {} forked into slot {k} ({} tokens)",
+                job.id,
+                job.choice,
+                forked.tokens.len()
+            );
+            let cached = forked.tokens.len();
+            let seq = self.next_tick();
+            self.slots[k].session = Some(forked);
+            self.slots[k].active = Some(Active::new(job, cached, seq));
+            self.advance(k);
+        }
+        for job in waiting.into_iter().rev() {
+            self.metrics.queued.fetch_add(1, Ordering::AcqRel);
+            self.queue.push_front(job);
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 use engine::generate::{Detokenizer, FinishReason};
 use engine::{Sampler, Session};
 
-use crate::job::{Event, Job, Outcome};
+use crate::job::{Event, Job, Outcome, TokenLogprob};
 use crate::metrics::Metrics;
 use engine::text::TextStream;
 
@@ -18,6 +18,11 @@ pub(crate) struct Active {
     /// Text not sent yet (non-streaming requests get it all at the end: no wake-up of the HTTP
     /// side per token).
     pub unsent: String,
+    /// Log-probabilities of the tokens behind `unsent` (when asked for).
+    pub unsent_logprobs: Vec<TokenLogprob>,
+    /// Choice 0 of an `n > 1` request: the other choices are forked from its session when the
+    /// prompt is evaluated.
+    pub forks_pending: bool,
     /// Prompt tokens already in the session.
     pub pos: usize,
     pub cached: usize,
@@ -48,11 +53,14 @@ impl Active {
             sampler.accept(t);
         }
         let text = TextStream::new(job.params.stop.clone());
+        let forks_pending = job.choice == 0 && job.params.n > 1;
         Active {
             job,
             sampler,
             text,
             unsent: String::new(),
+            unsent_logprobs: Vec::new(),
+            forks_pending,
             pos: cached,
             cached,
             generated: 0,
@@ -94,16 +102,22 @@ impl Active {
         if !self.job.params.ignore_eos && detok.is_end_of_generation(tok) {
             return Some(FinishReason::Stop);
         }
+        if let Some(top) = self.job.params.logprobs {
+            // From the logits as the model gave them, not the sampler's modified copy.
+            let lp = engine::logprobs::token_logprobs(&session.last_logits, tok, top);
+            self.unsent_logprobs.push(TokenLogprob {
+                bytes: detok.token_bytes(tok),
+                logprob: lp.logprob,
+                top: lp
+                    .top
+                    .into_iter()
+                    .map(|(t, l)| (detok.token_bytes(t), l))
+                    .collect(),
+            });
+        }
         let (text, stopped) = self.text.push(&detok.token_bytes(tok));
         self.unsent.push_str(&text);
-        if self.job.params.stream
-            && !self.unsent.is_empty()
-            && self
-                .job
-                .reply
-                .send(Event::Text(std::mem::take(&mut self.unsent)))
-                .is_err()
-        {
+        if self.job.params.stream && !self.unsent.is_empty() && !self.send_unsent() {
             return Some(FinishReason::Cancelled);
         }
         if stopped {
@@ -131,11 +145,8 @@ impl Active {
             let rest = self.text.finish();
             self.unsent.push_str(&rest);
         }
-        if !self.unsent.is_empty() {
-            let _ = self
-                .job
-                .reply
-                .send(Event::Text(std::mem::take(&mut self.unsent)));
+        if !self.unsent.is_empty() || !self.unsent_logprobs.is_empty() {
+            self.send_unsent();
         }
         let outcome = Outcome {
             finish,
@@ -157,7 +168,24 @@ impl Active {
             outcome.completion_tokens.saturating_sub(1) as f64 / gen_secs.max(1e-9),
             finish
         );
-        metrics.requests_ok.inc();
-        let _ = self.job.reply.send(Event::Done(outcome));
+        if self.job.choice == 0 {
+            metrics.requests_ok.inc();
+        }
+        let _ = self.job.reply.send(Event::Done {
+            choice: self.job.choice,
+            outcome,
+        });
+    }
+
+    /// Sends the text and log-probabilities not sent yet; false when the client is gone.
+    fn send_unsent(&mut self) -> bool {
+        self.job
+            .reply
+            .send(Event::Text {
+                choice: self.job.choice,
+                text: std::mem::take(&mut self.unsent),
+                logprobs: std::mem::take(&mut self.unsent_logprobs),
+            })
+            .is_ok()
     }
 }
