@@ -3,10 +3,12 @@
 
 use std::io::Write;
 
+use std::path::PathBuf;
+
 use anyhow::Context;
-use engine::Sampler;
 use engine::generate::{GenerateOptions, generate};
 use engine::tokenizer::Tokenizer;
+use engine::{GrammarCompiler, GrammarSpec, Sampler, TokenConstraint};
 
 use crate::common::{self, ModelArgs};
 use crate::sampling::SamplingArgs;
@@ -38,6 +40,36 @@ pub struct RunArgs {
     /// Start from a saved session (made by any split of the same model).
     #[arg(long)]
     pub load_snapshot: Option<std::path::PathBuf>,
+    /// Structured output: the text is JSON valid against the JSON schema in FILE.
+    #[arg(long, value_name = "FILE", group = "structured")]
+    pub json_schema: Option<PathBuf>,
+    /// Structured output: the text matches the grammar in FILE (llguidance's Lark syntax,
+    /// `start: ...`; not llama.cpp's GBNF).
+    #[arg(long, value_name = "FILE", group = "structured")]
+    pub grammar_file: Option<PathBuf>,
+    /// Structured output: the text matches this regular expression.
+    #[arg(long, group = "structured")]
+    pub regex: Option<String>,
+}
+
+/// The grammar the flags ask for, compiled against the model's vocabulary.
+fn grammar(args: &RunArgs, tokenizer: &Tokenizer) -> anyhow::Result<Option<TokenConstraint>> {
+    let read = |path: &PathBuf| {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    };
+    let spec = if let Some(path) = &args.json_schema {
+        let schema = serde_json::from_str(&read(path)?)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        GrammarSpec::JsonSchema(schema)
+    } else if let Some(path) = &args.grammar_file {
+        GrammarSpec::Lark(read(path)?)
+    } else if let Some(regex) = &args.regex {
+        GrammarSpec::Regex(regex.clone())
+    } else {
+        return Ok(None);
+    };
+    let compiler = GrammarCompiler::new(tokenizer)?;
+    Ok(Some(compiler.compile(&spec)?))
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
@@ -62,7 +94,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!prompt.is_empty(), "the prompt tokenizes to nothing");
     let cfg = args.sampling.config();
     let seed = cfg.seed;
-    let mut sampler = Sampler::new(cfg);
+    let mut sampler = Sampler::new(cfg).with_grammar(grammar(args, &tokenizer)?);
     let opts = GenerateOptions {
         max_tokens: args.n_predict,
         stop: args.stop.clone(),

@@ -89,7 +89,7 @@ pub fn generate(
     let mut finish = FinishReason::Length;
     while tokens.len() < opts.max_tokens {
         let mut logits = std::mem::take(&mut session.last_logits);
-        let tok = sampler.sample(&mut logits);
+        let tok = sampler.sample(&mut logits)?;
         sampler.accept(tok);
         tokens.push(tok);
         if !opts.ignore_eos && detok.is_end_of_generation(tok) {

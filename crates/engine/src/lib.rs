@@ -6,6 +6,7 @@ pub mod error;
 pub mod executor;
 pub mod file;
 pub mod generate;
+pub mod grammar;
 pub mod layer_range;
 pub mod local;
 pub mod prefix_hash;
@@ -18,6 +19,7 @@ pub mod tokenizer;
 
 pub use error::{EngineError, Result};
 pub use executor::{EvalRequest, EvalResult, Executor, ModelInfo, SessionId};
+pub use grammar::{GrammarCompiler, GrammarError, GrammarSpec, TokenConstraint};
 pub use layer_range::{LayerRange, RangeSpec};
 pub use local::{ExpertMode, LocalExecutor};
 pub use runner::{RunError, Runner, SeqWork, SharedExperts};

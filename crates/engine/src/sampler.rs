@@ -1,9 +1,12 @@
 //! Token sampling: repetition/presence/frequency penalties, top-k, top-p, min-p, temperature,
 //! then a draw from a seeded ChaCha generator (same seed → same tokens on every machine).
-//! A temperature of zero (or below) is greedy.
+//! A temperature of zero (or below) is greedy. With a grammar ([`crate::grammar`]), tokens it
+//! does not allow are masked out first, so every step of the chain sees only allowed tokens.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+use crate::grammar::{GrammarError, TokenConstraint};
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplerConfig {
@@ -58,6 +61,7 @@ pub struct Sampler {
     rng: ChaCha8Rng,
     recent: std::collections::VecDeque<u32>,
     candidates: Vec<(u32, f32)>,
+    grammar: Option<TokenConstraint>,
 }
 
 impl Sampler {
@@ -68,7 +72,14 @@ impl Sampler {
             rng,
             recent: Default::default(),
             candidates: Vec::new(),
+            grammar: None,
         }
+    }
+
+    /// Draws only what `grammar` allows from now on (structured output).
+    pub fn with_grammar(mut self, grammar: Option<TokenConstraint>) -> Sampler {
+        self.grammar = grammar;
+        self
     }
 
     pub fn config(&self) -> &SamplerConfig {
@@ -111,9 +122,23 @@ impl Sampler {
         }
     }
 
-    /// Picks the next token from `logits` (modified in place by the penalties).
-    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+    /// Picks the next token from `logits` (modified in place by the grammar's mask and the
+    /// penalties) and advances the grammar past it.
+    pub fn sample(&mut self, logits: &mut [f32]) -> Result<u32, GrammarError> {
         self.penalize(logits);
+        // Masked after the penalties: a zero repeat penalty would turn a masked −∞ into NaN.
+        if let Some(grammar) = &mut self.grammar {
+            grammar.mask(logits)?;
+        }
+        let token = self.choose(logits);
+        if let Some(grammar) = &mut self.grammar {
+            grammar.commit(token)?;
+        }
+        Ok(token)
+    }
+
+    /// Greedy or the top-k → top-p → min-p → temperature chain over `logits`.
+    fn choose(&mut self, logits: &[f32]) -> u32 {
         if self.cfg.is_greedy() {
             return argmax(logits);
         }
@@ -195,7 +220,7 @@ mod tests {
     #[test]
     fn greedy_takes_the_argmax() {
         let mut s = Sampler::new(SamplerConfig::greedy());
-        assert_eq!(s.sample(&mut logits()), 1);
+        assert_eq!(s.sample(&mut logits()).unwrap(), 1);
     }
 
     #[test]
@@ -212,7 +237,9 @@ mod tests {
                 seed,
                 ..cfg.clone()
             });
-            (0..64).map(|_| s.sample(&mut logits())).collect::<Vec<_>>()
+            (0..64)
+                .map(|_| s.sample(&mut logits()).unwrap())
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
@@ -226,7 +253,7 @@ mod tests {
             ..Default::default()
         });
         for _ in 0..20 {
-            assert_eq!(s.sample(&mut logits()), 1);
+            assert_eq!(s.sample(&mut logits()).unwrap(), 1);
         }
     }
 
@@ -242,7 +269,7 @@ mod tests {
             ..Default::default()
         });
         for _ in 0..200 {
-            assert!(s.sample(&mut base.to_vec()) < 2);
+            assert!(s.sample(&mut base.to_vec()).unwrap() < 2);
         }
         let mut s = Sampler::new(SamplerConfig {
             temperature: 1.0,
@@ -253,7 +280,7 @@ mod tests {
         });
         for _ in 0..200 {
             assert!(
-                s.sample(&mut base.to_vec()) < 2,
+                s.sample(&mut base.to_vec()).unwrap() < 2,
                 "min_p 0.5 keeps p >= 0.25"
             );
         }
@@ -266,13 +293,17 @@ mod tests {
             ..SamplerConfig::greedy()
         });
         s.accept(1);
-        assert_eq!(s.sample(&mut logits()), 5, "token 1 penalized, 2.9 wins");
+        assert_eq!(
+            s.sample(&mut logits()).unwrap(),
+            5,
+            "token 1 penalized, 2.9 wins"
+        );
         let mut s = Sampler::new(SamplerConfig {
             presence_penalty: 1.0,
             ..SamplerConfig::greedy()
         });
         s.accept(1);
         s.accept(5);
-        assert_eq!(s.sample(&mut logits()), 2);
+        assert_eq!(s.sample(&mut logits()).unwrap(), 2);
     }
 }

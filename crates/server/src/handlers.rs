@@ -10,15 +10,16 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use engine::SamplerConfig;
 use engine::chat_template::{ChatMessage, ChatTemplate};
 use engine::tokenizer::Tokenizer;
+use engine::{GrammarCompiler, GrammarError, SamplerConfig};
 use serde_json::{Value, json};
 
 use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, Sampling};
 use crate::job::{Admission, GenParams, SchedulerHandle};
 use crate::metrics::Metrics;
 use crate::respond::{Kind, Reply, respond};
+use crate::structured;
 
 pub struct AppState {
     pub sched: SchedulerHandle,
@@ -39,6 +40,8 @@ pub struct RequestContext {
     pub model_id: String,
     pub n_ctx: usize,
     pub n_vocab: usize,
+    /// Structured output's grammars over this tokenizer's vocabulary (or why there are none).
+    pub grammars: Result<GrammarCompiler, GrammarError>,
 }
 
 /// A request body parsed, validated and tokenized: what is submitted to the scheduler, and what
@@ -237,6 +240,7 @@ fn gen_params(
         cache_prompt: s.cache_prompt.unwrap_or(true),
         ignore_eos: s.ignore_eos,
         stream: false,
+        grammar: structured::constraint(&st.grammars, &s.structured)?,
     })
 }
 

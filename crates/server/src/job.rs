@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 
-use engine::SamplerConfig;
 use engine::generate::FinishReason;
+use engine::{SamplerConfig, TokenConstraint};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::api::ApiError;
@@ -27,6 +27,8 @@ pub struct GenParams {
     /// Stream text as it is produced; otherwise it is sent once at the end (no wake-up of the
     /// HTTP side per token).
     pub stream: bool,
+    /// Structured output: the grammar the sampler masks with.
+    pub grammar: Option<TokenConstraint>,
 }
 
 /// A request as the scheduler receives it: tokens, not text.

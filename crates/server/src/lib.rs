@@ -28,6 +28,7 @@ pub mod prefix_cache;
 mod respond;
 pub mod scheduler;
 mod slot;
+pub mod structured;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,9 +40,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
-use engine::Engine;
 use engine::chat_template::ChatTemplate;
 use engine::tokenizer::Tokenizer;
+use engine::{Engine, GrammarCompiler};
 use tokio::sync::oneshot;
 
 use crate::auth::ApiKey;
@@ -182,6 +183,10 @@ pub fn start(
         None => None,
     };
     let metrics = Arc::new(Metrics::default());
+    let grammars = GrammarCompiler::new(&tokenizer);
+    if let Err(e) = &grammars {
+        tracing::warn!("{e}: requests for structured output will be refused");
+    }
     let tokenizer = Arc::new(tokenizer);
     let sched_cfg = SchedulerConfig {
         parallel: cfg.parallel.max(1),
@@ -210,6 +215,7 @@ pub fn start(
             model_id: cfg.model_id.clone(),
             n_ctx: info.n_ctx,
             n_vocab: info.n_vocab,
+            grammars,
         },
         fingerprint: format!(
             "fp_{}",
