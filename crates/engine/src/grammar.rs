@@ -144,7 +144,7 @@ impl GrammarCompiler {
         // compile time, rather than after the prompt has been evaluated.
         matcher.compute_mask().map_err(|e| invalid(e.to_string()))?;
         Ok(TokenConstraint {
-            matcher,
+            matcher: Box::new(matcher),
             spec: spec.describe(),
         })
     }
@@ -199,7 +199,8 @@ pub fn token_bytes(tokenizer: &Tokenizer) -> Vec<Vec<u8>> {
 /// One generation's grammar state.
 #[derive(Clone)]
 pub struct TokenConstraint {
-    matcher: Matcher,
+    /// Boxed: the parser state is large and travels inside every request.
+    matcher: Box<Matcher>,
     spec: &'static str,
 }
 
@@ -249,10 +250,5 @@ impl TokenConstraint {
         self.matcher
             .consume_token(token)
             .map_err(|e| GrammarError::Generation(e.to_string()))
-    }
-
-    /// Whether the output so far is a complete match (end-of-generation allowed).
-    pub fn is_accepting(&mut self) -> bool {
-        self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false)
     }
 }

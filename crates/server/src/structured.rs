@@ -10,10 +10,10 @@ use crate::api::{ApiError, Structured};
 /// The grammar `s` asks for, if any.
 pub fn spec(s: &Structured) -> Result<Option<(&'static str, GrammarSpec)>, ApiError> {
     let mut asked = Vec::new();
-    if let Some(format) = &s.response_format {
-        if let Some(spec) = response_format(format)? {
-            asked.push(("response_format", spec));
-        }
+    if let Some(format) = &s.response_format
+        && let Some(spec) = response_format(format)?
+    {
+        asked.push(("response_format", spec));
     }
     if let Some(schema) = &s.json_schema {
         let schema = schema_object(schema, "json_schema", "json_schema")?;
