@@ -3,10 +3,12 @@
 
 use std::io::Write;
 
+use std::path::PathBuf;
+
 use anyhow::Context;
-use engine::Sampler;
 use engine::generate::{GenerateOptions, generate};
 use engine::tokenizer::Tokenizer;
+use engine::{GrammarCompiler, GrammarSpec, Sampler, TokenConstraint};
 
 use crate::cluster_args::ClusterArgs;
 use crate::common::{self, ModelArgs};
@@ -44,6 +46,46 @@ pub struct RunArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub speculative: SpeculativeArgs,
+    /// Structured output: the text is JSON valid against the JSON schema in FILE.
+    #[arg(
+        long,
+        value_name = "FILE",
+        group = "structured",
+        help_heading = "Structured output"
+    )]
+    pub json_schema: Option<PathBuf>,
+    /// Structured output: the text matches the grammar in FILE (llguidance's Lark syntax,
+    /// `start: ...`; not llama.cpp's GBNF).
+    #[arg(
+        long,
+        value_name = "FILE",
+        group = "structured",
+        help_heading = "Structured output"
+    )]
+    pub grammar_file: Option<PathBuf>,
+    /// Structured output: the text matches this regular expression.
+    #[arg(long, group = "structured", help_heading = "Structured output")]
+    pub regex: Option<String>,
+}
+
+/// The grammar the flags ask for, compiled against the model's vocabulary.
+fn grammar(args: &RunArgs, tokenizer: &Tokenizer) -> anyhow::Result<Option<TokenConstraint>> {
+    let read = |path: &PathBuf| {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    };
+    let spec = if let Some(path) = &args.json_schema {
+        let schema = serde_json::from_str(&read(path)?)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        GrammarSpec::JsonSchema(schema)
+    } else if let Some(path) = &args.grammar_file {
+        GrammarSpec::Lark(read(path)?)
+    } else if let Some(regex) = &args.regex {
+        GrammarSpec::Regex(regex.clone())
+    } else {
+        return Ok(None);
+    };
+    let compiler = GrammarCompiler::new(tokenizer)?;
+    Ok(Some(compiler.compile(&spec)?))
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
@@ -68,7 +110,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!prompt.is_empty(), "the prompt tokenizes to nothing");
     let cfg = args.sampling.config();
     let seed = cfg.seed;
-    let mut sampler = Sampler::new(cfg);
+    let mut sampler = Sampler::new(cfg).with_grammar(grammar(args, &tokenizer)?);
     let speculation = args
         .speculative
         .speculation(&args.model, engine.info().n_ctx, &tokenizer)?;

@@ -16,6 +16,8 @@ pub enum EngineError {
     /// the latest positions only): not an error of the session, which callers evaluate afresh.
     #[error("cannot rewind session {session} to {n} positions: {why}")]
     CannotRewind { session: u64, n: usize, why: String },
+    #[error(transparent)]
+    Grammar(#[from] crate::grammar::GrammarError),
     #[error("snapshot: {0}")]
     Snapshot(String),
     #[error("{0}")]

@@ -105,14 +105,14 @@ pub fn generate(
     while tokens.len() < opts.max_tokens {
         let (tok, kept_draft) = match drafted.pop_front() {
             Some((draft, after)) => {
-                let tok = sampler.verify(&mut logits, draft);
+                let tok = sampler.verify(&mut logits, draft)?;
                 if tok == draft {
                     logits = after;
                     n_accepted += 1;
                 }
                 (tok, tok == draft)
             }
-            None => (sampler.sample(&mut logits), false),
+            None => (sampler.sample(&mut logits)?, false),
         };
         sampler.accept(tok);
         tokens.push(tok);

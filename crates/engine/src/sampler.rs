@@ -1,9 +1,12 @@
 //! Token sampling: repetition/presence/frequency penalties, top-k, top-p, min-p, temperature,
 //! then a draw from a seeded ChaCha generator (same seed → same tokens on every machine).
-//! A temperature of zero (or below) is greedy.
+//! A temperature of zero (or below) is greedy. With a grammar ([`crate::grammar`]), tokens it
+//! does not allow are masked out first, so every step of the chain sees only allowed tokens.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+use crate::grammar::{GrammarError, TokenConstraint};
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplerConfig {
@@ -58,6 +61,7 @@ pub struct Sampler {
     rng: ChaCha8Rng,
     recent: std::collections::VecDeque<u32>,
     candidates: Vec<(u32, f32)>,
+    grammar: Option<TokenConstraint>,
 }
 
 impl Sampler {
@@ -68,7 +72,14 @@ impl Sampler {
             rng,
             recent: Default::default(),
             candidates: Vec::new(),
+            grammar: None,
         }
+    }
+
+    /// Draws only what `grammar` allows from now on (structured output).
+    pub fn with_grammar(mut self, grammar: Option<TokenConstraint>) -> Sampler {
+        self.grammar = grammar;
+        self
     }
 
     pub fn config(&self) -> &SamplerConfig {
@@ -111,27 +122,59 @@ impl Sampler {
         }
     }
 
-    /// Picks the next token from `logits` (modified in place by the penalties).
-    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
-        let Some(weights) = self.distribution(logits) else {
-            return argmax(logits);
+    /// Picks the next token from `logits` (modified in place by the grammar's mask and the
+    /// penalties) and advances the grammar past it.
+    pub fn sample(&mut self, logits: &mut [f32]) -> Result<u32, GrammarError> {
+        self.constrain(logits)?;
+        let token = match self.distribution(logits) {
+            None => argmax(logits),
+            Some(weights) => {
+                let total: f64 = weights.iter().sum();
+                let r = self.rng.random::<f64>() * total;
+                self.candidates[pick(&weights, r)].0
+            }
         };
-        let total: f64 = weights.iter().sum();
-        let r = self.rng.random::<f64>() * total;
-        self.candidates[pick(&weights, r)].0
+        self.commit(token)?;
+        Ok(token)
     }
 
     /// Decides a drafted token at the position `logits` belong to (speculative decoding; the
-    /// draft came from a source that proposes one token with certainty, such as prompt lookup):
-    /// `draft` itself, or the token to emit instead. Greedy: the argmax, so the output is the
-    /// non-speculative one. Sampling: the draft is kept with probability `p(draft)` and
-    /// otherwise a token is drawn from `p` without the draft, renormalized — the standard
-    /// acceptance rule (Leviathan et al., 2023, for a point-mass draft distribution), under
-    /// which every emitted token has exactly the distribution `sample` draws from.
-    pub fn verify(&mut self, logits: &mut [f32], draft: u32) -> u32 {
-        let Some(mut weights) = self.distribution(logits) else {
-            return argmax(logits);
+    /// draft came from a source that proposes one token with certainty, such as prompt lookup
+    /// or a greedy draft model): `draft` itself, or the token to emit instead, past which the
+    /// grammar is advanced. Greedy: the argmax, so the output is the non-speculative one.
+    /// Sampling: the draft is kept with probability `p(draft)` and otherwise a token is drawn
+    /// from `p` without the draft, renormalized — the standard acceptance rule (Leviathan et
+    /// al., 2023, for a point-mass draft distribution), under which every emitted token has
+    /// exactly the distribution `sample` draws from.
+    pub fn verify(&mut self, logits: &mut [f32], draft: u32) -> Result<u32, GrammarError> {
+        self.constrain(logits)?;
+        let token = match self.distribution(logits) {
+            None => argmax(logits),
+            Some(weights) => self.keep_or_replace(weights, draft),
         };
+        self.commit(token)?;
+        Ok(token)
+    }
+
+    /// The penalties, then the grammar's mask (after them: a zero repeat penalty would turn a
+    /// masked −∞ into NaN).
+    fn constrain(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
+        self.penalize(logits);
+        if let Some(grammar) = &mut self.grammar {
+            grammar.mask(logits)?;
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, token: u32) -> Result<(), GrammarError> {
+        if let Some(grammar) = &mut self.grammar {
+            grammar.commit(token)?;
+        }
+        Ok(())
+    }
+
+    /// The acceptance rule of [`Sampler::verify`] over the candidates' `weights`.
+    fn keep_or_replace(&mut self, mut weights: Vec<f64>, draft: u32) -> u32 {
         let total: f64 = weights.iter().sum();
         let Some(d) = self.candidates.iter().position(|&(t, _)| t == draft) else {
             // Outside the kept candidates: probability 0, always rejected.
@@ -150,11 +193,10 @@ impl Sampler {
         self.candidates[pick(&weights, r)].0
     }
 
-    /// Applies the penalties to `logits` and leaves in `self.candidates` the tokens the
-    /// configuration keeps, with their weights (unnormalized probabilities at the temperature).
-    /// `None`: greedy, or nothing finite to sample from; the caller takes the argmax.
-    fn distribution(&mut self, logits: &mut [f32]) -> Option<Vec<f64>> {
-        self.penalize(logits);
+    /// Leaves in `self.candidates` the tokens the top-k → top-p → min-p chain keeps, and returns
+    /// their weights (unnormalized probabilities at the temperature). `None`: greedy, or
+    /// nothing finite to sample from; the caller takes the argmax.
+    fn distribution(&mut self, logits: &[f32]) -> Option<Vec<f64>> {
         if self.cfg.is_greedy() {
             return None;
         }
@@ -265,7 +307,7 @@ mod tests {
             let mut counts = [0usize; 6];
             let mut kept = 0;
             for _ in 0..trials {
-                let t = s.verify(&mut l.clone(), draft);
+                let t = s.verify(&mut l.clone(), draft).unwrap();
                 counts[t as usize] += 1;
                 kept += usize::from(t == draft);
             }
@@ -285,14 +327,14 @@ mod tests {
     #[test]
     fn greedy_verify_is_the_argmax() {
         let mut s = Sampler::new(SamplerConfig::greedy());
-        assert_eq!(s.verify(&mut logits(), 1), 1);
-        assert_eq!(s.verify(&mut logits(), 2), 1);
+        assert_eq!(s.verify(&mut logits(), 1).unwrap(), 1);
+        assert_eq!(s.verify(&mut logits(), 2).unwrap(), 1);
     }
 
     #[test]
     fn greedy_takes_the_argmax() {
         let mut s = Sampler::new(SamplerConfig::greedy());
-        assert_eq!(s.sample(&mut logits()), 1);
+        assert_eq!(s.sample(&mut logits()).unwrap(), 1);
     }
 
     #[test]
@@ -309,7 +351,9 @@ mod tests {
                 seed,
                 ..cfg.clone()
             });
-            (0..64).map(|_| s.sample(&mut logits())).collect::<Vec<_>>()
+            (0..64)
+                .map(|_| s.sample(&mut logits()).unwrap())
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
@@ -323,7 +367,7 @@ mod tests {
             ..Default::default()
         });
         for _ in 0..20 {
-            assert_eq!(s.sample(&mut logits()), 1);
+            assert_eq!(s.sample(&mut logits()).unwrap(), 1);
         }
     }
 
@@ -339,7 +383,7 @@ mod tests {
             ..Default::default()
         });
         for _ in 0..200 {
-            assert!(s.sample(&mut base.to_vec()) < 2);
+            assert!(s.sample(&mut base.to_vec()).unwrap() < 2);
         }
         let mut s = Sampler::new(SamplerConfig {
             temperature: 1.0,
@@ -350,7 +394,7 @@ mod tests {
         });
         for _ in 0..200 {
             assert!(
-                s.sample(&mut base.to_vec()) < 2,
+                s.sample(&mut base.to_vec()).unwrap() < 2,
                 "min_p 0.5 keeps p >= 0.25"
             );
         }
@@ -363,13 +407,17 @@ mod tests {
             ..SamplerConfig::greedy()
         });
         s.accept(1);
-        assert_eq!(s.sample(&mut logits()), 5, "token 1 penalized, 2.9 wins");
+        assert_eq!(
+            s.sample(&mut logits()).unwrap(),
+            5,
+            "token 1 penalized, 2.9 wins"
+        );
         let mut s = Sampler::new(SamplerConfig {
             presence_penalty: 1.0,
             ..SamplerConfig::greedy()
         });
         s.accept(1);
         s.accept(5);
-        assert_eq!(s.sample(&mut logits()), 2);
+        assert_eq!(s.sample(&mut logits()).unwrap(), 2);
     }
 }

@@ -154,6 +154,20 @@ pub struct Sampling {
     /// Generate up to `max_tokens` even past end-of-generation tokens (benchmarks).
     #[serde(default)]
     pub ignore_eos: bool,
+    #[serde(flatten)]
+    pub structured: Structured,
+}
+
+/// Structured output (`crate::structured`), at most one of these: OpenAI's `response_format`
+/// (`{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {"schema": ...}}`),
+/// llama-server's top-level `json_schema`, `grammar` (Lark syntax, not llama-server's GBNF)
+/// and `regex`. Kept as JSON values so that a malformed one gets an error naming its field.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Structured {
+    pub response_format: Option<Value>,
+    pub json_schema: Option<Value>,
+    pub grammar: Option<Value>,
+    pub regex: Option<Value>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

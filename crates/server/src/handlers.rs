@@ -14,6 +14,7 @@ use engine::SamplerConfig;
 use engine::chat_output::ReasoningFormat;
 use engine::chat_template::ChatTemplate;
 use engine::tokenizer::Tokenizer;
+use engine::{GrammarCompiler, GrammarError};
 use serde_json::{Value, json};
 
 use crate::api::{self, ApiError, ChatRequest, CompletionRequest, Prompt, Sampling};
@@ -21,6 +22,7 @@ use crate::chat::OutputReader;
 use crate::job::{Admission, GenParams, SchedulerHandle};
 use crate::metrics::Metrics;
 use crate::respond::{Kind, Reply, respond};
+use crate::structured;
 
 pub struct AppState {
     pub sched: SchedulerHandle,
@@ -45,6 +47,8 @@ pub struct RequestContext {
     pub n_vocab: usize,
     /// Where reasoning goes unless a request says (`--reasoning-format`).
     pub reasoning: ReasoningFormat,
+    /// Structured output's grammars over this tokenizer's vocabulary (or why there are none).
+    pub grammars: Result<GrammarCompiler, GrammarError>,
 }
 
 /// Choices per request at most (`n`): each takes a slot while it runs.
@@ -259,6 +263,7 @@ fn gen_params(
         stream: false,
         n,
         logprobs: None,
+        grammar: structured::constraint(&st.grammars, &s.structured)?,
     })
 }
 

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::time::Instant;
 
-use engine::SamplerConfig;
 use engine::generate::FinishReason;
+use engine::{SamplerConfig, TokenConstraint};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::api::ApiError;
@@ -33,6 +33,8 @@ pub struct GenParams {
     pub n: usize,
     /// Report each generated token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Structured output: the grammar the sampler masks with.
+    pub grammar: Option<TokenConstraint>,
 }
 
 /// A request as the scheduler receives it: tokens, not text. A request for `n` choices is one
@@ -139,7 +141,8 @@ pub enum Event {
 }
 
 pub(crate) enum Command {
-    Submit(Job),
+    /// Boxed: a job (parameters, grammar state, reply channel) is large next to the others.
+    Submit(Box<Job>),
     CancelAll,
     Shutdown,
 }
@@ -233,7 +236,7 @@ impl SchedulerHandle {
         let (reply, rx) = unbounded_channel();
         if self
             .tx
-            .send(Command::Submit(Job {
+            .send(Command::Submit(Box::new(Job {
                 id,
                 prompt,
                 params,
@@ -241,7 +244,7 @@ impl SchedulerHandle {
                 submitted: Instant::now(),
                 choice: 0,
                 admission: Arc::new(admission),
-            }))
+            })))
             .is_err()
         {
             self.metrics.queued.fetch_sub(1, Ordering::AcqRel);

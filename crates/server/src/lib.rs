@@ -34,8 +34,9 @@ mod respond;
 pub mod scheduler;
 mod slot;
 pub mod status;
-pub mod web;
+pub mod structured;
 pub mod tokenize;
+pub mod web;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -48,6 +49,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use engine::Engine;
+use engine::GrammarCompiler;
 use engine::chat_output::ReasoningFormat;
 use engine::chat_template::ChatTemplate;
 use engine::tokenizer::Tokenizer;
@@ -220,6 +222,10 @@ pub fn start(
         None => None,
     };
     let metrics = Arc::new(Metrics::default());
+    let grammars = GrammarCompiler::new(&tokenizer);
+    if let Err(e) = &grammars {
+        tracing::warn!("{e}: requests for structured output will be refused");
+    }
     let tokenizer = Arc::new(tokenizer);
     let sched_cfg = SchedulerConfig {
         parallel: cfg.parallel.max(1),
@@ -250,6 +256,7 @@ pub fn start(
             n_ctx: info.n_ctx,
             n_vocab: info.n_vocab,
             reasoning: cfg.reasoning,
+            grammars,
         },
         fingerprint: format!(
             "fp_{}",

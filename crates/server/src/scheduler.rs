@@ -103,7 +103,7 @@ impl Scheduler {
             cmds.extend(self.rx.try_iter());
             for cmd in cmds {
                 match cmd {
-                    Command::Submit(job) => self.queue.push_back(job),
+                    Command::Submit(job) => self.queue.push_back(*job),
                     Command::CancelAll => self.cancel_all("the server is shutting down"),
                     Command::Shutdown => stop = true,
                 }
@@ -447,11 +447,14 @@ impl Scheduler {
         let (Some(session), Some(a)) = (slot.session.as_ref(), slot.active.as_mut()) else {
             return;
         };
-        if let Some(finish) = a.sample_next(session, self.detok.as_ref(), &self.metrics, self.n_ctx)
-        {
-            let a = slot.active.take().expect("active");
-            slot.last_used = tick;
-            a.finish(finish, &self.metrics);
+        match a.sample_next(session, self.detok.as_ref(), &self.metrics, self.n_ctx) {
+            Ok(None) => {}
+            Ok(Some(finish)) => {
+                let a = slot.active.take().expect("active");
+                slot.last_used = tick;
+                a.finish(finish, &self.metrics);
+            }
+            Err(e) => self.fail(i, e),
         }
     }
 

@@ -7,6 +7,7 @@ use std::time::Instant;
 use engine::generate::{Detokenizer, FinishReason};
 use engine::{Sampler, Session};
 
+use crate::api::ApiError;
 use crate::job::{Event, Job, Outcome, TokenLogprob};
 use crate::metrics::Metrics;
 use engine::text::TextStream;
@@ -48,7 +49,10 @@ pub(crate) struct Slot {
 
 impl Active {
     pub fn new(job: Job, cached: usize, seq: u64) -> Active {
-        let mut sampler = Sampler::new(job.params.sampler.clone());
+        // Cloned, not taken: the job's grammar stays at its start for the siblings of `n > 1`,
+        // which are made from this job once its prompt is evaluated.
+        let mut sampler =
+            Sampler::new(job.params.sampler.clone()).with_grammar(job.params.grammar.clone());
         for &t in &job.prompt {
             sampler.accept(t);
         }
@@ -78,16 +82,20 @@ impl Active {
     }
 
     /// Samples the next token from the session's last logits and streams its text; the token
-    /// becomes `pending` (fed in the next step) unless the generation ends here.
+    /// becomes `pending` (fed in the next step) unless the generation ends here. Fails when
+    /// the request's grammar does (no token of the vocabulary can continue it).
     pub fn sample_next(
         &mut self,
         session: &Session,
         detok: &dyn Detokenizer,
         metrics: &Metrics,
         n_ctx: usize,
-    ) -> Option<FinishReason> {
+    ) -> Result<Option<FinishReason>, ApiError> {
         let mut logits = session.last_logits.clone();
-        let tok = self.sampler.sample(&mut logits);
+        let tok = self
+            .sampler
+            .sample(&mut logits)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
         self.sampler.accept(tok);
         self.generated += 1;
         metrics.generated_tokens.inc();
@@ -100,7 +108,7 @@ impl Active {
                 .observe((now - self.job.admitted()).as_secs_f64()),
         }
         if !self.job.params.ignore_eos && detok.is_end_of_generation(tok) {
-            return Some(FinishReason::Stop);
+            return Ok(Some(FinishReason::Stop));
         }
         if let Some(top) = self.job.params.logprobs {
             // From the logits as the model gave them, not the sampler's modified copy.
@@ -118,20 +126,20 @@ impl Active {
         let (text, stopped) = self.text.push(&detok.token_bytes(tok));
         self.unsent.push_str(&text);
         if self.job.params.stream && !self.unsent.is_empty() && !self.send_unsent() {
-            return Some(FinishReason::Cancelled);
+            return Ok(Some(FinishReason::Cancelled));
         }
         if stopped {
             self.stopped_by_string = true;
-            return Some(FinishReason::Stop);
+            return Ok(Some(FinishReason::Stop));
         }
         if self.generated >= self.job.params.max_tokens {
-            return Some(FinishReason::Length);
+            return Ok(Some(FinishReason::Length));
         }
         if session.tokens.len() + 1 > n_ctx {
-            return Some(FinishReason::ContextFull);
+            return Ok(Some(FinishReason::ContextFull));
         }
         self.pending = Some(tok);
-        None
+        Ok(None)
     }
 
     /// Sends what is left of the text and the outcome.
