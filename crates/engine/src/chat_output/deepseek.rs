@@ -88,12 +88,7 @@ fn call(text: &str) -> Option<ToolCall> {
 mod tests {
     use super::*;
 
-    fn tc(name: &str, arguments: &str) -> ToolCall {
-        ToolCall {
-            name: name.into(),
-            arguments: arguments.into(),
-        }
-    }
+    use crate::chat_output::tool_call as tc;
 
     /// DeepSeek V3.1 after its reasoning (the `</think>` is split off before this).
     #[test]

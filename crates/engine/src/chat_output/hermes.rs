@@ -63,12 +63,7 @@ fn call(json: &str) -> Option<ToolCall> {
 mod tests {
     use super::*;
 
-    fn tc(name: &str, arguments: &str) -> ToolCall {
-        ToolCall {
-            name: name.into(),
-            arguments: arguments.into(),
-        }
-    }
+    use crate::chat_output::tool_call as tc;
 
     /// What Qwen3 writes after its reasoning when it calls two tools.
     #[test]

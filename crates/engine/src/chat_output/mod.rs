@@ -110,6 +110,15 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
+/// A tool call to compare parser output with (every family's tests).
+#[cfg(test)]
+pub(crate) fn tool_call(name: &str, arguments: &str) -> ToolCall {
+    ToolCall {
+        name: name.into(),
+        arguments: arguments.into(),
+    }
+}
+
 /// An output split into what it means.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ChatOutput {
