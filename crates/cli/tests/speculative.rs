@@ -133,70 +133,40 @@ fn greedy_speculative_output_is_the_plain_output_in_a_pipeline_and_a_group() {
         ("draft model", vec!["--draft-model", &draft]),
     ];
     for (name, spec) in &configs {
-        // Two stages.
-        let mut args = greedy_args(&m, prompt, n);
-        args.extend_from_slice(spec);
-        args.extend_from_slice(&["--layers", "0:2", "--listen", "127.0.0.1:0", "--insecure"]);
-        let coord = Proc::spawn("pipeline coordinator", &args);
-        let addr = format!("127.0.0.1:{}", coord.coordinator_port());
-        let _worker = Proc::spawn(
-            "worker 3:output",
-            &[
-                "worker",
-                "-m",
-                &m,
-                "--layers",
-                "3:output",
-                "--coordinator",
-                &addr,
-                "--kv-type",
-                "f32",
-                "--no-warm",
-                "--insecure",
-            ],
-        );
-        let (ok, out, err) = coord.finish(T);
-        assert!(ok, "{name}: pipeline failed:\n{err}");
-        assert_eq!(out, want, "{name}: 2-stage speculative greedy text differs");
-        assert!(
-            accepted(&err) > 0,
-            "{name}: the pipeline accepted no draft:\n{err}"
-        );
-
-        // Two tensor-parallel ranks.
-        let mut args = greedy_args(&m, prompt, n);
-        args.extend_from_slice(spec);
-        args.extend_from_slice(&[
-            "--tensor-parallel",
-            "--tp-size",
-            "2",
-            "--listen",
-            "127.0.0.1:0",
-            "--insecure",
-        ]);
-        let coord = Proc::spawn("tp coordinator", &args);
-        let addr = format!("127.0.0.1:{}", coord.coordinator_port());
-        let _rank = Proc::spawn(
-            "rank",
-            &[
-                "worker",
-                "--tensor-parallel",
-                "-m",
-                &m,
-                "--coordinator",
-                &addr,
-                "--kv-type",
-                "f32",
-                "--no-warm",
-                "--insecure",
-            ],
-        );
-        let (ok, out, err) = coord.finish(T);
-        assert!(ok, "{name}: tensor-parallel group failed:\n{err}");
-        assert_eq!(out, want, "{name}: 2-rank speculative greedy text differs");
-        assert!(
-            accepted(&err) > 0,
-            "{name}: the group accepted no draft:\n{err}"
-        );
+        // (topology, the coordinator's flags, its one worker's flags).
+        let topologies: [(&str, &[&str], &[&str]); 2] = [
+            (
+                "2-stage pipeline",
+                &["--layers", "0:2"],
+                &["--layers", "3:output"],
+            ),
+            (
+                "2-rank group",
+                &["--tensor-parallel", "--tp-size", "2"],
+                &["--tensor-parallel"],
+            ),
+        ];
+        for (topology, coord_flags, worker_flags) in topologies {
+            let mut args = greedy_args(&m, prompt, n);
+            args.extend_from_slice(spec);
+            args.extend_from_slice(coord_flags);
+            args.extend_from_slice(&["--listen", "127.0.0.1:0", "--insecure"]);
+            let coord = Proc::spawn("coordinator", &args);
+            let addr = format!("127.0.0.1:{}", coord.coordinator_port());
+            let mut worker = vec!["worker", "-m", &m, "--coordinator", &addr];
+            worker.extend_from_slice(worker_flags);
+            worker.extend_from_slice(&["--kv-type", "f32", "--no-warm", "--insecure"]);
+            let _worker = Proc::spawn("worker", &worker);
+            let (ok, out, err) = coord.finish(T);
+            assert!(ok, "{name}, {topology}: failed:\n{err}");
+            assert_eq!(
+                out, want,
+                "{name}, {topology}: speculative greedy text differs"
+            );
+            assert!(
+                accepted(&err) > 0,
+                "{name}, {topology}: no draft was accepted:\n{err}"
+            );
+        }
     }
 }

@@ -138,8 +138,8 @@ pub fn generate(
         }
         // `tok` is new to the session: drop the drafts a rejection left behind it, then
         // evaluate it (with a fresh draft when there is one).
-        if !drafted.is_empty() || session.tokens.len() > prompt.len() + tokens.len() - 1 {
-            drafted.clear();
+        drafted.clear();
+        if session.tokens.len() > prompt.len() + tokens.len() - 1 {
             rewind(engine, session, prompt, &tokens[..tokens.len() - 1])?;
         }
         if session.tokens.len() + 1 > n_ctx {
