@@ -16,6 +16,7 @@ pub struct ModelInfo {
     pub arch: String,
     pub n_vocab: usize,
     pub n_layer: usize,
+    /// Values per token of the stream between layers (`hc · n_embd` for DeepSeek V4).
     pub n_embd: usize,
     pub n_expert: usize,
     pub n_expert_used: usize,

@@ -17,6 +17,20 @@ pub fn model_info(model: &Model, n_ctx: usize) -> ModelInfo {
 }
 
 /// [`model_info`] with the KV type that sizes `kv_bytes_per_position`.
+/// DeepSeek V4: bytes its compressed rows grow by per position (f32 rows; a ratio-4 layer's
+/// attention and indexer rows, a ratio-128 layer's attention rows), over the model's layers.
+fn compressed_bytes_per_position(model: &Model) -> usize {
+    let Some(p) = &model.hp.dsv4 else { return 0 };
+    (0..model.hp.n_layer)
+        .map(|il| match p.ratio(il) {
+            0 => 0.0,
+            4 => (model.hp.head_dim_k + p.index_head_dim) as f64 * 4.0 / 4.0,
+            r => model.hp.head_dim_k as f64 * 4.0 / r as f64,
+        })
+        .sum::<f64>()
+        .ceil() as usize
+}
+
 pub fn model_info_kv(model: &Model, n_ctx: usize, kv_type: KvType) -> ModelInfo {
     let meta = model.files().metadata();
     let name = meta
@@ -35,13 +49,14 @@ pub fn model_info_kv(model: &Model, n_ctx: usize, kv_type: KvType) -> ModelInfo 
         arch: model.spec.name.to_string(),
         n_vocab: model.hp.n_vocab,
         n_layer: model.hp.n_layer,
-        n_embd: model.hp.n_embd,
+        n_embd: model.hp.hidden_width(),
         n_expert: model.hp.moe.as_ref().map_or(0, |m| m.n_expert),
         n_expert_used: model.hp.moe.as_ref().map_or(0, |m| m.n_expert_used),
         n_ctx,
         fingerprint: model.files().fingerprint().to_string(),
         weight_bytes: model.files().splits().iter().map(|s| s.file_len()).sum(),
-        kv_bytes_per_position: model.hp.n_layer * layer_bytes,
+        kv_bytes_per_position: model.hp.n_layer * layer_bytes
+            + compressed_bytes_per_position(model),
         kv_sliding_bytes_per_position: n_sliding * layer_bytes,
         kv_sliding_positions: model
             .hp

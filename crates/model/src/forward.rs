@@ -10,7 +10,7 @@ use kernels::Input;
 use crate::Model;
 use crate::blocks::Compute;
 use crate::blocks::attention::{AttentionShape, SeqSpan, attend};
-use crate::blocks::ffn::swiglu_ffn;
+use crate::blocks::ffn::glu_ffn;
 use crate::blocks::mla;
 use crate::blocks::moe::{ExpertFfn, moe_ffn, route, route_tokens};
 use crate::blocks::norm;
@@ -133,6 +133,7 @@ impl Model {
     ) -> Result<StageOutput> {
         let n: usize = seqs.iter().map(|s| s.n_tokens).sum();
         let d = self.hp.n_embd;
+        let wide = self.hp.hidden_width();
         if *layers.end() >= self.hp.n_layer || layers.start() > layers.end() {
             return Err(ModelError::Input(format!(
                 "layer range {layers:?} is outside 0..{}",
@@ -158,17 +159,31 @@ impl Model {
                 let mut x = vec![0f32; n * d];
                 timed(Phase::Embed, || self.embed(t, &mut x))?;
                 hooks.observe(None, "inp_embd", &x);
+                if wide != d {
+                    // Every hyper-connection stream starts as the embedding.
+                    let mut streams = vec![0f32; n * wide];
+                    for (row, e) in streams.chunks_exact_mut(wide).zip(x.chunks_exact(d)) {
+                        for s in row.chunks_exact_mut(d) {
+                            s.copy_from_slice(e);
+                        }
+                    }
+                    x = streams;
+                }
                 x
             }
             StageInput::Hidden(h) => {
-                if h.len() != n * d {
+                if h.len() != n * wide {
                     return Err(ModelError::Input(format!(
-                        "{} hidden values for {n} rows of {d}",
+                        "{} hidden values for {n} rows of {wide}",
                         h.len()
                     )));
                 }
                 h.to_vec()
             }
+        };
+        let tokens = match input {
+            StageInput::Tokens(t) => Some(t),
+            StageInput::Hidden(_) => None,
         };
         let mut pos0 = Vec::with_capacity(seqs.len());
         for s in seqs.iter_mut() {
@@ -176,7 +191,9 @@ impl Model {
             s.kv.reserve(p, s.n_tokens)?;
             pos0.push(p);
         }
-        let result = self.run_layers(cx, experts, layers, head, &mut x, seqs, &pos0, hooks);
+        let result = self.run_layers(
+            cx, experts, layers, head, &mut x, tokens, seqs, &pos0, hooks,
+        );
         if result.is_err() {
             for (s, &p) in seqs.iter_mut().zip(&pos0) {
                 // `reserve(p, ..)` kept what position `p` attends to, so this rewind holds.
@@ -195,6 +212,7 @@ impl Model {
         layers: RangeInclusive<usize>,
         head: bool,
         x: &mut Vec<f32>,
+        tokens: Option<&[u32]>,
         seqs: &mut [SeqInput],
         pos0: &[usize],
         hooks: &mut dyn Hooks,
@@ -204,11 +222,19 @@ impl Model {
             .zip(pos0)
             .flat_map(|(s, &p)| p..p + s.n_tokens)
             .collect();
-        let rope = RopeTable::new(&self.hp.rope, self.rope_freqs.as_deref(), &positions);
-        for il in layers {
-            self.attention_layer(cx, il, x, seqs, pos0, &rope, hooks)?;
-            self.ffn_layer(cx, il, x, experts, hooks)?;
-            hooks.observe(Some(il), "l_out", x);
+        if self.hp.dsv4.is_some() {
+            let ropes = crate::dsv4::Dsv4Ropes::new(&self.hp, &positions);
+            for il in layers {
+                self.dsv4_layer(cx, il, x, tokens, seqs, pos0, &ropes, experts, hooks)?;
+                hooks.observe(Some(il), "l_out", x);
+            }
+        } else {
+            let rope = RopeTable::new(&self.hp.rope, self.rope_freqs.as_deref(), &positions);
+            for il in layers {
+                self.attention_layer(cx, il, x, seqs, pos0, &rope, hooks)?;
+                self.ffn_layer(cx, il, x, experts, hooks)?;
+                hooks.observe(Some(il), "l_out", x);
+            }
         }
         if !head {
             return Ok(StageOutput::Hidden(std::mem::take(x)));
@@ -225,11 +251,15 @@ impl Model {
             }
             row0 += s.n_tokens;
         }
-        let mut h = Vec::with_capacity(rows.len() * d);
+        let wide = self.hp.hidden_width();
+        let mut h = Vec::with_capacity(rows.len() * wide);
         for &r in &rows {
-            h.extend_from_slice(&x[r * d..(r + 1) * d]);
+            h.extend_from_slice(&x[r * wide..(r + 1) * wide]);
         }
         let head_span = span(Phase::Head);
+        if wide != d {
+            h = self.dsv4_head_collapse(cx, &h)?;
+        }
         let (Some(output_norm), Some(output)) = (&self.output_norm, &self.output) else {
             return Err(self.not_held("the output norm and head"));
         };
@@ -267,6 +297,11 @@ impl Model {
             AttentionWeights::Gqa(a) => a,
             AttentionWeights::Mla(m) => {
                 return self.mla_attention_layer(cx, il, m, x, seqs, pos0, rope, hooks);
+            }
+            AttentionWeights::Dsv4(_) => {
+                return Err(ModelError::Input(format!(
+                    "layer {il}: DeepSeek V4 layers run through dsv4_layer"
+                )));
             }
         };
         let hp = &self.hp;
@@ -512,26 +547,40 @@ impl Model {
         up: &crate::weights::Matrix,
         down: &crate::weights::Matrix,
     ) -> Result<Vec<f64>> {
+        self.split_glu(cx, x, gate, up, down, crate::arch::Glu::Silu)
+    }
+
+    /// [`Model::split_swiglu`] with another gated activation.
+    pub(crate) fn split_glu(
+        &self,
+        cx: &Compute,
+        x: &Input,
+        gate: &crate::weights::Matrix,
+        up: &crate::weights::Matrix,
+        down: &crate::weights::Matrix,
+        glu: crate::arch::Glu,
+    ) -> Result<Vec<f64>> {
         let files = self.files();
         let (g, u, dn) = (gate.weights(files), up.weights(files), down.weights(files));
         let chunk = crate::shard::ffn_chunk(down.dtype, gate.rows);
         match self.shard.ffn_cols(gate.rows, chunk) {
-            Some(cols) if cols.len() == gate.rows => swiglu_ffn(cx, x, g, u, dn, chunk),
+            Some(cols) if cols.len() == gate.rows => glu_ffn(cx, x, g, u, dn, chunk, glu),
             Some(cols) if cols.is_empty() => Ok(vec![0f64; x.n() * down.rows]),
             Some(cols) => {
                 let dn = dn
                     .cols_slice(cols.clone())
                     .expect("aligned by Shard::ffn_cols");
-                swiglu_ffn(
+                glu_ffn(
                     cx,
                     x,
                     g.rows_slice(cols.clone()),
                     u.rows_slice(cols),
                     dn,
                     chunk,
+                    glu,
                 )
             }
-            None if self.shard.rank == 0 => swiglu_ffn(cx, x, g, u, dn, chunk),
+            None if self.shard.rank == 0 => glu_ffn(cx, x, g, u, dn, chunk, glu),
             None => Ok(vec![0f64; x.n() * down.rows]),
         }
     }

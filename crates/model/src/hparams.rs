@@ -92,6 +92,40 @@ pub struct Hparams {
     pub attn_scale_mul: f32,
     /// Layers in the file past `n_layer` that are NextN/MTP heads (not run).
     pub n_nextn: usize,
+    /// DeepSeek V4's hyper-connections, compressed attention and routing (`deepseek4`).
+    pub dsv4: Option<Dsv4Params>,
+}
+
+/// DeepSeek V4: the residual is `hc` streams of `n_embd`; every layer attends to a sliding
+/// window of raw rows (`sliding_window`) and, where `compress_ratios[il]` is 4 or 128, to rows
+/// that each pool a window of that many positions. The KV cache view is one key row of
+/// `head_dim_k` per position (values are the keys).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dsv4Params {
+    pub hc: usize,
+    pub sinkhorn_iters: usize,
+    pub hc_eps: f32,
+    pub q_lora_rank: usize,
+    pub o_groups: usize,
+    pub o_lora_rank: usize,
+    /// Per layer: 0 (window only), 4 (overlapping windows + indexer) or 128.
+    pub compress_ratios: Vec<usize>,
+    /// RoPE of compressed layers (their queries, keys and compressed rows): its own base and
+    /// YaRN, with cos/sin unscaled (DeepSeek's reference and llama.cpp cancel YaRN's mscale).
+    pub compress_rope: RopeParams,
+    pub index_n_head: usize,
+    pub index_head_dim: usize,
+    pub index_topk: usize,
+    /// The first `n_hash_layers` layers take their experts from `ffn_gate_tid2eid[token]`.
+    pub n_hash_layers: usize,
+    pub swiglu_limit: f32,
+    pub swiglu_limit_shexp: f32,
+}
+
+impl Dsv4Params {
+    pub fn ratio(&self, il: usize) -> usize {
+        self.compress_ratios.get(il).copied().unwrap_or(0)
+    }
 }
 
 fn bad(meta: &Metadata, suffix: &str, detail: impl Into<String>) -> ModelError {
@@ -184,13 +218,14 @@ impl Hparams {
                     Some(1) => Gating::Softmax,
                     Some(2) => Gating::Sigmoid,
                     Some(3) => Gating::SoftmaxSelected,
+                    Some(4) => Gating::SqrtSoftplus,
                     Some(func) => {
                         return Err(bad(
                             meta,
                             keys::EXPERT_GATING_FUNC,
                             format!(
                                 "gating function {func} is not supported \
-                                 (1 = softmax, 2 = sigmoid, 3 = softmax over the selected)"
+                                 (1 = softmax, 2 = sigmoid, 3 = softmax over the selected, 4 = sqrt-softplus)"
                             ),
                         ));
                     }
@@ -288,7 +323,20 @@ impl Hparams {
             mla,
             attn_scale_mul,
             n_nextn,
+            dsv4: None,
         })
+        .and_then(|hp| {
+            if spec.name == "deepseek4" {
+                dsv4_params(meta, hp)
+            } else {
+                Ok(hp)
+            }
+        })
+    }
+
+    /// Values per position of the stream between layers: `hc · n_embd` for DeepSeek V4.
+    pub fn hidden_width(&self) -> usize {
+        self.dsv4.as_ref().map_or(1, |p| p.hc) * self.n_embd
     }
 
     /// Softmax scale of attention: `1/sqrt(d)` over the head size queries and keys are
@@ -304,6 +352,9 @@ impl Hparams {
 
     /// Values per head entering the attention output projection.
     pub fn head_dim_out(&self) -> usize {
+        if self.dsv4.is_some() {
+            return self.head_dim_k;
+        }
         self.mla.as_ref().map_or(self.head_dim_v, |m| m.v_head_dim)
     }
 
@@ -447,4 +498,100 @@ fn mla_params(
         qk_nope: k_mla - n_rot,
         v_head_dim,
     }))
+}
+
+/// DeepSeek V4's keys on top of the common ones (names as llama.cpp's converter writes them).
+fn dsv4_params(meta: &Metadata, mut hp: Hparams) -> Result<Hparams> {
+    let u = |s: &str| -> Result<usize> { Ok(meta.arch_u32(s)? as usize) };
+    let n = hp.n_layer + hp.n_nextn;
+    let ratios = meta.arch_u32_array(keys::COMPRESS_RATIOS)?;
+    if ratios.len() < hp.n_layer {
+        return Err(bad(
+            meta,
+            keys::COMPRESS_RATIOS,
+            format!("{} ratios for {} layers", ratios.len(), hp.n_layer),
+        ));
+    }
+    let compress_ratios: Vec<usize> = ratios.iter().map(|&r| r as usize).collect();
+    if let Some(r) = compress_ratios.iter().find(|&&r| ![0, 4, 128].contains(&r)) {
+        return Err(bad(
+            meta,
+            keys::COMPRESS_RATIOS,
+            format!("compression ratio {r}: DeepSeek V4 layers use 0, 4 or 128"),
+        ));
+    }
+    let per_layer_f32 = |key: &str| -> Result<Option<f32>> {
+        let full = meta.arch_key(key)?;
+        Ok(match meta.get(&full) {
+            None => None,
+            Some(gguf::Value::Array(gguf::Array::F32(v))) => v.first().copied(),
+            Some(_) => meta.arch_f32_opt(key)?,
+        })
+    };
+    let swiglu_limit = per_layer_f32(keys::SWIGLU_CLAMP_EXP)?.unwrap_or(0.0);
+    let swiglu_limit_shexp = per_layer_f32(keys::SWIGLU_CLAMP_SHEXP)?.unwrap_or(swiglu_limit);
+    let hc = u(keys::HC_COUNT)?;
+    if hc == 0 {
+        return Err(bad(meta, keys::HC_COUNT, "zero hyper-connection streams"));
+    }
+    let head_dim = hp.head_dim_k;
+    let o_groups = u(keys::OUTPUT_GROUP_COUNT)?;
+    if o_groups == 0 || !hp.n_head.is_multiple_of(o_groups) {
+        return Err(bad(
+            meta,
+            keys::OUTPUT_GROUP_COUNT,
+            format!("{o_groups} output groups for {} heads", hp.n_head),
+        ));
+    }
+    let index_head_dim = u(keys::INDEXER_KEY_LENGTH)?;
+    if index_head_dim < hp.rope.n_rot {
+        return Err(bad(
+            meta,
+            keys::INDEXER_KEY_LENGTH,
+            format!(
+                "indexer heads of {index_head_dim} for {} rotary dims",
+                hp.rope.n_rot
+            ),
+        ));
+    }
+    // Compressed layers: their own base, the file's YaRN, cos/sin unscaled.
+    let mut compress_rope = hp.rope.clone();
+    compress_rope.freq_base = meta.arch_f32(keys::COMPRESS_ROPE_FREQ_BASE)?;
+    if let Some(y) = &mut compress_rope.yarn {
+        y.mscale = 1.0;
+    }
+    // Sliding layers rotate with the plain base, no scaling.
+    hp.rope.yarn = None;
+    hp.rope.freq_scale = 1.0;
+    hp.attn_scale_mul = 1.0;
+    let window = hp.sliding_window.ok_or_else(|| {
+        bad(
+            meta,
+            keys::SLIDING_WINDOW,
+            "DeepSeek V4 needs a sliding window",
+        )
+    })?;
+    hp.sliding_window = Some(window);
+    hp.swa_layers = vec![true; hp.n_layer];
+    // The cache view: one shared key/value row per position.
+    hp.n_head_kv = 1;
+    hp.head_dim_v = 0;
+    hp.dsv4 = Some(Dsv4Params {
+        hc,
+        sinkhorn_iters: u(keys::HC_SINKHORN_ITERS)?,
+        hc_eps: meta.arch_f32(keys::HC_EPS)?,
+        q_lora_rank: u(keys::Q_LORA_RANK)?,
+        o_groups,
+        o_lora_rank: u(keys::OUTPUT_LORA_RANK)?,
+        compress_ratios: compress_ratios[..n.min(compress_ratios.len())].to_vec(),
+        compress_rope,
+        index_n_head: u(keys::INDEXER_HEAD_COUNT)?,
+        index_head_dim,
+        index_topk: u(keys::INDEXER_TOP_K)?,
+        n_hash_layers: meta.arch_u32_opt(keys::HASH_LAYER_COUNT)?.unwrap_or(0) as usize,
+        swiglu_limit,
+        swiglu_limit_shexp,
+    });
+    let _ = head_dim;
+    Ok(hp)
 }

@@ -3,6 +3,7 @@
 //! prefix is one contiguous copy per layer, independent of how layers are split across nodes.
 //! Sliding-window layers keep only their latest positions (see [`KvCache`]).
 
+use std::borrow::Cow;
 use std::ops::RangeInclusive;
 
 use half::f16;
@@ -61,6 +62,100 @@ pub struct KvLayout {
     /// `None`: every layer keeps every position (no sliding layers, or the full cache was
     /// asked for).
     pub sliding: Option<SlidingLayers>,
+    /// DeepSeek V4's compressed rows (see [`Compression`]).
+    pub compression: Option<Compression>,
+}
+
+/// Which layers of a DeepSeek V4 cache pool windows of positions into compressed rows, and
+/// how. Besides the rows, a compressed layer keeps its compressor's inputs (the projected
+/// values and scores) of recent positions: those of the window being filled, the previous
+/// window (ratio 4 windows overlap), and what a rewind by up to a sliding window needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compression {
+    /// Per layer of the cache.
+    pub layers: Vec<Option<CompressedLayer>>,
+    /// The model's largest ratio: inputs are kept in whole windows of it, the same positions
+    /// in every cache, so every stage of a pipeline answers rewinds the same way.
+    pub max_ratio: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompressedLayer {
+    pub ratio: usize,
+    /// Values of an attention compressed row.
+    pub width: usize,
+    /// Values of an indexer key row (0: no indexer).
+    pub index_width: usize,
+    /// Two inputs per position, the first pooled into the next window (ratio 4).
+    pub overlap: bool,
+}
+
+/// Which compressor of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pool {
+    Attention,
+    Indexer,
+}
+
+/// One compressor's state: inputs from the cache's `comp_from` on, and the rows made.
+#[derive(Clone, Debug, Default)]
+struct PoolState {
+    in_width: usize,
+    width: usize,
+    kv_in: Vec<f32>,
+    score_in: Vec<f32>,
+    rows: Vec<f32>,
+}
+
+impl PoolState {
+    fn new(width: usize, overlap: bool) -> PoolState {
+        PoolState {
+            in_width: if overlap { 2 * width } else { width },
+            width,
+            ..PoolState::default()
+        }
+    }
+
+    fn n_inputs(&self) -> usize {
+        self.kv_in.len() / self.in_width
+    }
+
+    fn bytes(&self) -> usize {
+        4 * (self.kv_in.len() + self.score_in.len() + self.rows.len())
+    }
+}
+
+#[derive(Clone, Debug)]
+struct CompLayerState {
+    spec: CompressedLayer,
+    attn: PoolState,
+    index: Option<PoolState>,
+}
+
+impl CompLayerState {
+    fn pool(&self, p: Pool) -> Option<&PoolState> {
+        match p {
+            Pool::Attention => Some(&self.attn),
+            Pool::Indexer => self.index.as_ref(),
+        }
+    }
+
+    fn pool_mut(&mut self, p: Pool) -> Option<&mut PoolState> {
+        match p {
+            Pool::Attention => Some(&mut self.attn),
+            Pool::Indexer => self.index.as_mut(),
+        }
+    }
+
+    fn pools_mut(&mut self) -> impl Iterator<Item = &mut PoolState> {
+        std::iter::once(&mut self.attn).chain(self.index.as_mut())
+    }
+}
+
+/// First position whose compressor inputs a rewind to `n` needs, in windows of `m`: the
+/// window `n` falls in and the one before it.
+fn comp_needed(n: usize, m: usize) -> usize {
+    (n / m).saturating_sub(1) * m
 }
 
 /// Which of a cache's layers slide, and over how many positions.
@@ -122,17 +217,40 @@ pub struct KvCache {
     len: usize,
     /// First position sliding layers hold (0 without a bounded window).
     first: usize,
+    /// Per local layer: its compressors' state (DeepSeek V4 compressed layers).
+    comp: Vec<Option<CompLayerState>>,
+    /// First position whose compressor inputs are kept.
+    comp_from: usize,
 }
 
 impl KvCache {
     pub fn new(layout: KvLayout) -> KvCache {
         let n = layout.layers.clone().count();
+        let comp = (0..n)
+            .map(|l| {
+                let spec = layout
+                    .compression
+                    .as_ref()?
+                    .layers
+                    .get(l)
+                    .copied()
+                    .flatten()?;
+                Some(CompLayerState {
+                    spec,
+                    attn: PoolState::new(spec.width, spec.overlap),
+                    index: (spec.index_width > 0)
+                        .then(|| PoolState::new(spec.index_width, spec.overlap)),
+                })
+            })
+            .collect();
         KvCache {
             layout,
             k: vec![Vec::new(); n],
             v: vec![Vec::new(); n],
             len: 0,
             first: 0,
+            comp,
+            comp_from: 0,
         }
     }
 
@@ -176,7 +294,20 @@ impl KvCache {
     /// positions stored and rewound, not on which layers this cache holds, so every stage of a
     /// pipeline gives the same answer.
     pub fn can_rewind(&self, n: usize) -> bool {
-        n == 0 || n >= self.len || self.oldest_attended(n) >= self.first
+        n == 0
+            || n >= self.len
+            || (self.oldest_attended(n) >= self.first
+                && self
+                    .max_ratio()
+                    .is_none_or(|m| comp_needed(n, m) >= self.comp_from))
+    }
+
+    fn max_ratio(&self) -> Option<usize> {
+        self.layout
+            .compression
+            .as_ref()
+            .map(|c| c.max_ratio)
+            .filter(|&m| m > 0)
     }
 
     /// Forgets positions `n..` (rewind). Fails, changing nothing, when sliding layers no
@@ -194,6 +325,17 @@ impl KvCache {
         self.len = self.len.min(n);
         if self.len == 0 {
             self.first = 0;
+            self.comp_from = 0;
+        }
+        let (len, from) = (self.len, self.comp_from);
+        for c in self.comp.iter_mut().flatten() {
+            let ratio = c.spec.ratio;
+            for p in c.pools_mut() {
+                let keep = len.saturating_sub(from).min(p.n_inputs());
+                p.kv_in.truncate(keep * p.in_width);
+                p.score_in.truncate(keep * p.in_width);
+                p.rows.truncate((len / ratio) * p.width);
+            }
         }
         Ok(())
     }
@@ -221,6 +363,16 @@ impl KvCache {
         let n_sliding = (0..self.k.len()).filter(|&l| self.slides(l)).count();
         let n_full = self.k.len() - n_sliding;
         (n_full * self.len + n_sliding * (self.len - self.first)) * self.layer_row_bytes()
+            + self.compressed_bytes()
+    }
+
+    /// Bytes of compressed rows and compressor inputs (DeepSeek V4; f32).
+    pub fn compressed_bytes(&self) -> usize {
+        self.comp
+            .iter()
+            .flatten()
+            .map(|c| c.attn.bytes() + c.index.as_ref().map_or(0, PoolState::bytes))
+            .sum()
     }
 
     /// Bytes allocated for keys and values (what [`KvCache::bytes_used`] grows into).
@@ -273,6 +425,22 @@ impl KvCache {
             let new_first = keep_from / w * w;
             if new_first > self.first {
                 self.drop_sliding_before(new_first, pos0);
+            }
+        }
+        if let Some(m) = self.max_ratio() {
+            // What a rewind to the oldest position the sliding layers still answer for needs.
+            let slack = self.window().unwrap_or(0) + m;
+            let new_from = comp_needed(pos0.saturating_sub(slack), m).max(self.comp_from);
+            if new_from > self.comp_from {
+                let drop = new_from - self.comp_from;
+                for c in self.comp.iter_mut().flatten() {
+                    for p in c.pools_mut() {
+                        let d = drop.min(p.n_inputs()) * p.in_width;
+                        p.kv_in.drain(..d);
+                        p.score_in.drain(..d);
+                    }
+                }
+                self.comp_from = new_from;
             }
         }
         let want = end
@@ -331,6 +499,91 @@ impl KvCache {
         Ok(())
     }
 
+    fn comp_pool(&self, layer: usize, pool: Pool) -> Result<&PoolState> {
+        let l = self.local(layer)?;
+        self.comp[l]
+            .as_ref()
+            .and_then(|c| c.pool(pool))
+            .ok_or_else(|| ModelError::Input(format!("layer {layer} has no {pool:?} compressor")))
+    }
+
+    fn comp_pool_mut(&mut self, layer: usize, pool: Pool) -> Result<&mut PoolState> {
+        let l = self.local(layer)?;
+        self.comp[l]
+            .as_mut()
+            .and_then(|c| c.pool_mut(pool))
+            .ok_or_else(|| ModelError::Input(format!("layer {layer} has no {pool:?} compressor")))
+    }
+
+    /// Appends a compressor's inputs (`kv` and `score` rows, one per position from `pos0`,
+    /// which must be the next position it has no input for).
+    pub fn push_pool_inputs(
+        &mut self,
+        layer: usize,
+        pool: Pool,
+        pos0: usize,
+        kv: &[f32],
+        score: &[f32],
+    ) -> Result<()> {
+        let from = self.comp_from;
+        let p = self.comp_pool_mut(layer, pool)?;
+        if pos0 != from + p.n_inputs()
+            || kv.len() != score.len()
+            || !kv.len().is_multiple_of(p.in_width)
+        {
+            return Err(ModelError::Input(format!(
+                "compressor inputs of layer {layer} at position {pos0}: it holds {}..{}",
+                from,
+                from + p.n_inputs()
+            )));
+        }
+        p.kv_in.extend_from_slice(kv);
+        p.score_in.extend_from_slice(score);
+        Ok(())
+    }
+
+    /// A compressor's inputs of positions `range` (kv, score), which it must hold.
+    pub fn pool_inputs(
+        &self,
+        layer: usize,
+        pool: Pool,
+        range: std::ops::Range<usize>,
+    ) -> Result<(&[f32], &[f32])> {
+        let from = self.comp_from;
+        let p = self.comp_pool(layer, pool)?;
+        if range.start < from || range.end > from + p.n_inputs() {
+            return Err(ModelError::Input(format!(
+                "compressor inputs {range:?} of layer {layer}: it holds {}..{}",
+                from,
+                from + p.n_inputs()
+            )));
+        }
+        let (a, b) = (
+            (range.start - from) * p.in_width,
+            (range.end - from) * p.in_width,
+        );
+        Ok((&p.kv_in[a..b], &p.score_in[a..b]))
+    }
+
+    /// The compressed rows a compressor has made (window `w` is row `w`).
+    pub fn pool_rows(&self, layer: usize, pool: Pool) -> Result<&[f32]> {
+        Ok(&self.comp_pool(layer, pool)?.rows)
+    }
+
+    /// Appends the row of the next window.
+    pub fn push_pool_row(&mut self, layer: usize, pool: Pool, row: &[f32]) -> Result<()> {
+        let p = self.comp_pool_mut(layer, pool)?;
+        if row.len() != p.width {
+            return Err(ModelError::Input(format!(
+                "compressed row of {} values for layer {layer}, expected {}",
+                row.len(),
+                p.width
+            )));
+        }
+        p.rows.extend_from_slice(row);
+        Ok(())
+    }
+
     /// Keys of `layer` for the positions it holds (`held_from(layer)..len`), position-major.
     pub fn keys(&self, layer: usize) -> Result<&[u8]> {
         let l = self.local(layer)?;
@@ -359,7 +612,95 @@ impl KvCache {
 
     /// Raw bytes (keys, values) of `layer` for a snapshot of positions `0..n`: every position
     /// of a full layer, the latest `window - 1` positions of a sliding one.
-    pub fn export(&self, layer: usize, n: usize) -> Result<(&[u8], &[u8])> {
+    /// A compressed layer's values slot carries its compressor state instead (see
+    /// [`KvCache::export_compressed`]).
+    pub fn export(&self, layer: usize, n: usize) -> Result<(Cow<'_, [u8]>, Cow<'_, [u8]>)> {
+        let (k, v) = self.export_rows(layer, n)?;
+        let l = self.local(layer)?;
+        if self.comp[l].is_some() {
+            return Ok((
+                Cow::Borrowed(k),
+                Cow::Owned(self.export_compressed(l, n.min(self.len))?),
+            ));
+        }
+        Ok((Cow::Borrowed(k), Cow::Borrowed(v)))
+    }
+
+    /// A compressed layer's state for a snapshot of `n` positions: per compressor the rows of
+    /// the windows complete at `n`, then the inputs of positions `comp_needed(n)..n` (what the
+    /// windows to come read), little-endian f32 behind u64 counts.
+    fn export_compressed(&self, l: usize, n: usize) -> Result<Vec<u8>> {
+        let c = self.comp[l].as_ref().expect("a compressed layer");
+        let m = self.max_ratio().unwrap_or(1);
+        let from = comp_needed(n, m);
+        if from < self.comp_from {
+            return Err(ModelError::Input(format!(
+                "KV export of {n} positions: the compressors hold inputs from {} only",
+                self.comp_from
+            )));
+        }
+        let mut out = Vec::new();
+        let put = |out: &mut Vec<u8>, v: &[f32]| {
+            out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+            for x in v {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        };
+        for p in std::iter::once(&c.attn).chain(c.index.as_ref()) {
+            put(&mut out, &p.rows[..(n / c.spec.ratio) * p.width]);
+            let (a, b) = (
+                (from - self.comp_from) * p.in_width,
+                (n - self.comp_from) * p.in_width,
+            );
+            put(&mut out, &p.kv_in[a..b]);
+            put(&mut out, &p.score_in[a..b]);
+        }
+        Ok(out)
+    }
+
+    /// Restores what [`KvCache::export_compressed`] wrote for local layer `l` of `n` positions.
+    fn import_compressed(&mut self, layer: usize, n: usize, bytes: &[u8]) -> Result<()> {
+        let l = self.local(layer)?;
+        let from = self.comp_from;
+        let bad = |why: String| {
+            ModelError::Input(format!(
+                "KV import of layer {layer}: compressor state {why}"
+            ))
+        };
+        let mut at = 0usize;
+        let mut take = |want: usize| -> Result<Vec<f32>> {
+            let head = bytes
+                .get(at..at + 8)
+                .ok_or_else(|| bad("is truncated".into()))?;
+            let len = u64::from_le_bytes(head.try_into().expect("8 bytes")) as usize;
+            if len != want {
+                return Err(bad(format!("has {len} values where {want} belong")));
+            }
+            let body = bytes
+                .get(at + 8..at + 8 + 4 * len)
+                .ok_or_else(|| bad("is truncated".into()))?;
+            at += 8 + 4 * len;
+            Ok(body
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
+        };
+        let c = self.comp[l]
+            .as_mut()
+            .ok_or_else(|| bad("for a layer that has none".into()))?;
+        let ratio = c.spec.ratio;
+        for p in c.pools_mut() {
+            p.rows = take((n / ratio) * p.width)?;
+            p.kv_in = take((n - from) * p.in_width)?;
+            p.score_in = take((n - from) * p.in_width)?;
+        }
+        if at != bytes.len() {
+            return Err(bad(format!("has {} bytes too many", bytes.len() - at)));
+        }
+        Ok(())
+    }
+
+    fn export_rows(&self, layer: usize, n: usize) -> Result<(&[u8], &[u8])> {
         let l = self.local(layer)?;
         let n = n.min(self.len);
         let from = n - self.snapshot_positions(l, n);
@@ -386,6 +727,14 @@ impl KvCache {
         self.first = self
             .window()
             .map_or(0, |w| n.saturating_sub(w.saturating_sub(1)));
+        self.comp_from = self.max_ratio().map_or(0, |m| comp_needed(n, m));
+        for c in self.comp.iter_mut().flatten() {
+            for p in c.pools_mut() {
+                p.rows.clear();
+                p.kv_in.clear();
+                p.score_in.clear();
+            }
+        }
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
         for l in 0..self.k.len() {
             let rows = n - if self.slides(l) { self.first } else { 0 };
@@ -402,6 +751,15 @@ impl KvCache {
     /// from bytes made by [`KvCache::export`] with the same row shape: the latest positions of
     /// the `n`, all of them or (a sliding layer of a bounded cache) at least `window - 1`.
     pub fn import(&mut self, layer: usize, n: usize, k: &[u8], v: &[u8]) -> Result<()> {
+        let l = self.local(layer)?;
+        if self.comp[l].is_some() {
+            self.import_rows(layer, n, k, &[])?;
+            return self.import_compressed(layer, n, v);
+        }
+        self.import_rows(layer, n, k, v)
+    }
+
+    fn import_rows(&mut self, layer: usize, n: usize, k: &[u8], v: &[u8]) -> Result<()> {
         let l = self.local(layer)?;
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
         let given = k.len() / kr.max(1);
@@ -465,6 +823,7 @@ mod tests {
                 window: 128,
                 layers: (0..n_layer).map(|il| il % 2 == 0).collect(),
             }),
+            compression: None,
         }
     }
 
@@ -524,6 +883,7 @@ mod tests {
                 window: 4,
                 layers: vec![true, false, true],
             }),
+            compression: None,
         };
         let (mut b, mut f) = (KvCache::new(layout(true)), KvCache::new(layout(false)));
         let write = |kv: &mut KvCache, pos0: usize, n: usize| {
@@ -571,7 +931,7 @@ mod tests {
             r.begin_import(n).unwrap();
             for il in 3..=5 {
                 let (k, v) = source.export(il, n).unwrap();
-                r.import(il, n, k, v).unwrap();
+                r.import(il, n, &k, &v).unwrap();
             }
             for il in [3, 5] {
                 assert_eq!(r.keys(il).unwrap(), &f.keys(il).unwrap()[(n - 3) * 8..]);
@@ -583,7 +943,7 @@ mod tests {
         r.begin_import(n).unwrap();
         let (k, v) = b.export(3, n).unwrap();
         assert_eq!(k.len(), 3 * 8);
-        assert!(r.import(3, n, k, v).is_err());
+        assert!(r.import(3, n, &k, &v).is_err());
         // After the furthest rewind it accepts, a bounded cache still exports every layer.
         let m = (1..n).find(|&m| b.can_rewind(m)).unwrap();
         assert!(m > 1 && !b.can_rewind(m - 1));

@@ -4,6 +4,7 @@
 
 pub mod arch;
 pub mod blocks;
+mod dsv4;
 pub mod error;
 pub mod experts;
 pub mod file_slice;

@@ -26,6 +26,8 @@ pub struct Model {
     pub(crate) output_norm: Option<Vec<f32>>,
     pub(crate) output: Option<Matrix>,
     pub(crate) rope_freqs: Option<Vec<f32>>,
+    /// DeepSeek V4's collapse of the streams before the output norm.
+    pub(crate) hc_head: Option<crate::weights::HyperMix>,
     pub(crate) layers: Vec<Option<Layer>>,
     /// Layer 0's attention output type, which fixes every layer's reduction chunk.
     pub(crate) o_dtype: gguf::GgmlType,
@@ -91,6 +93,10 @@ impl Model {
             .matrix_opt(&TensorName::Output.weight(0), hp.n_embd, hp.n_vocab)?
             .or(token_embd);
         let rope_freqs = b.vector_opt(&TensorName::RopeFreqs.weight(0), hp.rope.n_rot / 2)?;
+        let hc_head = b.hyper_head(&hp)?;
+        if hp.dsv4.is_some() && output_norm.is_some() {
+            required(&TensorName::HcHeadFn.weight(0), hc_head.is_some())?;
+        }
         let layers = (0..hp.n_layer)
             .map(|il| match &slice {
                 Some(s) if !s.layers.contains(&il) => Ok(None),
@@ -111,6 +117,7 @@ impl Model {
             output_norm,
             output,
             rope_freqs,
+            hc_head,
             layers,
             o_dtype,
             slice,
@@ -225,6 +232,25 @@ impl Model {
                 .map(|il| self.hp.window(il).is_some())
                 .collect(),
         });
+        let compression = self.hp.dsv4.as_ref().map(|p| crate::kv::Compression {
+            layers: layers
+                .clone()
+                .map(|il| {
+                    let ratio = p.ratio(il);
+                    (ratio > 0).then_some(crate::kv::CompressedLayer {
+                        ratio,
+                        width: self.hp.head_dim_k,
+                        index_width: if ratio == 4 { p.index_head_dim } else { 0 },
+                        overlap: ratio == 4,
+                    })
+                })
+                .collect(),
+            max_ratio: p.compress_ratios[..self.hp.n_layer]
+                .iter()
+                .copied()
+                .max()
+                .unwrap_or(0),
+        });
         KvLayout {
             kv_type,
             layers,
@@ -233,6 +259,7 @@ impl Model {
             head_dim_v: self.hp.head_dim_v,
             n_ctx,
             sliding,
+            compression,
         }
     }
 

@@ -44,6 +44,32 @@ pub enum TensorName {
     AttnKB,
     AttnVB,
     AttnKvB,
+    /// DeepSeek V4: the shared key/value projection, the grouped output projection, the
+    /// hyper-connection mixes (per layer for attention and FFN, and the head's collapse), the
+    /// compressors of compressed layers, the lightning indexer, and the hash-routing table.
+    AttnKv,
+    AttnOutA,
+    AttnOutB,
+    HcAttnFn,
+    HcAttnBase,
+    HcAttnScale,
+    HcFfnFn,
+    HcFfnBase,
+    HcFfnScale,
+    HcHeadFn,
+    HcHeadBase,
+    HcHeadScale,
+    AttnCompressorKv,
+    AttnCompressorGate,
+    AttnCompressorApe,
+    AttnCompressorNorm,
+    IndexerProj,
+    IndexerAttnQB,
+    IndexerCompressorKv,
+    IndexerCompressorGate,
+    IndexerCompressorApe,
+    IndexerCompressorNorm,
+    FfnGateTid2Eid,
 }
 
 impl TensorName {
@@ -85,6 +111,29 @@ impl TensorName {
             AttnKB => "attn_k_b",
             AttnVB => "attn_v_b",
             AttnKvB => "attn_kv_b",
+            AttnKv => "attn_kv",
+            AttnOutA => "attn_output_a",
+            AttnOutB => "attn_output_b",
+            HcAttnFn => "hc_attn_fn",
+            HcAttnBase => "hc_attn_base",
+            HcAttnScale => "hc_attn_scale",
+            HcFfnFn => "hc_ffn_fn",
+            HcFfnBase => "hc_ffn_base",
+            HcFfnScale => "hc_ffn_scale",
+            HcHeadFn => "output_hc_fn",
+            HcHeadBase => "output_hc_base",
+            HcHeadScale => "output_hc_scale",
+            AttnCompressorKv => "attn_compressor_kv",
+            AttnCompressorGate => "attn_compressor_gate",
+            AttnCompressorApe => "attn_compressor_ape",
+            AttnCompressorNorm => "attn_compressor_norm",
+            IndexerProj => "indexer.proj",
+            IndexerAttnQB => "indexer.attn_q_b",
+            IndexerCompressorKv => "indexer_compressor_kv",
+            IndexerCompressorGate => "indexer_compressor_gate",
+            IndexerCompressorApe => "indexer_compressor_ape",
+            IndexerCompressorNorm => "indexer_compressor_norm",
+            FfnGateTid2Eid => "ffn_gate_tid2eid",
         }
     }
 
@@ -95,6 +144,9 @@ impl TensorName {
                 | TensorName::OutputNorm
                 | TensorName::Output
                 | TensorName::RopeFreqs
+                | TensorName::HcHeadFn
+                | TensorName::HcHeadBase
+                | TensorName::HcHeadScale
         )
     }
 
@@ -167,6 +219,19 @@ pub mod keys {
     pub const ROPE_YARN_ATTN_FACTOR: &str = "rope.scaling.yarn_attn_factor";
     pub const ROPE_YARN_BETA_FAST: &str = "rope.scaling.yarn_beta_fast";
     pub const ROPE_YARN_BETA_SLOW: &str = "rope.scaling.yarn_beta_slow";
+    pub const COMPRESS_RATIOS: &str = "attention.compress_ratios";
+    pub const COMPRESS_ROPE_FREQ_BASE: &str = "attention.compress_rope_freq_base";
+    pub const OUTPUT_GROUP_COUNT: &str = "attention.output_group_count";
+    pub const OUTPUT_LORA_RANK: &str = "attention.output_lora_rank";
+    pub const INDEXER_HEAD_COUNT: &str = "attention.indexer.head_count";
+    pub const INDEXER_KEY_LENGTH: &str = "attention.indexer.key_length";
+    pub const INDEXER_TOP_K: &str = "attention.indexer.top_k";
+    pub const HC_COUNT: &str = "hyper_connection.count";
+    pub const HC_SINKHORN_ITERS: &str = "hyper_connection.sinkhorn_iterations";
+    pub const HC_EPS: &str = "hyper_connection.epsilon";
+    pub const HASH_LAYER_COUNT: &str = "hash_layer_count";
+    pub const SWIGLU_CLAMP_EXP: &str = "swiglu_clamp_exp";
+    pub const SWIGLU_CLAMP_SHEXP: &str = "swiglu_clamp_shexp";
 }
 
 #[cfg(test)]

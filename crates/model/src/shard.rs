@@ -90,7 +90,15 @@ impl Shard {
         let aligned = o_dtype
             .row_bytes((heads_per_rank * hp.head_dim_out()) as u64)
             .is_some();
-        if hp.mla.is_some() {
+        if let Some(p) = &hp.dsv4 {
+            // DeepSeek V4: whole output groups of query heads per rank; the one shared
+            // key/value head, the compressors and the indexer are computed by every rank.
+            let r = p.o_lora_rank;
+            if p.o_groups.is_multiple_of(n_ranks) && o_dtype.row_bytes(r as u64).is_some() {
+                s.heads = rank * heads_per_rank..(rank + 1) * heads_per_rank;
+                s.attention_split = true;
+            }
+        } else if hp.mla.is_some() {
             // Latent attention: query heads split, the one latent cache (shared by every head)
             // kept whole on every rank.
             if hp.n_head.is_multiple_of(n_ranks) && aligned {

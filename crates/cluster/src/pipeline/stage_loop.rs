@@ -52,7 +52,7 @@ pub(super) fn failure(request_id: u64, f: &StageFailure) -> Frame {
 
 pub(super) fn compute_loop(mut stage: Runner, jobs: Receiver<Job>, shared: Arc<Shared>) {
     let label = shared.label.clone();
-    let n_embd = stage.model().hp.n_embd;
+    let n_embd = stage.model().hp.hidden_width();
     while let Ok(job) = jobs.recv() {
         match job {
             Job::Reset => stage.reset_all(),

@@ -3,6 +3,7 @@
 //! architecture touches its own file and the `REGISTRY` line, nothing else.
 
 mod deepseek2;
+mod deepseek4;
 mod glm4moe;
 mod gpt_oss;
 mod llama;
@@ -53,6 +54,8 @@ pub enum Gating {
     /// Top-k of the raw logits, then a softmax over the selected ones (gpt-oss; llama.cpp's
     /// 3, `SOFTMAX_WEIGHT`).
     SoftmaxSelected,
+    /// `sqrt(softplus(logit))` per expert (DeepSeek V4; llama.cpp's 4).
+    SqrtSoftplus,
 }
 
 /// The gated activation of the expert FFNs.
@@ -62,6 +65,9 @@ pub enum Glu {
     Silu,
     /// gpt-oss: `g = min(gate, limit)`, `u = clamp(up, -limit, limit)`, `g·σ(alpha·g)·(u + 1)`.
     ClampedSwiglu { alpha: f32, limit: f32 },
+    /// DeepSeek V4: `silu(min(gate, limit)) · clamp(up, -limit, limit)` (the limit comes from
+    /// the file's `swiglu_clamp_exp` / `swiglu_clamp_shexp`).
+    ClampedSilu { limit: f32 },
 }
 
 /// What distinguishes one architecture's layer from another's.
@@ -106,12 +112,13 @@ pub const BASE: ArchSpec = ArchSpec {
     yarn_truncate: true,
 };
 
-const REGISTRY: [&ArchSpec; 7] = [
+const REGISTRY: [&ArchSpec; 8] = [
     &llama::SPEC,
     &qwen3moe::SPEC,
     &qwen2moe::SPEC,
     &olmoe::SPEC,
     &deepseek2::SPEC,
+    &deepseek4::SPEC,
     &glm4moe::SPEC,
     &gpt_oss::SPEC,
 ];

@@ -5,6 +5,7 @@
 use kernels::{Input, Weights};
 
 use super::{Compute, swiglu};
+use crate::arch::Glu;
 use crate::error::Result;
 
 /// `x` is `n × n_embd`; returns `n × down.rows` in f64. `chunk` is the down projection's
@@ -17,12 +18,32 @@ pub fn swiglu_ffn(
     down: Weights,
     chunk: usize,
 ) -> Result<Vec<f64>> {
+    glu_ffn(cx, x, gate, up, down, chunk, Glu::Silu)
+}
+
+/// [`swiglu_ffn`] with another gated activation (DeepSeek V4's clamped SwiGLU).
+pub fn glu_ffn(
+    cx: &Compute,
+    x: &Input,
+    gate: Weights,
+    up: Weights,
+    down: Weights,
+    chunk: usize,
+    glu: Glu,
+) -> Result<Vec<f64>> {
     let mut gu = cx.project(x, &[gate, up])?;
     let up_out = gu.pop().expect("two outputs");
     let mut act = gu.pop().expect("two outputs");
     let width = gate.rows;
     cx.par_rows(&mut act, width, |first, rows| {
-        swiglu(rows, &up_out[first * width..first * width + rows.len()])
+        let up = &up_out[first * width..first * width + rows.len()];
+        match glu {
+            Glu::Silu => swiglu(rows, up),
+            Glu::ClampedSwiglu { alpha, limit } => {
+                super::moe::clamped_swiglu(rows, up, alpha, limit)
+            }
+            Glu::ClampedSilu { limit } => super::moe::clamped_silu(rows, up, limit),
+        }
     });
     let h = Input::new(&act, x.n(), gate.rows)?;
     let mut out = vec![0f64; x.n() * down.rows];

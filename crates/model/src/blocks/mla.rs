@@ -331,6 +331,7 @@ fn decompressed(
             head_dim_v: dv,
             n_ctx: n_pos,
             sliding: None,
+            compression: None,
         });
         cache.reserve(0, n_pos)?;
         let mut k_row = vec![0f32; nh * dk];

@@ -28,6 +28,19 @@ pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
     }
 }
 
+/// `ln(1 + e^x)`, linear above 20 as torch's `F.softplus` (threshold 20).
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// DeepSeek V4's clamped SwiGLU, in place into `gate`: `silu(min(g, limit)) · clamp(u, ±limit)`.
+pub fn clamped_silu(gate: &mut [f32], up: &[f32], limit: f32) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        *g = x / (1.0 + (-x).exp()) * u.clamp(-limit, limit);
+    }
+}
+
 /// The routing decision for a batch of tokens: `k` (expert, weight) slots per token, in
 /// descending selection score.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,6 +96,11 @@ pub fn route(logits: &[f32], n_expert: usize, params: &MoeParams, bias: Option<&
             Gating::Sigmoid => {
                 for (p, &l) in probs.iter_mut().zip(row) {
                     *p = 1.0 / (1.0 + (-l).exp());
+                }
+            }
+            Gating::SqrtSoftplus => {
+                for (p, &l) in probs.iter_mut().zip(row) {
+                    *p = softplus(l).sqrt();
                 }
             }
         }
@@ -364,6 +382,7 @@ fn run_experts(
         match kind.glu {
             Glu::Silu => swiglu(&mut w.gate, &w.up),
             Glu::ClampedSwiglu { alpha, limit } => clamped_swiglu(&mut w.gate, &w.up, alpha, limit),
+            Glu::ClampedSilu { limit } => clamped_silu(&mut w.gate, &w.up, limit),
         }
         let width = m.gate.rows;
         let act = down_acts[i];

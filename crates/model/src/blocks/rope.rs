@@ -72,6 +72,17 @@ impl RopeTable {
         RopeTable { half, cos, sin }
     }
 
+    /// Undoes [`RopeTable::apply`] (consecutive pairs) on one head of `2 · half` values.
+    pub fn apply_inverse(&self, t: usize, head: &mut [f32]) {
+        let cos = &self.cos[t * self.half..(t + 1) * self.half];
+        let sin = &self.sin[t * self.half..(t + 1) * self.half];
+        for i in 0..self.half {
+            let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+            head[2 * i] = x0 * cos[i] + x1 * sin[i];
+            head[2 * i + 1] = x1 * cos[i] - x0 * sin[i];
+        }
+    }
+
     /// Rotates every head of row `t` (`n_heads × head_dim` values) in place.
     pub fn apply(&self, kind: RopeKind, t: usize, row: &mut [f32], head_dim: usize) {
         let cos = &self.cos[t * self.half..(t + 1) * self.half];
