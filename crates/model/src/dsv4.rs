@@ -12,6 +12,7 @@
 //! docs/models.md).
 
 use kernels::Input;
+use kernels::attn::{self, KvElem, Rows};
 
 use crate::Model;
 use crate::arch::Glu;
@@ -210,26 +211,21 @@ fn hc_post(cx: &Compute, x: &mut [f32], y: &[f64], mix: &Mix, hc: usize) {
     });
 }
 
-/// Row `i` (of `width` values) of cache bytes stored as `t`.
-fn cached_row(bytes: &[u8], t: KvType, i: usize, width: usize, out: &mut [f32]) {
-    match t {
-        KvType::F32 => {
-            let b = &bytes[i * width * 4..(i + 1) * width * 4];
-            for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        KvType::F16 => {
-            let b = &bytes[i * width * 2..(i + 1) * width * 2];
-            for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
-                *o = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-            }
-        }
-    }
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the length is the
+    // slice's size in bytes and the lifetime is the slice's.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+/// Indices of the `k` largest scores (ties to the lower index), ascending.
+fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..scores.len()).collect();
+    if scores.len() > k {
+        idx.select_nth_unstable_by(k, |&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+        idx.truncate(k);
+    }
+    idx.sort_unstable();
+    idx
 }
 
 impl Model {
@@ -511,67 +507,89 @@ impl Model {
             let att_seq = &mut att[rows.start * q_row..rows.end * q_row];
             let q_seq = &q[rows.start * q_row..rows.end * q_row];
             let index = index.as_ref();
+            let isa = cx.kernels.isa;
+            let raw_elem = match kt {
+                KvType::F32 => KvElem::F32,
+                KvType::F16 => KvElem::F16,
+            };
+            let row_bytes = hd * raw_elem.bytes();
             cx.par_rows(att_seq, q_row, |first, out_rows| {
-                let mut krow = vec![0f32; hd];
+                let mut picked: Vec<u8> = Vec::new();
+                let mut scores: Vec<f32> = Vec::new();
+                let mut index_scores: Vec<f32> = Vec::new();
+                let mut head_scores: Vec<f32> = Vec::new();
                 for (j, out) in out_rows.chunks_exact_mut(q_row).enumerate() {
                     let t = first + j;
                     let pos = p0 + t;
-                    // The keys this token sees: raw rows of its window, then compressed rows.
+                    // Raw rows of the window (in the cache as stored), then the compressed
+                    // rows this token sees (as f32).
                     let lo = pos.saturating_sub(window - 1).max(held);
-                    let mut keys_t: Vec<f32> = Vec::with_capacity((pos + 1 - lo) * hd);
-                    for kp in lo..=pos {
-                        cached_row(keys, kt, kp - held, hd, &mut krow);
-                        keys_t.extend_from_slice(&krow);
-                    }
+                    let raw = Rows {
+                        data: &keys[(lo - held) * row_bytes..(pos + 1 - held) * row_bytes],
+                        stride: row_bytes,
+                        n: pos + 1 - lo,
+                        d: hd,
+                        elem: raw_elem,
+                    };
+                    picked.clear();
                     if let Some(visible) = (pos + 1).checked_div(ratio) {
-                        match index {
+                        let chosen: Vec<usize> = match index {
                             Some((iq, iw)) => {
                                 let (nhi, dhi) = (p.index_n_head, p.index_head_dim);
                                 let bt = rows.start + t;
                                 let qi = &iq[bt * nhi * dhi..(bt + 1) * nhi * dhi];
                                 let wi = &iw[bt * nhi..(bt + 1) * nhi];
-                                let mut scored: Vec<(f32, usize)> = (0..visible)
-                                    .map(|w| {
-                                        let k = &index_rows[w * dhi..(w + 1) * dhi];
-                                        let sc: f32 = (0..nhi)
-                                            .map(|hh| {
-                                                dot(&qi[hh * dhi..(hh + 1) * dhi], k).max(0.0)
-                                                    * wi[hh]
-                                            })
-                                            .sum();
-                                        (sc, w)
-                                    })
-                                    .collect();
-                                scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                                scored.truncate(p.index_topk);
-                                scored.sort_by_key(|&(_, w)| w);
-                                for (_, w) in scored {
-                                    keys_t.extend_from_slice(&comp_rows[w * hd..(w + 1) * hd]);
+                                let krows = Rows {
+                                    data: f32_bytes(&index_rows[..visible * dhi]),
+                                    stride: dhi * 4,
+                                    n: visible,
+                                    d: dhi,
+                                    elem: KvElem::F32,
+                                };
+                                index_scores.clear();
+                                index_scores.resize(visible, 0.0);
+                                head_scores.resize(visible, 0.0);
+                                for hh in 0..nhi {
+                                    attn::scores(
+                                        isa,
+                                        &qi[hh * dhi..(hh + 1) * dhi],
+                                        krows,
+                                        1.0,
+                                        &mut head_scores,
+                                    );
+                                    for (acc, &sc) in index_scores.iter_mut().zip(&head_scores) {
+                                        *acc += sc.max(0.0) * wi[hh];
+                                    }
                                 }
+                                top_k(&index_scores, p.index_topk)
                             }
-                            None => keys_t.extend_from_slice(&comp_rows[..visible * hd]),
+                            None => (0..visible).collect(),
+                        };
+                        for w in chosen {
+                            picked.extend_from_slice(f32_bytes(&comp_rows[w * hd..(w + 1) * hd]));
                         }
                     }
-                    let n_keys = keys_t.len() / hd;
-                    let mut scores = vec![0f32; n_keys];
+                    let comp = Rows {
+                        data: &picked,
+                        stride: hd * 4,
+                        n: picked.len() / (hd * 4),
+                        d: hd,
+                        elem: KvElem::F32,
+                    };
+                    let n_keys = raw.n + comp.n;
+                    scores.resize(n_keys, 0.0);
                     for (hh, o) in out.chunks_exact_mut(hd).enumerate() {
                         let qh = &q_seq[t * q_row + hh * hd..t * q_row + (hh + 1) * hd];
-                        let mut max = sinks[hh];
-                        for (sc, k) in scores.iter_mut().zip(keys_t.chunks_exact(hd)) {
-                            *sc = dot(qh, k) * scale;
-                            max = max.max(*sc);
+                        let (sr, sc) = scores.split_at_mut(raw.n);
+                        attn::scores(isa, qh, raw, scale, sr);
+                        if comp.n > 0 {
+                            attn::scores(isa, qh, comp, scale, sc);
                         }
-                        let mut sum = (sinks[hh] - max).exp();
-                        for sc in scores.iter_mut() {
-                            *sc = (*sc - max).exp();
-                            sum += *sc;
-                        }
+                        attn::softmax_with_sink(isa, &mut scores, Some(sinks[hh]));
                         o.fill(0.0);
-                        for (&w, k) in scores.iter().zip(keys_t.chunks_exact(hd)) {
-                            let w = w / sum;
-                            for (ov, &kv) in o.iter_mut().zip(k) {
-                                *ov += w * kv;
-                            }
+                        attn::weighted_sum(isa, &scores[..raw.n], raw, o);
+                        if comp.n > 0 {
+                            attn::weighted_sum(isa, &scores[raw.n..], comp, o);
                         }
                     }
                     rope_tail(rope, rows.start + t, out, hd, n_rot, true);

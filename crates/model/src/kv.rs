@@ -90,6 +90,9 @@ pub struct CompressedLayer {
     pub overlap: bool,
 }
 
+/// A layer's snapshot bytes: keys, and values (or a compressed layer's compressor state).
+pub type LayerExport<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
+
 /// Which compressor of a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pool {
@@ -614,7 +617,7 @@ impl KvCache {
     /// of a full layer, the latest `window - 1` positions of a sliding one.
     /// A compressed layer's values slot carries its compressor state instead (see
     /// [`KvCache::export_compressed`]).
-    pub fn export(&self, layer: usize, n: usize) -> Result<(Cow<'_, [u8]>, Cow<'_, [u8]>)> {
+    pub fn export(&self, layer: usize, n: usize) -> Result<LayerExport<'_>> {
         let (k, v) = self.export_rows(layer, n)?;
         let l = self.local(layer)?;
         if self.comp[l].is_some() {
@@ -825,6 +828,104 @@ mod tests {
             }),
             compression: None,
         }
+    }
+
+    /// DeepSeek-V4-Flash's cache shape: 43 layers, one 512-dim key row per position (values are
+    /// the keys) in a 128-position window on every layer, ratio 4 on even layers from 2 on
+    /// (attention rows of 512 and indexer rows of 128) and ratio 128 on the odd ones.
+    fn dsv4_flash(n_ctx: usize) -> KvLayout {
+        let n_layer = 43;
+        KvLayout {
+            kv_type: KvType::F16,
+            layers: 0..=n_layer - 1,
+            n_kv_head: 1,
+            head_dim_k: 512,
+            head_dim_v: 0,
+            n_ctx,
+            sliding: Some(SlidingLayers {
+                window: 128,
+                layers: vec![true; n_layer],
+            }),
+            compression: Some(Compression {
+                layers: (0..n_layer)
+                    .map(|il| match il {
+                        0 | 1 => None,
+                        il if il % 2 == 0 => Some(CompressedLayer {
+                            ratio: 4,
+                            width: 512,
+                            index_width: 128,
+                            overlap: true,
+                        }),
+                        _ => Some(CompressedLayer {
+                            ratio: 128,
+                            width: 512,
+                            index_width: 0,
+                            overlap: false,
+                        }),
+                    })
+                    .collect(),
+                max_ratio: 128,
+            }),
+        }
+    }
+
+    /// Fills the compressors as the forward path does: inputs per position, a row per window.
+    fn fill_compressed(kv: &mut KvCache, pos0: usize, n: usize) {
+        kv.reserve(pos0, n).unwrap();
+        let layers: Vec<(usize, CompressedLayer)> = kv
+            .layout
+            .compression
+            .clone()
+            .unwrap()
+            .layers
+            .iter()
+            .enumerate()
+            .filter_map(|(l, c)| c.map(|c| (l, c)))
+            .collect();
+        for (l, c) in layers {
+            for (pool, width) in [(Pool::Attention, c.width), (Pool::Indexer, c.index_width)] {
+                if width == 0 {
+                    continue;
+                }
+                let w_in = if c.overlap { 2 * width } else { width };
+                let inputs = vec![0.5f32; n * w_in];
+                kv.push_pool_inputs(l, pool, pos0, &inputs, &inputs)
+                    .unwrap();
+                let made = kv.pool_rows(l, pool).unwrap().len() / width;
+                for _ in made..(pos0 + n) / c.ratio {
+                    kv.push_pool_row(l, pool, &vec![1.0; width]).unwrap();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_deepseek_v4_flash_shaped_cache_grows_by_its_compressed_rows_only() {
+        let mut kv = KvCache::new(dsv4_flash(1 << 16));
+        fill_compressed(&mut kv, 0, 512);
+        for pos in 512..4096 {
+            fill_compressed(&mut kv, pos, 1);
+        }
+        let at_4k = kv.bytes_used();
+        for pos in 4096..8192 {
+            fill_compressed(&mut kv, pos, 1);
+        }
+        let at_8k = kv.bytes_used();
+        let per_position = (at_8k - at_4k) as f64 / 4096.0;
+        // 21 ratio-4 layers × (512 + 128) f32 / 4 + 20 ratio-128 layers × 512 f32 / 128.
+        let want = 21.0 * 640.0 + 20.0 * 16.0;
+        eprintln!(
+            "DeepSeek-V4-Flash shape, f16 window rows, f32 compressed rows: {at_4k} bytes at 4096 positions, {at_8k} at 8192, {per_position:.1} per position (the window and the compressors' pending inputs are fixed)"
+        );
+        assert!(
+            (per_position - want).abs() < 1.0,
+            "{per_position} vs {want}"
+        );
+        // Rewinds within the window work and keep every compressor consistent.
+        assert!(kv.can_rewind(8192 - 100));
+        kv.truncate(8192 - 100).unwrap();
+        fill_compressed(&mut kv, 8192 - 100, 100);
+        assert_eq!(kv.bytes_used(), at_8k);
     }
 
     /// Reserves a 512-token prompt, then decodes to `n` positions, one at a time.
