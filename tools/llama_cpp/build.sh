@@ -12,7 +12,8 @@
 # $MOESHARD_CACHE defaults to <repo>/.cache.
 #
 # Besides llama.cpp's own tools, this compiles tools/llama_cpp/llama_logits.cpp (our measurement
-# program, see that file) against the freshly built libllama into llama.cpp-build/bin/.
+# program, see that file) and llama_dump.cpp (intermediate tensors) against the freshly built
+# libllama into llama.cpp-build/bin/.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -56,13 +57,24 @@ else
     CMAKE="$VB/bin/cmake"; NINJA="$VB/bin/ninja"
 fi
 
+# Native CPU flags by default. Some hosts advertise AMX but fault on `ldtilecfg`; for those,
+#   LLAMA_NATIVE=0 tools/llama_cpp/build.sh
+# builds with GGML_NATIVE=OFF, explicit AVX2/FMA/F16C/AVX-512 and AMX off.
+if [[ "${LLAMA_NATIVE:-1}" == 0 ]]; then
+    CPU_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+               -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+               -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+else
+    CPU_FLAGS=(-DGGML_NATIVE=ON)
+fi
+
 # 4. configure + build. GIT_CEILING_DIRECTORIES keeps llama.cpp's build-info from picking up the
 #    enclosing moeshard repository; the commit is passed explicitly instead.
 export GIT_CEILING_DIRECTORIES="$CACHE"
 "$CMAKE" -S "$SRC" -B "$BUILD" -G Ninja \
     -DCMAKE_MAKE_PROGRAM="$NINJA" \
     -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON \
+    "${CPU_FLAGS[@]}" \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_OPENMP=ON \
     -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
@@ -79,6 +91,11 @@ LIBDIR="$(dirname "$(find "$BUILD" -name 'libllama.so*' -print -quit)")"
 "${CXX:-c++}" -O2 -std=c++17 -Wall \
     -I"$SRC/include" -I"$SRC/ggml/include" \
     "$HERE/llama_logits.cpp" -o "$BUILD/bin/llama-logits" \
+    -L"$LIBDIR" -lllama -lggml -lggml-base -Wl,-rpath,"$LIBDIR"
+# llama-dump: intermediate tensors as .npy (per-layer comparisons, see llama_dump.cpp)
+"${CXX:-c++}" -O2 -std=c++17 -Wall \
+    -I"$SRC/include" -I"$SRC/ggml/include" \
+    "$HERE/llama_dump.cpp" -o "$BUILD/bin/llama-dump" \
     -L"$LIBDIR" -lllama -lggml -lggml-base -Wl,-rpath,"$LIBDIR"
 
 echo "llama.cpp $LLAMA_CPP_COMMIT built in $BUILD/bin:" >&2
