@@ -1,6 +1,6 @@
 //! `moeshard quantize`: rewrite a GGUF with its matrices in another block format (like
 //! llama-quantize without an importance matrix). Norms, biases and other 1-D tensors, and the
-//! MoE router, stay F32.
+//! MoE router, stay F32; integer tables stay as they are.
 
 use std::path::PathBuf;
 
@@ -33,7 +33,13 @@ pub fn run(args: &QuantizeArgs) -> anyhow::Result<()> {
     for t in model.tensors() {
         let info = t.info;
         let dims = info.shape.dims();
+        // Integer tables (DeepSeek V4's hash routing `ffn_gate_tid2eid`) are ids, not weights.
+        let integer = matches!(
+            info.dtype,
+            GgmlType::I8 | GgmlType::I16 | GgmlType::I32 | GgmlType::I64
+        );
         let keep = dims.len() < 2
+            || integer
             || info.name.contains("ffn_gate_inp")
             || info.dtype == target
             || target.row_bytes(dims[0]).is_none();

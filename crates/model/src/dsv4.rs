@@ -288,6 +288,11 @@ impl Model {
         })?;
         cx.rms_norm_rows(&mix.collapsed, &l.ffn_norm, hp.rms_eps, &mut h);
         hooks.observe(Some(il), "ffn_norm", &h);
+        if experts.lookahead() {
+            // The next layer's experts, guessed from this layer's collapsed FFN input (its
+            // own input is one stream mix away), so reads overlap this layer's work.
+            self.prefetch_next_layer(cx, il, &mix.collapsed, experts)?;
+        }
         let mut out = self.dsv4_ffn(cx, il, &h, tokens, experts, hooks)?;
         if self.shard.is_split() {
             timed(Phase::AllReduce, || {

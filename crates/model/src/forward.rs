@@ -587,7 +587,7 @@ impl Model {
 
     /// Runs layer `il + 1`'s router on the current residual stream and asks the expert source to
     /// prefetch what it picks, so reads overlap this layer's experts and the next attention.
-    fn prefetch_next_layer(
+    pub(crate) fn prefetch_next_layer(
         &self,
         cx: &Compute,
         il: usize,

@@ -1,0 +1,255 @@
+//! DeepSeek V4 (`deepseek4`) against transformers 5.24 and llama.cpp on the tiny random
+//! fixture (`tools/fixtures/models/deepseek4.py`): every attention kind (sliding only, ratio 4
+//! with the indexer dropping rows from position 35 on, ratio 128), both routing kinds (hash and
+//! sqrt-softplus), hyper-connections, 459 prompt positions, 32 greedy tokens.
+
+use std::path::{Path, PathBuf};
+
+use model::{
+    Compute, KvCache, KvType, LogitsWanted, Model, NoHooks, ResidentExperts, SeqInput, StageInput,
+    StageOutput,
+};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/deepseek4")
+}
+
+fn npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&bytes[..6], b"\x93NUMPY", "{}", path.display());
+    let (hlen, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        _ => (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        ),
+    };
+    let header = std::str::from_utf8(&bytes[start..start + hlen]).unwrap();
+    assert!(
+        header.contains("'<f4'") && header.contains("'fortran_order': False"),
+        "{header}"
+    );
+    let shape = header
+        .split("'shape': (")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap()
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let data = bytes[start + hlen..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    (shape, data)
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Logits of every position, the prompt in chunks of `chunk` tokens.
+fn logits_chunked(model: &Model, cx: &Compute, tokens: &[u32], chunk: usize) -> Vec<f32> {
+    let last = model.n_layer() - 1;
+    let mut kv = KvCache::new(model.kv_layout(KvType::F32, 0..=last, 1024));
+    let src = ResidentExperts::new(model);
+    let mut out = Vec::new();
+    for part in tokens.chunks(chunk) {
+        let mut seqs = [SeqInput {
+            kv: &mut kv,
+            n_tokens: part.len(),
+            logits: LogitsWanted::All,
+        }];
+        match model
+            .forward(
+                cx,
+                &src,
+                0..=last,
+                true,
+                StageInput::Tokens(part),
+                &mut seqs,
+                &mut NoHooks,
+            )
+            .unwrap()
+        {
+            StageOutput::Logits(l) => out.extend(l.data),
+            StageOutput::Hidden(_) => unreachable!(),
+        }
+    }
+    out
+}
+
+/// `src` with every MXFP4 tensor rewritten as F32 (the same values), everything else as is.
+fn dequantized_copy(src: &Path, dst: &Path) {
+    let model = gguf::GgufModel::open(src).unwrap();
+    let mut w = gguf::GgufWriter::with_metadata(model.metadata().clone()).unwrap();
+    for t in model.tensors() {
+        let info = t.info;
+        let dims = info.shape.dims();
+        if info.dtype != gguf::GgmlType::Mxfp4 {
+            w.add_tensor(info.name.clone(), info.dtype, dims, t.data())
+                .unwrap();
+            continue;
+        }
+        let (row_len, rows, rb) = (
+            dims[0] as usize,
+            info.rows() as usize,
+            info.row_bytes() as usize,
+        );
+        let mut out = Vec::with_capacity(rows * row_len * 4);
+        let mut tmp = vec![0f32; row_len];
+        for r in 0..rows {
+            kernels::formats::dequantize_row(info.dtype, &t.data()[r * rb..(r + 1) * rb], &mut tmp)
+                .unwrap();
+            out.extend(tmp.iter().flat_map(|x| x.to_le_bytes()));
+        }
+        w.add_tensor(info.name.clone(), gguf::GgmlType::F32, dims, out)
+            .unwrap();
+    }
+    w.write_to_path(dst).unwrap();
+}
+
+/// The file as converted (MXFP4 experts) against llama.cpp on the same file: both round the
+/// experts' activations to Q8_0, so they agree to float rounding until a last-bit difference
+/// moves one int8 code (then by up to a few hundredths on a random model).
+#[test]
+fn deepseek4_mxfp4_experts_agree_with_llama_cpp() {
+    let dir = fixture();
+    let model = Model::load(dir.join("model-f32.gguf")).unwrap();
+    let cx = Compute::new(2);
+    let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
+    let v = model.hp.n_vocab;
+    let got = logits_chunked(&model, &cx, &prompt, prompt.len());
+    let (_, want) = npy_f32(&dir.join("llama_cpp_logits_f32.npy"));
+    let diffs = row_diffs(&got, &want, v);
+    let worst = diffs.iter().copied().fold(0f32, f32::max);
+    let close = diffs.iter().filter(|&&d| d <= 1e-4).count();
+    let top1 = got
+        .chunks_exact(v)
+        .zip(want.chunks_exact(v))
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
+    eprintln!(
+        "deepseek4 MXFP4 experts vs llama.cpp: max {worst:.3e}, {close}/{} positions within 1e-4, top-1 {top1}/{}",
+        prompt.len(),
+        prompt.len()
+    );
+    assert!(diffs[..15].iter().all(|&d| d <= 1e-5), "{:?}", &diffs[..15]);
+    assert!(
+        worst < 0.1 && top1 + 2 >= prompt.len(),
+        "max {worst}, top-1 {top1}"
+    );
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
+}
+
+/// Max |a − b| per row of `v`.
+fn row_diffs(a: &[f32], b: &[f32], v: usize) -> Vec<f32> {
+    a.chunks_exact(v)
+        .zip(b.chunks_exact(v))
+        .map(|(x, y)| {
+            x.iter()
+                .zip(y)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0f32, f32::max)
+        })
+        .collect()
+}
+
+#[test]
+fn deepseek4_matches_transformers_at_every_position() {
+    let dir = fixture();
+    // The converter writes the routed experts as MXFP4, whose dot products (ours and
+    // llama.cpp's) round activations to Q8_0; transformers computes them in f32. The exact
+    // comparison runs on a copy with the experts dequantized to F32.
+    let tmp = tempfile::tempdir().unwrap();
+    let f32_experts = tmp.path().join("experts-f32.gguf");
+    dequantized_copy(&dir.join("model-f32.gguf"), &f32_experts);
+    let model = Model::load(&f32_experts).unwrap();
+    let cx = Compute::new(2);
+    let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
+    assert!(prompt.len() >= 300, "{} prompt tokens", prompt.len());
+    let (shape, want) = npy_f32(&dir.join("logits.npy"));
+    let v = model.hp.n_vocab;
+    assert_eq!(shape, vec![prompt.len(), v]);
+    let got = logits_chunked(&model, &cx, &prompt, prompt.len());
+    let (_, lcpp) = npy_f32(&dir.join("llama_cpp_logits_f32_experts_f32.npy"));
+    let dl = row_diffs(&got, &lcpp, v).into_iter().fold(0f32, f32::max);
+    eprintln!("deepseek4: F32 experts, max |ours − llama.cpp| = {dl:.2e}");
+    assert!(dl <= 1e-4, "llama.cpp with F32 experts: {dl}");
+    let diffs = row_diffs(&got, &want, v);
+    let worst = diffs.iter().copied().fold(0f32, f32::max);
+    let first_bad = diffs.iter().position(|&d| d > 1e-4);
+    eprintln!(
+        "deepseek4: prompt logits max |ours − transformers| = {worst:.2e} over {} positions (first > 1e-4: {first_bad:?}); pos 0..4: {:?}",
+        prompt.len(),
+        &diffs[..4]
+    );
+    assert!(
+        worst <= 1e-4,
+        "prompt logits differ by {worst} (first at {first_bad:?})"
+    );
+    // The same prompt fed in chunks (the decode and chunked-prefill paths of the cache).
+    for chunk in [1, 7, 64] {
+        let c = logits_chunked(&model, &cx, &prompt, chunk);
+        let d = row_diffs(&c, &want, v).into_iter().fold(0f32, f32::max);
+        eprintln!("deepseek4: chunks of {chunk}: max diff {d:.2e}");
+        assert!(d <= 1e-4, "chunks of {chunk}: {d}");
+    }
+    // 32 greedy tokens, one per forward, and their logits.
+    let g = json(&dir.join("greedy.json"));
+    let want_tokens = ids(&g["generated_tokens"]);
+    let last = model.n_layer() - 1;
+    let mut kv = KvCache::new(model.kv_layout(KvType::F32, 0..=last, 1024));
+    let src = ResidentExperts::new(&model);
+    let mut input = prompt.clone();
+    let mut tokens = Vec::new();
+    for _ in 0..want_tokens.len() {
+        let mut seqs = [SeqInput {
+            kv: &mut kv,
+            n_tokens: input.len(),
+            logits: LogitsWanted::Last,
+        }];
+        let StageOutput::Logits(l) = model
+            .forward(
+                &cx,
+                &src,
+                0..=last,
+                true,
+                StageInput::Tokens(&input),
+                &mut seqs,
+                &mut NoHooks,
+            )
+            .unwrap()
+        else {
+            unreachable!()
+        };
+        let t = argmax(l.row(0)) as u32;
+        tokens.push(t);
+        input = vec![t];
+    }
+    assert_eq!(tokens, want_tokens, "greedy tokens");
+    let mut all = prompt.clone();
+    all.extend_from_slice(&want_tokens[..want_tokens.len() - 1]);
+    let got = logits_chunked(&model, &cx, &all, all.len());
+    let (_, want_steps) = npy_f32(&dir.join("greedy_logits.npy"));
+    let d = row_diffs(&got[(prompt.len() - 1) * v..], &want_steps, v)
+        .into_iter()
+        .fold(0f32, f32::max);
+    eprintln!("deepseek4: decode-step logits max diff {d:.2e}");
+    assert!(d <= 1e-4, "decode-step logits differ by {d}");
+}
