@@ -918,7 +918,13 @@ fn write(
         if want.is_some_and(|d| d != t.dtype) {
             bail!("{}: {:?} cannot be written as {}", t.name, t.fill, t.dtype);
         }
-        let Fill::Random(std) = t.fill else { continue };
+        // Constants draw a pool too (of zeros, unused): the random stream, and so every file of
+        // the presets from before constants had their own fill, stays as it was.
+        let std = match t.fill {
+            Fill::Random(std) => std,
+            Fill::Const(_) => 0.0,
+            Fill::ExpertIds(_) => continue,
+        };
         let key = (t.dtype, t.shape[0], std.to_bits());
         if let std::collections::hash_map::Entry::Vacant(e) = pools.entry(key) {
             e.insert(RowPool::new(&mut rng, t.dtype, t.shape[0] as usize, std)?);
