@@ -918,6 +918,16 @@ fn write(
         if want.is_some_and(|d| d != t.dtype) {
             bail!("{}: {:?} cannot be written as {}", t.name, t.fill, t.dtype);
         }
+        // Distinct ids per row: no more of them than there are experts.
+        if let Fill::ExpertIds(n_expert) = t.fill
+            && t.shape[0] > u64::from(n_expert)
+        {
+            bail!(
+                "{}: {} distinct ids of {n_expert} experts",
+                t.name,
+                t.shape[0]
+            );
+        }
         // Constants draw a pool too (of zeros, unused): the random stream, and so every file of
         // the presets from before constants had their own fill, stays as it was.
         let std = match t.fill {
