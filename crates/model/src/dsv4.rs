@@ -25,7 +25,7 @@ use crate::experts::ExpertSource;
 use crate::forward::{Hooks, ReducePoint, SeqInput};
 use crate::hparams::{Dsv4Params, Hparams};
 use crate::kv::{KvCache, KvType, Pool};
-use crate::profile::{Phase, timed};
+use crate::profile::{Phase, span, timed};
 use crate::weights::{Compressor, Dsv4Attention, Ffn, HyperMix};
 
 /// The rope tables of a batch: sliding layers rotate with the main base, compressed layers
@@ -267,7 +267,7 @@ impl Model {
             )));
         };
         let d = hp.n_embd;
-        let mix = timed(Phase::Norm, || {
+        let mix = timed(Phase::HyperMix, || {
             hc_pre(cx, self, x, &a.hc_attn, p, hp.rms_eps)
         })?;
         let n = mix.collapsed.len() / d;
@@ -280,10 +280,10 @@ impl Model {
                 hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut att)
             })?;
         }
-        hc_post(cx, x, &att, &mix, p.hc);
+        timed(Phase::HyperMix, || hc_post(cx, x, &att, &mix, p.hc));
         hooks.observe(Some(il), "hc_attn_post", x);
 
-        let mix = timed(Phase::Norm, || {
+        let mix = timed(Phase::HyperMix, || {
             hc_pre(cx, self, x, &a.hc_ffn, p, hp.rms_eps)
         })?;
         cx.rms_norm_rows(&mix.collapsed, &l.ffn_norm, hp.rms_eps, &mut h);
@@ -299,7 +299,7 @@ impl Model {
                 hooks.all_reduce(il, ReducePoint::FfnOutput, &mut out)
             })?;
         }
-        hc_post(cx, x, &out, &mix, p.hc);
+        timed(Phase::HyperMix, || hc_post(cx, x, &out, &mix, p.hc));
         Ok(())
     }
 
@@ -384,6 +384,7 @@ impl Model {
                 other => other,
             })?;
         if let Some(sh) = shared {
+            let _shared = span(Phase::DenseFfn);
             let s = self.split_glu(cx, &hin, &sh.gate, &sh.up, &sh.down, self.dsv4_glu(true))?;
             for (a, b) in out.iter_mut().zip(&s) {
                 *a += b;
@@ -421,19 +422,41 @@ impl Model {
         let heads = self.shard.heads.clone();
         let nh = heads.len();
         let hin = Input::new(h, n, d)?;
-        let mut qr = cx
-            .project(&hin, &[a.q_a.weights(files)])?
-            .pop()
-            .expect("q_a");
+        // Everything that reads the block input in one dispatch: the query's first half, the
+        // key/value row, the compressors' values and scores, the indexer's head weights.
+        let mut mats = vec![a.q_a.weights(files), a.kv.weights(files)];
+        if let Some(c) = &a.compressor {
+            mats.extend([c.kv.weights(files), c.gate.weights(files)]);
+        }
+        if let Some(ix) = &a.indexer {
+            let c = &ix.compressor;
+            mats.extend([
+                c.kv.weights(files),
+                c.gate.weights(files),
+                ix.proj.weights(files),
+            ]);
+        }
+        let mut outs = timed(Phase::AttnProject, || cx.project(&hin, &mats))?.into_iter();
+        let mut next = || outs.next().expect("one output per matrix");
+        let mut qr = next();
+        let mut kv = next();
+        let comp_in = a.compressor.as_ref().map(|_| (next(), next()));
+        let index_in = a.indexer.as_ref().map(|_| (next(), next(), next()));
         cx.rms_norm_rows_inplace(&mut qr, &a.q_a_norm, eps);
         let qrin = Input::new(&qr, n, p.q_lora_rank)?;
         let q_w = a
             .q_b
             .weights(files)
             .rows_slice(heads.start * hd..heads.end * hd);
-        let mut q = cx.project(&qrin, &[q_w])?.pop().expect("q_b");
-        let mut kv = cx.project(&hin, &[a.kv.weights(files)])?.pop().expect("kv");
+        let mut mats = vec![q_w];
+        if let Some(ix) = &a.indexer {
+            mats.push(ix.q_b.weights(files));
+        }
+        let mut outs = timed(Phase::AttnProject, || cx.project(&qrin, &mats))?.into_iter();
+        let mut q = outs.next().expect("q_b");
+        let iq = outs.next();
         let q_row = nh * hd;
+        let prepare = span(Phase::AttnPrepare);
         cx.par_rows(&mut q, q_row, |first, rows| {
             let mut tmp = vec![0f32; hd];
             for (j, row) in rows.chunks_exact_mut(q_row).enumerate() {
@@ -461,35 +484,33 @@ impl Model {
                 row += 1;
             }
         }
+        drop(prepare);
         // Compressed rows of the windows this batch completes.
-        if let Some(c) = &a.compressor {
-            self.dsv4_compress(cx, il, c, Pool::Attention, &hin, seqs, pos0)?;
+        if let (Some(c), Some((ckv, cscore))) = (&a.compressor, comp_in) {
+            timed(Phase::Compress, || {
+                self.dsv4_compress(c, il, Pool::Attention, ckv, cscore, seqs, pos0)
+            })?;
         }
         // The indexer's queries and head weights, and its compressed keys.
-        let index = match &a.indexer {
-            Some(ix) => {
-                self.dsv4_compress(cx, il, &ix.compressor, Pool::Indexer, &hin, seqs, pos0)?;
+        let index = match (&a.indexer, index_in, iq) {
+            (Some(ix), Some((ikv, iscore, mut iw)), Some(mut iq)) => {
+                timed(Phase::Compress, || {
+                    self.dsv4_compress(&ix.compressor, il, Pool::Indexer, ikv, iscore, seqs, pos0)
+                })?;
                 let (nhi, dhi) = (p.index_n_head, p.index_head_dim);
-                let mut iq = cx
-                    .project(&qrin, &[ix.q_b.weights(files)])?
-                    .pop()
-                    .expect("indexer q");
                 cx.par_rows(&mut iq, nhi * dhi, |first, rows| {
                     for (j, row) in rows.chunks_exact_mut(nhi * dhi).enumerate() {
                         rope_tail(&ropes.compress, first + j, row, dhi, n_rot, false);
                     }
                 });
-                let mut iw = cx
-                    .project(&hin, &[ix.proj.weights(files)])?
-                    .pop()
-                    .expect("indexer weights");
                 let scale = 1.0 / ((dhi * nhi) as f32).sqrt();
                 iw.iter_mut().for_each(|v| *v *= scale);
                 Some((iq, iw))
             }
-            None => None,
+            _ => None,
         };
         // Attention per sequence and token.
+        let attention = span(Phase::Attention);
         let scale = 1.0 / (hd as f32).sqrt();
         let window = hp.sliding_window.unwrap_or(usize::MAX);
         let mut att = vec![0f32; n * q_row];
@@ -602,6 +623,7 @@ impl Model {
             });
             row0 += s.n_tokens;
         }
+        drop(attention);
         hooks.observe(Some(il), "kqv_out", &att);
         // Grouped output projection: each group of heads through its own low-rank block, then
         // the mix of this rank's groups (a partial sum when groups are split across ranks).
@@ -610,24 +632,47 @@ impl Model {
         let (g0, g1) = (heads.start / per_group, heads.end / per_group);
         let r = p.o_lora_rank;
         let ng = g1 - g0;
-        let mut oa = vec![0f32; n * ng * r];
-        let mut gin = vec![0f32; n * group_cols];
-        for g in g0..g1 {
-            let off = (g - g0) * group_cols;
-            for t in 0..n {
-                gin[t * group_cols..(t + 1) * group_cols]
-                    .copy_from_slice(&att[t * q_row + off..t * q_row + off + group_cols]);
+        // Each group's heads as its own input rows, all groups' blocks in one dispatch.
+        let output_span = span(Phase::AttnOutput);
+        let group_inputs: Vec<Vec<f32>> = (g0..g1)
+            .map(|g| {
+                let off = (g - g0) * group_cols;
+                let mut gin = Vec::with_capacity(n * group_cols);
+                for t in 0..n {
+                    gin.extend_from_slice(&att[t * q_row + off..t * q_row + off + group_cols]);
+                }
+                gin
+            })
+            .collect();
+        let inputs = group_inputs
+            .iter()
+            .map(|gin| Input::new(gin, n, group_cols))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let mut group_out: Vec<Vec<f32>> = vec![vec![0f32; n * r]; ng];
+        {
+            let mut jobs = Vec::with_capacity(ng);
+            for ((g, input), out) in (g0..g1).zip(&inputs).zip(group_out.iter_mut()) {
+                let w = a.o_a.weights(files).rows_slice(g * r..(g + 1) * r);
+                let act = kernels::format(w.dtype)
+                    .ok_or(kernels::MatmulError::UnsupportedType(w.dtype))?
+                    .act;
+                jobs.push(kernels::MatmulJob {
+                    w,
+                    acts: input.quantized(act, &cx.pool),
+                    n,
+                    out,
+                });
             }
-            let gi = Input::new(&gin, n, group_cols)?;
-            let w = a.o_a.weights(files).rows_slice(g * r..(g + 1) * r);
-            let y = timed(Phase::AttnOutput, || cx.project(&gi, &[w]))?
-                .pop()
-                .expect("o_a");
-            let off = (g - g0) * r;
+            cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
+        }
+        let mut oa = vec![0f32; n * ng * r];
+        for (k, y) in group_out.iter().enumerate() {
             for t in 0..n {
-                oa[t * ng * r + off..t * ng * r + off + r].copy_from_slice(&y[t * r..(t + 1) * r]);
+                oa[t * ng * r + k * r..t * ng * r + (k + 1) * r]
+                    .copy_from_slice(&y[t * r..(t + 1) * r]);
             }
         }
+        drop(output_span);
         let oin = Input::new(&oa, n, ng * r)?;
         let mut out = vec![0f64; n * d];
         let o_b = a.o_b.weights(files);
@@ -650,25 +695,20 @@ impl Model {
         Ok(out)
     }
 
-    /// Appends compressor `c`'s inputs for the batch's new positions and makes the rows of the
-    /// windows they complete.
+    /// Appends compressor `c`'s inputs (`kv` and `score` rows of the batch's new positions,
+    /// the score before `ape`) and makes the rows of the windows they complete.
     #[allow(clippy::too_many_arguments)]
     fn dsv4_compress(
         &self,
-        cx: &Compute,
-        il: usize,
         c: &Compressor,
+        il: usize,
         pool: Pool,
-        hin: &Input,
+        kv: Vec<f32>,
+        mut score: Vec<f32>,
         seqs: &mut [SeqInput],
         pos0: &[usize],
     ) -> Result<()> {
-        let hp = &self.hp;
-        let p = hp.dsv4.as_ref().expect("deepseek4 hparams");
-        let files = self.files();
-        let mut out = cx.project(hin, &[c.kv.weights(files), c.gate.weights(files)])?;
-        let mut score = out.pop().expect("gate");
-        let kv = out.pop().expect("kv");
+        let p = self.hp.dsv4.as_ref().expect("deepseek4 hparams");
         let w_in = c.kv.rows;
         let mut row0 = 0;
         for (s, &p0) in seqs.iter_mut().zip(pos0) {
@@ -756,6 +796,7 @@ impl Model {
     /// Collapses the streams of each head row (`rows × hc·d`) into `rows × d` (the head's
     /// hyper-connection), for the output norm.
     pub(crate) fn dsv4_head_collapse(&self, cx: &Compute, x: &[f32]) -> Result<Vec<f32>> {
+        let _span = span(Phase::HyperMix);
         let hp = &self.hp;
         let p = hp.dsv4.as_ref().expect("deepseek4 hparams");
         let w = self

@@ -33,11 +33,15 @@ pub enum Phase {
     /// Tensor-parallel partial-sum exchange.
     AllReduce,
     Residual,
+    /// DeepSeek V4's stream mixes around each block (and the head's collapse).
+    HyperMix,
+    /// DeepSeek V4's compressors: pooling windows into rows.
+    Compress,
     Head,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 17] = [
+    pub const ALL: [Phase; 19] = [
         Phase::Embed,
         Phase::Norm,
         Phase::AttnProject,
@@ -54,6 +58,8 @@ impl Phase {
         Phase::DenseFfn,
         Phase::AllReduce,
         Phase::Residual,
+        Phase::HyperMix,
+        Phase::Compress,
         Phase::Head,
     ];
 
@@ -75,6 +81,8 @@ impl Phase {
             Phase::DenseFfn => "dense/shared ffn",
             Phase::AllReduce => "all-reduce",
             Phase::Residual => "residual adds",
+            Phase::HyperMix => "hyper-connection mixes",
+            Phase::Compress => "compressors (pooled rows)",
             Phase::Head => "output head",
         }
     }
