@@ -1,8 +1,9 @@
 //! DeepSeek V4 (`deepseek4`, the tiny fixture: a sliding-only layer, ratio-4 layers with the
 //! indexer, a ratio-128 layer, a hash-routed first layer) across real processes: 2- and
 //! 3-stage pipelines (chunked prefill crossing window and compression boundaries, the
-//! hyper-connection streams on the wire), a 2-rank tensor-parallel group (output groups of heads
-//! and experts split), and SSD streaming: all bit-identical to one node.
+//! hyper-connection streams on the wire, also at 16 and 8 bits), a 2-rank tensor-parallel
+//! group (output groups of heads and experts split), SSD streaming, and snapshots moved from a
+//! pipeline to one node and to a group: all bit-identical to one node.
 
 mod common;
 
@@ -13,7 +14,23 @@ use common::*;
 
 const T: Duration = Duration::from_secs(240);
 
-fn tokens() -> String {
+/// Flags every process of these tests shares.
+const BASE: [&str; 6] = [
+    "--kv-type",
+    "f32",
+    "--no-warm",
+    "--threads",
+    "1",
+    "--insecure",
+];
+
+fn model() -> String {
+    fixture("deepseek4", "model-f32.gguf")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn fixture_tokens() -> String {
     let text = std::fs::read_to_string(fixture("deepseek4", "prompt_tokens.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v["tokens"]
@@ -25,19 +42,51 @@ fn tokens() -> String {
         .join(",")
 }
 
-fn logits_args<'a>(model: &'a str, toks: &'a str, out: &'a str) -> Vec<&'a str> {
-    vec![
-        "logits",
-        "-m",
-        model,
-        "--tokens",
-        toks,
-        "--out",
-        out,
-        "--kv-type",
-        "f32",
-        "--no-warm",
-    ]
+/// Runs `args` as a coordinator listening on an OS-chosen port, with a pipeline worker per
+/// range in `stages` or (`stages` empty) `ranks - 1` tensor-parallel ranks; its stdout.
+fn with_cluster(args: &[&str], stages: &[&str], ranks: usize) -> String {
+    let m = model();
+    let mut full = args.to_vec();
+    full.extend_from_slice(&BASE);
+    full.extend_from_slice(&["--listen", "127.0.0.1:0"]);
+    let coord = Proc::spawn("coordinator", &full);
+    let addr = format!("127.0.0.1:{}", coord.coordinator_port());
+    let mut peers = Vec::new();
+    for s in stages {
+        let mut a = vec!["worker", "-m", &m, "--layers", s, "--coordinator", &addr];
+        a.extend_from_slice(&BASE);
+        peers.push(Proc::spawn(&format!("worker {s}"), &a));
+    }
+    for _ in 1..ranks {
+        let mut a = vec![
+            "worker",
+            "--tensor-parallel",
+            "-m",
+            &m,
+            "--coordinator",
+            &addr,
+        ];
+        a.extend_from_slice(&BASE);
+        peers.push(Proc::spawn("rank", &a));
+    }
+    let (ok, out, err) = coord.finish(T);
+    assert!(ok, "{args:?} on {stages:?} / {ranks} ranks: {err}");
+    out
+}
+
+/// `logits` of the fixture prompt into `out`, with `extra` flags and the cluster above.
+fn logits(out: &Path, extra: &[&str], stages: &[&str], ranks: usize) -> Vec<f32> {
+    let (m, toks) = (model(), fixture_tokens());
+    let o = out.to_string_lossy().into_owned();
+    let mut args = vec!["logits", "-m", &m, "--tokens", &toks, "--out", &o];
+    args.extend_from_slice(extra);
+    if stages.is_empty() && ranks <= 1 {
+        args.extend_from_slice(&BASE[..5]);
+        run_ok(&args);
+    } else {
+        with_cluster(&args, stages, ranks);
+    }
+    read_npy_f32(out).1
 }
 
 fn differing(a: &[f32], b: &[f32]) -> usize {
@@ -48,121 +97,38 @@ fn differing(a: &[f32], b: &[f32]) -> usize {
         .count()
 }
 
-fn out(dir: &Path, name: &str) -> String {
-    dir.join(name).to_string_lossy().into_owned()
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
 }
 
 #[test]
 fn deepseek4_pipelines_groups_and_streaming_are_bit_identical_to_single_node() {
     let dir = tempfile::tempdir().unwrap();
-    let m = fixture("deepseek4", "model-f32.gguf");
-    let m = m.to_str().unwrap();
-    let toks = tokens();
-    let single_out = out(dir.path(), "single.npy");
-    let mut args = logits_args(m, &toks, &single_out);
-    args.extend_from_slice(&["--threads", "2"]);
-    run_ok(&args);
-    let single = read_npy_f32(Path::new(&single_out)).1;
+    let at = |name: &str| dir.path().join(name);
+    let single = logits(&at("single.npy"), &[], &[], 1);
 
     for (name, splits, chunk) in [
         ("2 stages", &["0:1", "2:output"][..], "37"),
         ("3 stages", &["0:0", "1:2", "3:output"][..], "64"),
     ] {
-        let o = out(dir.path(), &format!("{name}.npy"));
-        let mut args = logits_args(m, &toks, &o);
-        args.extend_from_slice(&[
-            "--threads",
-            "1",
-            "--insecure",
-            "--layers",
-            splits[0],
-            "--dist-prefill-chunk",
-            chunk,
-            "--dist-prefill-window",
-            "2",
-            "--listen",
-            "127.0.0.1:0",
-        ]);
-        let coord = Proc::spawn("coordinator", &args);
-        let addr = format!("127.0.0.1:{}", coord.coordinator_port());
-        let _workers: Vec<Proc> = splits[1..]
-            .iter()
-            .map(|s| {
-                Proc::spawn(
-                    &format!("worker {s}"),
-                    &[
-                        "worker",
-                        "-m",
-                        m,
-                        "--layers",
-                        s,
-                        "--coordinator",
-                        &addr,
-                        "--threads",
-                        "1",
-                        "--kv-type",
-                        "f32",
-                        "--no-warm",
-                        "--insecure",
-                    ],
-                )
-            })
-            .collect();
-        let (ok, _, err) = coord.finish(T);
-        assert!(ok, "{name}: {err}");
-        let got = read_npy_f32(Path::new(&o)).1;
+        let layers = ["--layers", splits[0], "--dist-prefill-chunk", chunk];
+        let extra = [&layers[..], &["--dist-prefill-window", "2"]].concat();
+        let got = logits(&at(&format!("{name}.npy")), &extra, &splits[1..], 1);
         assert_eq!(differing(&got, &single), 0, "{name}");
     }
 
     // The hyper-connection streams (4 × n_embd per token) in the 16- and 8-bit wire formats.
     let n_vocab = 320;
     for bits in ["16", "8"] {
-        let o = out(dir.path(), &format!("bits{bits}.npy"));
-        let mut args = logits_args(m, &toks, &o);
-        args.extend_from_slice(&[
-            "--threads",
-            "1",
-            "--insecure",
-            "--layers",
-            "0:1",
-            "--dist-activation-bits",
-            bits,
-            "--listen",
-            "127.0.0.1:0",
-        ]);
-        let coord = Proc::spawn("coordinator", &args);
-        let addr = format!("127.0.0.1:{}", coord.coordinator_port());
-        let _w = Proc::spawn(
-            "worker 2:output",
-            &[
-                "worker",
-                "-m",
-                m,
-                "--layers",
-                "2:output",
-                "--coordinator",
-                &addr,
-                "--threads",
-                "1",
-                "--kv-type",
-                "f32",
-                "--no-warm",
-                "--insecure",
-            ],
-        );
-        let (ok, _, err) = coord.finish(T);
-        assert!(ok, "{bits}-bit: {err}");
-        let got = read_npy_f32(Path::new(&o)).1;
+        let extra = ["--layers", "0:1", "--dist-activation-bits", bits];
+        let got = logits(&at(&format!("bits{bits}.npy")), &extra, &["2:output"], 1);
         let max_err = got
             .iter()
             .zip(&single)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
-        let argmax = |v: &[f32]| {
-            v.iter()
-                .enumerate()
-                .fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
-        };
         let agree = got
             .chunks(n_vocab)
             .zip(single.chunks(n_vocab))
@@ -179,49 +145,18 @@ fn deepseek4_pipelines_groups_and_streaming_are_bit_identical_to_single_node() {
     }
 
     // Two ranks: each its output groups of heads, half the experts, half the vocabulary.
-    let o = out(dir.path(), "tp.npy");
-    let mut args = logits_args(m, &toks, &o);
-    args.extend_from_slice(&[
-        "--tensor-parallel",
-        "--tp-size",
-        "2",
-        "--listen",
-        "127.0.0.1:0",
-        "--insecure",
-        "--threads",
-        "1",
-    ]);
-    let coord = Proc::spawn("tp coordinator", &args);
-    let addr = format!("127.0.0.1:{}", coord.coordinator_port());
-    let _rank = Proc::spawn(
-        "rank",
-        &[
-            "worker",
-            "--tensor-parallel",
-            "-m",
-            m,
-            "--coordinator",
-            &addr,
-            "--threads",
-            "1",
-            "--kv-type",
-            "f32",
-            "--no-warm",
-            "--insecure",
-        ],
+    let got = logits(
+        &at("tp.npy"),
+        &["--tensor-parallel", "--tp-size", "2"],
+        &[],
+        2,
     );
-    let (ok, _, err) = coord.finish(T);
-    assert!(ok, "2 ranks: {err}");
-    let got = read_npy_f32(Path::new(&o)).1;
     assert_eq!(differing(&got, &single), 0, "2 ranks");
 
     // Streaming with one cache slot, and with the whole layer cached.
     for cache in ["1", "8"] {
-        let o = out(dir.path(), &format!("stream{cache}.npy"));
-        let mut args = logits_args(m, &toks, &o);
-        args.extend_from_slice(&["--threads", "2", "--ssd-streaming", "--expert-cache", cache]);
-        run_ok(&args);
-        let got = read_npy_f32(Path::new(&o)).1;
+        let extra = ["--ssd-streaming", "--expert-cache", cache];
+        let got = logits(&at(&format!("stream{cache}.npy")), &extra, &[], 1);
         assert_eq!(differing(&got, &single), 0, "streaming, cache {cache}");
     }
 }
@@ -232,23 +167,15 @@ fn deepseek4_pipelines_groups_and_streaming_are_bit_identical_to_single_node() {
 #[test]
 fn deepseek4_snapshots_move_between_splits() {
     let dir = tempfile::tempdir().unwrap();
-    let m = fixture("deepseek4", "model-f32.gguf");
-    let m = m.to_str().unwrap();
+    let m = model();
     let text = std::fs::read_to_string(fixture("deepseek4", "prompt_tokens.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     // A prompt long enough for ratio-128 rows, cut mid-window of both ratios.
     let prompt: String = v["text"].as_str().unwrap().chars().take(700).collect();
-    let base = [
-        "--temp",
-        "0",
-        "--kv-type",
-        "f32",
-        "--no-warm",
-        "--threads",
-        "1",
-    ];
-    let mut args = vec!["run", "-m", m, "-p", &prompt, "-n", "16"];
-    args.extend_from_slice(&base);
+    let greedy = ["--temp", "0"];
+    let mut args = vec!["run", "-m", &m, "-p", &prompt, "-n", "16"];
+    args.extend_from_slice(&greedy);
+    args.extend_from_slice(&BASE[..5]);
     let want = run_ok(&args);
     let want = want
         .strip_prefix(prompt.as_str())
@@ -257,92 +184,22 @@ fn deepseek4_snapshots_move_between_splits() {
         .to_string();
     let snap = dir.path().join("v4.snap");
     let snap_s = snap.to_str().unwrap();
-    let mut args = vec![
-        "run",
-        "-m",
-        m,
-        "-p",
-        &prompt,
-        "-n",
-        "0",
-        "--insecure",
-        "--layers",
-        "0:1",
-        "--save-snapshot",
-        snap_s,
-        "--listen",
-        "127.0.0.1:0",
-    ];
-    args.extend_from_slice(&base);
-    let coord = Proc::spawn("coordinator save", &args);
-    let addr = format!("127.0.0.1:{}", coord.coordinator_port());
-    let _w = Proc::spawn(
-        "worker 2:output",
-        &[
-            "worker",
-            "-m",
-            m,
-            "--layers",
-            "2:output",
-            "--coordinator",
-            &addr,
-            "--threads",
-            "1",
-            "--kv-type",
-            "f32",
-            "--no-warm",
-            "--insecure",
-        ],
-    );
-    let (ok, _, err) = coord.finish(T);
-    assert!(ok, "save on 2 stages: {err}");
-    let mut args = vec!["run", "-m", m, "-n", "16", "--load-snapshot", snap_s];
-    args.extend_from_slice(&base);
-    let got = run_ok(&args);
+    let mut save = vec!["run", "-m", &m, "-p", &prompt, "-n", "0"];
+    save.extend_from_slice(&["--layers", "0:1", "--save-snapshot", snap_s]);
+    save.extend_from_slice(&greedy);
+    with_cluster(&save, &["2:output"], 1);
+    let mut load = vec!["run", "-m", &m, "-n", "16", "--load-snapshot", snap_s];
+    load.extend_from_slice(&greedy);
+    let mut single = load.clone();
+    single.extend_from_slice(&BASE[..5]);
     assert_eq!(
-        got.trim_end(),
+        run_ok(&single).trim_end(),
         want,
         "2-stage snapshot continued on one node"
     );
-    let mut args = vec![
-        "run",
-        "-m",
-        m,
-        "-n",
-        "16",
-        "--load-snapshot",
-        snap_s,
-        "--tensor-parallel",
-        "--tp-size",
-        "2",
-        "--listen",
-        "127.0.0.1:0",
-        "--insecure",
-    ];
-    args.extend_from_slice(&base);
-    let coord = Proc::spawn("tp coordinator", &args);
-    let addr = format!("127.0.0.1:{}", coord.coordinator_port());
-    let _rank = Proc::spawn(
-        "rank",
-        &[
-            "worker",
-            "--tensor-parallel",
-            "-m",
-            m,
-            "--coordinator",
-            &addr,
-            "--threads",
-            "1",
-            "--kv-type",
-            "f32",
-            "--no-warm",
-            "--insecure",
-        ],
-    );
-    let (ok, out, err) = coord.finish(T);
-    assert!(ok, "load on 2 ranks: {err}");
+    load.extend_from_slice(&["--tensor-parallel", "--tp-size", "2"]);
     assert_eq!(
-        out.trim_end(),
+        with_cluster(&load, &[], 2).trim_end(),
         want,
         "2-stage snapshot continued on 2 ranks"
     );
