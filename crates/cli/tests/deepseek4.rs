@@ -30,18 +30,6 @@ fn model() -> String {
         .into_owned()
 }
 
-fn fixture_tokens() -> String {
-    let text = std::fs::read_to_string(fixture("deepseek4", "prompt_tokens.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// Runs `args` as a coordinator listening on an OS-chosen port, with a pipeline worker per
 /// range in `stages` or (`stages` empty) `ranks - 1` tensor-parallel ranks; its stdout.
 fn with_cluster(args: &[&str], stages: &[&str], ranks: usize) -> String {
@@ -76,7 +64,7 @@ fn with_cluster(args: &[&str], stages: &[&str], ranks: usize) -> String {
 
 /// `logits` of the fixture prompt into `out`, with `extra` flags and the cluster above.
 fn logits(out: &Path, extra: &[&str], stages: &[&str], ranks: usize) -> Vec<f32> {
-    let (m, toks) = (model(), fixture_tokens());
+    let (m, toks) = (model(), fixture_tokens("deepseek4"));
     let o = out.to_string_lossy().into_owned();
     let mut args = vec!["logits", "-m", &m, "--tokens", &toks, "--out", &o];
     args.extend_from_slice(extra);

@@ -557,19 +557,6 @@ fn stages_streaming_their_experts_match_single_node() {
     );
 }
 
-/// The prompt tokens of a model fixture, comma-separated.
-fn fixture_tokens(name: &str) -> String {
-    let text = std::fs::read_to_string(fixture(name, "prompt_tokens.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// DeepSeek (latent attention, a dense first layer, grouped routing) and GLM-4.5-style
 /// fixtures in 2 and 3 stages — one boundary right after the leading dense layer, one inside
 /// the routed layers — are bit-identical to one node; a session's latent cache saved on a

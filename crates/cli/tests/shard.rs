@@ -27,18 +27,6 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-fn tokens() -> String {
-    let text = std::fs::read_to_string(fixture("qwen3moe", "prompt_tokens.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// A copy of the qwen3moe fixture (4 layers, 6 experts top-2) in `dir`.
 fn copy_model(dir: &Path, quant: &str) -> PathBuf {
     let full = dir.join("full.gguf");
@@ -189,7 +177,7 @@ fn group_logits(
 fn clusters_started_from_shard_files_only_match_single_node_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let toks = tokens();
+    let toks = fixture_tokens("qwen3moe");
     let full = copy_model(d, "f32");
     let want = single(&full, &toks, &d.join("single.npy"));
     let stages = write_layout(&full, &d.join("st"), &["--layers", "0:0,1:2,3:output"]);
@@ -247,7 +235,7 @@ fn clusters_started_from_shard_files_only_match_single_node_bit_for_bit() {
 fn streaming_a_stage_file_matches_single_node() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let toks = tokens();
+    let toks = fixture_tokens("qwen3moe");
     let full = copy_model(d, "q4_k");
     let want = single(&full, &toks, &d.join("single.npy"));
     let stages = write_layout(&full, &d.join("st"), &["--layers", "0:1,2:output"]);
@@ -284,7 +272,7 @@ fn streaming_a_stage_file_matches_single_node() {
 fn a_file_that_lacks_its_role_is_refused_naming_both_and_full_files_mix_with_shards() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let toks = tokens();
+    let toks = fixture_tokens("qwen3moe");
     let full = copy_model(d, "f32");
     let stage = d.join("stage.gguf");
     run_ok(&["shard", s(&full), "--layers", "1:2", "-o", s(&stage)]);

@@ -120,18 +120,6 @@ fn group_logits_diff(
         .fold(0f32, f32::max)
 }
 
-fn tokens_of(fixture: &str) -> String {
-    let text = std::fs::read_to_string(common::fixture(fixture, "prompt_tokens.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 #[test]
 fn two_and_three_ranks_match_single_node_on_every_fixture() {
     let dir = tempfile::tempdir().unwrap();
@@ -151,7 +139,7 @@ fn two_and_three_ranks_match_single_node_on_every_fixture() {
     ] {
         let m = fixture(fx, "model-f32.gguf");
         let m = m.to_str().unwrap();
-        let toks = tokens_of(fx);
+        let toks = fixture_tokens(fx);
         let single = logits_single(m, &toks, &dir.path().join(format!("{fx}.npy")));
         let greedy = run_ok(&[
             "run",
@@ -253,7 +241,7 @@ fn balanced_expert_placement_matches_single_node() {
     for fx in ["qwen3moe", "olmoe", "mixtral", "gpt-oss"] {
         let m = fixture(fx, "model-f32.gguf");
         let m = m.to_str().unwrap();
-        let toks = tokens_of(fx);
+        let toks = fixture_tokens(fx);
         let single = logits_single(m, &toks, &dir.path().join(format!("{fx}.npy")));
         for (n, weights) in [(2, "1,1"), (3, "2,1,1")] {
             let out = dir.path().join(format!("{fx}-balanced-{n}.npy"));
@@ -515,7 +503,7 @@ fn ranks_streaming_their_own_experts_match_single_node() {
     for fx in ["qwen3moe", "mixtral"] {
         let m = fixture(fx, "model-q8_0.gguf");
         let m = m.to_str().unwrap();
-        let toks = tokens_of(fx);
+        let toks = fixture_tokens(fx);
         let single = logits_single(m, &toks, &dir.path().join(format!("{fx}.npy")));
         let out = dir.path().join(format!("{fx}-tp.npy"));
         let stream = ["--ssd-streaming", "--expert-cache", "1"];

@@ -46,6 +46,19 @@ pub fn fixture(name: &str, file: &str) -> PathBuf {
     p
 }
 
+/// The prompt tokens of a model fixture, comma-separated (`--tokens`).
+pub fn fixture_tokens(name: &str) -> String {
+    let text = std::fs::read_to_string(fixture(name, "prompt_tokens.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A running process whose stderr lines are collected (and whose stdout can be streamed).
 pub struct Proc {
     pub child: Child,
