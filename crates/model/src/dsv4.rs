@@ -112,15 +112,13 @@ fn hc_pre(
         .pop()
         .expect("one output");
     let m = w.fn_.rows;
-    let mut collapsed = vec![0f32; n * d];
+    let mut pre = vec![0f32; n * hc];
     let mut post = vec![0f32; n * hc];
     let mut comb = vec![0f32; n * hc * hc];
     for t in 0..n {
         let mx = &mixes[t * m..(t + 1) * m];
-        let pre: Vec<f32> = (0..hc)
-            .map(|j| sigmoid(mx[j] * w.scale[0] + w.base[j]) + p.hc_eps)
-            .collect();
         for j in 0..hc {
+            pre[t * hc + j] = sigmoid(mx[j] * w.scale[0] + w.base[j]) + p.hc_eps;
             post[t * hc + j] = 2.0 * sigmoid(mx[hc + j] * w.scale[1] + w.base[hc + j]);
         }
         let c = &mut comb[t * hc * hc..(t + 1) * hc * hc];
@@ -128,20 +126,27 @@ fn hc_pre(
             *v = mx[2 * hc + i] * w.scale[2] + w.base[2 * hc + i];
         }
         sinkhorn(c, hc, p.sinkhorn_iters, p.hc_eps);
-        let out = &mut collapsed[t * d..(t + 1) * d];
-        for (j, &pj) in pre.iter().enumerate() {
-            let stream = &x[t * wide + j * d..t * wide + (j + 1) * d];
-            if j == 0 {
-                for (o, &v) in out.iter_mut().zip(stream) {
-                    *o = pj * v;
-                }
-            } else {
-                for (o, &v) in out.iter_mut().zip(stream) {
-                    *o += pj * v;
+    }
+    // The streams' weighted sum, row by row on the pool (the same operations in the same
+    // order per row whatever the split).
+    let mut collapsed = vec![0f32; n * d];
+    cx.par_rows(&mut collapsed, d, |first, rows| {
+        for (k, out) in rows.chunks_exact_mut(d).enumerate() {
+            let t = first + k;
+            for (j, &pj) in pre[t * hc..(t + 1) * hc].iter().enumerate() {
+                let stream = &x[t * wide + j * d..t * wide + (j + 1) * d];
+                if j == 0 {
+                    for (o, &v) in out.iter_mut().zip(stream) {
+                        *o = pj * v;
+                    }
+                } else {
+                    for (o, &v) in out.iter_mut().zip(stream) {
+                        *o += pj * v;
+                    }
                 }
             }
         }
-    }
+    });
     Ok(Mix {
         collapsed,
         post,

@@ -253,3 +253,32 @@ fn deepseek4_matches_transformers_at_every_position() {
     eprintln!("deepseek4: decode-step logits max diff {d:.2e}");
     assert!(d <= 1e-4, "decode-step logits differ by {d}");
 }
+
+/// Threads only split work: prompt logits and one-token steps give the same bits at 1 and 3
+/// threads (stream mixes, compressors, the indexer and attention run per row on the pool).
+#[test]
+fn deepseek4_thread_count_does_not_change_a_bit() {
+    let dir = fixture();
+    let model = Model::load(dir.join("model-f32.gguf")).unwrap();
+    let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
+    let prompt = &prompt[..200];
+    let runs: Vec<(Vec<f32>, Vec<f32>)> = [1, 3]
+        .iter()
+        .map(|&t| {
+            let cx = Compute::new(t);
+            (
+                logits_chunked(&model, &cx, prompt, prompt.len()),
+                logits_chunked(&model, &cx, prompt, 1),
+            )
+        })
+        .collect();
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    assert!(
+        same(&runs[0].0, &runs[1].0),
+        "prompt logits differ between 1 and 3 threads"
+    );
+    assert!(
+        same(&runs[0].1, &runs[1].1),
+        "token-by-token logits differ between 1 and 3 threads"
+    );
+}
