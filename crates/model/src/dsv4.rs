@@ -346,8 +346,8 @@ impl Model {
             Some(table) => {
                 let tokens = tokens.ok_or_else(|| {
                     ModelError::Input(format!(
-                        "layer {il} routes by token id: a pipeline stage that starts after layer 0 cannot hold a hash-routed layer (start it at layer {} or later)",
-                        self.hp.dsv4.as_ref().map_or(0, |p| p.n_hash_layers)
+                        "layer {il} routes by token id and the hidden-state input came without \
+                         the batch's token ids"
                     ))
                 })?;
                 let k = moe.n_expert_used;

@@ -38,11 +38,13 @@ pub struct SeqInput<'k> {
 }
 
 /// What enters a stage: token ids (the stage holding layer 0) or hidden states from the
-/// previous stage (`n_tokens × n_embd`).
+/// previous stage (`n_tokens × hidden_width`), with the batch's token ids where the stage has
+/// them (DeepSeek V4's hash-routed layers pick experts by token id).
 #[derive(Clone, Copy, Debug)]
 pub enum StageInput<'a> {
     Tokens(&'a [u32]),
     Hidden(&'a [f32]),
+    HiddenWithTokens(&'a [f32], &'a [u32]),
 }
 
 /// Logits of selected batch rows.
@@ -171,7 +173,7 @@ impl Model {
                 }
                 x
             }
-            StageInput::Hidden(h) => {
+            StageInput::Hidden(h) | StageInput::HiddenWithTokens(h, _) => {
                 if h.len() != n * wide {
                     return Err(ModelError::Input(format!(
                         "{} hidden values for {n} rows of {wide}",
@@ -183,7 +185,8 @@ impl Model {
         };
         let tokens = match input {
             StageInput::Tokens(t) => Some(t),
-            StageInput::Hidden(_) => None,
+            StageInput::HiddenWithTokens(_, t) if t.len() == n => Some(t),
+            StageInput::Hidden(_) | StageInput::HiddenWithTokens(..) => None,
         };
         let mut pos0 = Vec::with_capacity(seqs.len());
         for s in seqs.iter_mut() {

@@ -282,3 +282,94 @@ fn deepseek4_thread_count_does_not_change_a_bit() {
         "token-by-token logits differ between 1 and 3 threads"
     );
 }
+
+/// A stage that starts inside the hash-routed layers gets the batch's token ids with the hidden
+/// state (the pipeline's work header carries them): on a copy of the fixture whose layer 1 is
+/// hash-routed too, layers 0 | 1..3 give the single pass's bits, and without the ids the stage
+/// is refused by name.
+#[test]
+fn deepseek4_stage_inside_the_hash_layers_gets_the_token_ids() {
+    let dir = fixture();
+    let tmp = tempfile::tempdir().unwrap();
+    let two_hash = tmp.path().join("two-hash.gguf");
+    {
+        let src = gguf::GgufModel::open(dir.join("model-f32.gguf")).unwrap();
+        let mut meta = src.metadata().clone();
+        meta.insert("deepseek4.hash_layer_count", 2u32);
+        let mut w = gguf::GgufWriter::with_metadata(meta).unwrap();
+        for t in src.tensors() {
+            let info = t.info;
+            w.add_tensor(info.name.clone(), info.dtype, info.shape.dims(), t.data())
+                .unwrap();
+            if info.name == "blk.0.ffn_gate_tid2eid.weight" {
+                let dims = info.shape.dims();
+                w.add_tensor("blk.1.ffn_gate_tid2eid.weight", info.dtype, dims, t.data())
+                    .unwrap();
+            }
+        }
+        w.write_to_path(&two_hash).unwrap();
+    }
+    let model = Model::load(&two_hash).unwrap();
+    let cx = Compute::new(2);
+    let prompt = ids(&json(&dir.join("prompt_tokens.json"))["tokens"]);
+    let prompt = &prompt[..64];
+    let whole = logits_chunked(&model, &cx, prompt, prompt.len());
+    let src = ResidentExperts::new(&model);
+    let layout = |layers| model.kv_layout(KvType::F32, layers, 1024);
+    let (mut kv0, mut kv1) = (KvCache::new(layout(0..=0)), KvCache::new(layout(1..=3)));
+    fn seq(kv: &mut KvCache, n_tokens: usize, logits: LogitsWanted) -> SeqInput<'_> {
+        SeqInput {
+            kv,
+            n_tokens,
+            logits,
+        }
+    }
+    let StageOutput::Hidden(h) = model
+        .forward(
+            &cx,
+            &src,
+            0..=0,
+            false,
+            StageInput::Tokens(prompt),
+            &mut [seq(&mut kv0, prompt.len(), LogitsWanted::None)],
+            &mut NoHooks,
+        )
+        .unwrap()
+    else {
+        unreachable!()
+    };
+    let refused = model.forward(
+        &cx,
+        &src,
+        1..=3,
+        true,
+        StageInput::Hidden(&h),
+        &mut [seq(&mut kv1, prompt.len(), LogitsWanted::All)],
+        &mut NoHooks,
+    );
+    let err = refused
+        .expect_err("no token ids for a hash layer")
+        .to_string();
+    assert!(err.contains("layer 1 routes by token id"), "{err}");
+    let StageOutput::Logits(l) = model
+        .forward(
+            &cx,
+            &src,
+            1..=3,
+            true,
+            StageInput::HiddenWithTokens(&h, prompt),
+            &mut [seq(&mut kv1, prompt.len(), LogitsWanted::All)],
+            &mut NoHooks,
+        )
+        .unwrap()
+    else {
+        unreachable!()
+    };
+    assert!(
+        l.data
+            .iter()
+            .zip(&whole)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "layers 0 | 1..3 differ from one pass"
+    );
+}

@@ -169,7 +169,11 @@ fn run_work(stage: &mut Runner, frame: &Frame, n_embd: usize) -> Result<WorkOut,
                 header.tokens.len()
             ))
         })?;
-    match stage.run(&header.seqs, &header.tokens, StageInput::Hidden(&hidden)) {
+    match stage.run(
+        &header.seqs,
+        &header.tokens,
+        StageInput::HiddenWithTokens(&hidden, &header.tokens),
+    ) {
         Ok(model::StageOutput::Logits(l)) => {
             let (h, raw) = ResultHeader::of(&l);
             Ok(WorkOut::Logits(h, raw))
