@@ -430,3 +430,10 @@ fn concurrent_greedy_streams_match_solo_deepseek2_and_glm4moe() {
     concurrent_matches_solo(&fixture("deepseek2", "model-q8_0.gguf"), 24);
     concurrent_matches_solo(&fixture("glm4moe", "model-q8_0.gguf"), 24);
 }
+
+/// DeepSeek V4: eight sessions batched (each with its window rows, compressed rows and
+/// compressor inputs), with and without the prompt cache, give the solo texts.
+#[test]
+fn concurrent_greedy_streams_match_solo_deepseek4() {
+    concurrent_matches_solo(&fixture("deepseek4", "model-f32.gguf"), 24);
+}
