@@ -4,6 +4,7 @@ use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
+use crate::panel::Panel;
 use crate::x86::dot_wrapper;
 
 dot_wrapper!(pub dot_f32 => dot_f32_impl, GgmlType::F32, GgmlType::F32);
@@ -91,5 +92,94 @@ unsafe fn dot_bf16_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
             ))),
             |i| f32::from_bits((wp.add(i).read_unaligned() as u32) << 16)
         )
+    }
+}
+
+/// One `R` rows × `T` tokens tile of an F16 panel: per (row, token) the dot's four 16-lane
+/// accumulators over 64-element steps, its 16-element steps into the first, its reduction and
+/// its scalar tail, so every value is the single-row dot's bits; each converted weight vector
+/// serves `T` tokens and each activation vector `R` rows.
+///
+/// # Safety
+/// As for [`panel_f16`], for rows `r0..r0 + R` and tokens `t0..t0 + T` of the panel.
+// The loops index several arrays (rows, tokens, accumulators) with the same variables.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn f16_tile<const R: usize, const T: usize>(p: &Panel, r0: usize, t0: usize) {
+    let n = p.k;
+    // SAFETY: rows r0..r0 + R and tokens t0..t0 + T are inside the panel (caller), each row
+    // `n` f16 and each token `n` f32 values; every load below reads elements below `n`.
+    unsafe {
+        let w: [*const u16; R] =
+            std::array::from_fn(|r| p.w.add((r0 + r) * p.w_stride) as *const u16);
+        let a: [*const f32; T] =
+            std::array::from_fn(|t| p.a.add((t0 + t) * p.a_stride) as *const f32);
+        let mut acc = [[[_mm512_setzero_ps(); 4]; T]; R];
+        let mut i = 0;
+        while i + 64 <= n {
+            for j in 0..4 {
+                let av: [__m512; T] =
+                    std::array::from_fn(|t| _mm512_loadu_ps(a[t].add(i + 16 * j)));
+                for r in 0..R {
+                    let wv =
+                        _mm512_cvtph_ps(_mm256_loadu_si256(w[r].add(i + 16 * j) as *const __m256i));
+                    for t in 0..T {
+                        acc[r][t][j] = _mm512_fmadd_ps(wv, av[t], acc[r][t][j]);
+                    }
+                }
+            }
+            i += 64;
+        }
+        while i + 16 <= n {
+            for r in 0..R {
+                let wv = _mm512_cvtph_ps(_mm256_loadu_si256(w[r].add(i) as *const __m256i));
+                for t in 0..T {
+                    acc[r][t][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a[t].add(i)), acc[r][t][0]);
+                }
+            }
+            i += 16;
+        }
+        for r in 0..R {
+            for t in 0..T {
+                let c = &acc[r][t];
+                let v = _mm512_add_ps(_mm512_add_ps(c[0], c[1]), _mm512_add_ps(c[2], c[3]));
+                let mut sum = _mm512_reduce_add_ps(v);
+                for ii in i..n {
+                    sum += half::f16::from_bits(w[r].add(ii).read_unaligned()).to_f32()
+                        * a[t].add(ii).read_unaligned();
+                }
+                *p.out.add((t0 + t) * p.out_stride + r0 + r) = sum;
+            }
+        }
+    }
+}
+
+/// F16 weights against f32 activations, tiles of 2 rows × 3 tokens (edges smaller).
+///
+/// # Safety
+/// The [`PanelFn`] contract, and the CPU supports AVX-512F/BW/VL/DQ, AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+pub unsafe fn panel_f16(p: &Panel) {
+    let mut r0 = 0;
+    while r0 < p.rows {
+        let rr = (p.rows - r0).min(2);
+        let mut t0 = 0;
+        while t0 < p.n {
+            let tt = (p.n - t0).min(3);
+            // SAFETY: the tile is inside the panel (rr ≤ rows - r0, tt ≤ n - t0); the contract
+            // is the caller's.
+            unsafe {
+                match (rr, tt) {
+                    (2, 3) => f16_tile::<2, 3>(p, r0, t0),
+                    (2, 2) => f16_tile::<2, 2>(p, r0, t0),
+                    (2, _) => f16_tile::<2, 1>(p, r0, t0),
+                    (_, 3) => f16_tile::<1, 3>(p, r0, t0),
+                    (_, 2) => f16_tile::<1, 2>(p, r0, t0),
+                    _ => f16_tile::<1, 1>(p, r0, t0),
+                }
+            }
+            t0 += tt;
+        }
+        r0 += rr;
     }
 }

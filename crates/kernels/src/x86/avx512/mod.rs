@@ -64,6 +64,7 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
 pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
     use GgmlType as T;
     Some(match dtype {
+        T::F16 => float::panel_f16,
         T::Q4K => panels::panel_q4_k,
         T::Q6K => panels::panel_q6_k,
         T::Q8_0 => panels::panel_q8_0,
