@@ -13,6 +13,7 @@ pub mod hparams;
 pub mod kv;
 mod model;
 pub mod names;
+pub mod pass;
 pub mod profile;
 pub mod shard;
 pub mod weights;
@@ -23,10 +24,10 @@ pub use experts::{
     BalancedResidentExperts, ExpertMatrices, ExpertSource, OwnedResidentExperts, ResidentExperts,
 };
 pub use file_slice::{FileSlice, RankPlacement, Role};
-pub use forward::{
-    Hooks, Logits, LogitsWanted, NoHooks, ReducePoint, SeqInput, StageInput, StageOutput,
-};
 pub use hparams::Hparams;
 pub use kv::{KvCache, KvLayout, KvType, SlidingLayers};
 pub use model::{Model, WeightSelection};
+pub use pass::{
+    Hooks, Logits, LogitsWanted, NoHooks, ReducePoint, SeqInput, StageInput, StageOutput,
+};
 pub use shard::Shard;

@@ -10,8 +10,8 @@ use crate::Model;
 use crate::blocks::Compute;
 use crate::blocks::norm;
 use crate::error::Result;
-use crate::forward::{Hooks, SeqInput};
 use crate::kv::{KvCache, KvType, Pool};
+use crate::pass::{Hooks, SeqInput};
 use crate::profile::{Phase, span, timed};
 use crate::weights::Dsv4Attention;
 

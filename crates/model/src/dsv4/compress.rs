@@ -7,8 +7,8 @@ use crate::Model;
 use crate::blocks::norm;
 use crate::blocks::rope::RopeTable;
 use crate::error::Result;
-use crate::forward::SeqInput;
 use crate::kv::{KvCache, Pool};
+use crate::pass::SeqInput;
 use crate::weights::Compressor;
 
 impl Model {
