@@ -437,3 +437,10 @@ fn concurrent_greedy_streams_match_solo_deepseek2_and_glm4moe() {
 fn concurrent_greedy_streams_match_solo_deepseek4() {
     concurrent_matches_solo(&fixture("deepseek4", "model-f32.gguf"), 24);
 }
+
+/// GLM-5 sparse attention: batched sessions, each with its own selections over its own
+/// latent rows and indexer keys, with and without the prompt cache, give the solo texts.
+#[test]
+fn concurrent_greedy_streams_match_solo_glm_dsa() {
+    concurrent_matches_solo(&fixture("glm-dsa", "model-f32.gguf"), 24);
+}

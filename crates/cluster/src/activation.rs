@@ -87,6 +87,55 @@ impl ActFormat {
     }
 }
 
+/// Rows whose last `exact` values travel as raw f32 bits whatever the format: what a stage
+/// carries besides the stream (GLM-5's sparse-attention selection, `Hparams::carried_width`).
+/// Each row is its first `cols - exact` values in the format, then the exact ones.
+impl ActFormat {
+    pub fn encoded_len_exact_tail(self, rows: usize, cols: usize, exact: usize) -> usize {
+        self.encoded_len(rows, cols - exact) + rows * exact * 4
+    }
+
+    pub fn encode_exact_tail(self, data: &[f32], cols: usize, exact: usize, out: &mut Vec<u8>) {
+        if exact == 0 || self == ActFormat::F32 {
+            return self.encode(data, cols, out);
+        }
+        for row in data.chunks_exact(cols) {
+            let (lossy, tail) = row.split_at(cols - exact);
+            self.encode(lossy, lossy.len(), out);
+            out.extend(tail.iter().flat_map(|v| v.to_bits().to_le_bytes()));
+        }
+    }
+
+    /// Decodes what [`ActFormat::encode_exact_tail`] wrote; `None` when the byte count does not
+    /// match.
+    pub fn decode_exact_tail(
+        self,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+        exact: usize,
+    ) -> Option<Vec<f32>> {
+        if exact == 0 || self == ActFormat::F32 {
+            return self.decode(bytes, rows, cols);
+        }
+        if exact > cols || bytes.len() != self.encoded_len_exact_tail(rows, cols, exact) {
+            return None;
+        }
+        let lossy = cols - exact;
+        let row_bytes = self.encoded_len(1, lossy) + exact * 4;
+        let mut out = Vec::with_capacity(rows * cols);
+        for row in bytes.chunks_exact(row_bytes) {
+            let (head, tail) = row.split_at(row_bytes - exact * 4);
+            out.extend(self.decode(head, 1, lossy)?);
+            out.extend(
+                tail.chunks_exact(4)
+                    .map(|c| f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+            );
+        }
+        Some(out)
+    }
+}
+
 /// Largest finite e4m3 (OCP FP8 E4M3FN: no infinities, one NaN pattern).
 pub const E4M3_MAX: f32 = 448.0;
 
@@ -140,6 +189,36 @@ pub fn f32_to_e4m3(v: f32) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exact_tail_keeps_its_bit_patterns_in_every_format() {
+        let (rows, cols, exact) = (3, 10, 4);
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|i| match i % cols {
+                c if c < cols - exact => 0.37 * i as f32 - 2.0,
+                c if c == cols - 1 => f32::from_bits(u32::MAX),
+                c => f32::from_bits((i * 1000 + c) as u32),
+            })
+            .collect();
+        for f in [ActFormat::F32, ActFormat::Bf16, ActFormat::E4m3] {
+            let mut buf = Vec::new();
+            f.encode_exact_tail(&data, cols, exact, &mut buf);
+            assert_eq!(
+                buf.len(),
+                f.encoded_len_exact_tail(rows, cols, exact),
+                "{f:?}"
+            );
+            let back = f.decode_exact_tail(&buf, rows, cols, exact).unwrap();
+            for (i, (a, b)) in data.iter().zip(&back).enumerate() {
+                if i % cols >= cols - exact {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{f:?} value {i}");
+                } else {
+                    assert!((a - b).abs() <= 0.1 * a.abs().max(1.0), "{f:?} value {i}");
+                }
+            }
+            assert!(f.decode_exact_tail(&buf[1..], rows, cols, exact).is_none());
+        }
+    }
 
     #[test]
     fn e4m3_round_trips_every_code_and_rounds_to_nearest() {

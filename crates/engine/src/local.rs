@@ -17,9 +17,13 @@ pub fn model_info(model: &Model, n_ctx: usize) -> ModelInfo {
 }
 
 /// [`model_info`] with the KV type that sizes `kv_bytes_per_position`.
-/// DeepSeek V4: bytes its compressed rows grow by per position (f32 rows; a ratio-4 layer's
-/// attention and indexer rows, a ratio-128 layer's attention rows), over the model's layers.
-fn compressed_bytes_per_position(model: &Model) -> usize {
+/// Bytes per position a cache keeps in f32 whatever its KV type, over the model's layers:
+/// DeepSeek V4's compressed rows (a ratio-4 layer's attention and indexer rows, a ratio-128
+/// layer's attention rows), GLM-5's indexer keys (full sparse-attention layers).
+fn f32_side_bytes_per_position(model: &Model) -> usize {
+    if let Some(p) = &model.hp.dsa {
+        return (0..model.hp.n_layer).filter(|&il| p.is_full(il)).count() * p.head_dim * 4;
+    }
     let Some(p) = &model.hp.dsv4 else { return 0 };
     (0..model.hp.n_layer)
         .map(|il| match p.ratio(il) {
@@ -56,7 +60,7 @@ pub fn model_info_kv(model: &Model, n_ctx: usize, kv_type: KvType) -> ModelInfo 
         fingerprint: model.files().fingerprint().to_string(),
         weight_bytes: model.files().splits().iter().map(|s| s.file_len()).sum(),
         kv_bytes_per_position: model.hp.n_layer * layer_bytes
-            + compressed_bytes_per_position(model),
+            + f32_side_bytes_per_position(model),
         kv_sliding_bytes_per_position: n_sliding * layer_bytes,
         kv_sliding_positions: model
             .hp

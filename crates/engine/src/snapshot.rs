@@ -59,9 +59,10 @@ pub struct SnapshotLayout {
     /// Per layer: the sliding window, for a layer that attends to one (whose snapshot may hold
     /// only the latest `window - 1` positions); `None` for a full layer.
     pub windows: Vec<Option<usize>>,
-    /// Per layer: its value bytes are a compressor's state (DeepSeek V4), which the KV cache
-    /// checks when it imports them.
-    pub compressed: Vec<bool>,
+    /// Per layer: its value bytes are not value rows but the layer's own state — a
+    /// compressor's (DeepSeek V4) or the indexer keys (GLM-5) — which the KV cache checks when
+    /// it imports them.
+    pub values_own_format: Vec<bool>,
 }
 
 impl SnapshotLayout {
@@ -78,8 +79,11 @@ impl SnapshotLayout {
             windows: (0..model.hp.n_layer)
                 .map(|il| model.hp.window(il))
                 .collect(),
-            compressed: (0..model.hp.n_layer)
-                .map(|il| model.hp.dsv4.as_ref().is_some_and(|p| p.ratio(il) > 0))
+            values_own_format: (0..model.hp.n_layer)
+                .map(|il| {
+                    model.hp.dsv4.as_ref().is_some_and(|p| p.ratio(il) > 0)
+                        || model.hp.dsa.as_ref().is_some_and(|p| p.is_full(il))
+                })
                 .collect(),
         }
     }
@@ -199,7 +203,7 @@ impl Snapshot {
             let window = want.windows.get(il).copied().flatten();
             let tail = window.map(|w| n.min(w.saturating_sub(1)));
             let positions_ok = held == n || tail == Some(held);
-            let values_ok = v.len() == held * vr || want.compressed.get(il) == Some(&true);
+            let values_ok = v.len() == held * vr || want.values_own_format.get(il) == Some(&true);
             if !positions_ok || k.len() != held * kr || !values_ok {
                 let sliding = tail.map_or(String::new(), |t| {
                     format!(
@@ -483,7 +487,7 @@ mod tests {
             head_dim_k: 4,
             head_dim_v: 4,
             n_ctx: 8,
-            compressed: vec![false; 2],
+            values_own_format: vec![false; 2],
             windows: vec![None, Some(3)],
         };
         // 3 positions × 2 heads × 4 dims × 2 bytes = 48 bytes per layer.

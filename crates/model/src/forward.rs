@@ -11,6 +11,7 @@ use crate::Model;
 use crate::blocks::Compute;
 use crate::blocks::attention::{AttentionShape, SeqSpan, attend};
 use crate::blocks::ffn::glu_ffn;
+use crate::blocks::indexer::{self, Selection};
 use crate::blocks::mla;
 use crate::blocks::moe::{ExpertFfn, moe_ffn, route, route_tokens};
 use crate::blocks::norm;
@@ -46,6 +47,62 @@ fn add_residual(cx: &Compute, x: &mut [f32], y: &[f64], row_len: usize) {
     });
 }
 
+/// Splits stage-input rows of `stream + carried` values into the stream and the carried
+/// sparse-attention selection (`None` when no layer before this stage made one).
+fn split_carried(h: &[f32], stream: usize, carried: usize) -> (Vec<f32>, Option<Selection>) {
+    let n = h.len() / (stream + carried);
+    let mut x = Vec::with_capacity(n * stream);
+    let mut rows = Vec::with_capacity(n * carried);
+    for row in h.chunks_exact(stream + carried) {
+        x.extend_from_slice(&row[..stream]);
+        rows.extend(row[stream..].iter().map(|v| v.to_bits()));
+    }
+    let made = rows.first().is_some_and(|&p| p != indexer::NO_POSITION);
+    (x, made.then_some(Selection { k: carried, rows }))
+}
+
+/// Stage-output rows: the stream, then the selection (bit patterns; unused slots when none).
+fn join_carried(
+    x: &[f32],
+    stream: usize,
+    carried: usize,
+    selection: Option<&Selection>,
+) -> Vec<f32> {
+    let n = x.len() / stream;
+    let mut out = Vec::with_capacity(n * (stream + carried));
+    for (i, row) in x.chunks_exact(stream).enumerate() {
+        out.extend_from_slice(row);
+        match selection {
+            Some(s) => out.extend(
+                s.rows[i * carried..(i + 1) * carried]
+                    .iter()
+                    .map(|&p| f32::from_bits(p)),
+            ),
+            None => out.extend(std::iter::repeat_n(
+                f32::from_bits(indexer::NO_POSITION),
+                carried,
+            )),
+        }
+    }
+    out
+}
+
+/// Each sequence's rows of the batch and its cache.
+fn seq_spans<'a>(seqs: &'a [SeqInput], pos0: &[usize]) -> Vec<SeqSpan<'a>> {
+    let mut spans = Vec::with_capacity(seqs.len());
+    let mut row0 = 0;
+    for (s, &p0) in seqs.iter().zip(pos0) {
+        spans.push(SeqSpan {
+            kv: &*s.kv,
+            row0,
+            n_tokens: s.n_tokens,
+            pos0: p0,
+        });
+        row0 += s.n_tokens;
+    }
+    spans
+}
+
 impl Model {
     /// Runs `layers` (and the output head when `head`) over a batch of sequences.
     #[allow(clippy::too_many_arguments)]
@@ -61,7 +118,7 @@ impl Model {
     ) -> Result<StageOutput> {
         let n: usize = seqs.iter().map(|s| s.n_tokens).sum();
         let d = self.hp.n_embd;
-        let wide = self.hp.hidden_width();
+        let wide = self.hp.stream_width();
         if *layers.end() >= self.hp.n_layer || layers.start() > layers.end() {
             return Err(ModelError::Input(format!(
                 "layer range {layers:?} is outside 0..{}",
@@ -71,6 +128,7 @@ impl Model {
         if self.layer(*layers.start()).is_none() || self.layer(*layers.end()).is_none() {
             return Err(self.not_held(&format!("layers {}:{}", layers.start(), layers.end())));
         }
+        let mut selection = None;
         let mut x = match input {
             StageInput::Tokens(t) => {
                 if *layers.start() != 0 {
@@ -100,13 +158,20 @@ impl Model {
                 x
             }
             StageInput::Hidden(h) | StageInput::HiddenWithTokens(h, _) => {
-                if h.len() != n * wide {
+                let row = self.hp.hidden_width();
+                if h.len() != n * row {
                     return Err(ModelError::Input(format!(
-                        "{} hidden values for {n} rows of {wide}",
+                        "{} hidden values for {n} rows of {row}",
                         h.len()
                     )));
                 }
-                h.to_vec()
+                if row == wide {
+                    h.to_vec()
+                } else {
+                    let (x, carried) = split_carried(h, wide, row - wide);
+                    selection = carried;
+                    x
+                }
             }
         };
         let tokens = match input {
@@ -121,7 +186,7 @@ impl Model {
             pos0.push(p);
         }
         let result = self.run_layers(
-            cx, experts, layers, head, &mut x, tokens, seqs, &pos0, hooks,
+            cx, experts, layers, head, &mut x, tokens, seqs, &pos0, selection, hooks,
         );
         if result.is_err() {
             for (s, &p) in seqs.iter_mut().zip(&pos0) {
@@ -144,6 +209,7 @@ impl Model {
         tokens: Option<&[u32]>,
         seqs: &mut [SeqInput],
         pos0: &[usize],
+        mut selection: Option<Selection>,
         hooks: &mut dyn Hooks,
     ) -> Result<StageOutput> {
         let positions: Vec<usize> = seqs
@@ -160,13 +226,22 @@ impl Model {
         } else {
             let rope = RopeTable::new(&self.hp.rope, self.rope_freqs.as_deref(), &positions);
             for il in layers {
-                self.attention_layer(cx, il, x, seqs, pos0, &rope, hooks)?;
+                self.attention_layer(cx, il, x, seqs, pos0, &rope, &mut selection, hooks)?;
                 self.ffn_layer(cx, il, x, experts, hooks)?;
                 hooks.observe(Some(il), "l_out", x);
             }
         }
         if !head {
-            return Ok(StageOutput::Hidden(std::mem::take(x)));
+            let carried = self.hp.carried_width();
+            if carried == 0 {
+                return Ok(StageOutput::Hidden(std::mem::take(x)));
+            }
+            return Ok(StageOutput::Hidden(join_carried(
+                x,
+                self.hp.stream_width(),
+                carried,
+                selection.as_ref(),
+            )));
         }
         let d = self.hp.n_embd;
         let mut rows = Vec::new();
@@ -180,7 +255,7 @@ impl Model {
             }
             row0 += s.n_tokens;
         }
-        let wide = self.hp.hidden_width();
+        let wide = self.hp.stream_width();
         let mut h = Vec::with_capacity(rows.len() * wide);
         for &r in &rows {
             h.extend_from_slice(&x[r * wide..(r + 1) * wide]);
@@ -220,12 +295,13 @@ impl Model {
         seqs: &mut [SeqInput],
         pos0: &[usize],
         rope: &RopeTable,
+        selection: &mut Option<Selection>,
         hooks: &mut dyn Hooks,
     ) -> Result<()> {
         let a = match &self.held_layer(il)?.attn {
             AttentionWeights::Gqa(a) => a,
             AttentionWeights::Mla(m) => {
-                return self.mla_attention_layer(cx, il, m, x, seqs, pos0, rope, hooks);
+                return self.mla_attention_layer(cx, il, m, x, seqs, pos0, rope, selection, hooks);
             }
             AttentionWeights::Dsv4(_) => {
                 return Err(ModelError::Input(format!(
@@ -320,17 +396,7 @@ impl Model {
             }
         }
         drop(prepare_span);
-        let mut spans = Vec::with_capacity(seqs.len());
-        let mut row0 = 0;
-        for (s, &p) in seqs.iter().zip(pos0) {
-            spans.push(SeqSpan {
-                kv: &*s.kv,
-                row0,
-                n_tokens: s.n_tokens,
-                pos0: p,
-            });
-            row0 += s.n_tokens;
-        }
+        let spans = seq_spans(seqs, pos0);
         let shape = AttentionShape {
             n_head: nh,
             n_kv_head: nkv,
@@ -402,7 +468,11 @@ impl Model {
     /// Multi-head latent attention: queries of this rank's heads, the latent + rope row of
     /// every new token into the cache (every rank keeps the whole latent cache: it is shared
     /// by all heads and small), attention in the model's form, output projection (a partial
-    /// sum over the heads when split).
+    /// sum over the heads when split). GLM-5's sparse layers attend to the positions of a
+    /// selection instead: their own indexer's (full layers, which leave it in `selection`)
+    /// or the latest full layer's (shared ones). Every rank runs the whole indexer: splitting
+    /// its heads would need the score of every visible position all-reduced per query, more
+    /// traffic than the work it saves.
     #[allow(clippy::too_many_arguments)]
     fn mla_attention_layer(
         &self,
@@ -413,6 +483,7 @@ impl Model {
         seqs: &mut [SeqInput],
         pos0: &[usize],
         rope: &RopeTable,
+        selection: &mut Option<Selection>,
         hooks: &mut dyn Hooks,
     ) -> Result<()> {
         let hp = &self.hp;
@@ -426,8 +497,25 @@ impl Model {
             cx.rms_norm_rows(x, &w.norm, hp.rms_eps, &mut h)
         });
         hooks.observe(Some(il), "attn_norm", &h);
-        let p = timed(Phase::AttnProject, || {
-            mla::project(cx, files, hp, w, &heads, &h, rope)
+        let (from_input, from_latent) = match &w.indexer {
+            Some(ix) => (
+                vec![ix.k.weights(files), ix.proj.weights(files)],
+                vec![ix.q_b.weights(files)],
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
+        let mut p = timed(Phase::AttnProject, || {
+            mla::project(
+                cx,
+                files,
+                hp,
+                w,
+                &heads,
+                &h,
+                rope,
+                &from_input,
+                &from_latent,
+            )
         })?;
         hooks.observe(Some(il), "kv_cmpr_pe", &p.cache_rows);
         let row = hp.head_dim_k;
@@ -438,20 +526,32 @@ impl Model {
                 t += 1;
             }
         }
-        let mut spans = Vec::with_capacity(seqs.len());
-        let mut row0 = 0;
-        for (s, &p0) in seqs.iter().zip(pos0) {
-            spans.push(SeqSpan {
-                kv: &*s.kv,
-                row0,
-                n_tokens: s.n_tokens,
-                pos0: p0,
+        if let (Some(dsa), Some(ix), Some(q)) = (&hp.dsa, &w.indexer, p.extra_latent.pop()) {
+            let mut from_input = std::mem::take(&mut p.extra_input).into_iter();
+            let (Some(k), Some(weights)) = (from_input.next(), from_input.next()) else {
+                unreachable!("two indexer projections of the block input were asked")
+            };
+            let raw = indexer::IndexerInputs { q, w: weights, k };
+            let inputs = timed(Phase::AttnPrepare, || {
+                indexer::finish_projections(cx, hp, dsa, ix, rope, raw)
             });
-            row0 += s.n_tokens;
+            let made = timed(Phase::Attention, || {
+                indexer::select(cx, dsa, il, &inputs, seqs, pos0)
+            })?;
+            *selection = Some(made);
         }
-        let att = timed(Phase::Attention, || {
-            mla::attend_latent(cx, files, hp, w, &heads, il, &spans, &p, self.mla_form)
-        })?;
+        let spans = seq_spans(seqs, pos0);
+        let att = match &hp.dsa {
+            None => timed(Phase::Attention, || {
+                mla::attend_latent(cx, files, hp, w, &heads, il, &spans, &p, self.mla_form)
+            })?,
+            Some(_) => {
+                let chosen = indexer::reused(selection.as_ref(), il, n)?;
+                timed(Phase::Attention, || {
+                    mla::attend_selected(cx, files, hp, w, &heads, il, &spans, &p, chosen)
+                })?
+            }
+        };
         hooks.observe(Some(il), "kqv_out", &att);
         self.attention_output(cx, il, &w.o, None, &att, x, hooks)
     }

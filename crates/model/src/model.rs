@@ -251,6 +251,10 @@ impl Model {
                 .max()
                 .unwrap_or(0),
         });
+        let index_keys = self.hp.dsa.as_ref().map(|p| crate::kv::IndexKeys {
+            width: p.head_dim,
+            layers: layers.clone().map(|il| p.is_full(il)).collect(),
+        });
         KvLayout {
             kv_type,
             layers,
@@ -260,6 +264,7 @@ impl Model {
             n_ctx,
             sliding,
             compression,
+            index_keys,
         }
     }
 

@@ -64,6 +64,8 @@ pub enum TensorName {
     AttnCompressorApe,
     AttnCompressorNorm,
     IndexerProj,
+    IndexerAttnK,
+    IndexerKNorm,
     IndexerAttnQB,
     IndexerCompressorKv,
     IndexerCompressorGate,
@@ -128,6 +130,8 @@ impl TensorName {
             AttnCompressorApe => "attn_compressor_ape",
             AttnCompressorNorm => "attn_compressor_norm",
             IndexerProj => "indexer.proj",
+            IndexerAttnK => "indexer.attn_k",
+            IndexerKNorm => "indexer.k_norm",
             IndexerAttnQB => "indexer.attn_q_b",
             IndexerCompressorKv => "indexer_compressor_kv",
             IndexerCompressorGate => "indexer_compressor_gate",
@@ -226,6 +230,7 @@ pub mod keys {
     pub const INDEXER_HEAD_COUNT: &str = "attention.indexer.head_count";
     pub const INDEXER_KEY_LENGTH: &str = "attention.indexer.key_length";
     pub const INDEXER_TOP_K: &str = "attention.indexer.top_k";
+    pub const INDEXER_TYPES: &str = "attention.indexer.types";
     pub const HC_COUNT: &str = "hyper_connection.count";
     pub const HC_SINKHORN_ITERS: &str = "hyper_connection.sinkhorn_iterations";
     pub const HC_EPS: &str = "hyper_connection.epsilon";

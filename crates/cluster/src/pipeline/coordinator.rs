@@ -216,9 +216,11 @@ impl PipelineExecutor {
             match produced {
                 StageOutput::Logits(l) => out[i] = Some(ResultHeader::of(&l)),
                 StageOutput::Hidden(h) => {
+                    let exact = self.local.model().hp.carried_width();
+                    let act = self.cfg.act;
                     let mut enc =
-                        Vec::with_capacity(self.cfg.act.encoded_len(tokens.len(), n_embd));
-                    self.cfg.act.encode(&h, n_embd, &mut enc);
+                        Vec::with_capacity(act.encoded_len_exact_tail(tokens.len(), n_embd, exact));
+                    act.encode_exact_tail(&h, n_embd, exact, &mut enc);
                     let header = WorkHeader {
                         seqs,
                         tokens,

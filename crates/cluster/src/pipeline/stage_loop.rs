@@ -53,13 +53,14 @@ pub(super) fn failure(request_id: u64, f: &StageFailure) -> Frame {
 pub(super) fn compute_loop(mut stage: Runner, jobs: Receiver<Job>, shared: Arc<Shared>) {
     let label = shared.label.clone();
     let n_embd = stage.model().hp.hidden_width();
+    let exact = stage.model().hp.carried_width();
     while let Ok(job) = jobs.recv() {
         match job {
             Job::Reset => stage.reset_all(),
             Job::Work { frame, arrived } => {
                 let started = Instant::now();
                 let rid = frame.request_id;
-                let outcome = run_work(&mut stage, &frame, n_embd);
+                let outcome = run_work(&mut stage, &frame, n_embd, exact);
                 let compute = started.elapsed();
                 let t_send = Instant::now();
                 let mut timing = HopTiming {
@@ -80,9 +81,12 @@ pub(super) fn compute_loop(mut stage: Runner, jobs: Receiver<Job>, shared: Arc<S
                     }
                     Ok(WorkOut::Forward(header, raw)) => {
                         let act = *shared.act.lock().unwrap_or_else(|e| e.into_inner());
-                        let mut enc =
-                            Vec::with_capacity(act.encoded_len(header.tokens.len(), n_embd));
-                        act.encode(&raw, n_embd, &mut enc);
+                        let mut enc = Vec::with_capacity(act.encoded_len_exact_tail(
+                            header.tokens.len(),
+                            n_embd,
+                            exact,
+                        ));
+                        act.encode_exact_tail(&raw, n_embd, exact, &mut enc);
                         let h = WorkHeader { act, ..header };
                         let f = pack(Kind::Work, rid, &h, &enc);
                         timing.bytes_out = f.payload.len() as u64;
@@ -145,7 +149,12 @@ enum WorkOut {
     Forward(WorkHeader, Vec<f32>),
 }
 
-fn run_work(stage: &mut Runner, frame: &Frame, n_embd: usize) -> Result<WorkOut, StageFailure> {
+fn run_work(
+    stage: &mut Runner,
+    frame: &Frame,
+    n_embd: usize,
+    exact: usize,
+) -> Result<WorkOut, StageFailure> {
     let label = stage.label();
     let failed = |detail: String| StageFailure::Failed {
         stage: label.clone(),
@@ -161,7 +170,7 @@ fn run_work(stage: &mut Runner, frame: &Frame, n_embd: usize) -> Result<WorkOut,
     }
     let hidden = header
         .act
-        .decode(raw, header.tokens.len(), n_embd)
+        .decode_exact_tail(raw, header.tokens.len(), n_embd, exact)
         .ok_or_else(|| {
             failed(format!(
                 "{} activation bytes for {} rows",

@@ -5,6 +5,7 @@
 mod deepseek2;
 mod deepseek4;
 mod glm4moe;
+mod glm_dsa;
 mod gpt_oss;
 mod llama;
 mod olmoe;
@@ -112,7 +113,7 @@ pub const BASE: ArchSpec = ArchSpec {
     yarn_truncate: true,
 };
 
-const REGISTRY: [&ArchSpec; 8] = [
+const REGISTRY: [&ArchSpec; 9] = [
     &llama::SPEC,
     &qwen3moe::SPEC,
     &qwen2moe::SPEC,
@@ -120,6 +121,7 @@ const REGISTRY: [&ArchSpec; 8] = [
     &deepseek2::SPEC,
     &deepseek4::SPEC,
     &glm4moe::SPEC,
+    &glm_dsa::SPEC,
     &gpt_oss::SPEC,
 ];
 

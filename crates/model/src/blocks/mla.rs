@@ -19,10 +19,12 @@ use std::ops::Range;
 
 use gguf::GgufModel;
 use half::f16;
+use kernels::attn::{self, KvElem, Rows};
 use kernels::{Input, MatmulJob, Weights};
 
 use super::Compute;
 use super::attention::{AttentionShape, SeqSpan, attend};
+use super::indexer::Selection;
 use super::norm::{rms_norm, rms_norm_rows_inplace};
 use super::rope::RopeTable;
 use crate::error::Result;
@@ -47,6 +49,11 @@ pub struct LatentProjection {
     /// `n × (kv_lora_rank + n_rot)`: the normalized latent, then the rotated rope key — the
     /// cache row of each token.
     pub cache_rows: Vec<f32>,
+    /// The products of the caller's extra matrices with the block input and with the
+    /// normalized query latent, in the order given (GLM-5's indexer rides along in the same
+    /// dispatches).
+    pub extra_input: Vec<Vec<f32>>,
+    pub extra_latent: Vec<Vec<f32>>,
 }
 
 fn mla(hp: &Hparams) -> &MlaParams {
@@ -93,7 +100,9 @@ fn head_rows(x: &[f32], n: usize, n_heads: usize, dim: usize, j: usize) -> Vec<f
     out
 }
 
-/// Queries of `heads` and the cache rows for `h` (`n × n_embd`, attention-normed).
+/// Queries of `heads` and the cache rows for `h` (`n × n_embd`, attention-normed), and the
+/// products of `extra_input` with `h` and of `extra_latent` with the query latent.
+#[allow(clippy::too_many_arguments)]
 pub fn project(
     cx: &Compute,
     files: &GgufModel,
@@ -102,6 +111,8 @@ pub fn project(
     heads: &Range<usize>,
     h: &[f32],
     rope: &RopeTable,
+    extra_input: &[Weights],
+    extra_latent: &[Weights],
 ) -> Result<LatentProjection> {
     let m = mla(hp);
     let (d, n_rot, r) = (hp.n_embd, hp.rope.n_rot, m.kv_lora_rank);
@@ -110,26 +121,34 @@ pub fn project(
     let q_head = m.qk_nope + n_rot;
     let q_rows = heads.start * q_head..heads.end * q_head;
     let hin = Input::new(h, n, d)?;
-    let (q, mut kv) = match &w.q_a {
+    let (q, mut kv, extra_input, extra_latent) = match &w.q_a {
         Some((q_a, q_a_norm)) => {
-            let mut both = cx.project(&hin, &[q_a.weights(files), w.kv_a.weights(files)])?;
-            let kv = both.pop().expect("kv_a");
-            let mut cq = both.pop().expect("q_a");
+            let mut mats = vec![q_a.weights(files), w.kv_a.weights(files)];
+            mats.extend_from_slice(extra_input);
+            let mut outs = cx.project(&hin, &mats)?;
+            let extra_input = outs.split_off(2);
+            let kv = outs.pop().expect("kv_a");
+            let mut cq = outs.pop().expect("q_a");
             rms_norm_rows_inplace(&mut cq, q_a_norm, hp.rms_eps);
             let cin = Input::new(&cq, n, q_a.rows)?;
-            let q = cx
-                .project(&cin, &[w.q.weights(files).rows_slice(q_rows)])?
-                .pop()
-                .expect("q_b");
-            (q, kv)
+            let mut mats = vec![w.q.weights(files).rows_slice(q_rows)];
+            mats.extend_from_slice(extra_latent);
+            let mut outs = cx.project(&cin, &mats)?;
+            let extra_latent = outs.split_off(1);
+            (outs.pop().expect("q_b"), kv, extra_input, extra_latent)
         }
         None => {
-            let mut both = cx.project(
-                &hin,
-                &[w.q.weights(files).rows_slice(q_rows), w.kv_a.weights(files)],
-            )?;
-            let kv = both.pop().expect("kv_a");
-            (both.pop().expect("q"), kv)
+            if !extra_latent.is_empty() {
+                return Err(crate::error::ModelError::Input(
+                    "a projection of the query latent asked of a model without one".into(),
+                ));
+            }
+            let mut mats = vec![w.q.weights(files).rows_slice(q_rows), w.kv_a.weights(files)];
+            mats.extend_from_slice(extra_input);
+            let mut outs = cx.project(&hin, &mats)?;
+            let extra_input = outs.split_off(2);
+            let kv = outs.pop().expect("kv_a");
+            (outs.pop().expect("q"), kv, extra_input, Vec::new())
         }
     };
     let row = r + n_rot;
@@ -158,6 +177,8 @@ pub fn project(
         q_nope,
         q_rope,
         cache_rows: kv,
+        extra_input,
+        extra_latent,
     })
 }
 
@@ -181,20 +202,18 @@ pub fn attend_latent(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn absorbed(
+/// Each head's query in latent space (`n × heads × (kv_lora_rank + n_rot)`): its no-rope part
+/// through `W_kb[h]` (kv_lora_rank × qk_nope), then its rotated rope part.
+fn absorb_queries(
     cx: &Compute,
     files: &GgufModel,
     hp: &Hparams,
     w: &MlaAttention,
     heads: &Range<usize>,
-    layer: usize,
-    spans: &[SeqSpan],
     p: &LatentProjection,
 ) -> Result<Vec<f32>> {
     let m = mla(hp);
     let (n, nh, n_rot, r) = (p.n, heads.len(), hp.rope.n_rot, m.kv_lora_rank);
-    // q_nope of each head into latent space: W_kb[h] is kv_lora_rank × qk_nope.
     let inputs: Vec<Vec<f32>> = (0..nh)
         .map(|j| head_rows(&p.q_nope, n, nh, m.qk_nope, j))
         .collect();
@@ -213,10 +232,51 @@ fn absorbed(
             q[at + r..at + dk].copy_from_slice(&p.q_rope[rp..rp + n_rot]);
         }
     }
+    Ok(q)
+}
+
+/// Each head's latent-space output (`n × heads × kv_lora_rank`) up to its value space
+/// through `W_vb[h]` (v_head_dim × kv_lora_rank): `n × heads × v_head_dim`.
+fn lift_values(
+    cx: &Compute,
+    files: &GgufModel,
+    hp: &Hparams,
+    w: &MlaAttention,
+    heads: &Range<usize>,
+    n: usize,
+    latent_out: &[f32],
+) -> Result<Vec<f32>> {
+    let m = mla(hp);
+    let (nh, r) = (heads.len(), m.kv_lora_rank);
+    let inputs: Vec<Vec<f32>> = (0..nh)
+        .map(|j| head_rows(latent_out, n, nh, r, j))
+        .collect();
+    let v_b: Vec<Weights> = heads
+        .clone()
+        .map(|h| w.v_b.expert(h).weights(files))
+        .collect();
+    let outs = project_each(cx, &inputs, n, &v_b)?;
+    Ok(interleave_heads(&outs, n, m.v_head_dim))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn absorbed(
+    cx: &Compute,
+    files: &GgufModel,
+    hp: &Hparams,
+    w: &MlaAttention,
+    heads: &Range<usize>,
+    layer: usize,
+    spans: &[SeqSpan],
+    p: &LatentProjection,
+) -> Result<Vec<f32>> {
+    let m = mla(hp);
+    let (n, nh, n_rot, r) = (p.n, heads.len(), hp.rope.n_rot, m.kv_lora_rank);
+    let q = absorb_queries(cx, files, hp, w, heads, p)?;
     let shape = AttentionShape {
         n_head: nh,
         n_kv_head: 1,
-        head_dim_k: dk,
+        head_dim_k: r + n_rot,
         head_dim_v: r,
         scale: hp.attn_scale(),
         values_in_keys: true,
@@ -233,16 +293,69 @@ fn absorbed(
         &q,
         &mut latent_out,
     )?;
-    // Each head's latent-space output up to its value space: W_vb[h] is v_head_dim × kv_lora_rank.
-    let inputs: Vec<Vec<f32>> = (0..nh)
-        .map(|j| head_rows(&latent_out, n, nh, r, j))
-        .collect();
-    let v_b: Vec<Weights> = heads
-        .clone()
-        .map(|h| w.v_b.expert(h).weights(files))
-        .collect();
-    let outs = project_each(cx, &inputs, n, &v_b)?;
-    Ok(interleave_heads(&outs, n, m.v_head_dim))
+    lift_values(cx, files, hp, w, heads, n, &latent_out)
+}
+
+/// Sparse attention in the absorbed form: each query attends to the cached positions its
+/// selection names (GLM-5), in the order of the selection (ascending).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_selected(
+    cx: &Compute,
+    files: &GgufModel,
+    hp: &Hparams,
+    w: &MlaAttention,
+    heads: &Range<usize>,
+    layer: usize,
+    spans: &[SeqSpan],
+    p: &LatentProjection,
+    selection: &Selection,
+) -> Result<Vec<f32>> {
+    let m = mla(hp);
+    let (n, nh, n_rot, r) = (p.n, heads.len(), hp.rope.n_rot, m.kv_lora_rank);
+    let dk = r + n_rot;
+    let q = absorb_queries(cx, files, hp, w, heads, p)?;
+    let scale = hp.attn_scale();
+    let isa = cx.kernels.isa;
+    let mut latent_out = vec![0f32; n * nh * r];
+    for s in spans {
+        let keys = s.kv.keys(layer)?;
+        let elem = match s.kv.layout().kv_type {
+            KvType::F32 => KvElem::F32,
+            KvType::F16 => KvElem::F16,
+        };
+        let row_bytes = dk * elem.bytes();
+        let out = &mut latent_out[s.row0 * nh * r..(s.row0 + s.n_tokens) * nh * r];
+        cx.par_rows(out, nh * r, |first, out_rows| {
+            let mut picked: Vec<u8> = Vec::new();
+            let mut scores: Vec<f32> = Vec::new();
+            for (j, out_row) in out_rows.chunks_exact_mut(nh * r).enumerate() {
+                let bt = s.row0 + first + j;
+                picked.clear();
+                for pos in selection.row(bt) {
+                    picked.extend_from_slice(&keys[pos * row_bytes..(pos + 1) * row_bytes]);
+                }
+                let n_keys = picked.len() / row_bytes;
+                let rows = Rows {
+                    data: &picked,
+                    stride: row_bytes,
+                    n: n_keys,
+                    d: dk,
+                    elem,
+                };
+                // Values are the latent part of each row.
+                let values = Rows { d: r, ..rows };
+                scores.resize(n_keys, 0.0);
+                for (hh, o) in out_row.chunks_exact_mut(r).enumerate() {
+                    let qh = &q[(bt * nh + hh) * dk..(bt * nh + hh + 1) * dk];
+                    attn::scores(isa, qh, rows, scale, &mut scores);
+                    attn::softmax(isa, &mut scores);
+                    o.fill(0.0);
+                    attn::weighted_sum(isa, &scores, values, o);
+                }
+            }
+        });
+    }
+    lift_values(cx, files, hp, w, heads, n, &latent_out)
 }
 
 /// `outs[j]` is `n × dim` for head `j`; the result is `n × heads × dim`.
@@ -332,6 +445,7 @@ fn decompressed(
             n_ctx: n_pos,
             sliding: None,
             compression: None,
+            index_keys: None,
         });
         cache.reserve(0, n_pos)?;
         let mut k_row = vec![0f32; nh * dk];

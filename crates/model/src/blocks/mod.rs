@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod ffn;
+pub mod indexer;
 pub mod mla;
 pub mod moe;
 pub mod norm;

@@ -25,3 +25,22 @@ pub fn rms_norm_rows_inplace(x: &mut [f32], w: &[f32], eps: f32) {
         row.copy_from_slice(&tmp);
     }
 }
+
+/// LayerNorm with weight and bias, in place over rows of `w.len()`: `(x − mean) / sqrt(var +
+/// eps) · w + b` (mean and variance accumulated in f64, like [`rms_norm`]).
+pub fn layer_norm_rows_inplace(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let d = w.len();
+    for row in x.chunks_exact_mut(d) {
+        let mean = row.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+        let var = row
+            .iter()
+            .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+            .sum::<f64>()
+            / d as f64;
+        let scale = 1.0 / (var as f32 + eps).sqrt();
+        let mean = mean as f32;
+        for ((v, &g), &bias) in row.iter_mut().zip(w).zip(b) {
+            *v = (*v - mean) * scale * g + bias;
+        }
+    }
+}

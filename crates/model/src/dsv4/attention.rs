@@ -8,29 +8,13 @@ use kernels::attn::{self, KvElem, Rows};
 use super::{Dsv4Ropes, rope_tail, unit_rms};
 use crate::Model;
 use crate::blocks::Compute;
+use crate::blocks::indexer::{self, f32_bytes, top_k};
 use crate::blocks::norm;
 use crate::error::Result;
 use crate::kv::{KvCache, KvType, Pool};
 use crate::pass::{Hooks, SeqInput};
 use crate::profile::{Phase, span, timed};
 use crate::weights::Dsv4Attention;
-
-fn f32_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the length is the
-    // slice's size in bytes and the lifetime is the slice's.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-/// Indices of the `k` largest scores (ties to the lower index), ascending.
-fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..scores.len()).collect();
-    if scores.len() > k {
-        idx.select_nth_unstable_by(k, |&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-        idx.truncate(k);
-    }
-    idx.sort_unstable();
-    idx
-}
 
 impl Model {
     /// Attention of layer `il` for the normed block input `h` (`n × d`): the block output
@@ -205,28 +189,15 @@ impl Model {
                                 let bt = rows.start + t;
                                 let qi = &iq[bt * nhi * dhi..(bt + 1) * nhi * dhi];
                                 let wi = &iw[bt * nhi..(bt + 1) * nhi];
-                                let krows = Rows {
-                                    data: f32_bytes(&index_rows[..visible * dhi]),
-                                    stride: dhi * 4,
-                                    n: visible,
-                                    d: dhi,
-                                    elem: KvElem::F32,
-                                };
-                                index_scores.clear();
-                                index_scores.resize(visible, 0.0);
-                                head_scores.resize(visible, 0.0);
-                                for hh in 0..nhi {
-                                    attn::scores(
-                                        isa,
-                                        &qi[hh * dhi..(hh + 1) * dhi],
-                                        krows,
-                                        1.0,
-                                        &mut head_scores,
-                                    );
-                                    for (acc, &sc) in index_scores.iter_mut().zip(&head_scores) {
-                                        *acc += sc.max(0.0) * wi[hh];
-                                    }
-                                }
+                                indexer::index_scores(
+                                    isa,
+                                    qi,
+                                    wi,
+                                    &index_rows[..visible * dhi],
+                                    dhi,
+                                    &mut index_scores,
+                                    &mut head_scores,
+                                );
                                 top_k(&index_scores, p.index_topk)
                             }
                             None => (0..visible).collect(),

@@ -12,9 +12,11 @@ use half::slice::HalfFloatSliceExt;
 use crate::error::{ModelError, Result};
 
 mod compressed;
+mod index_keys;
 
 use compressed::{CompLayerState, comp_needed};
 pub use compressed::{CompressedLayer, Compression, Pool};
+pub use index_keys::IndexKeys;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KvType {
@@ -69,6 +71,8 @@ pub struct KvLayout {
     pub sliding: Option<SlidingLayers>,
     /// DeepSeek V4's compressed rows (see [`Compression`]).
     pub compression: Option<Compression>,
+    /// GLM-5's indexer keys (see [`IndexKeys`]).
+    pub index_keys: Option<IndexKeys>,
 }
 
 /// A layer's snapshot bytes: keys, and values (or a compressed layer's compressor state).
@@ -105,7 +109,7 @@ impl KvLayout {
             ),
             _ => (0, 0),
         };
-        ((n_layers - n_sliding) * n + n_sliding * held) * row
+        ((n_layers - n_sliding) * n + n_sliding * held) * row + n * self.index_bytes_per_position()
     }
 }
 
@@ -137,6 +141,8 @@ pub struct KvCache {
     comp: Vec<Option<CompLayerState>>,
     /// First position whose compressor inputs are kept.
     comp_from: usize,
+    /// Per local layer: its indexer keys (GLM-5 full sparse-attention layers; else empty).
+    ix: Vec<Vec<f32>>,
 }
 
 impl KvCache {
@@ -151,6 +157,7 @@ impl KvCache {
             first: 0,
             comp,
             comp_from: 0,
+            ix: vec![Vec::new(); n],
         }
     }
 
@@ -242,6 +249,7 @@ impl KvCache {
     pub fn bytes_per_position(&self) -> usize {
         let l = &self.layout;
         self.k.len() * l.n_kv_head * (l.head_dim_k + l.head_dim_v) * l.kv_type.bytes()
+            + l.index_bytes_per_position()
     }
 
     fn layer_row_bytes(&self) -> usize {
@@ -255,6 +263,7 @@ impl KvCache {
         let n_full = self.k.len() - n_sliding;
         (n_full * self.len + n_sliding * (self.len - self.first)) * self.layer_row_bytes()
             + self.compressed_bytes()
+            + self.index_key_bytes_used()
     }
 
     /// Bytes allocated for keys and values (what [`KvCache::bytes_used`] grows into).
@@ -324,6 +333,7 @@ impl KvCache {
                 self.v[l].resize(grow_to * vr, 0);
             }
         }
+        self.grow_index_keys(end, want);
         self.len = end;
         Ok(())
     }
@@ -395,7 +405,7 @@ impl KvCache {
     /// Raw bytes (keys, values) of `layer` for a snapshot of positions `0..n`: every position
     /// of a full layer, the latest `window - 1` positions of a sliding one.
     /// A compressed layer's values slot carries its compressor state instead (see
-    /// [`KvCache::export_compressed`]).
+    /// [`KvCache::export_compressed`]), a layer with indexer keys those keys.
     pub fn export(&self, layer: usize, n: usize) -> Result<LayerExport<'_>> {
         let (k, v) = self.export_rows(layer, n)?;
         let l = self.local(layer)?;
@@ -403,6 +413,12 @@ impl KvCache {
             return Ok((
                 Cow::Borrowed(k),
                 Cow::Owned(self.export_compressed(l, n.min(self.len))?),
+            ));
+        }
+        if self.layout.index_width(l) > 0 {
+            return Ok((
+                Cow::Borrowed(k),
+                Cow::Owned(self.export_index_keys(l, n.min(self.len))),
             ));
         }
         Ok((Cow::Borrowed(k), Cow::Borrowed(v)))
@@ -436,6 +452,7 @@ impl KvCache {
             .window()
             .map_or(0, |w| n.saturating_sub(w.saturating_sub(1)));
         self.begin_import_compressed(n);
+        self.begin_import_index_keys(n);
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
         for l in 0..self.k.len() {
             let rows = n - if self.slides(l) { self.first } else { 0 };
@@ -456,6 +473,10 @@ impl KvCache {
         if self.comp[l].is_some() {
             self.import_rows(layer, n, k, &[])?;
             return self.import_compressed(layer, n, v);
+        }
+        if self.layout.index_width(l) > 0 {
+            self.import_rows(layer, n, k, &[])?;
+            return self.import_index_keys(layer, n, v);
         }
         self.import_rows(layer, n, k, v)
     }
@@ -525,6 +546,7 @@ mod tests {
                 layers: (0..n_layer).map(|il| il % 2 == 0).collect(),
             }),
             compression: None,
+            index_keys: None,
         }
     }
 
@@ -585,6 +607,7 @@ mod tests {
                 layers: vec![true, false, true],
             }),
             compression: None,
+            index_keys: None,
         };
         let (mut b, mut f) = (KvCache::new(layout(true)), KvCache::new(layout(false)));
         let write = |kv: &mut KvCache, pos0: usize, n: usize| {

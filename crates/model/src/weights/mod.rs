@@ -194,6 +194,22 @@ pub struct MlaAttention {
     /// Per head `v_head_dim × kv_lora_rank`: a head's value (or attention output) from latent.
     pub v_b: ExpertStack,
     pub o: Matrix,
+    /// GLM-5's lightning indexer (full sparse-attention layers only).
+    pub indexer: Option<DsaIndexer>,
+}
+
+/// The lightning indexer of a GLM-5 sparse-attention layer: per-head queries from the query
+/// latent, one LayerNorm-ed key per token, per-head weights from the block input.
+#[derive(Clone, Debug)]
+pub struct DsaIndexer {
+    /// q_lora_rank → n_head × head_dim.
+    pub q_b: Matrix,
+    /// n_embd → head_dim.
+    pub k: Matrix,
+    pub k_norm: Vec<f32>,
+    pub k_norm_bias: Vec<f32>,
+    /// n_embd → n_head.
+    pub proj: Matrix,
 }
 
 /// A layer's attention weights.
@@ -491,6 +507,20 @@ impl<'m> Binder<'m> {
                 hp.n_head,
             )?,
             o: self.matrix(&T::AttnOut.weight(il), hp.n_head * m.v_head_dim, n_embd)?,
+            indexer: match &hp.dsa {
+                Some(p) if p.is_full(il) => Some(DsaIndexer {
+                    q_b: self.matrix(
+                        &T::IndexerAttnQB.weight(il),
+                        m.q_lora_rank,
+                        p.n_head * p.head_dim,
+                    )?,
+                    k: self.matrix(&T::IndexerAttnK.weight(il), n_embd, p.head_dim)?,
+                    k_norm: self.vector(&T::IndexerKNorm.weight(il), p.head_dim)?,
+                    k_norm_bias: self.vector(&T::IndexerKNorm.bias(il), p.head_dim)?,
+                    proj: self.matrix(&T::IndexerProj.weight(il), n_embd, p.n_head)?,
+                }),
+                _ => None,
+            },
         })
     }
 

@@ -1,6 +1,10 @@
 //! Hyperparameters, read from `{arch}.*` metadata. A missing required key or an inconsistent
 //! combination is an error naming the key.
 
+mod dsa;
+
+pub use dsa::DsaParams;
+
 use gguf::Metadata;
 
 use crate::arch::{ArchSpec, Gating, RopeKind};
@@ -94,6 +98,8 @@ pub struct Hparams {
     pub n_nextn: usize,
     /// DeepSeek V4's hyper-connections, compressed attention and routing (`deepseek4`).
     pub dsv4: Option<Dsv4Params>,
+    /// GLM-5's sparse attention (`glm-dsa`).
+    pub dsa: Option<DsaParams>,
 }
 
 /// DeepSeek V4: the residual is `hc` streams of `n_embd`; every layer attends to a sliding
@@ -324,19 +330,32 @@ impl Hparams {
             attn_scale_mul,
             n_nextn,
             dsv4: None,
+            dsa: None,
         })
-        .and_then(|hp| {
-            if spec.name == "deepseek4" {
-                dsv4_params(meta, hp)
-            } else {
-                Ok(hp)
-            }
+        .and_then(|hp| match spec.name {
+            "deepseek4" => dsv4_params(meta, hp),
+            "glm-dsa" => dsa::dsa_params(meta, hp),
+            _ => Ok(hp),
         })
     }
 
-    /// Values per position of the stream between layers: `hc · n_embd` for DeepSeek V4.
-    pub fn hidden_width(&self) -> usize {
+    /// Values per position of the residual stream between layers: `hc · n_embd` for
+    /// DeepSeek V4.
+    pub fn stream_width(&self) -> usize {
         self.dsv4.as_ref().map_or(1, |p| p.hc) * self.n_embd
+    }
+
+    /// Values per position that travel between pipeline stages besides the stream, exactly
+    /// (not in the wire's activation format): GLM-5's sparse-attention selection, top-k
+    /// positions as `u32` bit patterns, which a stage starting at a shared layer attends
+    /// through.
+    pub fn carried_width(&self) -> usize {
+        self.dsa.as_ref().map_or(0, |p| p.top_k)
+    }
+
+    /// Values per position between pipeline stages: the stream, then what is carried.
+    pub fn hidden_width(&self) -> usize {
+        self.stream_width() + self.carried_width()
     }
 
     /// Softmax scale of attention: `1/sqrt(d)` over the head size queries and keys are
