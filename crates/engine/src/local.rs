@@ -59,8 +59,7 @@ pub fn model_info_kv(model: &Model, n_ctx: usize, kv_type: KvType) -> ModelInfo 
         n_ctx,
         fingerprint: model.files().fingerprint().to_string(),
         weight_bytes: model.files().splits().iter().map(|s| s.file_len()).sum(),
-        kv_bytes_per_position: model.hp.n_layer * layer_bytes
-            + f32_side_bytes_per_position(model),
+        kv_bytes_per_position: model.hp.n_layer * layer_bytes + f32_side_bytes_per_position(model),
         kv_sliding_bytes_per_position: n_sliding * layer_bytes,
         kv_sliding_positions: model
             .hp

@@ -8,14 +8,21 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use gguf::{GgmlType, GgufWriter, Value};
 
+mod dsa;
 mod dsv4;
+mod gpt_oss;
+mod presets;
 
-use dsv4::{Dsv4Shape, dsv4_metadata, plan_dsv4};
+use dsa::{dsa_metadata, push_indexer};
+use dsv4::{dsv4_metadata, plan_dsv4};
+use gpt_oss::plan_gpt_oss;
+use presets::DSV4_FLASH_LAYERS;
+pub use presets::{MlaShape, PRESETS, Preset};
 
 #[derive(clap::Args)]
 pub struct SynthArgs {
     /// qwen3-30b-a3b, olmoe-7b-a1b, small-2b, deepseek-v2-lite, deepseek-v3-4l,
-    /// glm-4.5-air-8l, gpt-oss-20b or deepseek-v4-flash.
+    /// glm-5.2-4l, glm-4.5-air-8l, gpt-oss-20b or deepseek-v4-flash.
     #[arg(long)]
     pub preset: String,
     /// Fewer layers than the preset has (same shapes otherwise): a smaller file to try.
@@ -50,283 +57,6 @@ impl ExpertMix {
         }
     }
 }
-
-/// Shapes of a synthetic MoE model.
-#[derive(Clone, Debug)]
-pub struct Preset {
-    pub name: &'static str,
-    pub arch: &'static str,
-    pub n_layer: usize,
-    pub n_embd: usize,
-    pub n_head: usize,
-    pub n_head_kv: usize,
-    pub head_dim: usize,
-    pub n_expert: usize,
-    pub n_expert_used: usize,
-    pub n_ff_exp: usize,
-    pub n_vocab: usize,
-    pub n_ctx: usize,
-    /// Multi-head latent attention instead of GQA (`deepseek2`).
-    pub mla: Option<MlaShape>,
-    /// Shared experts of `n_ff_exp` each (DeepSeek, GLM: one `ffn_*_shexp` of their sum).
-    pub n_shared_exp: usize,
-    /// Leading dense layers and their FFN width.
-    pub n_dense_lead: usize,
-    pub n_ff_dense: usize,
-    /// Rotary dimensions per head (0: all of `head_dim`).
-    pub n_rot: usize,
-    pub qkv_bias: bool,
-    pub qk_norm: bool,
-    /// Sigmoid gating with a selection bias (DeepSeek V3, GLM-4.5), else softmax.
-    pub sigmoid_gating: bool,
-    pub n_group: usize,
-    pub n_group_used: usize,
-    pub weights_scale: f32,
-    pub norm_topk: bool,
-    /// DeepSeek V4's hyper-connections, compressed attention and hash routing (`deepseek4`).
-    pub dsv4: Option<Dsv4Shape>,
-}
-
-/// Latent attention sizes of a preset.
-#[derive(Clone, Debug)]
-pub struct MlaShape {
-    /// 0: a plain `attn_q` (V2-Lite).
-    pub q_lora_rank: usize,
-    pub kv_lora_rank: usize,
-    pub qk_nope: usize,
-    pub v_head_dim: usize,
-}
-
-/// What the Qwen3/OLMoE presets leave at their defaults.
-const GQA_ONLY: Preset = Preset {
-    name: "",
-    arch: "",
-    n_layer: 0,
-    n_embd: 0,
-    n_head: 0,
-    n_head_kv: 0,
-    head_dim: 0,
-    n_expert: 0,
-    n_expert_used: 0,
-    n_ff_exp: 0,
-    n_vocab: 0,
-    n_ctx: 0,
-    mla: None,
-    n_shared_exp: 0,
-    n_dense_lead: 0,
-    n_ff_dense: 0,
-    n_rot: 0,
-    qkv_bias: false,
-    qk_norm: true,
-    sigmoid_gating: false,
-    n_group: 1,
-    n_group_used: 1,
-    weights_scale: 1.0,
-    norm_topk: true,
-    dsv4: None,
-};
-
-/// DeepSeek-V4-Flash's layer count (`compress_ratios` follows the real pattern only at it).
-pub(super) const DSV4_FLASH_LAYERS: usize = 43;
-
-pub const PRESETS: [Preset; 8] = [
-    Preset {
-        name: "qwen3-30b-a3b",
-        arch: "qwen3moe",
-        n_layer: 48,
-        n_embd: 2048,
-        n_head: 32,
-        n_head_kv: 4,
-        head_dim: 128,
-        n_expert: 128,
-        n_expert_used: 8,
-        n_ff_exp: 768,
-        n_vocab: 151_936,
-        n_ctx: 40_960,
-        ..GQA_ONLY
-    },
-    Preset {
-        name: "olmoe-7b-a1b",
-        arch: "olmoe",
-        n_layer: 16,
-        n_embd: 2048,
-        n_head: 16,
-        n_head_kv: 16,
-        head_dim: 128,
-        n_expert: 64,
-        n_expert_used: 8,
-        n_ff_exp: 1024,
-        n_vocab: 50_304,
-        n_ctx: 4096,
-        norm_topk: false,
-        ..GQA_ONLY
-    },
-    Preset {
-        name: "small-2b",
-        arch: "qwen3moe",
-        n_layer: 8,
-        n_embd: 1024,
-        n_head: 16,
-        n_head_kv: 4,
-        head_dim: 64,
-        n_expert: 32,
-        n_expert_used: 4,
-        n_ff_exp: 512,
-        n_vocab: 151_936,
-        n_ctx: 32_768,
-        ..GQA_ONLY
-    },
-    // DeepSeek-V2-Lite (16B-A2.4B): latent attention without query compression, 64 experts
-    // top-6 + 2 shared, softmax gating, one dense layer; 10.6 GiB.
-    Preset {
-        name: "deepseek-v2-lite",
-        arch: "deepseek2",
-        n_layer: 27,
-        n_embd: 2048,
-        n_head: 16,
-        n_head_kv: 1,
-        head_dim: 192,
-        n_expert: 64,
-        n_expert_used: 6,
-        n_ff_exp: 1408,
-        n_vocab: 102_400,
-        n_ctx: 32_768,
-        mla: Some(MlaShape {
-            q_lora_rank: 0,
-            kv_lora_rank: 512,
-            qk_nope: 128,
-            v_head_dim: 128,
-        }),
-        n_shared_exp: 2,
-        n_dense_lead: 1,
-        n_ff_dense: 10_944,
-        n_rot: 64,
-        qk_norm: false,
-        norm_topk: false,
-        ..GQA_ONLY
-    },
-    // DeepSeek-V3/R1 shapes (671B-A37B) with 4 of 61 layers: the 3 dense ones and one routed
-    // (256 experts top-8 in 8 groups, 4 used, sigmoid + bias, scale 2.5); 9.2 GiB, most of it
-    // the one routed layer — for streaming.
-    Preset {
-        name: "deepseek-v3-4l",
-        arch: "deepseek2",
-        n_layer: 4,
-        n_embd: 7168,
-        n_head: 128,
-        n_head_kv: 1,
-        head_dim: 192,
-        n_expert: 256,
-        n_expert_used: 8,
-        n_ff_exp: 2048,
-        n_vocab: 129_280,
-        n_ctx: 32_768,
-        mla: Some(MlaShape {
-            q_lora_rank: 1536,
-            kv_lora_rank: 512,
-            qk_nope: 128,
-            v_head_dim: 128,
-        }),
-        n_shared_exp: 1,
-        n_dense_lead: 3,
-        n_ff_dense: 18_432,
-        n_rot: 64,
-        qk_norm: false,
-        sigmoid_gating: true,
-        n_group: 8,
-        n_group_used: 4,
-        weights_scale: 2.5,
-        ..GQA_ONLY
-    },
-    // GLM-4.5-Air shapes (106B-A12B) with 8 of 46 layers: 96 heads / 8 kv of 128, half-rope,
-    // q/k/v biases, 128 experts top-8 + 1 shared, sigmoid + bias; 12.0 GiB.
-    Preset {
-        name: "glm-4.5-air-8l",
-        arch: "glm4moe",
-        n_layer: 8,
-        n_embd: 4096,
-        n_head: 96,
-        n_head_kv: 8,
-        head_dim: 128,
-        n_expert: 128,
-        n_expert_used: 8,
-        n_ff_exp: 1408,
-        n_vocab: 151_552,
-        n_ctx: 32_768,
-        n_shared_exp: 1,
-        n_dense_lead: 1,
-        n_ff_dense: 10_944,
-        n_rot: 64,
-        qkv_bias: true,
-        qk_norm: false,
-        sigmoid_gating: true,
-        ..GQA_ONLY
-    },
-    // gpt-oss-20b as ggml-org's GGUF has it: MXFP4 experts, Q8_0 elsewhere (2880 is not whole
-    // K-quant superblocks), sinks, biases, sliding window 128 on even layers, YaRN.
-    Preset {
-        name: "gpt-oss-20b",
-        arch: "gpt-oss",
-        n_layer: 24,
-        n_embd: 2880,
-        n_head: 64,
-        n_head_kv: 8,
-        head_dim: 64,
-        n_expert: 32,
-        n_expert_used: 4,
-        n_ff_exp: 2880,
-        n_vocab: 201_088,
-        n_ctx: 131_072,
-        qk_norm: false,
-        norm_topk: false,
-        ..GQA_ONLY
-    },
-    // DeepSeek-V4-Flash shapes (`deepseek4`): 43 layers of 4096 in 4 hyper-connection streams,
-    // 64 query heads of 512 over one shared key/value head (64 rotary dims), sliding window 128
-    // on every layer plus compressed rows (`Dsv4Shape::compress_ratios`), 256 experts top-6 of
-    // 2048 + 1 shared, sqrt-softplus routing (the first 3 layers hash-routed), SwiGLU clamped at
-    // 10. About 4.0 GiB a layer with Q4_K_M experts (1.9 with iq2_xxs) plus 0.7 GiB of
-    // embeddings and head (175 GiB in all): use `--layers`.
-    Preset {
-        name: "deepseek-v4-flash",
-        arch: "deepseek4",
-        n_layer: DSV4_FLASH_LAYERS,
-        n_embd: 4096,
-        n_head: 64,
-        n_head_kv: 1,
-        head_dim: 512,
-        n_expert: 256,
-        n_expert_used: 6,
-        n_ff_exp: 2048,
-        n_vocab: 129_280,
-        n_ctx: 1_048_576,
-        n_shared_exp: 1,
-        n_rot: 64,
-        qk_norm: false,
-        weights_scale: 1.5,
-        dsv4: Some(Dsv4Shape {
-            q_lora_rank: 1024,
-            o_groups: 8,
-            o_lora_rank: 1024,
-            index_n_head: 64,
-            index_head_dim: 128,
-            index_topk: 512,
-            sliding_window: 128,
-            hc: 4,
-            sinkhorn_iters: 20,
-            hc_eps: 1e-6,
-            n_hash_layers: 3,
-            swiglu_limit: 10.0,
-            rope_base: 10_000.0,
-            compress_rope_base: 160_000.0,
-            yarn_factor: 16.0,
-            yarn_orig_ctx: 65_536,
-            yarn_beta_fast: 32.0,
-            yarn_beta_slow: 1.0,
-        }),
-        ..GQA_ONLY
-    },
-];
 
 /// SplitMix64.
 struct Rng(u64);
@@ -512,6 +242,9 @@ fn plan(p: &Preset, experts: ExpertMix) -> Vec<TensorPlan> {
                     vec![r, m.v_head_dim as u64, p.n_head as u64],
                     0.02,
                 ));
+                if let Some(dsa) = &p.dsa {
+                    push_indexer(&mut v, p, m, dsa, i);
+                }
                 p.n_head as u64 * m.v_head_dim as u64
             }
             None => {
@@ -565,51 +298,6 @@ fn plan(p: &Preset, experts: ExpertMix) -> Vec<TensorPlan> {
     v.push(t(
         "output.weight".into(),
         Q6K,
-        vec![d, p.n_vocab as u64],
-        0.02,
-    ));
-    v
-}
-
-/// gpt-oss' tensors (`crates/model/src/arch/gpt_oss.rs`): Q8_0 attention, embeddings and head,
-/// MXFP4 experts, F32 norms, sinks and biases.
-fn plan_gpt_oss(p: &Preset) -> Vec<TensorPlan> {
-    use GgmlType::{F32, Mxfp4, Q8_0};
-    let (d, hd) = (p.n_embd as u64, p.head_dim as u64);
-    let (q, kv) = (p.n_head as u64 * hd, p.n_head_kv as u64 * hd);
-    let (e, ff) = (p.n_expert as u64, p.n_ff_exp as u64);
-    let t = TensorPlan::of_std;
-    let mut v = vec![t(
-        "token_embd.weight".into(),
-        Q8_0,
-        vec![d, p.n_vocab as u64],
-        1.0,
-    )];
-    for i in 0..p.n_layer {
-        let b = |s: &str| format!("blk.{i}.{s}.weight");
-        let bias = |s: &str| format!("blk.{i}.{s}.bias");
-        v.push(t(b("attn_norm"), F32, vec![d], 0.0));
-        for (name, rows) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
-            v.push(t(b(name), Q8_0, vec![d, rows], 0.02));
-            v.push(t(bias(name), F32, vec![rows], 0.02));
-        }
-        v.push(t(b("attn_output"), Q8_0, vec![q, d], 0.02));
-        v.push(t(bias("attn_output"), F32, vec![d], 0.02));
-        v.push(t(b("attn_sinks"), F32, vec![p.n_head as u64], 0.5));
-        v.push(t(b("post_attention_norm"), F32, vec![d], 0.0));
-        v.push(t(b("ffn_gate_inp"), F32, vec![d, e], 0.1));
-        v.push(t(bias("ffn_gate_inp"), F32, vec![e], 0.1));
-        v.push(t(b("ffn_gate_exps"), Mxfp4, vec![d, ff, e], 0.02));
-        v.push(t(b("ffn_up_exps"), Mxfp4, vec![d, ff, e], 0.02));
-        v.push(t(b("ffn_down_exps"), Mxfp4, vec![ff, d, e], 0.02));
-        v.push(t(bias("ffn_gate_exps"), F32, vec![ff, e], 0.02));
-        v.push(t(bias("ffn_up_exps"), F32, vec![ff, e], 0.02));
-        v.push(t(bias("ffn_down_exps"), F32, vec![d, e], 0.02));
-    }
-    v.push(t("output_norm.weight".into(), F32, vec![d], 0.0));
-    v.push(t(
-        "output.weight".into(),
-        Q8_0,
         vec![d, p.n_vocab as u64],
         0.02,
     ));
@@ -688,6 +376,9 @@ fn write(
         dsv4_metadata(&mut w, p, v4)?;
     } else {
         generic_metadata(&mut w, p)?;
+    }
+    if let Some(dsa) = &p.dsa {
+        dsa_metadata(&mut w, p, dsa)?;
     }
     let (tokens, types) = vocabulary(p.n_vocab);
     w.add_metadata("tokenizer.ggml.model", "gpt2")?;

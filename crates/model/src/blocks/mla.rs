@@ -330,13 +330,21 @@ pub fn attend_selected(
             let mut scores: Vec<f32> = Vec::new();
             for (j, out_row) in out_rows.chunks_exact_mut(nh * r).enumerate() {
                 let bt = s.row0 + first + j;
-                picked.clear();
-                for pos in selection.row(bt) {
-                    picked.extend_from_slice(&keys[pos * row_bytes..(pos + 1) * row_bytes]);
-                }
-                let n_keys = picked.len() / row_bytes;
+                // A selection of every position up to its own (a query that sees at most k)
+                // reads the cache in place; others gather their rows.
+                let n_keys = selection.row(bt).count();
+                let whole_prefix = selection.row(bt).enumerate().all(|(i, pos)| i == pos);
+                let data = if whole_prefix {
+                    &keys[..n_keys * row_bytes]
+                } else {
+                    picked.clear();
+                    for pos in selection.row(bt) {
+                        picked.extend_from_slice(&keys[pos * row_bytes..(pos + 1) * row_bytes]);
+                    }
+                    &picked[..]
+                };
                 let rows = Rows {
-                    data: &picked,
+                    data,
                     stride: row_bytes,
                     n: n_keys,
                     d: dk,
