@@ -147,42 +147,68 @@ pub fn select(
     let n: usize = seqs.iter().map(|s| s.n_tokens).sum();
     let mut rows = vec![NO_POSITION; n * k];
     let isa = cx.kernels.isa;
+    let threads = cx.n_threads();
     let mut row0 = 0;
     for (s, &p0) in seqs.iter().zip(pos0) {
         let keys = s.kv.index_keys(layer)?;
         let seq_rows = row0..row0 + s.n_tokens;
-        cx.par_rows(
-            &mut rows[seq_rows.start * k..seq_rows.end * k],
-            k,
-            |first, out| {
+        let query = |bt: usize| {
+            (
+                &inputs.q[bt * nh * dh..(bt + 1) * nh * dh],
+                &inputs.w[bt * nh..(bt + 1) * nh],
+            )
+        };
+        let out = &mut rows[seq_rows.start * k..seq_rows.end * k];
+        if s.n_tokens * 2 <= threads {
+            // Few queries (decode): each one's positions are scored across the pool (every
+            // score is its own sum over the heads, so the split does not change a bit).
+            for (t, slots) in out.chunks_exact_mut(k).enumerate() {
+                let visible = p0 + t + 1;
+                let mut scores = vec![0f32; visible];
+                if visible > k {
+                    let (q, w) = query(seq_rows.start + t);
+                    cx.par_rows(&mut scores, 1, |first, part| {
+                        let (mut tmp, mut head) = (Vec::new(), Vec::new());
+                        let span = &keys[first * dh..(first + part.len()) * dh];
+                        index_scores(isa, q, w, span, dh, &mut tmp, &mut head);
+                        part.copy_from_slice(&tmp);
+                    });
+                }
+                fill_slots(slots, &scores, k);
+            }
+        } else {
+            cx.par_rows(out, k, |first, out| {
                 let (mut scores, mut head) = (Vec::new(), Vec::new());
                 for (j, slots) in out.chunks_exact_mut(k).enumerate() {
                     let t = first + j;
                     let visible = p0 + t + 1;
-                    let bt = seq_rows.start + t;
-                    let chosen: Vec<usize> = if visible <= k {
-                        (0..visible).collect()
+                    scores.clear();
+                    if visible > k {
+                        let (q, w) = query(seq_rows.start + t);
+                        let span = &keys[..visible * dh];
+                        index_scores(isa, q, w, span, dh, &mut scores, &mut head);
                     } else {
-                        index_scores(
-                            isa,
-                            &inputs.q[bt * nh * dh..(bt + 1) * nh * dh],
-                            &inputs.w[bt * nh..(bt + 1) * nh],
-                            &keys[..visible * dh],
-                            dh,
-                            &mut scores,
-                            &mut head,
-                        );
-                        top_k(&scores, k)
-                    };
-                    for (slot, pos) in slots.iter_mut().zip(chosen) {
-                        *slot = pos as u32;
+                        scores.resize(visible, 0.0);
                     }
+                    fill_slots(slots, &scores, k);
                 }
-            },
-        );
+            });
+        }
         row0 += s.n_tokens;
     }
     Ok(Selection { k, rows })
+}
+
+/// A query's slots: every position while at most `k` are visible, else the top k by score.
+fn fill_slots(slots: &mut [u32], scores: &[f32], k: usize) {
+    let chosen: Vec<usize> = if scores.len() <= k {
+        (0..scores.len()).collect()
+    } else {
+        top_k(scores, k)
+    };
+    for (slot, pos) in slots.iter_mut().zip(chosen) {
+        *slot = pos as u32;
+    }
 }
 
 /// The selection a shared layer attends through: the one the latest full layer made for this

@@ -296,6 +296,17 @@ fn absorbed(
     lift_values(cx, files, hp, w, heads, n, &latent_out)
 }
 
+/// Into how many equal groups to split `n_heads` so that `n_rows` queries give every thread
+/// work: the largest divisor of `n_heads` up to threads per query (1 once rows fill the pool).
+/// Each head is computed alone either way, so the split does not change a bit.
+fn head_parts(n_heads: usize, n_threads: usize, n_rows: usize) -> usize {
+    let want = (n_threads / n_rows.max(1)).clamp(1, n_heads.max(1));
+    (1..=want)
+        .rev()
+        .find(|p| n_heads.is_multiple_of(*p))
+        .unwrap_or(1)
+}
+
 /// Sparse attention in the absorbed form: each query attends to the cached positions its
 /// selection names (GLM-5), in the order of the selection (ascending).
 #[allow(clippy::too_many_arguments)]
@@ -324,12 +335,16 @@ pub fn attend_selected(
             KvType::F16 => KvElem::F16,
         };
         let row_bytes = dk * elem.bytes();
+        // Work items are (query, group of heads): few queries (decode) still fill the pool.
+        let parts = head_parts(nh, cx.n_threads(), s.n_tokens);
+        let per_part = nh / parts;
         let out = &mut latent_out[s.row0 * nh * r..(s.row0 + s.n_tokens) * nh * r];
-        cx.par_rows(out, nh * r, |first, out_rows| {
+        cx.par_rows(out, per_part * r, |first, out_parts| {
             let mut picked: Vec<u8> = Vec::new();
             let mut scores: Vec<f32> = Vec::new();
-            for (j, out_row) in out_rows.chunks_exact_mut(nh * r).enumerate() {
-                let bt = s.row0 + first + j;
+            for (j, out_part) in out_parts.chunks_exact_mut(per_part * r).enumerate() {
+                let (t, part) = ((first + j) / parts, (first + j) % parts);
+                let bt = s.row0 + t;
                 // A selection of every position up to its own (a query that sees at most k)
                 // reads the cache in place; others gather their rows.
                 let n_keys = selection.row(bt).count();
@@ -353,7 +368,8 @@ pub fn attend_selected(
                 // Values are the latent part of each row.
                 let values = Rows { d: r, ..rows };
                 scores.resize(n_keys, 0.0);
-                for (hh, o) in out_row.chunks_exact_mut(r).enumerate() {
+                for (k, o) in out_part.chunks_exact_mut(r).enumerate() {
+                    let hh = part * per_part + k;
                     let qh = &q[(bt * nh + hh) * dk..(bt * nh + hh + 1) * dk];
                     attn::scores(isa, qh, rows, scale, &mut scores);
                     attn::softmax(isa, &mut scores);
