@@ -189,3 +189,14 @@ pub fn attend(
     });
     Ok(())
 }
+
+/// Into how many equal groups to split `n_heads` so that `n_rows` queries give every thread
+/// work: the largest divisor of `n_heads` up to threads per query (1 once rows fill the pool).
+/// Each head is computed alone either way, so the split does not change a bit.
+pub fn head_groups(n_heads: usize, n_threads: usize, n_rows: usize) -> usize {
+    let want = (n_threads / n_rows.max(1)).clamp(1, n_heads.max(1));
+    (1..=want)
+        .rev()
+        .find(|p| n_heads.is_multiple_of(*p))
+        .unwrap_or(1)
+}

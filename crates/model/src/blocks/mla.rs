@@ -23,7 +23,7 @@ use kernels::attn::{self, KvElem, Rows};
 use kernels::{Input, MatmulJob, Weights};
 
 use super::Compute;
-use super::attention::{AttentionShape, SeqSpan, attend};
+use super::attention::{AttentionShape, SeqSpan, attend, head_groups};
 use super::indexer::Selection;
 use super::norm::{rms_norm, rms_norm_rows_inplace};
 use super::rope::RopeTable;
@@ -296,17 +296,6 @@ fn absorbed(
     lift_values(cx, files, hp, w, heads, n, &latent_out)
 }
 
-/// Into how many equal groups to split `n_heads` so that `n_rows` queries give every thread
-/// work: the largest divisor of `n_heads` up to threads per query (1 once rows fill the pool).
-/// Each head is computed alone either way, so the split does not change a bit.
-fn head_parts(n_heads: usize, n_threads: usize, n_rows: usize) -> usize {
-    let want = (n_threads / n_rows.max(1)).clamp(1, n_heads.max(1));
-    (1..=want)
-        .rev()
-        .find(|p| n_heads.is_multiple_of(*p))
-        .unwrap_or(1)
-}
-
 /// Sparse attention in the absorbed form: each query attends to the cached positions its
 /// selection names (GLM-5), in the order of the selection (ascending).
 #[allow(clippy::too_many_arguments)]
@@ -336,7 +325,7 @@ pub fn attend_selected(
         };
         let row_bytes = dk * elem.bytes();
         // Work items are (query, group of heads): few queries (decode) still fill the pool.
-        let parts = head_parts(nh, cx.n_threads(), s.n_tokens);
+        let parts = head_groups(nh, cx.n_threads(), s.n_tokens);
         let per_part = nh / parts;
         let out = &mut latent_out[s.row0 * nh * r..(s.row0 + s.n_tokens) * nh * r];
         cx.par_rows(out, per_part * r, |first, out_parts| {

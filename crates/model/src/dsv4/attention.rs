@@ -8,6 +8,7 @@ use kernels::attn::{self, KvElem, Rows};
 use super::{Dsv4Ropes, rope_tail, unit_rms};
 use crate::Model;
 use crate::blocks::Compute;
+use crate::blocks::attention::head_groups;
 use crate::blocks::indexer::{self, f32_bytes, top_k};
 use crate::blocks::norm;
 use crate::error::Result;
@@ -163,13 +164,79 @@ impl Model {
                 KvType::F16 => KvElem::F16,
             };
             let row_bytes = hd * raw_elem.bytes();
-            cx.par_rows(att_seq, q_row, |first, out_rows| {
+            let threads = cx.n_threads();
+            // The compressed rows each query sees: every complete one (ratio 128), or the
+            // indexer's top-k of them (ratio 4); none on window-only layers.
+            let visible = |t: usize| (p0 + t + 1).checked_div(ratio);
+            let mut chosen: Vec<Vec<u32>> = vec![Vec::new(); s.n_tokens];
+            match index {
+                Some((iq, iw)) => {
+                    let (nhi, dhi) = (p.index_n_head, p.index_head_dim);
+                    let query = |t: usize| {
+                        let bt = rows.start + t;
+                        (
+                            &iq[bt * nhi * dhi..(bt + 1) * nhi * dhi],
+                            &iw[bt * nhi..(bt + 1) * nhi],
+                        )
+                    };
+                    let pick = |scores: &[f32]| -> Vec<u32> {
+                        top_k(scores, p.index_topk)
+                            .into_iter()
+                            .map(|w| w as u32)
+                            .collect()
+                    };
+                    if s.n_tokens * 2 <= threads {
+                        // Few queries (decode): each one's rows are scored across the pool.
+                        for (t, c) in chosen.iter_mut().enumerate() {
+                            let Some(v) = visible(t) else { continue };
+                            let (qi, wi) = query(t);
+                            let mut scores = vec![0f32; v];
+                            cx.par_rows(&mut scores, 1, |first, part| {
+                                let (mut tmp, mut head) = (Vec::new(), Vec::new());
+                                let keys = &index_rows[first * dhi..(first + part.len()) * dhi];
+                                indexer::index_scores(isa, qi, wi, keys, dhi, &mut tmp, &mut head);
+                                part.copy_from_slice(&tmp);
+                            });
+                            *c = pick(&scores);
+                        }
+                    } else {
+                        cx.par_rows(&mut chosen, 1, |first, part| {
+                            let (mut scores, mut head) = (Vec::new(), Vec::new());
+                            for (j, c) in part.iter_mut().enumerate() {
+                                let t = first + j;
+                                let Some(v) = visible(t) else { continue };
+                                let (qi, wi) = query(t);
+                                let keys = &index_rows[..v * dhi];
+                                indexer::index_scores(
+                                    isa,
+                                    qi,
+                                    wi,
+                                    keys,
+                                    dhi,
+                                    &mut scores,
+                                    &mut head,
+                                );
+                                *c = pick(&scores);
+                            }
+                        });
+                    }
+                }
+                None => {
+                    for (t, c) in chosen.iter_mut().enumerate() {
+                        if let Some(v) = visible(t) {
+                            *c = (0..v as u32).collect();
+                        }
+                    }
+                }
+            }
+            // Work items are (query, group of heads), so a decode step fills the pool too.
+            let parts = head_groups(nh, threads, s.n_tokens);
+            let per_part = nh / parts;
+            cx.par_rows(att_seq, per_part * hd, |first, out_parts| {
                 let mut picked: Vec<u8> = Vec::new();
                 let mut scores: Vec<f32> = Vec::new();
-                let mut index_scores: Vec<f32> = Vec::new();
-                let mut head_scores: Vec<f32> = Vec::new();
-                for (j, out) in out_rows.chunks_exact_mut(q_row).enumerate() {
-                    let t = first + j;
+                for (j, out) in out_parts.chunks_exact_mut(per_part * hd).enumerate() {
+                    let (t, part) = ((first + j) / parts, (first + j) % parts);
                     let pos = p0 + t;
                     // Raw rows of the window (in the cache as stored), then the compressed
                     // rows this token sees (as f32).
@@ -182,29 +249,9 @@ impl Model {
                         elem: raw_elem,
                     };
                     picked.clear();
-                    if let Some(visible) = (pos + 1).checked_div(ratio) {
-                        let chosen: Vec<usize> = match index {
-                            Some((iq, iw)) => {
-                                let (nhi, dhi) = (p.index_n_head, p.index_head_dim);
-                                let bt = rows.start + t;
-                                let qi = &iq[bt * nhi * dhi..(bt + 1) * nhi * dhi];
-                                let wi = &iw[bt * nhi..(bt + 1) * nhi];
-                                indexer::index_scores(
-                                    isa,
-                                    qi,
-                                    wi,
-                                    &index_rows[..visible * dhi],
-                                    dhi,
-                                    &mut index_scores,
-                                    &mut head_scores,
-                                );
-                                top_k(&index_scores, p.index_topk)
-                            }
-                            None => (0..visible).collect(),
-                        };
-                        for w in chosen {
-                            picked.extend_from_slice(f32_bytes(&comp_rows[w * hd..(w + 1) * hd]));
-                        }
+                    for &w in &chosen[t] {
+                        let w = w as usize;
+                        picked.extend_from_slice(f32_bytes(&comp_rows[w * hd..(w + 1) * hd]));
                     }
                     let comp = Rows {
                         data: &picked,
@@ -215,7 +262,8 @@ impl Model {
                     };
                     let n_keys = raw.n + comp.n;
                     scores.resize(n_keys, 0.0);
-                    for (hh, o) in out.chunks_exact_mut(hd).enumerate() {
+                    for (k, o) in out.chunks_exact_mut(hd).enumerate() {
+                        let hh = part * per_part + k;
                         let qh = &q_seq[t * q_row + hh * hd..t * q_row + (hh + 1) * hd];
                         let (sr, sc) = scores.split_at_mut(raw.n);
                         attn::scores(isa, qh, raw, scale, sr);
