@@ -7,6 +7,10 @@ use crate::arch::{ArchSpec, Gating, RopeKind};
 use crate::error::{ModelError, Result};
 use crate::names::keys;
 
+mod glm5next;
+
+pub use glm5next::{Glm5LayerKind, Glm5NextParams};
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeParams {
     pub kind: RopeKind,
@@ -94,6 +98,8 @@ pub struct Hparams {
     pub n_nextn: usize,
     /// DeepSeek V4's hyper-connections, compressed attention and routing (`deepseek4`).
     pub dsv4: Option<Dsv4Params>,
+    /// GLM-5.3 Flash's layer kinds, KDA, k-pool indexer and hyper-connections (`glm5-next`).
+    pub glm5next: Option<Glm5NextParams>,
 }
 
 /// DeepSeek V4: the residual is `hc` streams of `n_embd`; every layer attends to a sliding
@@ -147,7 +153,10 @@ impl Hparams {
         let n_layer = u(keys::BLOCK_COUNT)?.saturating_sub(n_nextn);
         let n_embd = u(keys::EMBEDDING_LENGTH)?;
         let n_head = u(keys::HEAD_COUNT)?;
-        let n_head_kv = u_opt(keys::HEAD_COUNT_KV)?.unwrap_or(n_head);
+        let n_head_kv = match glm5next::kv_heads_of_array(meta)? {
+            Some(n) => n,
+            None => u_opt(keys::HEAD_COUNT_KV)?.unwrap_or(n_head),
+        };
         if n_layer == 0 || n_embd == 0 || n_head == 0 || n_head_kv == 0 {
             return Err(bad(
                 meta,
@@ -324,19 +333,24 @@ impl Hparams {
             attn_scale_mul,
             n_nextn,
             dsv4: None,
+            glm5next: None,
         })
-        .and_then(|hp| {
-            if spec.name == "deepseek4" {
-                dsv4_params(meta, hp)
-            } else {
-                Ok(hp)
-            }
+        .and_then(|hp| match spec.name {
+            "deepseek4" => dsv4_params(meta, hp),
+            "glm5-next" => glm5next::glm5next_params(meta, hp),
+            _ => Ok(hp),
         })
     }
 
-    /// Values per position of the stream between layers: `hc · n_embd` for DeepSeek V4.
+    /// Values per position of the stream between layers: `hc · n_embd` for DeepSeek V4 and
+    /// GLM-5.3 Flash.
     pub fn hidden_width(&self) -> usize {
-        self.dsv4.as_ref().map_or(1, |p| p.hc) * self.n_embd
+        let streams = match (&self.dsv4, &self.glm5next) {
+            (Some(p), _) => p.hc,
+            (None, Some(p)) => p.hc,
+            (None, None) => 1,
+        };
+        streams * self.n_embd
     }
 
     /// Softmax scale of attention: `1/sqrt(d)` over the head size queries and keys are

@@ -251,6 +251,11 @@ impl Model {
                 .max()
                 .unwrap_or(0),
         });
+        let hybrid = self
+            .hp
+            .glm5next
+            .as_ref()
+            .map(|p| crate::glm5next::cache_layers(p, &self.shard, layers.clone()));
         KvLayout {
             kv_type,
             layers,
@@ -260,6 +265,7 @@ impl Model {
             n_ctx,
             sliding,
             compression,
+            hybrid,
         }
     }
 

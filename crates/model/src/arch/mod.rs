@@ -5,6 +5,7 @@
 mod deepseek2;
 mod deepseek4;
 mod glm4moe;
+mod glm5_next;
 mod gpt_oss;
 mod llama;
 mod olmoe;
@@ -112,7 +113,7 @@ pub const BASE: ArchSpec = ArchSpec {
     yarn_truncate: true,
 };
 
-const REGISTRY: [&ArchSpec; 8] = [
+const REGISTRY: [&ArchSpec; 9] = [
     &llama::SPEC,
     &qwen3moe::SPEC,
     &qwen2moe::SPEC,
@@ -121,6 +122,7 @@ const REGISTRY: [&ArchSpec; 8] = [
     &deepseek4::SPEC,
     &glm4moe::SPEC,
     &gpt_oss::SPEC,
+    &glm5_next::SPEC,
 ];
 
 /// The declaration for `general.architecture == name`.

@@ -332,6 +332,7 @@ fn decompressed(
             n_ctx: n_pos,
             sliding: None,
             compression: None,
+            hybrid: None,
         });
         cache.reserve(0, n_pos)?;
         let mut k_row = vec![0f32; nh * dk];

@@ -373,6 +373,7 @@ mod tests {
                     .collect(),
                 max_ratio: 128,
             }),
+            hybrid: None,
         }
     }
 
