@@ -225,3 +225,122 @@ fn glm5_next_thread_count_does_not_change_a_bit() {
         "token-by-token logits differ between 1 and 3 threads"
     );
 }
+
+/// Feeds `tokens` to `kv` (its next positions), returning the logits of every one.
+fn feed(model: &Model, cx: &Compute, kv: &mut KvCache, tokens: &[u32]) -> Vec<f32> {
+    let last = model.n_layer() - 1;
+    let src = ResidentExperts::new(model);
+    let mut seqs = [SeqInput {
+        kv,
+        n_tokens: tokens.len(),
+        logits: LogitsWanted::All,
+    }];
+    match model
+        .forward(
+            cx,
+            &src,
+            0..=last,
+            true,
+            StageInput::Tokens(tokens),
+            &mut seqs,
+            &mut NoHooks,
+        )
+        .unwrap()
+    {
+        StageOutput::Logits(l) => l.data,
+        StageOutput::Hidden(_) => unreachable!(),
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The recurrent layers rewind to their checkpoints: the start of the last chunk and the
+/// latest `KEPT_REWINDS` positions (a re-evaluated last token, a rejected speculative draft),
+/// and re-running from there gives the same bits; a rewind further back is refused and
+/// changes nothing.
+#[test]
+fn glm5_next_rewinds_to_its_checkpoints_and_refuses_others() {
+    let (_, model, prompt) = load();
+    let cx = Compute::new(2);
+    let last = model.n_layer() - 1;
+    let mut kv = KvCache::new(model.kv_layout(KvType::F32, 0..=last, 1024));
+    feed(&model, &cx, &mut kv, &prompt[..200]);
+    // A speculative step: four draft tokens at once.
+    let drafts = &prompt[200..204];
+    let first = feed(&model, &cx, &mut kv, drafts);
+    let v = model.hp.n_vocab;
+    for back in 1..=model::kv::KEPT_REWINDS {
+        let n = 204 - back;
+        assert!(kv.can_rewind(n), "rewind by {back}");
+        kv.truncate(n).unwrap();
+        let again = feed(&model, &cx, &mut kv, &drafts[4 - back..]);
+        assert_eq!(
+            bits(&again),
+            bits(&first[(4 - back) * v..]),
+            "rewind by {back} and re-run"
+        );
+    }
+    // The chunk's start (200) is a rewind point too; 198 is none.
+    assert!(kv.can_rewind(200) && !kv.can_rewind(198) && !kv.can_rewind(150));
+    let before = feed(&model, &cx, &mut kv, &prompt[204..205]);
+    kv.truncate(204).unwrap();
+    assert!(kv.truncate(150).is_err());
+    assert_eq!(kv.len(), 204, "a refused rewind changes nothing");
+    assert_eq!(
+        bits(&feed(&model, &cx, &mut kv, &prompt[204..205])),
+        bits(&before)
+    );
+    // Decoding one token at a time keeps the latest four positions.
+    for pos in 205..210 {
+        feed(&model, &cx, &mut kv, &prompt[pos..pos + 1]);
+    }
+    assert!((206..=210).all(|n| kv.can_rewind(n)) && !kv.can_rewind(205));
+    kv.truncate(0).unwrap();
+    let fresh = feed(&model, &cx, &mut kv, &prompt[..8]);
+    let mut other = KvCache::new(model.kv_layout(KvType::F32, 0..=last, 1024));
+    assert_eq!(
+        bits(&fresh),
+        bits(&feed(&model, &cx, &mut other, &prompt[..8]))
+    );
+}
+
+/// A session exported mid-conversation (at the current position and at a checkpoint behind
+/// it) and imported into a fresh cache continues bit for bit as the original.
+#[test]
+fn glm5_next_restored_session_continues_bit_identically() {
+    let (_, model, prompt) = load();
+    let cx = Compute::new(2);
+    let last = model.n_layer() - 1;
+    let layout = || model.kv_layout(KvType::F32, 0..=last, 1024);
+    let mut kv = KvCache::new(layout());
+    for part in prompt[..301].chunks(64) {
+        feed(&model, &cx, &mut kv, part);
+    }
+    for n in [301, 299] {
+        let mut restored = KvCache::new(layout());
+        restored.begin_import(n).unwrap();
+        for il in 0..=last {
+            let (k, v) = kv.export(il, n).unwrap();
+            if il == 0 || il == 3 {
+                assert!(k.is_empty(), "a KDA layer exports no rows");
+            }
+            restored.import(il, n, &k, &v).unwrap();
+        }
+        let mut original = KvCache::new(layout());
+        for part in prompt[..n].chunks(64) {
+            feed(&model, &cx, &mut original, part);
+        }
+        let a = feed(&model, &cx, &mut original, &prompt[n..n + 40]);
+        let b = feed(&model, &cx, &mut restored, &prompt[n..n + 40]);
+        assert_eq!(bits(&a), bits(&b), "restored at {n}: the next 40 positions");
+        for pos in n + 40..n + 44 {
+            let a = feed(&model, &cx, &mut original, &prompt[pos..pos + 1]);
+            let b = feed(&model, &cx, &mut restored, &prompt[pos..pos + 1]);
+            assert_eq!(bits(&a), bits(&b), "restored at {n}: decode at {pos}");
+        }
+    }
+    // No memory of a position the cache cannot reconstruct is exported.
+    assert!(kv.export(0, 250).is_err());
+}
