@@ -344,3 +344,208 @@ fn glm5_next_restored_session_continues_bit_identically() {
     // No memory of a position the cache cannot reconstruct is exported.
     assert!(kv.export(0, 250).is_err());
 }
+
+/// Stages of a pipeline, each its own cache and the previous stage's hidden state (the four
+/// streams) as input: a split after a KDA layer or after the indexer layer's shared follower
+/// gives the single pass's bits. A stage that would start at the shared layer (2, whose
+/// selection layer 1 made on the stage before) is refused by name: the selection does not
+/// travel between stages.
+#[test]
+fn glm5_next_pipeline_stages_match_the_single_pass() {
+    let (_, model, prompt) = load();
+    let cx = Compute::new(2);
+    let prompt = &prompt[..120];
+    let whole = logits_chunked(&model, &cx, prompt, 50);
+    let src = ResidentExperts::new(&model);
+    let last = model.n_layer() - 1;
+    for split in [0, 2] {
+        let layout = |layers| model.kv_layout(KvType::F32, layers, 1024);
+        let (mut kv0, mut kv1) = (
+            KvCache::new(layout(0..=split)),
+            KvCache::new(layout(split + 1..=last)),
+        );
+        let mut got = Vec::new();
+        for part in prompt.chunks(50) {
+            let StageOutput::Hidden(h) = model
+                .forward(
+                    &cx,
+                    &src,
+                    0..=split,
+                    false,
+                    StageInput::Tokens(part),
+                    &mut [SeqInput {
+                        kv: &mut kv0,
+                        n_tokens: part.len(),
+                        logits: LogitsWanted::None,
+                    }],
+                    &mut NoHooks,
+                )
+                .unwrap()
+            else {
+                unreachable!()
+            };
+            assert_eq!(h.len(), part.len() * model.hp.hidden_width());
+            let StageOutput::Logits(l) = model
+                .forward(
+                    &cx,
+                    &src,
+                    split + 1..=last,
+                    true,
+                    StageInput::Hidden(&h),
+                    &mut [SeqInput {
+                        kv: &mut kv1,
+                        n_tokens: part.len(),
+                        logits: LogitsWanted::All,
+                    }],
+                    &mut NoHooks,
+                )
+                .unwrap()
+            else {
+                unreachable!()
+            };
+            got.extend(l.data);
+        }
+        assert_eq!(
+            bits(&got),
+            bits(&whole),
+            "layers 0..={split} | {}..={last}",
+            split + 1
+        );
+    }
+    let mut kv = KvCache::new(model.kv_layout(KvType::F32, 2..=last, 1024));
+    let hidden = vec![0.5f32; 4 * model.hp.hidden_width()];
+    let refused = model.forward(
+        &cx,
+        &src,
+        2..=last,
+        true,
+        StageInput::Hidden(&hidden),
+        &mut [SeqInput {
+            kv: &mut kv,
+            n_tokens: 4,
+            logits: LogitsWanted::All,
+        }],
+        &mut NoHooks,
+    );
+    let err = refused
+        .expect_err("a stage starting at a shared layer")
+        .to_string();
+    assert!(
+        err.contains("layer 2 reuses the indexer selection"),
+        "{err}"
+    );
+    assert_eq!(kv.len(), 0, "the refused pass leaves nothing in the cache");
+}
+
+/// Partial sums of one tensor-parallel group, added in rank order on every rank.
+struct Group {
+    slots: std::sync::Mutex<Vec<Vec<f64>>>,
+    barrier: std::sync::Barrier,
+}
+
+struct RankHooks<'g> {
+    rank: usize,
+    group: &'g Group,
+}
+
+impl model::Hooks for RankHooks<'_> {
+    fn all_reduce(
+        &mut self,
+        _layer: usize,
+        _point: model::ReducePoint,
+        data: &mut [f64],
+    ) -> model::Result<()> {
+        self.group.slots.lock().unwrap()[self.rank] = data.to_vec();
+        self.group.barrier.wait();
+        {
+            let slots = self.group.slots.lock().unwrap();
+            for (i, v) in data.iter_mut().enumerate() {
+                *v = slots.iter().map(|s| s[i]).sum();
+            }
+        }
+        self.group.barrier.wait();
+        Ok(())
+    }
+}
+
+/// Two ranks, each half the latent and KDA heads (and its heads' recurrent state), half the
+/// routed experts and half the vocabulary, the indexer whole on both: the prompt's logits, in
+/// one chunk and token by token, are the single node's bits.
+#[test]
+fn glm5_next_two_rank_tensor_parallel_matches_the_single_node() {
+    let (dir, single, prompt) = load();
+    let prompt = &prompt[..100];
+    let cx = Compute::new(1);
+    let files = std::sync::Arc::new(gguf::GgufModel::open(dir.join("model-f32.gguf")).unwrap());
+    let ranks: Vec<std::sync::Arc<Model>> = (0..2)
+        .map(|r| std::sync::Arc::new(Model::from_gguf_rank(files.clone(), r, 2).unwrap()))
+        .collect();
+    assert!(ranks[0].shard().attention_split, "heads are split");
+    assert_eq!(ranks[1].shard().heads, 2..4);
+    let v = single.hp.n_vocab;
+    let n_expert = single.hp.moe.as_ref().unwrap().n_expert;
+    for chunk in [prompt.len(), 1] {
+        let want = logits_chunked(&single, &cx, prompt, chunk);
+        let group = Group {
+            slots: std::sync::Mutex::new(vec![Vec::new(); 2]),
+            barrier: std::sync::Barrier::new(2),
+        };
+        let parts: Vec<(usize, Vec<f32>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = ranks
+                .iter()
+                .enumerate()
+                .map(|(r, m)| {
+                    let group = &group;
+                    s.spawn(move || {
+                        let cx = Compute::new(1);
+                        let owned = (0..n_expert).map(|e| e * 2 / n_expert == r).collect();
+                        let src = model::OwnedResidentExperts::new(m.clone(), owned);
+                        let last = m.n_layer() - 1;
+                        let mut kv = KvCache::new(m.kv_layout(KvType::F32, 0..=last, 1024));
+                        let mut hooks = RankHooks { rank: r, group };
+                        let mut out = Vec::new();
+                        let mut width = 0;
+                        for part in prompt.chunks(chunk) {
+                            let StageOutput::Logits(l) = m
+                                .forward(
+                                    &cx,
+                                    &src,
+                                    0..=last,
+                                    true,
+                                    StageInput::Tokens(part),
+                                    &mut [SeqInput {
+                                        kv: &mut kv,
+                                        n_tokens: part.len(),
+                                        logits: LogitsWanted::All,
+                                    }],
+                                    &mut hooks,
+                                )
+                                .unwrap()
+                            else {
+                                unreachable!()
+                            };
+                            width = l.n_vocab;
+                            out.extend(l.data);
+                        }
+                        (width, out)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut got = Vec::with_capacity(want.len());
+        for row in 0..prompt.len() {
+            for (w, data) in &parts {
+                got.extend_from_slice(&data[row * w..(row + 1) * w]);
+            }
+        }
+        assert_eq!(got.len(), prompt.len() * v);
+        let differing = got
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        eprintln!("glm5-next: 2 ranks, chunks of {chunk}: {differing} logits differ from one node");
+        assert_eq!(differing, 0, "2 ranks, chunks of {chunk}");
+    }
+}

@@ -13,6 +13,7 @@ use crate::Model;
 use crate::blocks::Compute;
 use crate::blocks::norm::rms_norm_rows_inplace;
 use crate::error::{ModelError, Result};
+use crate::hparams::Glm5LayerKind;
 use crate::kv::KvType;
 use crate::pass::{Hooks, SeqInput};
 use crate::profile::{Phase, span, timed};
@@ -110,9 +111,15 @@ impl Model {
             *selection = Some(self.kpool_select(cx, il, ix, h, &qr, seqs, pos0, hooks)?);
         }
         let picked = selection.as_ref().ok_or_else(|| {
+            let p = self.glm5_params();
+            let from = (0..il)
+                .rev()
+                .find(|&j| p.kind(j) == Glm5LayerKind::Mla { indexer: true })
+                .map_or("(none)".to_string(), |j| j.to_string());
             ModelError::Input(format!(
-                "layer {il} reuses the indexer selection of an earlier layer that did not run \
-                 in this pass"
+                "layer {il} reuses the indexer selection of layer {from}, which did not run in \
+                 this pass: a pipeline stage cannot start between a full-indexer layer and the \
+                 shared layers that follow it (the selection does not travel between stages)"
             ))
         })?;
         // Each head's query taken into latent space: W_kb[h] is kv_lora_rank × qk_nope.
