@@ -136,6 +136,15 @@ fn glm5_next_matches_transformers_at_every_position() {
             "chunks of {chunk}: logits differ by {worst} (first at {first_bad:?})"
         );
     }
+    // f16 latent rows (the indexer keys stay f32): 1.7e-5 here, as llama.cpp with f16 KV (1.8e-5).
+    let last = model.n_layer() - 1;
+    let mut kv = KvCache::new(model.kv_layout(KvType::F16, 0..=last, 1024));
+    let f16_logits = feed(&model, &cx, &mut kv, &prompt);
+    let d16 = row_diffs(&f16_logits, &want, v)
+        .into_iter()
+        .fold(0f32, f32::max);
+    eprintln!("glm5-next: f16 KV: max |ours − transformers| = {d16:.2e}");
+    assert!(d16 <= 1e-4, "f16 KV: {d16}");
     let (_, lcpp) = npy_f32(&dir.join("llama_cpp_logits_f32.npy"));
     let got = logits_chunked(&model, &cx, &prompt, prompt.len());
     let dl = row_diffs(&got, &lcpp, v).into_iter().fold(0f32, f32::max);
@@ -548,4 +557,53 @@ fn glm5_next_two_rank_tensor_parallel_matches_the_single_node() {
         eprintln!("glm5-next: 2 ranks, chunks of {chunk}: {differing} logits differ from one node");
         assert_eq!(differing, 0, "2 ranks, chunks of {chunk}");
     }
+}
+
+/// Two sequences in one batch (different lengths and histories) get the bits each gets alone:
+/// the KDA state, the indexer keys and the selections stay per sequence.
+#[test]
+fn glm5_next_batched_sequences_match_their_own_runs() {
+    let (_, model, prompt) = load();
+    let cx = Compute::new(2);
+    let last = model.n_layer() - 1;
+    let layout = || model.kv_layout(KvType::F32, 0..=last, 1024);
+    let (a_hist, a_new) = (&prompt[..90], &prompt[90..97]);
+    let (b_hist, b_new) = (&prompt[200..231], &prompt[231..232]);
+    let mut alone = Vec::new();
+    for (hist, new) in [(a_hist, a_new), (b_hist, b_new)] {
+        let mut kv = KvCache::new(layout());
+        feed(&model, &cx, &mut kv, hist);
+        alone.extend(feed(&model, &cx, &mut kv, new));
+    }
+    let (mut ka, mut kb) = (KvCache::new(layout()), KvCache::new(layout()));
+    feed(&model, &cx, &mut ka, a_hist);
+    feed(&model, &cx, &mut kb, b_hist);
+    let batch: Vec<u32> = a_new.iter().chain(b_new).copied().collect();
+    let src = ResidentExperts::new(&model);
+    let StageOutput::Logits(l) = model
+        .forward(
+            &cx,
+            &src,
+            0..=last,
+            true,
+            StageInput::Tokens(&batch),
+            &mut [
+                SeqInput {
+                    kv: &mut ka,
+                    n_tokens: a_new.len(),
+                    logits: LogitsWanted::All,
+                },
+                SeqInput {
+                    kv: &mut kb,
+                    n_tokens: b_new.len(),
+                    logits: LogitsWanted::All,
+                },
+            ],
+            &mut NoHooks,
+        )
+        .unwrap()
+    else {
+        unreachable!()
+    };
+    assert_eq!(bits(&l.data), bits(&alone));
 }
