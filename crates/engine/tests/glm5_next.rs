@@ -1,7 +1,7 @@
 //! GLM-5.3 Flash through the local executor: a snapshot taken mid-conversation (KDA layers carry
 //! their recurrent state, the indexer layer its keys) survives the file format and a restore into
 //! another executor, which then continues bit for bit; the re-evaluation of a last token rewinds
-//! to the recurrent layers' checkpoint, and a rewind past the checkpoints is refused.
+//! the recurrent layers exactly, and a rewind further back than they keep is refused.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -70,7 +70,7 @@ fn glm5_next_snapshot_restores_and_rewinds_exactly() {
     assert_eq!(eval(&mut a, &prompt[344..345]), last);
     match a.truncate(1, 300) {
         Err(EngineError::CannotRewind { n: 300, .. }) => {}
-        other => panic!("a rewind past the checkpoints: {other:?}"),
+        other => panic!("a rewind past what the recurrent layers keep: {other:?}"),
     }
     assert_eq!(a.session_len(1), 345);
 }

@@ -265,47 +265,53 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// The recurrent layers rewind to their checkpoints: the start of the last chunk and the
-/// latest `KEPT_REWINDS` positions (a re-evaluated last token, a rejected speculative draft),
-/// and re-running from there gives the same bits; a rewind further back is refused and
-/// changes nothing.
+/// The recurrent layers rewind to any of the latest `KEPT_REWINDS` positions (replaying the
+/// kept step inputs: a re-evaluated last token, a rejected speculative draft) and to the start
+/// of the last chunk; re-running from there gives the original bits. A rewind further back is
+/// refused and changes nothing.
 #[test]
 fn glm5_next_rewinds_to_its_checkpoints_and_refuses_others() {
     let (_, model, prompt) = load();
     let cx = Compute::new(2);
+    let v = model.hp.n_vocab;
+    let kept = model::kv::KEPT_REWINDS;
     let last = model.n_layer() - 1;
     let mut kv = KvCache::new(model.kv_layout(KvType::F32, 0..=last, 1024));
     feed(&model, &cx, &mut kv, &prompt[..200]);
-    // A speculative step: four draft tokens at once.
-    let drafts = &prompt[200..204];
+    // A speculative step: eight drafts and the token before them at once.
+    let drafts = &prompt[200..209];
     let first = feed(&model, &cx, &mut kv, drafts);
-    let v = model.hp.n_vocab;
-    for back in 1..=model::kv::KEPT_REWINDS {
-        let n = 204 - back;
+    for back in 1..=drafts.len() {
+        let n = 209 - back;
         assert!(kv.can_rewind(n), "rewind by {back}");
         kv.truncate(n).unwrap();
-        let again = feed(&model, &cx, &mut kv, &drafts[4 - back..]);
+        let again = feed(&model, &cx, &mut kv, &drafts[9 - back..]);
         assert_eq!(
             bits(&again),
-            bits(&first[(4 - back) * v..]),
+            bits(&first[(9 - back) * v..]),
             "rewind by {back} and re-run"
         );
     }
-    // The chunk's start (200) is a rewind point too; 198 is none.
-    assert!(kv.can_rewind(200) && !kv.can_rewind(198) && !kv.can_rewind(150));
-    let before = feed(&model, &cx, &mut kv, &prompt[204..205]);
-    kv.truncate(204).unwrap();
+    let oldest = 209 - kept;
+    assert!(kv.can_rewind(oldest) && !kv.can_rewind(oldest - 1) && !kv.can_rewind(150));
     assert!(kv.truncate(150).is_err());
-    assert_eq!(kv.len(), 204, "a refused rewind changes nothing");
+    assert_eq!(kv.len(), 209, "a refused rewind changes nothing");
+    // A long chunk: its start stays a rewind point, and its latest positions.
+    let long = &prompt[209..309];
+    let first = feed(&model, &cx, &mut kv, long);
+    assert!(kv.can_rewind(209) && !kv.can_rewind(250) && kv.can_rewind(309 - kept));
+    kv.truncate(300).unwrap();
     assert_eq!(
-        bits(&feed(&model, &cx, &mut kv, &prompt[204..205])),
-        bits(&before)
+        bits(&feed(&model, &cx, &mut kv, &long[91..])),
+        bits(&first[91 * v..])
     );
-    // Decoding one token at a time keeps the latest four positions.
-    for pos in 205..210 {
+    kv.truncate(209).unwrap();
+    assert_eq!(bits(&feed(&model, &cx, &mut kv, long)), bits(&first));
+    // Decoding one token at a time keeps the latest positions replayable.
+    for pos in 309..314 {
         feed(&model, &cx, &mut kv, &prompt[pos..pos + 1]);
     }
-    assert!((206..=210).all(|n| kv.can_rewind(n)) && !kv.can_rewind(205));
+    assert!((314 - kept..=314).all(|n| kv.can_rewind(n)) && !kv.can_rewind(313 - kept));
     kv.truncate(0).unwrap();
     let fresh = feed(&model, &cx, &mut kv, &prompt[..8]);
     let mut other = KvCache::new(model.kv_layout(KvType::F32, 0..=last, 1024));
@@ -315,8 +321,8 @@ fn glm5_next_rewinds_to_its_checkpoints_and_refuses_others() {
     );
 }
 
-/// A session exported mid-conversation (at the current position and at a checkpoint behind
-/// it) and imported into a fresh cache continues bit for bit as the original.
+/// A session exported mid-conversation (at the current position and at a replayed position
+/// behind it) and imported into a fresh cache continues bit for bit as the original.
 #[test]
 fn glm5_next_restored_session_continues_bit_identically() {
     let (_, model, prompt) = load();
@@ -352,6 +358,7 @@ fn glm5_next_restored_session_continues_bit_identically() {
     }
     // No memory of a position the cache cannot reconstruct is exported.
     assert!(kv.export(0, 250).is_err());
+    assert!(kv.export(0, 301 - model::kv::KEPT_REWINDS).is_ok());
 }
 
 /// Stages of a pipeline, each its own cache and the previous stage's hidden state (the four

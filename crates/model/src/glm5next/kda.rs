@@ -12,6 +12,7 @@ use super::sigmoid;
 use crate::Model;
 use crate::blocks::Compute;
 use crate::error::{ModelError, Result};
+use crate::kv::delta_rule_step;
 use crate::pass::{Hooks, SeqInput};
 use crate::profile::{Phase, span, timed};
 use crate::weights::KdaWeights;
@@ -29,8 +30,8 @@ struct HeadRun {
     state: Vec<f32>,
     /// `n × head_dim`.
     out: Vec<f32>,
-    /// The state after each wanted checkpoint position, in order.
-    checkpoints: Vec<Vec<f32>>,
+    /// The state at the cache's capture point, when it falls in this chunk.
+    captured: Option<Vec<f32>>,
 }
 
 impl Model {
@@ -112,7 +113,6 @@ impl Model {
         for (s, &p0) in seqs.iter_mut().zip(pos0) {
             let nt = s.n_tokens;
             let rows = row0..row0 + nt;
-            let wanted = s.kv.rewind_points_in(p0 + 1..=p0 + nt);
             let mem = s.kv.recurrent_mut(il)?;
             if mem.at() != p0 || mem.n_head != nh || mem.head_dim != hd {
                 return Err(ModelError::Input(format!(
@@ -120,6 +120,8 @@ impl Model {
                     mem.at()
                 )));
             }
+            let end = p0 + nt;
+            let capture = mem.capture_point(end);
             // The inputs each token's convolution reads: the kept history, then this chunk.
             let mut history: Vec<Vec<f32>> = Vec::with_capacity(3);
             for (j, pre_j) in pre.iter().enumerate() {
@@ -154,38 +156,21 @@ impl Model {
                 .map(|hh| HeadRun {
                     state: mem.state[hh * hd * hd..(hh + 1) * hd * hd].to_vec(),
                     out: vec![0f32; nt * hd],
-                    checkpoints: Vec::with_capacity(wanted.len()),
+                    captured: None,
                 })
                 .collect();
             let (cq, ck, cv) = (&conv_out[0], &conv_out[1], &conv_out[2]);
             let (decay, beta) = (&f, &beta);
-            let wanted_ref = &wanted;
             cx.pool.for_each_mut(&mut runs, |hh, run| {
-                let mut sk = vec![0f32; hd];
                 for t in 0..nt {
+                    if capture == Some(p0 + t) {
+                        run.captured = Some(run.state.clone());
+                    }
                     let r = rows.start + t;
                     let at = r * width + hh * hd;
                     let (q, k, v) = (&cq[at..at + hd], &ck[at..at + hd], &cv[at..at + hd]);
-                    let eg = &decay[at..at + hd];
-                    let b = beta[r * nh + hh];
                     let s = &mut run.state;
-                    for (i, &e) in eg.iter().enumerate() {
-                        s[i * hd..(i + 1) * hd].iter_mut().for_each(|x| *x *= e);
-                    }
-                    sk.fill(0.0);
-                    for (i, &ki) in k.iter().enumerate() {
-                        for (acc, &x) in sk.iter_mut().zip(&s[i * hd..(i + 1) * hd]) {
-                            *acc += x * ki;
-                        }
-                    }
-                    for (u, &vj) in sk.iter_mut().zip(v) {
-                        *u = b * (vj - *u);
-                    }
-                    for (i, &ki) in k.iter().enumerate() {
-                        for (x, &u) in s[i * hd..(i + 1) * hd].iter_mut().zip(&sk) {
-                            *x += ki * u;
-                        }
-                    }
+                    delta_rule_step(s, k, v, &decay[at..at + hd], beta[r * nh + hh]);
                     let o = &mut run.out[t * hd..(t + 1) * hd];
                     for (i, &qi) in q.iter().enumerate() {
                         let qi = qi * q_scale;
@@ -193,9 +178,9 @@ impl Model {
                             *oj += x * qi;
                         }
                     }
-                    if wanted_ref.contains(&(p0 + t + 1)) {
-                        run.checkpoints.push(s.clone());
-                    }
+                }
+                if capture == Some(end) {
+                    run.captured = Some(run.state.clone());
                 }
             });
             // The convolutions' history after position m: the last `taps` inputs before it.
@@ -207,22 +192,30 @@ impl Model {
                 }
                 c
             };
-            for (ci, &m) in wanted.iter().enumerate() {
+            let captured = capture.map(|c| {
                 let state: Vec<f32> = runs
                     .iter()
-                    .flat_map(|r| r.checkpoints[ci].iter().copied())
+                    .flat_map(|r| r.captured.iter().flatten().copied())
                     .collect();
-                mem.checkpoint(m, &conv_after(m), &state);
+                (conv_after(c), state)
+            });
+            // What a rewind replays: per position its convolution inputs, k, v, decay and β.
+            let mut steps = Vec::with_capacity(nt * mem.step_len());
+            for r in rows.clone() {
+                for src in [&pre[0], &pre[1], &pre[2], ck, cv, decay] {
+                    steps.extend_from_slice(&src[r * width..(r + 1) * width]);
+                }
+                steps.extend_from_slice(&beta[r * nh..(r + 1) * nh]);
             }
-            mem.conv = conv_after(p0 + nt);
+            let mut state = Vec::with_capacity(nh * hd * hd);
             for (hh, r) in runs.iter().enumerate() {
-                mem.state[hh * hd * hd..(hh + 1) * hd * hd].copy_from_slice(&r.state);
+                state.extend_from_slice(&r.state);
                 for t in 0..nt {
                     let at = (rows.start + t) * width + hh * hd;
                     att[at..at + hd].copy_from_slice(&r.out[t * hd..(t + 1) * hd]);
                 }
             }
-            mem.set_at(p0 + nt);
+            mem.commit(end, &steps, conv_after(end), state, captured);
             row0 += nt;
         }
         hooks.observe(Some(il), "kda_core", &att);

@@ -17,7 +17,9 @@ mod recurrent;
 use compressed::{CompLayerState, comp_needed};
 pub use compressed::{CompressedLayer, Compression, Pool};
 use recurrent::HybridState;
-pub use recurrent::{HybridLayers, IndexKeys, KEPT_REWINDS, LayerMemory, RecurrentState};
+pub use recurrent::{
+    HybridLayers, IndexKeys, KEPT_REWINDS, LayerMemory, RecurrentState, delta_rule_step,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KvType {
@@ -144,8 +146,10 @@ pub struct KvCache {
     comp_from: usize,
     /// Per local layer: GLM-5.3 Flash's indexer keys or recurrent state.
     hybrid: Vec<HybridState>,
-    /// Positions a recurrent layer's memory can be rewound to (GLM-5.3 Flash).
-    rewind_points: Vec<usize>,
+    /// GLM-5.3 Flash's recurrent layers rewind to any position from here on (replaying their
+    /// kept step inputs), and to `chunk_start`.
+    rewind_from: usize,
+    chunk_start: Option<usize>,
 }
 
 impl KvCache {
@@ -162,7 +166,8 @@ impl KvCache {
             comp,
             comp_from: 0,
             hybrid,
-            rewind_points: Vec::new(),
+            rewind_from: 0,
+            chunk_start: None,
         }
     }
 
@@ -229,8 +234,8 @@ impl KvCache {
     pub fn truncate(&mut self, n: usize) -> Result<()> {
         if !self.hybrid_can_rewind(n) {
             return Err(ModelError::Input(format!(
-                "cannot rewind to {n} positions: recurrent layers keep their state at positions {:?} only",
-                self.rewind_points
+                "cannot rewind to {n} positions: the recurrent layers reach {} only",
+                self.rewind_points()
             )));
         }
         if !self.can_rewind(n) {

@@ -5,18 +5,19 @@
 //! recurrent state instead of rows: the last `conv_taps` pre-convolution q/k/v rows and the
 //! per-head `head_dim × head_dim` matrix.
 //!
-//! A recurrent state cannot be rewound by slicing, so the cache keeps checkpoints of it at a
-//! few positions (its rewind points): where the last stored chunk started (the rewind the
-//! forward path does on error) and the latest [`KEPT_REWINDS`] positions (the engine's
-//! re-evaluation of a last token, a speculative draft's rejection). The points depend only on
-//! the positions stored, not on the layers a cache holds, so every stage of a pipeline answers
-//! [`KvCache::can_rewind`] the same way.
+//! A recurrent state cannot be rewound by slicing, so a KDA layer keeps its memory at a base
+//! position plus the inputs of every step since, which a rewind replays: the latest
+//! [`KEPT_REWINDS`] positions are reachable (the engine's re-evaluation of a last token, a
+//! rejected speculative draft), and where a longer chunk started (the rewind the forward path
+//! does on error). The points depend only on the positions stored, not on the layers a cache
+//! holds, so every stage of a pipeline answers [`KvCache::can_rewind`] the same way.
 
 use super::{KvCache, KvLayout};
 use crate::error::{ModelError, Result};
 
-/// Positions back from the end that a rewind can reach.
-pub const KEPT_REWINDS: usize = 4;
+/// Positions back from the end that a rewind can reach: the speculative decoder's default
+/// eight drafts with room to spare, at `6·width + heads` values per position and KDA layer.
+pub const KEPT_REWINDS: usize = 16;
 
 /// What each layer of a GLM-5.3 Flash cache remembers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,7 +120,35 @@ impl IndexKeys {
     }
 }
 
-/// A KDA layer's recurrent memory after `at` positions, with checkpoints at rewind points.
+/// One step of the gated delta rule on one head's state `s` (`k.len()` key rows of `v.len()`
+/// values): `S ← diag(decay)·S`, then `S ← S + k ⊗ β(v − Sᵀk)`. The forward pass and a rewind's
+/// replay both run this, so a replayed state has the bits of the original.
+pub fn delta_rule_step(s: &mut [f32], k: &[f32], v: &[f32], decay: &[f32], beta: f32) {
+    let dv = v.len();
+    for (row, &e) in s.chunks_exact_mut(dv).zip(decay) {
+        row.iter_mut().for_each(|x| *x *= e);
+    }
+    let mut u = vec![0f32; dv];
+    for (row, &ki) in s.chunks_exact(dv).zip(k) {
+        for (acc, &x) in u.iter_mut().zip(row) {
+            *acc += x * ki;
+        }
+    }
+    for (ui, &vj) in u.iter_mut().zip(v) {
+        *ui = beta * (vj - *ui);
+    }
+    for (row, &ki) in s.chunks_exact_mut(dv).zip(k) {
+        for (x, &uj) in row.iter_mut().zip(&u) {
+            *x += ki * uj;
+        }
+    }
+}
+
+/// A KDA layer's recurrent memory after `at` positions. To rewind, it keeps the memory at
+/// `base_at` and, for every position since, the inputs of its step
+/// ([`RecurrentState::step_len`] values: the pre-convolution q/k/v rows, the normalized k and v,
+/// the decay factors, the per-head β), which it replays up to the rewind point; and the memory
+/// where the last stored chunk started when that is before `base_at`.
 #[derive(Clone, Debug, Default)]
 pub struct RecurrentState {
     pub n_head: usize,
@@ -130,7 +159,17 @@ pub struct RecurrentState {
     /// Per head `head_dim` key rows of `head_dim` values.
     pub state: Vec<f32>,
     at: usize,
-    checkpoints: Vec<(usize, Vec<f32>, Vec<f32>)>,
+    base_at: usize,
+    base_conv: Vec<f32>,
+    base_state: Vec<f32>,
+    steps: Vec<f32>,
+    chunk_start: Option<(usize, Vec<f32>, Vec<f32>)>,
+}
+
+/// Where a layer's replayable span starts once positions up to `end` are stored: it keeps
+/// the latest [`KEPT_REWINDS`] positions replayable.
+pub(super) fn base_after(base_at: usize, end: usize) -> usize {
+    base_at.max(end.saturating_sub(KEPT_REWINDS))
 }
 
 impl RecurrentState {
@@ -141,16 +180,36 @@ impl RecurrentState {
             conv_taps,
             ..RecurrentState::default()
         };
-        s.reset();
+        s.reset(0);
         s
     }
 
-    fn reset(&mut self) {
-        let width = self.n_head * self.head_dim;
+    fn width(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Values of one position's step inputs: pre-convolution q, k, v, then k, v, the decay
+    /// factors (`n_head · head_dim` each) and β (`n_head`).
+    pub fn step_len(&self) -> usize {
+        6 * self.width() + self.n_head
+    }
+
+    /// Empty memory (a fresh sequence, or one about to be restored) said to be at `at`.
+    fn reset(&mut self, at: usize) {
+        let width = self.width();
         self.conv = vec![0.0; 3 * self.conv_taps * width];
         self.state = vec![0.0; self.n_head * self.head_dim * self.head_dim];
-        self.at = 0;
-        self.checkpoints.clear();
+        self.at = at;
+        self.rebase();
+        self.chunk_start = None;
+    }
+
+    /// The current memory becomes the base, with nothing to replay.
+    fn rebase(&mut self) {
+        self.base_at = self.at;
+        self.base_conv = self.conv.clone();
+        self.base_state = self.state.clone();
+        self.steps.clear();
     }
 
     /// Positions the state has taken in.
@@ -158,55 +217,134 @@ impl RecurrentState {
         self.at
     }
 
-    /// Marks the state as that after `at` positions.
-    pub fn set_at(&mut self, at: usize) {
-        self.at = at;
+    /// The position after which the forward pass over `at..end` hands
+    /// [`RecurrentState::commit`] the memory (the new base), when that falls inside the pass.
+    pub fn capture_point(&self, end: usize) -> Option<usize> {
+        let b = base_after(self.base_at, end);
+        (b > self.base_at && b >= self.at).then_some(b)
     }
 
-    /// Keeps `(conv, state)` as the memory after `at` positions.
-    pub fn checkpoint(&mut self, at: usize, conv: &[f32], state: &[f32]) {
-        self.checkpoints.retain(|c| c.0 != at);
-        self.checkpoints.push((at, conv.to_vec(), state.to_vec()));
-    }
-
-    fn memory_at(&self, n: usize) -> Option<(&[f32], &[f32])> {
-        if n == self.at {
-            return Some((&self.conv, &self.state));
+    /// Takes in positions `at..end`: their step inputs, the memory after them, and the memory
+    /// at [`RecurrentState::capture_point`] when there is one.
+    pub fn commit(
+        &mut self,
+        end: usize,
+        steps: &[f32],
+        conv: Vec<f32>,
+        state: Vec<f32>,
+        captured: Option<(Vec<f32>, Vec<f32>)>,
+    ) {
+        let p0 = self.at;
+        let step = self.step_len();
+        debug_assert_eq!(steps.len(), (end - p0) * step);
+        let new_base = base_after(self.base_at, end);
+        let at_p0 = (
+            std::mem::take(&mut self.conv),
+            std::mem::take(&mut self.state),
+        );
+        self.steps.extend_from_slice(steps);
+        if new_base > self.base_at {
+            let (b_conv, b_state) = match captured {
+                Some(c) if new_base >= p0 => c,
+                _ => self.replay(new_base),
+            };
+            self.steps.drain(..(new_base - self.base_at) * step);
+            self.base_at = new_base;
+            self.base_conv = b_conv;
+            self.base_state = b_state;
         }
-        self.checkpoints
-            .iter()
-            .find(|c| c.0 == n)
-            .map(|c| (&c.1[..], &c.2[..]))
+        // An earlier chunk start, still before `p0`, stays a rewind point.
+        if p0 < self.base_at {
+            self.chunk_start = Some((p0, at_p0.0, at_p0.1));
+        }
+        self.conv = conv;
+        self.state = state;
+        self.at = end;
     }
 
-    /// Back to the memory after `n` positions (a checkpoint, or nothing at 0); false when
-    /// there is none.
+    /// The memory after `n` positions, `base_at ≤ n ≤ at`, from the base and the steps.
+    fn replay(&self, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let (w, hd, taps, step) = (self.width(), self.head_dim, self.conv_taps, self.step_len());
+        let mut state = self.base_state.clone();
+        let steps = &self.steps[..(n - self.base_at) * step];
+        for st in steps.chunks_exact(step) {
+            let (k, v) = (&st[3 * w..4 * w], &st[4 * w..5 * w]);
+            let (decay, beta) = (&st[5 * w..6 * w], &st[6 * w..]);
+            for (hh, s) in state.chunks_exact_mut(hd * hd).enumerate() {
+                let c = hh * hd..(hh + 1) * hd;
+                delta_rule_step(s, &k[c.clone()], &v[c.clone()], &decay[c], beta[hh]);
+            }
+        }
+        // Per projection the last `taps` inputs: the base's history, then the steps' rows.
+        let mut conv = Vec::with_capacity(self.base_conv.len());
+        for j in 0..3 {
+            let mut rows: Vec<&[f32]> = self.base_conv[j * taps * w..(j + 1) * taps * w]
+                .chunks_exact(w)
+                .collect();
+            rows.extend(steps.chunks_exact(step).map(|st| &st[j * w..(j + 1) * w]));
+            for r in &rows[rows.len() - taps..] {
+                conv.extend_from_slice(r);
+            }
+        }
+        (conv, state)
+    }
+
+    fn memory_at(&self, n: usize) -> Option<(Vec<f32>, Vec<f32>)> {
+        if n == self.at {
+            return Some((self.conv.clone(), self.state.clone()));
+        }
+        if (self.base_at..self.at).contains(&n) {
+            return Some(self.replay(n));
+        }
+        self.chunk_start
+            .as_ref()
+            .filter(|c| c.0 == n)
+            .map(|c| (c.1.clone(), c.2.clone()))
+    }
+
+    /// Back to the memory after `n` positions; false when it cannot be had.
     fn rewind(&mut self, n: usize) -> bool {
         if n == 0 {
-            self.reset();
+            self.reset(0);
             return true;
         }
-        if n != self.at {
-            let Some(i) = self.checkpoints.iter().position(|c| c.0 == n) else {
-                return false;
-            };
-            let (_, conv, state) = self.checkpoints[i].clone();
+        if n == self.at {
+            return true;
+        }
+        if (self.base_at..self.at).contains(&n) {
+            let (conv, state) = self.replay(n);
+            self.steps.truncate((n - self.base_at) * self.step_len());
             self.conv = conv;
             self.state = state;
             self.at = n;
+            return true;
         }
-        self.checkpoints.retain(|c| c.0 <= n);
-        true
+        match self.chunk_start.take() {
+            Some((at, conv, state)) if at == n => {
+                self.conv = conv;
+                self.state = state;
+                self.at = n;
+                self.rebase();
+                true
+            }
+            other => {
+                self.chunk_start = other;
+                false
+            }
+        }
     }
 
     fn bytes(&self) -> usize {
+        let chunk_start = self
+            .chunk_start
+            .as_ref()
+            .map_or(0, |c| c.1.len() + c.2.len());
         4 * (self.conv.len()
             + self.state.len()
-            + self
-                .checkpoints
-                .iter()
-                .map(|c| c.1.len() + c.2.len())
-                .sum::<usize>())
+            + self.base_conv.len()
+            + self.base_state.len()
+            + self.steps.len()
+            + chunk_start)
     }
 }
 
@@ -313,21 +451,20 @@ impl KvCache {
         }
     }
 
-    /// Rewind points (positions after which recurrent layers keep a checkpoint) in `range`.
-    pub fn rewind_points_in(&self, range: std::ops::RangeInclusive<usize>) -> Vec<usize> {
-        let mut v: Vec<usize> = self
-            .rewind_points
-            .iter()
-            .copied()
-            .filter(|m| range.contains(m))
-            .collect();
-        v.sort_unstable();
-        v
-    }
-
     /// Whether a rewind to `n` finds the recurrent layers' memory (0 always does).
     pub(super) fn hybrid_can_rewind(&self, n: usize) -> bool {
-        !self.is_hybrid() || n == 0 || n >= self.len || self.rewind_points.contains(&n)
+        !self.is_hybrid()
+            || n == 0
+            || n >= self.rewind_from.min(self.len)
+            || self.chunk_start == Some(n)
+    }
+
+    /// The positions a rewind can reach, for messages.
+    pub(super) fn rewind_points(&self) -> String {
+        let start = self
+            .chunk_start
+            .map_or(String::new(), |p| format!("{p} and "));
+        format!("0, {start}{}..={}", self.rewind_from, self.len)
     }
 
     /// After a rewind to `self.len`.
@@ -343,31 +480,24 @@ impl KvCache {
                 }
             }
         }
-        self.rewind_points.retain(|&m| m <= n);
+        // As each recurrent layer's `rewind`: back at 0 or at the chunk start, that is the base.
+        if n == 0 || self.chunk_start == Some(n) {
+            self.rewind_from = n;
+            self.chunk_start = None;
+        }
     }
 
-    /// Before positions `pos0..end` are stored (after the rewind to `pos0`): the rewind points
-    /// become `pos0` and the latest [`KEPT_REWINDS`] positions up to `end`; recurrent layers
-    /// keep their memory at `pos0` and drop checkpoints of points no longer kept.
+    /// Before positions `pos0..end` are stored (after the rewind to `pos0`): the rewinds the
+    /// recurrent layers will answer, reckoned as each layer's [`RecurrentState::commit`] does (the
+    /// latest [`KEPT_REWINDS`] positions replayable, and `pos0` itself), so that a cache holding
+    /// no recurrent layer answers [`KvCache::can_rewind`] as one holding them.
     pub(super) fn reserve_hybrid(&mut self, pos0: usize, end: usize) {
         if !self.is_hybrid() {
             return;
         }
-        let oldest = end.saturating_sub(KEPT_REWINDS);
-        self.rewind_points.retain(|&m| m >= oldest && m <= pos0);
-        self.rewind_points.push(pos0);
-        self.rewind_points.extend((pos0 + 1).max(oldest)..=end);
-        self.rewind_points.sort_unstable();
-        self.rewind_points.dedup();
-        let points = self.rewind_points.clone();
-        for h in &mut self.hybrid {
-            if let HybridState::Recurrent(r) = h {
-                r.checkpoints.retain(|c| points.contains(&c.0));
-                if r.at == pos0 && !r.checkpoints.iter().any(|c| c.0 == pos0) {
-                    let (conv, state) = (r.conv.clone(), r.state.clone());
-                    r.checkpoints.push((pos0, conv, state));
-                }
-            }
+        self.rewind_from = base_after(self.rewind_from, end);
+        if pos0 < self.rewind_from {
+            self.chunk_start = Some(pos0);
         }
     }
 
@@ -398,12 +528,12 @@ impl KvCache {
             HybridState::Recurrent(r) => {
                 let (conv, state) = r.memory_at(n).ok_or_else(|| {
                     ModelError::Input(format!(
-                        "KV export of {n} positions: the recurrent state is at {} and has no checkpoint there",
-                        r.at
+                        "KV export of {n} positions: the recurrent state reaches {} only",
+                        self.rewind_points()
                     ))
                 })?;
-                put(&mut out, conv);
-                put(&mut out, state);
+                put(&mut out, &conv);
+                put(&mut out, &state);
             }
         }
         Ok(Some(out))
@@ -415,17 +545,11 @@ impl KvCache {
             match h {
                 HybridState::Rows => {}
                 HybridState::Index(ix) => ix.truncate(0),
-                HybridState::Recurrent(r) => {
-                    r.reset();
-                    r.at = n;
-                }
+                HybridState::Recurrent(r) => r.reset(n),
             }
         }
-        self.rewind_points = if self.is_hybrid() {
-            vec![n]
-        } else {
-            Vec::new()
-        };
+        self.rewind_from = n;
+        self.chunk_start = None;
     }
 
     /// Restores what [`KvCache::export_hybrid`] wrote for `layer` of `n` positions; false for
@@ -445,6 +569,7 @@ impl KvCache {
                 r.conv = take(bytes, &mut at, r.conv.len(), layer)?;
                 r.state = take(bytes, &mut at, r.state.len(), layer)?;
                 r.at = n;
+                r.rebase();
             }
         }
         if at != bytes.len() {
