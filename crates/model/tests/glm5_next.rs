@@ -486,7 +486,9 @@ impl model::Hooks for RankHooks<'_> {
 
 /// Two ranks, each half the latent and KDA heads (and its heads' recurrent state), half the
 /// routed experts and half the vocabulary, the indexer whole on both: the prompt's logits, in
-/// one chunk and token by token, are the single node's bits.
+/// one chunk and token by token, are the single node's bits. The ranks' snapshots, their KDA
+/// states merged by heads, restore into one node, which continues as the single node does; the
+/// merged states split back into the ranks' shares.
 #[test]
 fn glm5_next_two_rank_tensor_parallel_matches_the_single_node() {
     let (dir, single, prompt) = load();
@@ -506,7 +508,8 @@ fn glm5_next_two_rank_tensor_parallel_matches_the_single_node() {
             slots: std::sync::Mutex::new(vec![Vec::new(); 2]),
             barrier: std::sync::Barrier::new(2),
         };
-        let parts: Vec<(usize, Vec<f32>)> = std::thread::scope(|s| {
+        type RankOut = (usize, Vec<f32>, Vec<(Vec<u8>, Vec<u8>)>);
+        let parts: Vec<RankOut> = std::thread::scope(|s| {
             let handles: Vec<_> = ranks
                 .iter()
                 .enumerate()
@@ -543,7 +546,13 @@ fn glm5_next_two_rank_tensor_parallel_matches_the_single_node() {
                             width = l.n_vocab;
                             out.extend(l.data);
                         }
-                        (width, out)
+                        let exports = (0..=last)
+                            .map(|il| {
+                                let (k, v) = kv.export(il, prompt.len()).unwrap();
+                                (k.to_vec(), v.to_vec())
+                            })
+                            .collect();
+                        (width, out, exports)
                     })
                 })
                 .collect();
@@ -551,7 +560,7 @@ fn glm5_next_two_rank_tensor_parallel_matches_the_single_node() {
         });
         let mut got = Vec::with_capacity(want.len());
         for row in 0..prompt.len() {
-            for (w, data) in &parts {
+            for (w, data, _) in &parts {
                 got.extend_from_slice(&data[row * w..(row + 1) * w]);
             }
         }
@@ -563,6 +572,41 @@ fn glm5_next_two_rank_tensor_parallel_matches_the_single_node() {
             .count();
         eprintln!("glm5-next: 2 ranks, chunks of {chunk}: {differing} logits differ from one node");
         assert_eq!(differing, 0, "2 ranks, chunks of {chunk}");
+        if chunk == 1 {
+            continue;
+        }
+        let p = single.hp.glm5next.as_ref().unwrap();
+        let (hd, taps) = (p.kda_head_dim, p.conv_kernel - 1);
+        let last = single.n_layer() - 1;
+        let n = prompt.len();
+        let mut restored = KvCache::new(single.kv_layout(KvType::F32, 0..=last, 1024));
+        restored.begin_import(n).unwrap();
+        for il in 0..=last {
+            let (k, v) = &parts[0].2[il];
+            if p.kind(il) == model::hparams::Glm5LayerKind::Kda {
+                let shares: Vec<&[u8]> = parts.iter().map(|r| &r.2[il].1[..]).collect();
+                let merged = model::kv::merge_recurrent_shares(&shares, hd, taps).unwrap();
+                for (r, part) in parts.iter().enumerate() {
+                    let heads = ranks[r].shard().heads.clone();
+                    let back = model::kv::split_recurrent_share(&merged, heads, hd, taps).unwrap();
+                    assert_eq!(back, part.2[il].1, "layer {il}: rank {r}'s share");
+                }
+                restored.import(il, n, k, &merged).unwrap();
+            } else {
+                assert_eq!((k, v), (&parts[1].2[il].0, &parts[1].2[il].1));
+                restored.import(il, n, k, v).unwrap();
+            }
+        }
+        let mut original = KvCache::new(single.kv_layout(KvType::F32, 0..=last, 1024));
+        feed(&single, &cx, &mut original, prompt);
+        let next = &load().2[n..n + 20];
+        let a = feed(&single, &cx, &mut original, next);
+        let b = feed(&single, &cx, &mut restored, next);
+        assert_eq!(
+            bits(&a),
+            bits(&b),
+            "a group's snapshot restored on one node"
+        );
     }
 }
 

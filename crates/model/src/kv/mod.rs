@@ -19,6 +19,7 @@ pub use compressed::{CompressedLayer, Compression, Pool};
 use recurrent::HybridState;
 pub use recurrent::{
     HybridLayers, IndexKeys, KEPT_REWINDS, LayerMemory, RecurrentState, delta_rule_step,
+    merge_recurrent_shares, split_recurrent_share,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
