@@ -46,6 +46,12 @@ fn glm5_next_snapshot_restores_and_rewinds_exactly() {
     let model = Arc::new(Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())));
     let prompt = prompt();
     let mut a = executor(&model);
+    // Per position: the two latent layers' f32 rows of 32, the indexer layer's f32 key and
+    // pooling scores of 64 and a quarter of a pooled key; the KDA layers none.
+    assert_eq!(
+        a.info().kv_bytes_per_position,
+        2 * 32 * 4 + (2 * 64 + 16) * 4
+    );
     eval(&mut a, &prompt[..300]);
     eval(&mut a, &prompt[300..301]);
     let mut snap = a.snapshot(1).unwrap();
