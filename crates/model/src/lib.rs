@@ -29,6 +29,7 @@ pub use hparams::Hparams;
 pub use kv::{KvCache, KvLayout, KvType, SlidingLayers};
 pub use model::{Model, WeightSelection};
 pub use pass::{
-    Hooks, Logits, LogitsWanted, NoHooks, ReducePoint, SeqInput, StageInput, StageOutput,
+    Hooks, IndexSelection, Logits, LogitsWanted, NoHooks, ReducePoint, SelectionCarry, SeqInput,
+    StageInput, StageOutput,
 };
 pub use shard::Shard;

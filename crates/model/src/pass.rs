@@ -57,6 +57,10 @@ pub enum StageOutput {
     Logits(Logits),
 }
 
+/// Per batch row, the positions its query attends to in the latent layers that reuse an
+/// indexer's selection (GLM-5.3 Flash's shared layers), ascending.
+pub type IndexSelection = Vec<Vec<u32>>;
+
 /// The two points per layer where tensor-parallel ranks exchange partial sums.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReducePoint {
@@ -74,6 +78,35 @@ pub trait Hooks {
     /// how the work was split.
     fn all_reduce(&mut self, _layer: usize, _point: ReducePoint, _data: &mut [f64]) -> Result<()> {
         Ok(())
+    }
+
+    /// The indexer selection the previous pipeline stage handed on, for a pass whose first
+    /// latent layer reuses it (a GLM-5.3 Flash stage that starts after a full-indexer layer and
+    /// before its shared layers); `None` when there is none.
+    fn carried_selection(&mut self) -> Option<IndexSelection> {
+        None
+    }
+
+    /// Hands on the selection that the next stage's first latent layer reuses, from a pass that
+    /// ends before it.
+    fn carry_selection(&mut self, _selection: &IndexSelection) {}
+}
+
+/// Hooks of a pipeline stage that receive and hand on the indexer selection (see
+/// [`Hooks::carried_selection`]) and do nothing else.
+#[derive(Clone, Debug, Default)]
+pub struct SelectionCarry {
+    pub incoming: Option<IndexSelection>,
+    pub outgoing: Option<IndexSelection>,
+}
+
+impl Hooks for SelectionCarry {
+    fn carried_selection(&mut self) -> Option<IndexSelection> {
+        self.incoming.take()
+    }
+
+    fn carry_selection(&mut self, selection: &IndexSelection) {
+        self.outgoing = Some(selection.clone());
     }
 }
 

@@ -362,10 +362,9 @@ fn glm5_next_restored_session_continues_bit_identically() {
 }
 
 /// Stages of a pipeline, each its own cache and the previous stage's hidden state (the four
-/// streams) as input: a split after a KDA layer or after the indexer layer's shared follower
-/// gives the single pass's bits. A stage that would start at the shared layer (2, whose
-/// selection layer 1 made on the stage before) is refused by name: the selection does not
-/// travel between stages.
+/// streams) as input, the indexer selection handed on where a stage starts between the
+/// full-indexer layer and its shared layer: every split gives the single pass's bits. Without
+/// the selection, a stage starting at the shared layer is refused by name.
 #[test]
 fn glm5_next_pipeline_stages_match_the_single_pass() {
     let (_, model, prompt) = load();
@@ -374,59 +373,60 @@ fn glm5_next_pipeline_stages_match_the_single_pass() {
     let whole = logits_chunked(&model, &cx, prompt, 50);
     let src = ResidentExperts::new(&model);
     let last = model.n_layer() - 1;
-    for split in [0, 2] {
-        let layout = |layers| model.kv_layout(KvType::F32, layers, 1024);
-        let (mut kv0, mut kv1) = (
-            KvCache::new(layout(0..=split)),
-            KvCache::new(layout(split + 1..=last)),
-        );
+    for stages in [
+        &[0..=0, 1..=3][..],
+        &[0..=1, 2..=3],
+        &[0..=2, 3..=3],
+        &[0..=0, 1..=1, 2..=2, 3..=3],
+    ] {
+        let mut kvs: Vec<KvCache> = stages
+            .iter()
+            .map(|r| KvCache::new(model.kv_layout(KvType::F32, r.clone(), 1024)))
+            .collect();
         let mut got = Vec::new();
         for part in prompt.chunks(50) {
-            let StageOutput::Hidden(h) = model
-                .forward(
-                    &cx,
-                    &src,
-                    0..=split,
-                    false,
-                    StageInput::Tokens(part),
-                    &mut [SeqInput {
-                        kv: &mut kv0,
-                        n_tokens: part.len(),
-                        logits: LogitsWanted::None,
-                    }],
-                    &mut NoHooks,
-                )
-                .unwrap()
-            else {
-                unreachable!()
-            };
-            assert_eq!(h.len(), part.len() * model.hp.hidden_width());
-            let StageOutput::Logits(l) = model
-                .forward(
-                    &cx,
-                    &src,
-                    split + 1..=last,
-                    true,
-                    StageInput::Hidden(&h),
-                    &mut [SeqInput {
-                        kv: &mut kv1,
-                        n_tokens: part.len(),
-                        logits: LogitsWanted::All,
-                    }],
-                    &mut NoHooks,
-                )
-                .unwrap()
-            else {
-                unreachable!()
-            };
-            got.extend(l.data);
+            let mut hidden = Vec::new();
+            let mut carried = None;
+            for (i, (range, kv)) in stages.iter().zip(kvs.iter_mut()).enumerate() {
+                let head = *range.end() == last;
+                let input = match i {
+                    0 => StageInput::Tokens(part),
+                    _ => StageInput::Hidden(&hidden),
+                };
+                let mut hooks = model::SelectionCarry {
+                    incoming: carried.take(),
+                    outgoing: None,
+                };
+                let out = model
+                    .forward(
+                        &cx,
+                        &src,
+                        range.clone(),
+                        head,
+                        input,
+                        &mut [SeqInput {
+                            kv,
+                            n_tokens: part.len(),
+                            logits: if head {
+                                LogitsWanted::All
+                            } else {
+                                LogitsWanted::None
+                            },
+                        }],
+                        &mut hooks,
+                    )
+                    .unwrap();
+                carried = hooks.outgoing;
+                match out {
+                    StageOutput::Hidden(h) => {
+                        assert_eq!(h.len(), part.len() * model.hp.hidden_width());
+                        hidden = h;
+                    }
+                    StageOutput::Logits(l) => got.extend(l.data),
+                }
+            }
         }
-        assert_eq!(
-            bits(&got),
-            bits(&whole),
-            "layers 0..={split} | {}..={last}",
-            split + 1
-        );
+        assert_eq!(bits(&got), bits(&whole), "stages {stages:?}");
     }
     let mut kv = KvCache::new(model.kv_layout(KvType::F32, 2..=last, 1024));
     let hidden = vec![0.5f32; 4 * model.hp.hidden_width()];
@@ -444,10 +444,10 @@ fn glm5_next_pipeline_stages_match_the_single_pass() {
         &mut NoHooks,
     );
     let err = refused
-        .expect_err("a stage starting at a shared layer")
+        .expect_err("a stage starting at a shared layer without the selection")
         .to_string();
     assert!(
-        err.contains("layer 2 reuses the indexer selection"),
+        err.contains("layer 2 reuses the indexer selection of layer 1"),
         "{err}"
     );
     assert_eq!(kv.len(), 0, "the refused pass leaves nothing in the cache");

@@ -118,8 +118,7 @@ impl Model {
                 .map_or("(none)".to_string(), |j| j.to_string());
             ModelError::Input(format!(
                 "layer {il} reuses the indexer selection of layer {from}, which did not run in \
-                 this pass: a pipeline stage cannot start between a full-indexer layer and the \
-                 shared layers that follow it (the selection does not travel between stages)"
+                 this pass, and the stage before handed none on (Hooks::carried_selection)"
             ))
         })?;
         // Each head's query taken into latent space: W_kb[h] is kv_lora_rank × qk_nope.

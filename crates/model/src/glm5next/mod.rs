@@ -30,8 +30,7 @@ use crate::profile::{Phase, span, timed};
 use crate::shard::Shard;
 use crate::weights::{AttentionWeights, Ffn, Glm5Block};
 
-/// Per batch row, the positions its query attends to in a latent layer (ascending).
-pub(crate) type Selection = Vec<Vec<u32>>;
+pub(crate) use crate::pass::IndexSelection as Selection;
 
 pub(crate) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
@@ -45,6 +44,27 @@ impl From<&Glm5NextParams> for HcShape {
             hc_eps: p.hc_eps,
         }
     }
+}
+
+/// Refuses a carried selection that is not one row per batch row of positions each row's query
+/// sees (it comes from another process).
+fn check_carried(sel: &Selection, seqs: &[SeqInput], pos0: &[usize]) -> Result<()> {
+    let n: usize = seqs.iter().map(|s| s.n_tokens).sum();
+    let mut rows = sel.iter();
+    let bad = sel.len() != n
+        || seqs.iter().zip(pos0).any(|(s, &p0)| {
+            (0..s.n_tokens).any(|t| {
+                rows.next()
+                    .is_none_or(|r| r.iter().any(|&q| q as usize > p0 + t))
+            })
+        });
+    if bad {
+        return Err(ModelError::Input(format!(
+            "the carried indexer selection ({} rows) does not fit the batch's {n} rows and positions",
+            sel.len()
+        )));
+    }
+    Ok(())
 }
 
 /// What each of `layers` keeps in the cache of a rank with `shard`'s heads.
@@ -106,8 +126,19 @@ impl Model {
         }
     }
 
+    /// Whether the first latent layer from `il` on reuses an earlier layer's selection (a pass
+    /// starting there needs the selection handed on by the stage before).
+    fn reuses_selection_from(&self, il: usize) -> bool {
+        let p = self.glm5_params();
+        (il..self.hp.n_layer)
+            .map(|j| p.kind(j))
+            .find(|k| matches!(k, Glm5LayerKind::Mla { .. }))
+            == Some(Glm5LayerKind::Mla { indexer: false })
+    }
+
     /// Layers `layers` over the streams `x` (`n × hc·n_embd`). A shared latent layer reuses the
-    /// selection of the last layer before it that ran the indexer, KDA layers in between.
+    /// selection of the last layer before it that ran the indexer, KDA layers in between; across
+    /// a pipeline stage boundary the selection travels through the hooks.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn glm5next_layers(
         &self,
@@ -119,10 +150,23 @@ impl Model {
         experts: &dyn ExpertSource,
         hooks: &mut dyn Hooks,
     ) -> Result<()> {
+        let (first, last) = (*layers.start(), *layers.end());
         let mut selection: Option<Selection> = None;
+        if self.reuses_selection_from(first) {
+            selection = hooks.carried_selection();
+            if let Some(sel) = &selection {
+                check_carried(sel, seqs, pos0)?;
+            }
+        }
         for il in layers {
             self.glm5next_layer(cx, il, x, seqs, pos0, &mut selection, experts, hooks)?;
             hooks.observe(Some(il), "l_out", x);
+        }
+        if last + 1 < self.hp.n_layer
+            && self.reuses_selection_from(last + 1)
+            && let Some(sel) = &selection
+        {
+            hooks.carry_selection(sel);
         }
         Ok(())
     }
