@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use engine::executor::{EvalRequest, EvalResult, Executor, ModelInfo, SessionId};
 use engine::snapshot::{Snapshot, SnapshotLayout};
 use engine::{EngineError, Result, RunError, Runner};
-use model::{StageInput, StageOutput};
+use model::{SelectionCarry, StageInput, StageOutput};
 
 use super::protocol::*;
 use super::registry::{StageAdmission, chain};
@@ -205,9 +205,10 @@ impl PipelineExecutor {
         for (i, (seqs, tokens)) in items.into_iter().enumerate() {
             out.push(None);
             let t0 = Instant::now();
+            let mut carry = SelectionCarry::default();
             let produced = self
                 .local
-                .run(&seqs, &tokens, StageInput::Tokens(&tokens))
+                .run_with_hooks(&seqs, &tokens, StageInput::Tokens(&tokens), &mut carry)
                 .map_err(|e| match e {
                     RunError::HashMismatch { session, .. } => Attempt::Desync(session),
                     e @ RunError::Model { .. } => Attempt::Fatal(e.into()),
@@ -224,6 +225,7 @@ impl PipelineExecutor {
                         tokens,
                         act: self.cfg.act,
                         n_embd: n_embd as u32,
+                        selection: carry.outgoing.unwrap_or_default(),
                     };
                     let rid = self.request_id();
                     self.route()?.send(&pack(Kind::Work, rid, &header, &enc))?;

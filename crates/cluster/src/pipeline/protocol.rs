@@ -15,6 +15,9 @@ pub struct WorkHeader {
     pub tokens: Vec<u32>,
     pub act: ActFormat,
     pub n_embd: u32,
+    /// GLM-5.3 Flash: the indexer selection the next stage's first latent layer reuses (per
+    /// row, the positions it attends to); empty for every other model and boundary.
+    pub selection: model::IndexSelection,
 }
 
 /// One stage's share of a work item's time, reported back with the result.

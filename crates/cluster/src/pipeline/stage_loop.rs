@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use engine::{RunError, Runner};
-use model::StageInput;
+use model::{SelectionCarry, StageInput};
 
 use super::protocol::*;
 use crate::activation::ActFormat;
@@ -169,16 +169,30 @@ fn run_work(stage: &mut Runner, frame: &Frame, n_embd: usize) -> Result<WorkOut,
                 header.tokens.len()
             ))
         })?;
-    match stage.run(
+    let mut carry = SelectionCarry {
+        incoming: (!header.selection.is_empty()).then(|| header.selection.clone()),
+        outgoing: None,
+    };
+    match stage.run_with_hooks(
         &header.seqs,
         &header.tokens,
         StageInput::HiddenWithTokens(&hidden, &header.tokens),
+        &mut carry,
     ) {
         Ok(model::StageOutput::Logits(l)) => {
             let (h, raw) = ResultHeader::of(&l);
             Ok(WorkOut::Logits(h, raw))
         }
-        Ok(model::StageOutput::Hidden(h)) => Ok(WorkOut::Forward(header, h)),
+        Ok(model::StageOutput::Hidden(h)) => {
+            let selection = carry.outgoing.unwrap_or_default();
+            Ok(WorkOut::Forward(
+                WorkHeader {
+                    selection,
+                    ..header
+                },
+                h,
+            ))
+        }
         Err(RunError::HashMismatch { range, session, .. }) => Err(StageFailure::Desync {
             stage: range,
             session,
