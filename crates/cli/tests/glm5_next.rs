@@ -110,3 +110,54 @@ fn glm5_next_pipelines_and_groups_are_bit_identical_to_single_node() {
     );
     assert_eq!(differing(&got, &single), 0, "2 ranks");
 }
+
+/// A session saved on a 2-stage split whose second stage starts at the shared layer, and one
+/// saved on a 2-rank group (each rank its heads' KDA states, merged into the snapshot), continue
+/// on one node and on a group with the single node's greedy tokens.
+#[test]
+fn glm5_next_snapshots_move_between_splits_and_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model();
+    let text = std::fs::read_to_string(fixture("glm5-next", "prompt_tokens.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let prompt: String = v["text"].as_str().unwrap().chars().take(600).collect();
+    let greedy = ["--temp", "0"];
+    let mut args = vec!["run", "-m", &m, "-p", &prompt, "-n", "16"];
+    args.extend_from_slice(&greedy);
+    args.extend_from_slice(&BASE[..5]);
+    let want = run_ok(&args);
+    let want = want
+        .strip_prefix(prompt.as_str())
+        .unwrap_or(&want)
+        .trim_end()
+        .to_string();
+    assert!(!want.is_empty(), "the single node generated nothing");
+    let tp = ["--tensor-parallel", "--tp-size", "2"];
+    for (name, split, stages, ranks) in [
+        ("2-stage", &["--layers", "0:1"][..], &["2:output"][..], 1),
+        ("2-rank", &tp[..], &[][..], 2),
+    ] {
+        let snap = dir.path().join(format!("{name}.snap"));
+        let snap_s = snap.to_str().unwrap();
+        let mut save = vec!["run", "-m", &m, "-p", &prompt, "-n", "0"];
+        save.extend_from_slice(split);
+        save.extend_from_slice(&["--save-snapshot", snap_s]);
+        save.extend_from_slice(&greedy);
+        with_cluster(&save, stages, ranks);
+        let mut load = vec!["run", "-m", &m, "-n", "16", "--load-snapshot", snap_s];
+        load.extend_from_slice(&greedy);
+        let mut single = load.clone();
+        single.extend_from_slice(&BASE[..5]);
+        assert_eq!(
+            run_ok(&single).trim_end(),
+            want,
+            "{name} snapshot continued on one node"
+        );
+        load.extend_from_slice(&tp);
+        assert_eq!(
+            with_cluster(&load, &[], 2).trim_end(),
+            want,
+            "{name} snapshot continued on 2 ranks"
+        );
+    }
+}
