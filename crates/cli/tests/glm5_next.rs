@@ -1,7 +1,8 @@
 //! GLM-5.3 Flash (`glm5-next`, the tiny fixture: KDA layers 0 and 3, the k-pool indexer on
 //! layer 1, layer 2 reusing its selection) across real processes: pipelines whose stages start
-//! at the shared layer (the selection travels in the work header) or at KDA layers, and a
-//! 2-rank tensor-parallel group (latent and KDA heads split): all bit-identical to one node.
+//! at the shared layer (the selection travels in the work header) or at KDA layers, a 2-rank
+//! tensor-parallel group (latent and KDA heads split) and SSD streaming: all bit-identical to one
+//! node; snapshots moved between splits and groups.
 
 mod common;
 
@@ -84,7 +85,7 @@ fn differing(a: &[f32], b: &[f32]) -> usize {
 }
 
 #[test]
-fn glm5_next_pipelines_and_groups_are_bit_identical_to_single_node() {
+fn glm5_next_pipelines_groups_and_streaming_are_bit_identical_to_single_node() {
     let dir = tempfile::tempdir().unwrap();
     let at = |name: &str| dir.path().join(name);
     let single = logits(&at("single.npy"), &[], &[], 1);
@@ -109,6 +110,12 @@ fn glm5_next_pipelines_and_groups_are_bit_identical_to_single_node() {
         2,
     );
     assert_eq!(differing(&got, &single), 0, "2 ranks");
+    // Streaming with one cache slot, and with the whole layer cached.
+    for cache in ["1", "8"] {
+        let extra = ["--ssd-streaming", "--expert-cache", cache];
+        let got = logits(&at(&format!("stream{cache}.npy")), &extra, &[], 1);
+        assert_eq!(differing(&got, &single), 0, "streaming, cache {cache}");
+    }
 }
 
 /// A session saved on a 2-stage split whose second stage starts at the shared layer, and one
