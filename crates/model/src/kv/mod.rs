@@ -208,7 +208,8 @@ impl KvCache {
     }
 
     /// Whether [`KvCache::truncate`]`(n)` keeps what the next token (at position `n`) needs:
-    /// false when sliding layers already dropped positions it attends to. Depends only on the
+    /// false when sliding layers already dropped positions it attends to, or recurrent layers
+    /// (GLM-5.3 Flash's KDA) no longer reach their memory after `n`. Depends only on the
     /// positions stored and rewound, not on which layers this cache holds, so every stage of a
     /// pipeline gives the same answer.
     pub fn can_rewind(&self, n: usize) -> bool {
@@ -230,8 +231,9 @@ impl KvCache {
     }
 
     /// Forgets positions `n..` (rewind). Fails, changing nothing, when sliding layers no
-    /// longer hold the positions that position `n` attends to ([`KvCache::can_rewind`]): the
-    /// caller evaluates the sequence afresh instead.
+    /// longer hold the positions that position `n` attends to or recurrent layers cannot
+    /// rebuild their memory at `n` ([`KvCache::can_rewind`]): the caller evaluates the sequence
+    /// afresh instead.
     pub fn truncate(&mut self, n: usize) -> Result<()> {
         if !self.hybrid_can_rewind(n) {
             return Err(ModelError::Input(format!(
