@@ -35,6 +35,23 @@ fn f32_side_bytes_per_position(model: &Model) -> usize {
         .ceil() as usize
 }
 
+/// GLM-5.3 Flash: bytes per position of its latent layers' rows (`layer_bytes` each), plus on
+/// full-indexer layers the f32 key and pooling scores of every position and the pooled key of
+/// every pool. Its KDA layers hold no rows: their recurrent state is a fixed size per session.
+fn hybrid_bytes_per_position(model: &Model, layer_bytes: usize) -> Option<usize> {
+    use model::hparams::Glm5LayerKind;
+    let p = model.hp.glm5next.as_ref()?;
+    let index_bytes = (2.0 + 1.0 / p.kpool as f64) * p.index_head_dim as f64 * 4.0;
+    let bytes: f64 = (0..model.hp.n_layer)
+        .map(|il| match p.kind(il) {
+            Glm5LayerKind::Kda => 0.0,
+            Glm5LayerKind::Mla { indexer: false } => layer_bytes as f64,
+            Glm5LayerKind::Mla { indexer: true } => layer_bytes as f64 + index_bytes,
+        })
+        .sum();
+    Some(bytes.ceil() as usize)
+}
+
 pub fn model_info_kv(model: &Model, n_ctx: usize, kv_type: KvType) -> ModelInfo {
     let meta = model.files().metadata();
     let name = meta
@@ -59,7 +76,8 @@ pub fn model_info_kv(model: &Model, n_ctx: usize, kv_type: KvType) -> ModelInfo 
         n_ctx,
         fingerprint: model.files().fingerprint().to_string(),
         weight_bytes: model.files().splits().iter().map(|s| s.file_len()).sum(),
-        kv_bytes_per_position: model.hp.n_layer * layer_bytes + f32_side_bytes_per_position(model),
+        kv_bytes_per_position: hybrid_bytes_per_position(model, layer_bytes)
+            .unwrap_or(model.hp.n_layer * layer_bytes + f32_side_bytes_per_position(model)),
         kv_sliding_bytes_per_position: n_sliding * layer_bytes,
         kv_sliding_positions: model
             .hp

@@ -60,9 +60,12 @@ pub struct SnapshotLayout {
     /// only the latest `window - 1` positions); `None` for a full layer.
     pub windows: Vec<Option<usize>>,
     /// Per layer: its value bytes are not value rows but the layer's own state — a
-    /// compressor's (DeepSeek V4) or the indexer keys (GLM-5) — which the KV cache checks when
-    /// it imports them.
+    /// compressor's (DeepSeek V4), the indexer keys (GLM-5, GLM-5.3 Flash) or a recurrent
+    /// state (GLM-5.3 Flash) — which the KV cache checks when it imports them.
     pub values_own_format: Vec<bool>,
+    /// Per layer: it keeps no rows, only a recurrent state (GLM-5.3 Flash's KDA layers): its
+    /// key bytes are empty.
+    pub recurrent: Vec<bool>,
 }
 
 impl SnapshotLayout {
@@ -83,6 +86,18 @@ impl SnapshotLayout {
                 .map(|il| {
                     model.hp.dsv4.as_ref().is_some_and(|p| p.ratio(il) > 0)
                         || model.hp.dsa.as_ref().is_some_and(|p| p.is_full(il))
+                        || model.hp.glm5next.as_ref().is_some_and(|p| {
+                            p.kind(il) != model::hparams::Glm5LayerKind::Mla { indexer: false }
+                        })
+                })
+                .collect(),
+            recurrent: (0..model.hp.n_layer)
+                .map(|il| {
+                    model
+                        .hp
+                        .glm5next
+                        .as_ref()
+                        .is_some_and(|p| p.kind(il) == model::hparams::Glm5LayerKind::Kda)
                 })
                 .collect(),
         }
@@ -202,7 +217,8 @@ impl Snapshot {
             let held = k.len() / kr.max(1);
             let window = want.windows.get(il).copied().flatten();
             let tail = window.map(|w| n.min(w.saturating_sub(1)));
-            let positions_ok = held == n || tail == Some(held);
+            let rowless = want.recurrent.get(il) == Some(&true) && k.is_empty();
+            let positions_ok = held == n || tail == Some(held) || rowless;
             let values_ok = v.len() == held * vr || want.values_own_format.get(il) == Some(&true);
             if !positions_ok || k.len() != held * kr || !values_ok {
                 let sliding = tail.map_or(String::new(), |t| {
@@ -488,6 +504,7 @@ mod tests {
             head_dim_v: 4,
             n_ctx: 8,
             values_own_format: vec![false; 2],
+            recurrent: vec![false; 2],
             windows: vec![None, Some(3)],
         };
         // 3 positions × 2 heads × 4 dims × 2 bytes = 48 bytes per layer.

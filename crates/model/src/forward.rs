@@ -217,7 +217,14 @@ impl Model {
             .zip(pos0)
             .flat_map(|(s, &p)| p..p + s.n_tokens)
             .collect();
-        if self.hp.dsv4.is_some() {
+        if self.hp.glm5next.is_some() {
+            let carried = selection.take().map(|s| s.to_lists());
+            let handed_on =
+                self.glm5next_layers(cx, layers, x, seqs, pos0, experts, carried, hooks)?;
+            selection = handed_on
+                .map(|l| Selection::from_lists(&l, self.hp.carried_width()))
+                .transpose()?;
+        } else if self.hp.dsv4.is_some() {
             let ropes = crate::dsv4::Dsv4Ropes::new(&self.hp, &positions);
             for il in layers {
                 self.dsv4_layer(cx, il, x, tokens, seqs, pos0, &ropes, experts, hooks)?;
@@ -261,7 +268,9 @@ impl Model {
             h.extend_from_slice(&x[r * wide..(r + 1) * wide]);
         }
         let head_span = span(Phase::Head);
-        if wide != d {
+        if let Some(p) = &self.hp.glm5next {
+            h = crate::glm5next::mean_of_streams(&h, p.hc, d);
+        } else if wide != d {
             h = self.dsv4_head_collapse(cx, &h)?;
         }
         let (Some(output_norm), Some(output)) = (&self.output_norm, &self.output) else {
@@ -303,9 +312,9 @@ impl Model {
             AttentionWeights::Mla(m) => {
                 return self.mla_attention_layer(cx, il, m, x, seqs, pos0, rope, selection, hooks);
             }
-            AttentionWeights::Dsv4(_) => {
+            AttentionWeights::Dsv4(_) | AttentionWeights::Glm5Next(_) => {
                 return Err(ModelError::Input(format!(
-                    "layer {il}: DeepSeek V4 layers run through dsv4_layer"
+                    "layer {il}: DeepSeek V4 and GLM-5.3 Flash layers run through their own paths"
                 )));
             }
         };

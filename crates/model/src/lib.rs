@@ -9,6 +9,7 @@ pub mod error;
 pub mod experts;
 pub mod file_slice;
 pub mod forward;
+mod glm5next;
 pub mod hparams;
 pub mod kv;
 mod model;

@@ -255,6 +255,11 @@ impl Model {
             width: p.head_dim,
             layers: layers.clone().map(|il| p.is_full(il)).collect(),
         });
+        let hybrid = self
+            .hp
+            .glm5next
+            .as_ref()
+            .map(|p| crate::glm5next::cache_layers(p, &self.shard, layers.clone()));
         KvLayout {
             kv_type,
             layers,
@@ -265,6 +270,7 @@ impl Model {
             sliding,
             compression,
             index_keys,
+            hybrid,
         }
     }
 

@@ -100,8 +100,14 @@ impl Shard {
             }
         } else if hp.mla.is_some() {
             // Latent attention: query heads split, the one latent cache (shared by every head)
-            // kept whole on every rank.
-            if hp.n_head.is_multiple_of(n_ranks) && aligned {
+            // kept whole on every rank. GLM-5.3 Flash's KDA layers split the same heads, each
+            // rank keeping its heads' recurrent state; its indexer runs whole on every rank.
+            let kda_aligned = hp.glm5next.as_ref().is_none_or(|p| {
+                o_dtype
+                    .row_bytes((heads_per_rank * p.kda_head_dim) as u64)
+                    .is_some()
+            });
+            if hp.n_head.is_multiple_of(n_ranks) && aligned && kda_aligned {
                 s.heads = rank * heads_per_rank..(rank + 1) * heads_per_rank;
                 s.attention_split = true;
             }

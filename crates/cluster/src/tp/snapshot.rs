@@ -2,15 +2,28 @@
 //! by heads each rank holds its kv heads, which are interleaved back into rows of all heads for
 //! a snapshot and cut out again on restore; replicated attention, and latent attention (whose
 //! one latent cache every rank holds whole), need only rank 0's copy. A sliding-window layer
-//! holds only its latest positions; how many is read from its size.
+//! holds only its latest positions; how many is read from its size. GLM-5.3 Flash's KDA layers
+//! are split by heads like attention: each rank's recurrent state (its heads') is merged into the
+//! whole layer's and cut out again.
 
 use std::ops::Range;
 
 use engine::snapshot::LayersKv;
+use model::hparams::{Glm5LayerKind, Glm5NextParams};
+use model::kv::{merge_recurrent_shares, split_recurrent_share};
 use model::shard::{kv_heads_merge, kv_heads_slice};
 use model::{KvType, Model};
 
 use crate::error::Result;
+
+/// GLM-5.3 Flash's parameters when its KDA heads are split across the ranks.
+fn recurrent_split(model: &Model) -> Option<&Glm5NextParams> {
+    model
+        .hp
+        .glm5next
+        .as_ref()
+        .filter(|_| model.shard().attention_split)
+}
 
 fn rank_heads(model: &Model) -> Vec<Range<usize>> {
     (0..model.shard().n_ranks)
@@ -30,6 +43,21 @@ pub fn merge(
     let Some(first) = per_rank.first() else {
         return Ok(Vec::new());
     };
+    if let Some(p) = recurrent_split(model) {
+        return (0..hp.n_layer)
+            .map(|il| {
+                if p.kind(il) != Glm5LayerKind::Kda {
+                    return Ok(first.get(il).cloned().unwrap_or_default());
+                }
+                let shares: Vec<&[u8]> = per_rank
+                    .iter()
+                    .map(|layers| layers.get(il).map_or(&[][..], |(_, v)| &v[..]))
+                    .collect();
+                let v = merge_recurrent_shares(&shares, p.kda_head_dim, p.conv_kernel - 1)?;
+                Ok((Vec::new(), v))
+            })
+            .collect();
+    }
     if !model.shard().kv_split(hp.n_head_kv) {
         return Ok(first.clone());
     }
@@ -69,6 +97,29 @@ pub fn split(
     layers: &[(Vec<u8>, Vec<u8>)],
 ) -> Result<Vec<LayersKv>> {
     let n_ranks = model.shard().n_ranks;
+    if let Some(p) = recurrent_split(model) {
+        return (0..n_ranks)
+            .map(|r| {
+                let heads = model.shard_of(r).heads;
+                layers
+                    .iter()
+                    .enumerate()
+                    .map(|(il, (k, v))| {
+                        if p.kind(il) != Glm5LayerKind::Kda {
+                            return Ok((k.clone(), v.clone()));
+                        }
+                        let share = split_recurrent_share(
+                            v,
+                            heads.clone(),
+                            p.kda_head_dim,
+                            p.conv_kernel - 1,
+                        )?;
+                        Ok((Vec::new(), share))
+                    })
+                    .collect()
+            })
+            .collect();
+    }
     if !model.shard().kv_split(model.hp.n_head_kv) {
         return Ok(vec![layers.to_vec(); n_ranks]);
     }

@@ -5,6 +5,7 @@
 mod deepseek2;
 mod deepseek4;
 mod glm4moe;
+mod glm5_next;
 mod glm_dsa;
 mod gpt_oss;
 mod llama;
@@ -113,7 +114,7 @@ pub const BASE: ArchSpec = ArchSpec {
     yarn_truncate: true,
 };
 
-const REGISTRY: [&ArchSpec; 9] = [
+const REGISTRY: [&ArchSpec; 10] = [
     &llama::SPEC,
     &qwen3moe::SPEC,
     &qwen2moe::SPEC,
@@ -123,6 +124,7 @@ const REGISTRY: [&ArchSpec; 9] = [
     &glm4moe::SPEC,
     &glm_dsa::SPEC,
     &gpt_oss::SPEC,
+    &glm5_next::SPEC,
 ];
 
 /// The declaration for `general.architecture == name`.

@@ -78,6 +78,28 @@ impl Selection {
         self.rows.len() / self.k.max(1)
     }
 
+    /// Rows of at most `k` positions each (padded here).
+    pub fn from_lists(lists: &[Vec<u32>], k: usize) -> Result<Selection> {
+        let mut rows = vec![NO_POSITION; lists.len() * k];
+        for (slots, list) in rows.chunks_exact_mut(k.max(1)).zip(lists) {
+            if list.len() > k {
+                return Err(ModelError::Input(format!(
+                    "a selection of {} positions exceeds the {k} a stage carries",
+                    list.len()
+                )));
+            }
+            slots[..list.len()].copy_from_slice(list);
+        }
+        Ok(Selection { k, rows })
+    }
+
+    /// Each row's positions.
+    pub fn to_lists(&self) -> Vec<Vec<u32>> {
+        (0..self.n_rows())
+            .map(|i| self.row(i).map(|p| p as u32).collect())
+            .collect()
+    }
+
     /// Positions row `i` attends to.
     pub fn row(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
         self.rows[i * self.k..(i + 1) * self.k]

@@ -459,6 +459,7 @@ fn decompressed(
             sliding: None,
             compression: None,
             index_keys: None,
+            hybrid: None,
         });
         cache.reserve(0, n_pos)?;
         let mut k_row = vec![0f32; nh * dk];

@@ -1,6 +1,6 @@
 //! DeepSeek V4's hyper-connections: the mix of `hc` residual streams around each block
 //! (collapse into the block input, Sinkhorn-normalized recombination with the block output) and
-//! the head's collapse before the output norm.
+//! the head's collapse before the output norm. GLM-5.3 Flash mixes its streams the same way.
 
 use kernels::Input;
 
@@ -14,7 +14,7 @@ use crate::weights::HyperMix;
 
 /// The stream mix around a block: the collapsed block input (`n × d`) and, per token, the
 /// `hc` post weights and the `hc × hc` combination (`comb[src·hc + dst]`).
-pub(super) struct Mix {
+pub(crate) struct Mix {
     pub collapsed: Vec<f32>,
     post: Vec<f32>,
     comb: Vec<f32>,
@@ -64,13 +64,31 @@ fn collapse(cx: &Compute, x: &[f32], pre: &[f32], hc: usize, d: usize) -> Vec<f3
     collapsed
 }
 
+/// How streams are mixed: how many, Sinkhorn iterations, the epsilon of the weights.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HcShape {
+    pub hc: usize,
+    pub sinkhorn_iters: usize,
+    pub hc_eps: f32,
+}
+
+impl From<&Dsv4Params> for HcShape {
+    fn from(p: &Dsv4Params) -> HcShape {
+        HcShape {
+            hc: p.hc,
+            sinkhorn_iters: p.sinkhorn_iters,
+            hc_eps: p.hc_eps,
+        }
+    }
+}
+
 /// Hyper-connection pre-mix of `x` (`n × hc·d`).
-pub(super) fn hc_pre(
+pub(crate) fn hc_pre(
     cx: &Compute,
     model: &Model,
     x: &[f32],
     w: &HyperMix,
-    p: &Dsv4Params,
+    p: HcShape,
     eps: f32,
 ) -> Result<Mix> {
     let hc = p.hc;
@@ -136,7 +154,7 @@ fn sinkhorn(c: &mut [f32], hc: usize, iters: usize, eps: f32) {
 }
 
 /// `x ← post ⊗ y + combᵀ · x` per token (`y` is the block output, `n × d`).
-pub(super) fn hc_post(cx: &Compute, x: &mut [f32], y: &[f64], mix: &Mix, hc: usize) {
+pub(crate) fn hc_post(cx: &Compute, x: &mut [f32], y: &[f64], mix: &Mix, hc: usize) {
     let n = mix.post.len() / hc;
     let wide = x.len() / n.max(1);
     let d = wide / hc;

@@ -16,7 +16,7 @@
 
 mod attention;
 mod compress;
-mod hyper;
+pub(crate) mod hyper;
 
 use kernels::Input;
 
@@ -123,7 +123,7 @@ impl Model {
         };
         let d = hp.n_embd;
         let mix = timed(Phase::HyperMix, || {
-            hc_pre(cx, self, x, &a.hc_attn, p, hp.rms_eps)
+            hc_pre(cx, self, x, &a.hc_attn, p.into(), hp.rms_eps)
         })?;
         let n = mix.collapsed.len() / d;
         let mut h = vec![0f32; n * d];
@@ -139,7 +139,7 @@ impl Model {
         hooks.observe(Some(il), "hc_attn_post", x);
 
         let mix = timed(Phase::HyperMix, || {
-            hc_pre(cx, self, x, &a.hc_ffn, p, hp.rms_eps)
+            hc_pre(cx, self, x, &a.hc_ffn, p.into(), hp.rms_eps)
         })?;
         cx.rms_norm_rows(&mix.collapsed, &l.ffn_norm, hp.rms_eps, &mut h);
         hooks.observe(Some(il), "ffn_norm", &h);

@@ -11,6 +11,10 @@ use crate::arch::{ArchSpec, Gating, RopeKind};
 use crate::error::{ModelError, Result};
 use crate::names::keys;
 
+mod glm5next;
+
+pub use glm5next::{Glm5LayerKind, Glm5NextParams};
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeParams {
     pub kind: RopeKind,
@@ -100,6 +104,8 @@ pub struct Hparams {
     pub dsv4: Option<Dsv4Params>,
     /// GLM-5's sparse attention (`glm-dsa`).
     pub dsa: Option<DsaParams>,
+    /// GLM-5.3 Flash's layer kinds, KDA, k-pool indexer and hyper-connections (`glm5-next`).
+    pub glm5next: Option<Glm5NextParams>,
 }
 
 /// DeepSeek V4: the residual is `hc` streams of `n_embd`; every layer attends to a sliding
@@ -153,7 +159,10 @@ impl Hparams {
         let n_layer = u(keys::BLOCK_COUNT)?.saturating_sub(n_nextn);
         let n_embd = u(keys::EMBEDDING_LENGTH)?;
         let n_head = u(keys::HEAD_COUNT)?;
-        let n_head_kv = u_opt(keys::HEAD_COUNT_KV)?.unwrap_or(n_head);
+        let n_head_kv = match glm5next::kv_heads_of_array(meta)? {
+            Some(n) => n,
+            None => u_opt(keys::HEAD_COUNT_KV)?.unwrap_or(n_head),
+        };
         if n_layer == 0 || n_embd == 0 || n_head == 0 || n_head_kv == 0 {
             return Err(bad(
                 meta,
@@ -331,26 +340,38 @@ impl Hparams {
             n_nextn,
             dsv4: None,
             dsa: None,
+            glm5next: None,
         })
         .and_then(|hp| match spec.name {
             "deepseek4" => dsv4_params(meta, hp),
             "glm-dsa" => dsa::dsa_params(meta, hp),
+            "glm5-next" => glm5next::glm5next_params(meta, hp),
             _ => Ok(hp),
         })
     }
 
     /// Values per position of the residual stream between layers: `hc · n_embd` for
-    /// DeepSeek V4.
+    /// DeepSeek V4 and GLM-5.3 Flash.
     pub fn stream_width(&self) -> usize {
-        self.dsv4.as_ref().map_or(1, |p| p.hc) * self.n_embd
+        let streams = match (&self.dsv4, &self.glm5next) {
+            (Some(p), _) => p.hc,
+            (None, Some(p)) => p.hc,
+            (None, None) => 1,
+        };
+        streams * self.n_embd
     }
 
     /// Values per position that travel between pipeline stages besides the stream, exactly
-    /// (not in the wire's activation format): GLM-5's sparse-attention selection, top-k
-    /// positions as `u32` bit patterns, which a stage starting at a shared layer attends
-    /// through.
+    /// (not in the wire's activation format): GLM-5's and GLM-5.3 Flash's sparse-attention
+    /// selection, the attended positions as `u32` bit patterns, which a stage starting at a
+    /// shared layer attends through.
     pub fn carried_width(&self) -> usize {
-        self.dsa.as_ref().map_or(0, |p| p.top_k)
+        match (&self.dsa, &self.glm5next) {
+            (Some(p), _) => p.top_k,
+            // The chosen pools' members and the incomplete pool's tail.
+            (None, Some(p)) => p.index_topk + p.kpool - 1,
+            (None, None) => 0,
+        }
     }
 
     /// Values per position between pipeline stages: the stream, then what is carried.

@@ -374,6 +374,7 @@ mod tests {
                 max_ratio: 128,
             }),
             index_keys: None,
+            hybrid: None,
         }
     }
 

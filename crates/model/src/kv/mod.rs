@@ -13,10 +13,16 @@ use crate::error::{ModelError, Result};
 
 mod compressed;
 mod index_keys;
+mod recurrent;
 
 use compressed::{CompLayerState, comp_needed};
 pub use compressed::{CompressedLayer, Compression, Pool};
 pub use index_keys::IndexKeys;
+use recurrent::HybridState;
+pub use recurrent::{
+    HybridLayers, KEPT_REWINDS, LayerMemory, PooledKeys, RecurrentState, delta_rule_step,
+    merge_recurrent_shares, split_recurrent_share,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KvType {
@@ -73,6 +79,8 @@ pub struct KvLayout {
     pub compression: Option<Compression>,
     /// GLM-5's indexer keys (see [`IndexKeys`]).
     pub index_keys: Option<IndexKeys>,
+    /// GLM-5.3 Flash's per-layer memories (see [`HybridLayers`]).
+    pub hybrid: Option<HybridLayers>,
 }
 
 /// A layer's snapshot bytes: keys, and values (or a compressed layer's compressor state).
@@ -143,12 +151,19 @@ pub struct KvCache {
     comp_from: usize,
     /// Per local layer: its indexer keys (GLM-5 full sparse-attention layers; else empty).
     ix: Vec<Vec<f32>>,
+    /// Per local layer: GLM-5.3 Flash's indexer keys or recurrent state.
+    hybrid: Vec<HybridState>,
+    /// GLM-5.3 Flash's recurrent layers rewind to any position from here on (replaying their
+    /// kept step inputs), and to `chunk_start`.
+    rewind_from: usize,
+    chunk_start: Option<usize>,
 }
 
 impl KvCache {
     pub fn new(layout: KvLayout) -> KvCache {
         let n = layout.layers.clone().count();
         let comp = compressed::states(&layout, n);
+        let hybrid = recurrent::states(&layout, n);
         KvCache {
             layout,
             k: vec![Vec::new(); n],
@@ -158,6 +173,9 @@ impl KvCache {
             comp,
             comp_from: 0,
             ix: vec![Vec::new(); n],
+            hybrid,
+            rewind_from: 0,
+            chunk_start: None,
         }
     }
 
@@ -197,7 +215,8 @@ impl KvCache {
     }
 
     /// Whether [`KvCache::truncate`]`(n)` keeps what the next token (at position `n`) needs:
-    /// false when sliding layers already dropped positions it attends to. Depends only on the
+    /// false when sliding layers already dropped positions it attends to, or recurrent layers
+    /// (GLM-5.3 Flash's KDA) no longer reach their memory after `n`. Depends only on the
     /// positions stored and rewound, not on which layers this cache holds, so every stage of a
     /// pipeline gives the same answer.
     pub fn can_rewind(&self, n: usize) -> bool {
@@ -206,7 +225,8 @@ impl KvCache {
             || (self.oldest_attended(n) >= self.first
                 && self
                     .max_ratio()
-                    .is_none_or(|m| comp_needed(n, m) >= self.comp_from))
+                    .is_none_or(|m| comp_needed(n, m) >= self.comp_from)
+                && self.hybrid_can_rewind(n))
     }
 
     fn max_ratio(&self) -> Option<usize> {
@@ -218,9 +238,16 @@ impl KvCache {
     }
 
     /// Forgets positions `n..` (rewind). Fails, changing nothing, when sliding layers no
-    /// longer hold the positions that position `n` attends to ([`KvCache::can_rewind`]): the
-    /// caller evaluates the sequence afresh instead.
+    /// longer hold the positions that position `n` attends to or recurrent layers cannot
+    /// rebuild their memory at `n` ([`KvCache::can_rewind`]): the caller evaluates the sequence
+    /// afresh instead.
     pub fn truncate(&mut self, n: usize) -> Result<()> {
+        if !self.hybrid_can_rewind(n) {
+            return Err(ModelError::Input(format!(
+                "cannot rewind to {n} positions: the recurrent layers reach {} only",
+                self.rewind_points()
+            )));
+        }
         if !self.can_rewind(n) {
             return Err(ModelError::Input(format!(
                 "cannot rewind to {n} positions: the sliding-window layers hold positions {}..{} only (position {n} attends from {})",
@@ -235,6 +262,7 @@ impl KvCache {
             self.comp_from = 0;
         }
         self.truncate_compressed();
+        self.truncate_hybrid();
         Ok(())
     }
 
@@ -261,9 +289,12 @@ impl KvCache {
     pub fn bytes_used(&self) -> usize {
         let n_sliding = (0..self.k.len()).filter(|&l| self.slides(l)).count();
         let n_full = self.k.len() - n_sliding;
-        (n_full * self.len + n_sliding * (self.len - self.first)) * self.layer_row_bytes()
+        let n_rowless = (0..self.k.len()).filter(|&l| !self.holds_rows(l)).count();
+        (n_full * self.len + n_sliding * (self.len - self.first) - n_rowless * self.len)
+            * self.layer_row_bytes()
             + self.compressed_bytes()
             + self.index_key_bytes_used()
+            + self.hybrid_bytes()
     }
 
     /// Bytes allocated for keys and values (what [`KvCache::bytes_used`] grows into).
@@ -319,13 +350,15 @@ impl KvCache {
             }
         }
         self.prune_compressed(pos0);
+        self.reserve_hybrid(pos0, end);
         let want = end
             .div_ceil(GROW_POSITIONS)
             .saturating_mul(GROW_POSITIONS)
             .min(self.layout.n_ctx);
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
         let first = self.first;
-        for l in 0..self.k.len() {
+        let with_rows: Vec<usize> = (0..self.k.len()).filter(|&l| self.holds_rows(l)).collect();
+        for l in with_rows {
             let from = if self.slides(l) { first } else { 0 };
             let (need, grow_to) = (end - from, want - from);
             if self.k[l].len() < need * kr {
@@ -363,6 +396,11 @@ impl KvCache {
     /// Stores the keys and values (all kv heads) of position `pos` of `layer`.
     pub fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<()> {
         let l = self.local(layer)?;
+        if !self.holds_rows(l) {
+            return Err(ModelError::Input(format!(
+                "layer {layer} keeps a recurrent state, no rows"
+            )));
+        }
         if pos >= self.len || pos < self.held_from(layer)? {
             return Err(ModelError::Input(format!(
                 "position {pos} was not reserved"
@@ -379,6 +417,9 @@ impl KvCache {
     /// Keys of `layer` for the positions it holds (`held_from(layer)..len`), position-major.
     pub fn keys(&self, layer: usize) -> Result<&[u8]> {
         let l = self.local(layer)?;
+        if !self.holds_rows(l) {
+            return Ok(&[]);
+        }
         let n = self.len - self.held_from(layer)?;
         Ok(&self.k[l][..n * self.k_row_bytes()])
     }
@@ -386,6 +427,9 @@ impl KvCache {
     /// Values of `layer` for the positions it holds, as [`KvCache::keys`].
     pub fn values(&self, layer: usize) -> Result<&[u8]> {
         let l = self.local(layer)?;
+        if !self.holds_rows(l) {
+            return Ok(&[]);
+        }
         let n = self.len - self.held_from(layer)?;
         Ok(&self.v[l][..n * self.v_row_bytes()])
     }
@@ -407,8 +451,16 @@ impl KvCache {
     /// A compressed layer's values slot carries its compressor state instead (see
     /// [`KvCache::export_compressed`]), a layer with indexer keys those keys.
     pub fn export(&self, layer: usize, n: usize) -> Result<LayerExport<'_>> {
-        let (k, v) = self.export_rows(layer, n)?;
         let l = self.local(layer)?;
+        if let Some(state) = self.export_hybrid(l, n.min(self.len))? {
+            let k = if self.holds_rows(l) {
+                self.export_rows(layer, n)?.0
+            } else {
+                &[]
+            };
+            return Ok((Cow::Borrowed(k), Cow::Owned(state)));
+        }
+        let (k, v) = self.export_rows(layer, n)?;
         if self.comp[l].is_some() {
             return Ok((
                 Cow::Borrowed(k),
@@ -453,9 +505,13 @@ impl KvCache {
             .map_or(0, |w| n.saturating_sub(w.saturating_sub(1)));
         self.begin_import_compressed(n);
         self.begin_import_index_keys(n);
+        self.begin_import_hybrid(n);
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
         for l in 0..self.k.len() {
-            let rows = n - if self.slides(l) { self.first } else { 0 };
+            let rows = match self.holds_rows(l) {
+                false => 0,
+                true => n - if self.slides(l) { self.first } else { 0 },
+            };
             self.k[l].clear();
             self.k[l].resize(rows * kr, 0);
             self.v[l].clear();
@@ -477,6 +533,18 @@ impl KvCache {
         if self.layout.index_width(l) > 0 {
             self.import_rows(layer, n, k, &[])?;
             return self.import_index_keys(layer, n, v);
+        }
+        if self.import_hybrid(layer, n, v)? {
+            if !self.holds_rows(l) {
+                return match k.is_empty() {
+                    true => Ok(()),
+                    false => Err(ModelError::Input(format!(
+                        "KV import of layer {layer}: {} key bytes for a recurrent layer",
+                        k.len()
+                    ))),
+                };
+            }
+            return self.import_rows(layer, n, k, &[]);
         }
         self.import_rows(layer, n, k, v)
     }
@@ -547,6 +615,7 @@ mod tests {
             }),
             compression: None,
             index_keys: None,
+            hybrid: None,
         }
     }
 
@@ -608,6 +677,7 @@ mod tests {
             }),
             compression: None,
             index_keys: None,
+            hybrid: None,
         };
         let (mut b, mut f) = (KvCache::new(layout(true)), KvCache::new(layout(false)));
         let write = |kv: &mut KvCache, pos0: usize, n: usize| {

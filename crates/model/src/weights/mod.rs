@@ -11,8 +11,10 @@ use crate::hparams::Hparams;
 use crate::names::TensorName;
 
 mod dsv4;
+mod glm5next;
 
 pub use dsv4::{Compressor, Dsv4Attention, HyperMix, Indexer};
+pub use glm5next::{Glm5Block, Glm5NextAttention, KdaWeights, KpoolIndexer};
 
 /// Where a tensor's bytes are: a range of one split's map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,6 +224,8 @@ pub enum AttentionWeights {
     Mla(MlaAttention),
     /// DeepSeek V4's windowed + compressed attention.
     Dsv4(Box<Dsv4Attention>),
+    /// GLM-5.3 Flash's KDA or indexed latent attention.
+    Glm5Next(Box<Glm5NextAttention>),
 }
 
 impl AttentionWeights {
@@ -231,6 +235,7 @@ impl AttentionWeights {
             AttentionWeights::Gqa(a) => &a.o,
             AttentionWeights::Mla(m) => &m.o,
             AttentionWeights::Dsv4(a) => &a.o_b,
+            AttentionWeights::Glm5Next(a) => a.o(),
         }
     }
 }
@@ -529,6 +534,9 @@ impl<'m> Binder<'m> {
         if hp.dsv4.is_some() {
             let attn = AttentionWeights::Dsv4(Box::new(self.dsv4_attention(hp, il)?));
             return self.ffn_layer(spec, hp, il, attn, true);
+        }
+        if hp.glm5next.is_some() {
+            return self.glm5next_layer(spec, hp, il);
         }
         let attn = if hp.mla.is_some() {
             AttentionWeights::Mla(self.mla_attention(hp, il)?)

@@ -1,0 +1,213 @@
+//! GLM-5.3 Flash's latent attention: DeepSeek's MLA without rope (`q = q_b·RMSNorm(q_a·x)`,
+//! the cached latent `RMSNorm(kv_a·x)`, per head keys `k_b·latent` and values `v_b·latent`),
+//! computed in the absorbed form (`crate::blocks::mla`), where each query attends only to the
+//! positions selected for it: by this layer's k-pool indexer, or on a shared layer by the last
+//! layer that ran one.
+
+use half::f16;
+use kernels::Input;
+use kernels::attn::{self, KvElem, Rows};
+
+use super::Selection;
+use crate::Model;
+use crate::blocks::Compute;
+use crate::blocks::norm::rms_norm_rows_inplace;
+use crate::error::{ModelError, Result};
+use crate::hparams::Glm5LayerKind;
+use crate::kv::KvType;
+use crate::pass::{Hooks, SeqInput};
+use crate::profile::{Phase, span, timed};
+use crate::weights::{KpoolIndexer, MlaAttention};
+
+/// Head `j` of an `n × heads × dim` buffer as `n × dim` rows.
+fn head_rows(x: &[f32], n: usize, heads: usize, dim: usize, j: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * dim);
+    for t in 0..n {
+        let at = (t * heads + j) * dim;
+        out.extend_from_slice(&x[at..at + dim]);
+    }
+    out
+}
+
+/// Cached row `pos` of `width` values as f32.
+fn cached_row(bytes: &[u8], kt: KvType, pos: usize, width: usize, out: &mut [f32]) {
+    let row = &bytes[pos * width * kt.bytes()..(pos + 1) * width * kt.bytes()];
+    match kt {
+        KvType::F32 => {
+            for (o, c) in out.iter_mut().zip(row.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        KvType::F16 => {
+            for (o, c) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the length is the
+    // slice's size in bytes and the lifetime is the slice's.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+impl Model {
+    /// Latent attention of layer `il` for the normed block input `h`: the block output (`n × d`,
+    /// f64; a partial sum over this rank's heads when split). A layer with an indexer replaces
+    /// `selection`; one without reads it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn indexed_mla(
+        &self,
+        cx: &Compute,
+        il: usize,
+        w: &MlaAttention,
+        indexer: Option<&KpoolIndexer>,
+        h: &[f32],
+        seqs: &mut [SeqInput],
+        pos0: &[usize],
+        selection: &mut Option<Selection>,
+        hooks: &mut dyn Hooks,
+    ) -> Result<Vec<f64>> {
+        let hp = &self.hp;
+        let m = hp.mla.as_ref().expect("glm5-next has latent attention");
+        let files = self.files();
+        let (d, r, nope, dv) = (hp.n_embd, m.kv_lora_rank, m.qk_nope, m.v_head_dim);
+        let n = h.len() / d;
+        let heads = self.shard.heads.clone();
+        let nh = heads.len();
+        let Some((q_a, q_a_norm)) = &w.q_a else {
+            return Err(ModelError::Input(format!(
+                "layer {il}: GLM-5.3 Flash's latent attention needs attn_q_a"
+            )));
+        };
+        let hin = Input::new(h, n, d)?;
+        let project_span = span(Phase::AttnProject);
+        let mut both = cx.project(&hin, &[q_a.weights(files), w.kv_a.weights(files)])?;
+        let mut latent = both.pop().expect("kv_a");
+        let mut qr = both.pop().expect("q_a");
+        rms_norm_rows_inplace(&mut qr, q_a_norm, hp.rms_eps);
+        rms_norm_rows_inplace(&mut latent, &w.kv_a_norm, hp.rms_eps);
+        let qin = Input::new(&qr, n, q_a.rows)?;
+        let q = cx
+            .project(
+                &qin,
+                &[w.q
+                    .weights(files)
+                    .rows_slice(heads.start * nope..heads.end * nope)],
+            )?
+            .pop()
+            .expect("q_b");
+        drop(project_span);
+        hooks.observe(Some(il), "kv_cmpr", &latent);
+        let mut t = 0;
+        for (s, &p0) in seqs.iter_mut().zip(pos0) {
+            for i in 0..s.n_tokens {
+                s.kv.store(il, p0 + i, &latent[t * r..(t + 1) * r], &[])?;
+                t += 1;
+            }
+        }
+        if let Some(ix) = indexer {
+            *selection = Some(self.kpool_select(cx, il, ix, h, &qr, seqs, pos0, hooks)?);
+        }
+        let picked = selection.as_ref().ok_or_else(|| {
+            let p = self.glm5_params();
+            let from = (0..il)
+                .rev()
+                .find(|&j| p.kind(j) == Glm5LayerKind::Mla { indexer: true })
+                .map_or("(none)".to_string(), |j| j.to_string());
+            ModelError::Input(format!(
+                "layer {il} reuses the indexer selection of layer {from}, which did not run in \
+                 this pass, and the stage before handed none on (carried with the hidden state)"
+            ))
+        })?;
+        // Each head's query taken into latent space: W_kb[h] is kv_lora_rank × qk_nope.
+        let mut q_lat = vec![0f32; n * nh * r];
+        for (j, hh) in heads.clone().enumerate() {
+            let rows = head_rows(&q, n, nh, nope, j);
+            let input = Input::new(&rows, n, nope)?;
+            let ql = cx
+                .project(&input, &[w.k_b.expert(hh).weights(files)])?
+                .pop()
+                .expect("k_b");
+            for t in 0..n {
+                let at = (t * nh + j) * r;
+                q_lat[at..at + r].copy_from_slice(&ql[t * r..(t + 1) * r]);
+            }
+        }
+        let attention = span(Phase::Attention);
+        let scale = hp.attn_scale();
+        let isa = cx.kernels.isa;
+        let mut lat_out = vec![0f32; n * nh * r];
+        let mut row0 = 0;
+        for s in seqs.iter() {
+            let bytes = s.kv.keys(il)?;
+            let kt = s.kv.layout().kv_type;
+            let rows = row0..row0 + s.n_tokens;
+            let q_lat = &q_lat;
+            cx.par_rows(
+                &mut lat_out[rows.start * nh * r..rows.end * nh * r],
+                nh * r,
+                |first, out_rows| {
+                    let mut gathered: Vec<f32> = Vec::new();
+                    let mut scores: Vec<f32> = Vec::new();
+                    for (i, out) in out_rows.chunks_exact_mut(nh * r).enumerate() {
+                        let br = rows.start + first + i;
+                        let sel = &picked[br];
+                        gathered.resize(sel.len() * r, 0.0);
+                        for (g, &pos) in gathered.chunks_exact_mut(r).zip(sel) {
+                            cached_row(bytes, kt, pos as usize, r, g);
+                        }
+                        let keys = Rows {
+                            data: f32_bytes(&gathered),
+                            stride: r * 4,
+                            n: sel.len(),
+                            d: r,
+                            elem: KvElem::F32,
+                        };
+                        scores.resize(sel.len(), 0.0);
+                        for (j, o) in out.chunks_exact_mut(r).enumerate() {
+                            let qh = &q_lat[(br * nh + j) * r..(br * nh + j + 1) * r];
+                            attn::scores(isa, qh, keys, scale, &mut scores);
+                            attn::softmax(isa, &mut scores);
+                            o.fill(0.0);
+                            attn::weighted_sum(isa, &scores, keys, o);
+                        }
+                    }
+                },
+            );
+            row0 += s.n_tokens;
+        }
+        drop(attention);
+        // Each head's latent output up to its value space: W_vb[h] is v_head_dim × kv_lora_rank.
+        let mut att = vec![0f32; n * nh * dv];
+        for (j, hh) in heads.clone().enumerate() {
+            let rows = head_rows(&lat_out, n, nh, r, j);
+            let input = Input::new(&rows, n, r)?;
+            let v = cx
+                .project(&input, &[w.v_b.expert(hh).weights(files)])?
+                .pop()
+                .expect("v_b");
+            for t in 0..n {
+                let at = (t * nh + j) * dv;
+                att[at..at + dv].copy_from_slice(&v[t * dv..(t + 1) * dv]);
+            }
+        }
+        hooks.observe(Some(il), "kqv_out", &att);
+        let ain = Input::new(&att, n, nh * dv)?;
+        let o_w = w.o.weights(files);
+        let o_w = if self.shard.attention_split {
+            o_w.cols_slice(heads.start * dv..heads.end * dv)
+                .expect("a head split is block-aligned (checked by Shard::new)")
+        } else {
+            o_w
+        };
+        let chunk = crate::shard::o_chunk(self.o_dtype, dv, 1);
+        let mut out = vec![0f64; n * d];
+        timed(Phase::AttnOutput, || {
+            cx.kernels
+                .matmul_chunked(&cx.pool, &o_w, &ain, chunk, &mut out)
+        })?;
+        Ok(out)
+    }
+}

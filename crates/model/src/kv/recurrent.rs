@@ -1,0 +1,670 @@
+//! GLM-5.3 Flash's per-layer memories in the KV cache: latent layers keep their rows (as every
+//! other model), full-indexer layers also the indexer's keys and pooling scores per position
+//! (f32 whatever the KV type: the top-k cut is too close for f16 keys, see
+//! `tools/fixtures/models/README.md`) and the pooled key of every complete pool, and KDA layers a
+//! recurrent state instead of rows: the last `conv_taps` pre-convolution q/k/v rows and the
+//! per-head `head_dim × head_dim` matrix.
+//!
+//! A recurrent state cannot be rewound by slicing, so a KDA layer keeps its memory at a base
+//! position plus the inputs of every step since, which a rewind replays: the latest
+//! [`KEPT_REWINDS`] positions are reachable (the engine's re-evaluation of a last token, a
+//! rejected speculative draft), and where a longer chunk started (the rewind the forward path
+//! does on error). The points depend only on the positions stored, not on the layers a cache
+//! holds, so every stage of a pipeline answers [`KvCache::can_rewind`] the same way.
+
+use super::{KvCache, KvLayout};
+use crate::error::{ModelError, Result};
+
+/// Positions back from the end that a rewind can reach: the speculative decoder's default
+/// eight drafts with room to spare, at `6·width + heads` values per position and KDA layer.
+pub const KEPT_REWINDS: usize = 16;
+
+/// What each layer of a GLM-5.3 Flash cache remembers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HybridLayers {
+    /// Per layer of the cache.
+    pub layers: Vec<LayerMemory>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerMemory {
+    /// Rows per position only.
+    Rows,
+    /// Rows plus, per position, an indexer key and its pooling scores (`width` each), pooled
+    /// every `pool` positions.
+    RowsAndIndexKeys { width: usize, pool: usize },
+    /// No rows: a recurrent state of `n_head` heads of `head_dim` and the convolutions'
+    /// history of `conv_taps` positions of q, k and v (`n_head · head_dim` each).
+    Recurrent {
+        n_head: usize,
+        head_dim: usize,
+        conv_taps: usize,
+    },
+}
+
+/// The k-pool indexer's memory of one layer: positions `0..len` and the pools complete so far.
+#[derive(Clone, Debug, Default)]
+pub struct PooledKeys {
+    width: usize,
+    pool: usize,
+    keys: Vec<f32>,
+    scores: Vec<f32>,
+    pooled: Vec<f32>,
+}
+
+impl PooledKeys {
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    pub fn pool(&self) -> usize {
+        self.pool
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len() / self.width.max(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Appends the key and pooling scores of the next position.
+    pub fn push(&mut self, pos: usize, key: &[f32], scores: &[f32]) -> Result<()> {
+        if pos != self.len() || key.len() != self.width || scores.len() != self.width {
+            return Err(ModelError::Input(format!(
+                "indexer key of position {pos}: {} held, rows of {}",
+                self.len(),
+                self.width
+            )));
+        }
+        self.keys.extend_from_slice(key);
+        self.scores.extend_from_slice(scores);
+        Ok(())
+    }
+
+    /// Keys and pooling scores of positions `range`.
+    pub fn rows(&self, range: std::ops::Range<usize>) -> (&[f32], &[f32]) {
+        let (a, b) = (range.start * self.width, range.end * self.width);
+        (&self.keys[a..b], &self.scores[a..b])
+    }
+
+    /// Pools whose key is made.
+    pub fn n_pooled(&self) -> usize {
+        self.pooled.len() / self.width.max(1)
+    }
+
+    /// Pools complete in the positions held (their key made or not).
+    pub fn n_complete(&self) -> usize {
+        self.len() / self.pool.max(1)
+    }
+
+    pub fn push_pooled(&mut self, key: &[f32]) {
+        debug_assert!(key.len() == self.width && self.n_pooled() < self.n_complete());
+        self.pooled.extend_from_slice(key);
+    }
+
+    /// The pooled keys, pool `j` at row `j`.
+    pub fn pooled(&self) -> &[f32] {
+        &self.pooled
+    }
+
+    fn truncate(&mut self, n: usize) {
+        self.keys.truncate(n * self.width);
+        self.scores.truncate(n * self.width);
+        self.pooled.truncate(n / self.pool.max(1) * self.width);
+    }
+
+    fn bytes(&self) -> usize {
+        4 * (self.keys.len() + self.scores.len() + self.pooled.len())
+    }
+}
+
+/// One step of the gated delta rule on one head's state `s` (`k.len()` key rows of `v.len()`
+/// values): `S ← diag(decay)·S`, then `S ← S + k ⊗ β(v − Sᵀk)`. The forward pass and a rewind's
+/// replay both run this, so a replayed state has the bits of the original.
+pub fn delta_rule_step(s: &mut [f32], k: &[f32], v: &[f32], decay: &[f32], beta: f32) {
+    let dv = v.len();
+    for (row, &e) in s.chunks_exact_mut(dv).zip(decay) {
+        row.iter_mut().for_each(|x| *x *= e);
+    }
+    let mut u = vec![0f32; dv];
+    for (row, &ki) in s.chunks_exact(dv).zip(k) {
+        for (acc, &x) in u.iter_mut().zip(row) {
+            *acc += x * ki;
+        }
+    }
+    for (ui, &vj) in u.iter_mut().zip(v) {
+        *ui = beta * (vj - *ui);
+    }
+    for (row, &ki) in s.chunks_exact_mut(dv).zip(k) {
+        for (x, &uj) in row.iter_mut().zip(&u) {
+            *x += ki * uj;
+        }
+    }
+}
+
+/// A KDA layer's recurrent memory after `at` positions. To rewind, it keeps the memory at
+/// `base_at` and, for every position since, the inputs of its step
+/// ([`RecurrentState::step_len`] values: the pre-convolution q/k/v rows, the normalized k and v,
+/// the decay factors, the per-head β), which it replays up to the rewind point; and the memory
+/// where the last stored chunk started when that is before `base_at`.
+#[derive(Clone, Debug, Default)]
+pub struct RecurrentState {
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub conv_taps: usize,
+    /// q, k, v in turn: `conv_taps` pre-convolution rows each, oldest first.
+    pub conv: Vec<f32>,
+    /// Per head `head_dim` key rows of `head_dim` values.
+    pub state: Vec<f32>,
+    at: usize,
+    base_at: usize,
+    base_conv: Vec<f32>,
+    base_state: Vec<f32>,
+    steps: Vec<f32>,
+    chunk_start: Option<(usize, Vec<f32>, Vec<f32>)>,
+}
+
+/// Where a layer's replayable span starts once positions up to `end` are stored: it keeps
+/// the latest [`KEPT_REWINDS`] positions replayable.
+pub(super) fn base_after(base_at: usize, end: usize) -> usize {
+    base_at.max(end.saturating_sub(KEPT_REWINDS))
+}
+
+impl RecurrentState {
+    fn new(n_head: usize, head_dim: usize, conv_taps: usize) -> RecurrentState {
+        let mut s = RecurrentState {
+            n_head,
+            head_dim,
+            conv_taps,
+            ..RecurrentState::default()
+        };
+        s.reset(0);
+        s
+    }
+
+    fn width(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Values of one position's step inputs: pre-convolution q, k, v, then k, v, the decay
+    /// factors (`n_head · head_dim` each) and β (`n_head`).
+    pub fn step_len(&self) -> usize {
+        6 * self.width() + self.n_head
+    }
+
+    /// Empty memory (a fresh sequence, or one about to be restored) said to be at `at`.
+    fn reset(&mut self, at: usize) {
+        let width = self.width();
+        self.conv = vec![0.0; 3 * self.conv_taps * width];
+        self.state = vec![0.0; self.n_head * self.head_dim * self.head_dim];
+        self.at = at;
+        self.rebase();
+        self.chunk_start = None;
+    }
+
+    /// The current memory becomes the base, with nothing to replay.
+    fn rebase(&mut self) {
+        self.base_at = self.at;
+        self.base_conv = self.conv.clone();
+        self.base_state = self.state.clone();
+        self.steps.clear();
+    }
+
+    /// Positions the state has taken in.
+    pub fn at(&self) -> usize {
+        self.at
+    }
+
+    /// The position after which the forward pass over `at..end` hands
+    /// [`RecurrentState::commit`] the memory (the new base), when that falls inside the pass.
+    pub fn capture_point(&self, end: usize) -> Option<usize> {
+        let b = base_after(self.base_at, end);
+        (b > self.base_at && b >= self.at).then_some(b)
+    }
+
+    /// Takes in positions `at..end`: their step inputs, the memory after them, and the memory
+    /// at [`RecurrentState::capture_point`] when there is one.
+    pub fn commit(
+        &mut self,
+        end: usize,
+        steps: &[f32],
+        conv: Vec<f32>,
+        state: Vec<f32>,
+        captured: Option<(Vec<f32>, Vec<f32>)>,
+    ) {
+        let p0 = self.at;
+        let step = self.step_len();
+        debug_assert_eq!(steps.len(), (end - p0) * step);
+        let new_base = base_after(self.base_at, end);
+        let at_p0 = (
+            std::mem::take(&mut self.conv),
+            std::mem::take(&mut self.state),
+        );
+        self.steps.extend_from_slice(steps);
+        if new_base > self.base_at {
+            let (b_conv, b_state) = match captured {
+                Some(c) if new_base >= p0 => c,
+                _ => self.replay(new_base),
+            };
+            self.steps.drain(..(new_base - self.base_at) * step);
+            self.base_at = new_base;
+            self.base_conv = b_conv;
+            self.base_state = b_state;
+        }
+        // An earlier chunk start, still before `p0`, stays a rewind point.
+        if p0 < self.base_at {
+            self.chunk_start = Some((p0, at_p0.0, at_p0.1));
+        }
+        self.conv = conv;
+        self.state = state;
+        self.at = end;
+    }
+
+    /// The memory after `n` positions, `base_at ≤ n ≤ at`, from the base and the steps.
+    fn replay(&self, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let (w, hd, taps, step) = (self.width(), self.head_dim, self.conv_taps, self.step_len());
+        let mut state = self.base_state.clone();
+        let steps = &self.steps[..(n - self.base_at) * step];
+        for st in steps.chunks_exact(step) {
+            let (k, v) = (&st[3 * w..4 * w], &st[4 * w..5 * w]);
+            let (decay, beta) = (&st[5 * w..6 * w], &st[6 * w..]);
+            for (hh, s) in state.chunks_exact_mut(hd * hd).enumerate() {
+                let c = hh * hd..(hh + 1) * hd;
+                delta_rule_step(s, &k[c.clone()], &v[c.clone()], &decay[c], beta[hh]);
+            }
+        }
+        // Per projection the last `taps` inputs: the base's history, then the steps' rows.
+        let mut conv = Vec::with_capacity(self.base_conv.len());
+        for j in 0..3 {
+            let mut rows: Vec<&[f32]> = self.base_conv[j * taps * w..(j + 1) * taps * w]
+                .chunks_exact(w)
+                .collect();
+            rows.extend(steps.chunks_exact(step).map(|st| &st[j * w..(j + 1) * w]));
+            for r in &rows[rows.len() - taps..] {
+                conv.extend_from_slice(r);
+            }
+        }
+        (conv, state)
+    }
+
+    fn memory_at(&self, n: usize) -> Option<(Vec<f32>, Vec<f32>)> {
+        if n == self.at {
+            return Some((self.conv.clone(), self.state.clone()));
+        }
+        if (self.base_at..self.at).contains(&n) {
+            return Some(self.replay(n));
+        }
+        self.chunk_start
+            .as_ref()
+            .filter(|c| c.0 == n)
+            .map(|c| (c.1.clone(), c.2.clone()))
+    }
+
+    /// Back to the memory after `n` positions; false when it cannot be had.
+    fn rewind(&mut self, n: usize) -> bool {
+        if n == 0 {
+            self.reset(0);
+            return true;
+        }
+        if n == self.at {
+            return true;
+        }
+        if (self.base_at..self.at).contains(&n) {
+            let (conv, state) = self.replay(n);
+            self.steps.truncate((n - self.base_at) * self.step_len());
+            self.conv = conv;
+            self.state = state;
+            self.at = n;
+            return true;
+        }
+        match self.chunk_start.take() {
+            Some((at, conv, state)) if at == n => {
+                self.conv = conv;
+                self.state = state;
+                self.at = n;
+                self.rebase();
+                true
+            }
+            other => {
+                self.chunk_start = other;
+                false
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        let chunk_start = self
+            .chunk_start
+            .as_ref()
+            .map_or(0, |c| c.1.len() + c.2.len());
+        4 * (self.conv.len()
+            + self.state.len()
+            + self.base_conv.len()
+            + self.base_state.len()
+            + self.steps.len()
+            + chunk_start)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(super) enum HybridState {
+    Rows,
+    Index(PooledKeys),
+    Recurrent(RecurrentState),
+}
+
+/// Each local layer's memory as `layout` declares it (`n` local layers).
+pub(super) fn states(layout: &KvLayout, n: usize) -> Vec<HybridState> {
+    (0..n)
+        .map(|l| {
+            match layout
+                .hybrid
+                .as_ref()
+                .and_then(|h| h.layers.get(l).copied())
+            {
+                None | Some(LayerMemory::Rows) => HybridState::Rows,
+                Some(LayerMemory::RowsAndIndexKeys { width, pool }) => {
+                    HybridState::Index(PooledKeys {
+                        width,
+                        pool,
+                        ..PooledKeys::default()
+                    })
+                }
+                Some(LayerMemory::Recurrent {
+                    n_head,
+                    head_dim,
+                    conv_taps,
+                }) => HybridState::Recurrent(RecurrentState::new(n_head, head_dim, conv_taps)),
+            }
+        })
+        .collect()
+}
+
+fn put(out: &mut Vec<u8>, v: &[f32]) {
+    out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+/// Reads what [`put`] wrote: `want` values at `*at` of the state of `what`.
+fn take(bytes: &[u8], at: &mut usize, want: usize, what: &str) -> Result<Vec<f32>> {
+    let bad = |why: String| ModelError::Input(format!("{what}: state {why}"));
+    let head = bytes
+        .get(*at..*at + 8)
+        .ok_or_else(|| bad("is truncated".into()))?;
+    let len = u64::from_le_bytes(head.try_into().expect("8 bytes")) as usize;
+    if len != want {
+        return Err(bad(format!("has {len} values where {want} belong")));
+    }
+    let body = bytes
+        .get(*at + 8..*at + 8 + 4 * len)
+        .ok_or_else(|| bad("is truncated".into()))?;
+    *at += 8 + 4 * len;
+    Ok(body
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+impl KvCache {
+    fn is_hybrid(&self) -> bool {
+        self.layout.hybrid.is_some()
+    }
+
+    /// Whether local layer `l` keeps per-position rows (all but KDA layers).
+    pub(super) fn holds_rows(&self, l: usize) -> bool {
+        !matches!(self.hybrid.get(l), Some(HybridState::Recurrent(_)))
+    }
+
+    /// The indexer memory of `layer`.
+    pub fn pooled_keys(&self, layer: usize) -> Result<&PooledKeys> {
+        let l = self.local(layer)?;
+        match &self.hybrid[l] {
+            HybridState::Index(ix) => Ok(ix),
+            _ => Err(ModelError::Input(format!(
+                "layer {layer} keeps no indexer keys"
+            ))),
+        }
+    }
+
+    pub fn pooled_keys_mut(&mut self, layer: usize) -> Result<&mut PooledKeys> {
+        let l = self.local(layer)?;
+        match &mut self.hybrid[l] {
+            HybridState::Index(ix) => Ok(ix),
+            _ => Err(ModelError::Input(format!(
+                "layer {layer} keeps no indexer keys"
+            ))),
+        }
+    }
+
+    /// The recurrent memory of KDA layer `layer`.
+    pub fn recurrent_mut(&mut self, layer: usize) -> Result<&mut RecurrentState> {
+        let l = self.local(layer)?;
+        match &mut self.hybrid[l] {
+            HybridState::Recurrent(r) => Ok(r),
+            _ => Err(ModelError::Input(format!(
+                "layer {layer} keeps no recurrent state"
+            ))),
+        }
+    }
+
+    /// Whether a rewind to `n` finds the recurrent layers' memory (0 always does).
+    pub(super) fn hybrid_can_rewind(&self, n: usize) -> bool {
+        !self.is_hybrid()
+            || n == 0
+            || n >= self.rewind_from.min(self.len)
+            || self.chunk_start == Some(n)
+    }
+
+    /// The positions a rewind can reach, for messages.
+    pub(super) fn rewind_points(&self) -> String {
+        let start = self
+            .chunk_start
+            .map_or(String::new(), |p| format!("{p} and "));
+        format!("0, {start}{}..={}", self.rewind_from, self.len)
+    }
+
+    /// After a rewind to `self.len`.
+    pub(super) fn truncate_hybrid(&mut self) {
+        let n = self.len;
+        for h in &mut self.hybrid {
+            match h {
+                HybridState::Rows => {}
+                HybridState::Index(ix) => ix.truncate(n),
+                HybridState::Recurrent(r) => {
+                    let found = r.rewind(n);
+                    debug_assert!(found, "rewind to {n} without a checkpoint");
+                }
+            }
+        }
+        // As each recurrent layer's `rewind`: back at 0 or at the chunk start, that is the base.
+        if n == 0 || self.chunk_start == Some(n) {
+            self.rewind_from = n;
+            self.chunk_start = None;
+        }
+    }
+
+    /// Before positions `pos0..end` are stored (after the rewind to `pos0`): the rewinds the
+    /// recurrent layers will answer, reckoned as each layer's [`RecurrentState::commit`] does (the
+    /// latest [`KEPT_REWINDS`] positions replayable, and `pos0` itself), so that a cache holding
+    /// no recurrent layer answers [`KvCache::can_rewind`] as one holding them.
+    pub(super) fn reserve_hybrid(&mut self, pos0: usize, end: usize) {
+        if !self.is_hybrid() {
+            return;
+        }
+        self.rewind_from = base_after(self.rewind_from, end);
+        if pos0 < self.rewind_from {
+            self.chunk_start = Some(pos0);
+        }
+    }
+
+    pub(super) fn hybrid_bytes(&self) -> usize {
+        self.hybrid
+            .iter()
+            .map(|h| match h {
+                HybridState::Rows => 0,
+                HybridState::Index(ix) => ix.bytes(),
+                HybridState::Recurrent(r) => r.bytes(),
+            })
+            .sum()
+    }
+
+    /// The snapshot bytes of local layer `l` at `n` positions that go where values would:
+    /// the indexer keys, scores and pooled keys, or the recurrent memory after `n` positions;
+    /// `None` for a layer of rows only.
+    pub(super) fn export_hybrid(&self, l: usize, n: usize) -> Result<Option<Vec<u8>>> {
+        let mut out = Vec::new();
+        match &self.hybrid[l] {
+            HybridState::Rows => return Ok(None),
+            HybridState::Index(ix) => {
+                let w = ix.width;
+                put(&mut out, &ix.keys[..n * w]);
+                put(&mut out, &ix.scores[..n * w]);
+                put(&mut out, &ix.pooled[..(n / ix.pool) * w]);
+            }
+            HybridState::Recurrent(r) => {
+                let (conv, state) = r.memory_at(n).ok_or_else(|| {
+                    ModelError::Input(format!(
+                        "KV export of {n} positions: the recurrent state reaches {} only",
+                        self.rewind_points()
+                    ))
+                })?;
+                put(&mut out, &conv);
+                put(&mut out, &state);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Empties the memories for a restore of `n` positions.
+    pub(super) fn begin_import_hybrid(&mut self, n: usize) {
+        for h in &mut self.hybrid {
+            match h {
+                HybridState::Rows => {}
+                HybridState::Index(ix) => ix.truncate(0),
+                HybridState::Recurrent(r) => r.reset(n),
+            }
+        }
+        self.rewind_from = n;
+        self.chunk_start = None;
+    }
+
+    /// Restores what [`KvCache::export_hybrid`] wrote for `layer` of `n` positions; false for
+    /// a layer of rows only (its values are plain rows).
+    pub(super) fn import_hybrid(&mut self, layer: usize, n: usize, bytes: &[u8]) -> Result<bool> {
+        let l = self.local(layer)?;
+        let of = format!("KV import of layer {layer}");
+        let mut at = 0usize;
+        match &mut self.hybrid[l] {
+            HybridState::Rows => return Ok(false),
+            HybridState::Index(ix) => {
+                let w = ix.width;
+                ix.keys = take(bytes, &mut at, n * w, &of)?;
+                ix.scores = take(bytes, &mut at, n * w, &of)?;
+                ix.pooled = take(bytes, &mut at, (n / ix.pool) * w, &of)?;
+            }
+            HybridState::Recurrent(r) => {
+                r.conv = take(bytes, &mut at, r.conv.len(), &of)?;
+                r.state = take(bytes, &mut at, r.state.len(), &of)?;
+                r.at = n;
+                r.rebase();
+            }
+        }
+        if at != bytes.len() {
+            return Err(ModelError::Input(format!(
+                "KV import of layer {layer}: state has {} bytes too many",
+                bytes.len() - at
+            )));
+        }
+        Ok(true)
+    }
+}
+
+/// A KDA layer's snapshot values (conv history, state) from `bytes`, as written by
+/// [`KvCache::export`]; `heads` of `head_dim` with `conv_taps` taps.
+fn parse_memory(bytes: &[u8], head_dim: usize, conv_taps: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    let len_at = |at: usize| -> Result<usize> {
+        let head = bytes
+            .get(at..at + 8)
+            .ok_or_else(|| ModelError::Input("a recurrent state is truncated".into()))?;
+        Ok(u64::from_le_bytes(head.try_into().expect("8 bytes")) as usize)
+    };
+    let conv_len = len_at(0)?;
+    let state_len = len_at(8 + 4 * conv_len)?;
+    let heads = state_len / (head_dim * head_dim).max(1);
+    let mut at = 0;
+    let of = "a tensor-parallel share of a KDA layer";
+    let conv = take(bytes, &mut at, 3 * conv_taps * heads * head_dim, of)?;
+    let state = take(bytes, &mut at, heads * head_dim * head_dim, of)?;
+    if at != bytes.len() || state_len != heads * head_dim * head_dim {
+        return Err(ModelError::Input(format!(
+            "a recurrent state of {} bytes does not hold whole heads of {head_dim}",
+            bytes.len()
+        )));
+    }
+    Ok((conv, state))
+}
+
+fn memory_bytes(conv: &[f32], state: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + 4 * (conv.len() + state.len()));
+    put(&mut out, conv);
+    put(&mut out, state);
+    out
+}
+
+/// The whole KDA layer's snapshot values from a tensor-parallel group's, in rank order (each
+/// rank holds the memory of its consecutive heads): the convolution history rows interleaved
+/// back into rows of all heads, the heads' states concatenated.
+pub fn merge_recurrent_shares(
+    parts: &[&[u8]],
+    head_dim: usize,
+    conv_taps: usize,
+) -> Result<Vec<u8>> {
+    let shares = parts
+        .iter()
+        .map(|p| parse_memory(p, head_dim, conv_taps))
+        .collect::<Result<Vec<_>>>()?;
+    let mut conv = Vec::new();
+    let mut state = Vec::new();
+    for row in 0..3 * conv_taps {
+        for (c, _) in &shares {
+            let w = c.len() / (3 * conv_taps).max(1);
+            conv.extend_from_slice(&c[row * w..(row + 1) * w]);
+        }
+    }
+    for (_, s) in &shares {
+        state.extend_from_slice(s);
+    }
+    Ok(memory_bytes(&conv, &state))
+}
+
+/// The share of `heads` of a whole KDA layer's snapshot values ([`merge_recurrent_shares`]
+/// undone for one rank).
+pub fn split_recurrent_share(
+    bytes: &[u8],
+    heads: std::ops::Range<usize>,
+    head_dim: usize,
+    conv_taps: usize,
+) -> Result<Vec<u8>> {
+    let (conv, state) = parse_memory(bytes, head_dim, conv_taps)?;
+    let n_head = state.len() / (head_dim * head_dim).max(1);
+    if heads.end > n_head {
+        return Err(ModelError::Input(format!(
+            "heads {heads:?} of a recurrent state of {n_head}"
+        )));
+    }
+    let w = n_head * head_dim;
+    let cols = heads.start * head_dim..heads.end * head_dim;
+    let conv: Vec<f32> = conv
+        .chunks_exact(w.max(1))
+        .flat_map(|row| row[cols.clone()].iter().copied())
+        .collect();
+    let hd2 = head_dim * head_dim;
+    Ok(memory_bytes(
+        &conv,
+        &state[heads.start * hd2..heads.end * hd2],
+    ))
+}
