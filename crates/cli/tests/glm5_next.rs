@@ -7,81 +7,24 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
 
+use common::cluster::{BASE, FixtureCluster, differing};
 use common::*;
 
-const T: Duration = Duration::from_secs(240);
+fn family() -> FixtureCluster {
+    FixtureCluster::new("glm5-next")
+}
 
-/// Flags every process of these tests shares.
-const BASE: [&str; 6] = [
-    "--kv-type",
-    "f32",
-    "--no-warm",
-    "--threads",
-    "1",
-    "--insecure",
-];
+fn logits(out: &Path, extra: &[&str], stages: &[&str], ranks: usize) -> Vec<f32> {
+    family().logits(out, extra, stages, ranks)
+}
+
+fn with_cluster(args: &[&str], stages: &[&str], ranks: usize) -> String {
+    family().with_cluster(args, stages, ranks)
+}
 
 fn model() -> String {
-    fixture("glm5-next", "model-f32.gguf")
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// Runs `args` as a coordinator listening on an OS-chosen port, with a pipeline worker per
-/// range in `stages` or (`stages` empty) `ranks - 1` tensor-parallel ranks; its stdout.
-fn with_cluster(args: &[&str], stages: &[&str], ranks: usize) -> String {
-    let m = model();
-    let mut full = args.to_vec();
-    full.extend_from_slice(&BASE);
-    full.extend_from_slice(&["--listen", "127.0.0.1:0"]);
-    let coord = Proc::spawn("coordinator", &full);
-    let addr = format!("127.0.0.1:{}", coord.coordinator_port());
-    let mut peers = Vec::new();
-    for s in stages {
-        let mut a = vec!["worker", "-m", &m, "--layers", s, "--coordinator", &addr];
-        a.extend_from_slice(&BASE);
-        peers.push(Proc::spawn(&format!("worker {s}"), &a));
-    }
-    for _ in 1..ranks {
-        let mut a = vec![
-            "worker",
-            "--tensor-parallel",
-            "-m",
-            &m,
-            "--coordinator",
-            &addr,
-        ];
-        a.extend_from_slice(&BASE);
-        peers.push(Proc::spawn("rank", &a));
-    }
-    let (ok, out, err) = coord.finish(T);
-    assert!(ok, "{args:?} on {stages:?} / {ranks} ranks: {err}");
-    out
-}
-
-/// `logits` of the fixture prompt into `out`, with `extra` flags and the cluster above.
-fn logits(out: &Path, extra: &[&str], stages: &[&str], ranks: usize) -> Vec<f32> {
-    let (m, toks) = (model(), fixture_tokens("glm5-next"));
-    let o = out.to_string_lossy().into_owned();
-    let mut args = vec!["logits", "-m", &m, "--tokens", &toks, "--out", &o];
-    args.extend_from_slice(extra);
-    if stages.is_empty() && ranks <= 1 {
-        args.extend_from_slice(&BASE[..5]);
-        run_ok(&args);
-    } else {
-        with_cluster(&args, stages, ranks);
-    }
-    read_npy_f32(out).1
-}
-
-fn differing(a: &[f32], b: &[f32]) -> usize {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .filter(|(x, y)| x.to_bits() != y.to_bits())
-        .count()
+    family().model()
 }
 
 #[test]

@@ -3,7 +3,11 @@
 //! and 2 (reusing layer 1's selection), a dense layer then routed experts, hyper-connections,
 //! the clamped SwiGLU, 473 prompt positions, 32 greedy tokens.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
+
+use common::{argmax, ids, json, logits_chunked, npy_f32, row_diffs};
 
 use model::{
     Compute, KvCache, KvType, LogitsWanted, Model, NoHooks, ResidentExperts, SeqInput, StageInput,
@@ -12,100 +16,6 @@ use model::{
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/glm5-next")
-}
-
-fn npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(&bytes[..6], b"\x93NUMPY", "{}", path.display());
-    let (hlen, start) = match bytes[6] {
-        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        _ => (
-            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
-            12,
-        ),
-    };
-    let header = std::str::from_utf8(&bytes[start..start + hlen]).unwrap();
-    assert!(
-        header.contains("'<f4'") && header.contains("'fortran_order': False"),
-        "{header}"
-    );
-    let shape = header
-        .split("'shape': (")
-        .nth(1)
-        .unwrap()
-        .split(')')
-        .next()
-        .unwrap()
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
-    let data = bytes[start + hlen..]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    (shape, data)
-}
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-/// Logits of every position, the prompt in chunks of `chunk` tokens.
-fn logits_chunked(model: &Model, cx: &Compute, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let last = model.n_layer() - 1;
-    let mut kv = KvCache::new(model.kv_layout(KvType::F32, 0..=last, 1024));
-    let src = ResidentExperts::new(model);
-    let mut out = Vec::new();
-    for part in tokens.chunks(chunk) {
-        let mut seqs = [SeqInput {
-            kv: &mut kv,
-            n_tokens: part.len(),
-            logits: LogitsWanted::All,
-        }];
-        match model
-            .forward(
-                cx,
-                &src,
-                0..=last,
-                true,
-                StageInput::Tokens(part),
-                &mut seqs,
-                &mut NoHooks,
-            )
-            .unwrap()
-        {
-            StageOutput::Logits(l) => out.extend(l.data),
-            StageOutput::Hidden(_) => unreachable!(),
-        }
-    }
-    out
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
-}
-
-/// Max |a − b| per row of `v`.
-fn row_diffs(a: &[f32], b: &[f32], v: usize) -> Vec<f32> {
-    a.chunks_exact(v)
-        .zip(b.chunks_exact(v))
-        .map(|(x, y)| {
-            x.iter()
-                .zip(y)
-                .map(|(p, q)| (p - q).abs())
-                .fold(0f32, f32::max)
-        })
-        .collect()
 }
 
 fn load() -> (PathBuf, Model, Vec<u32>) {

@@ -276,7 +276,7 @@ pub(super) fn dsv4_metadata(w: &mut GgufWriter, p: &Preset, v4: &Dsv4Shape) -> a
 
 #[cfg(test)]
 mod tests {
-    use super::super::{PRESETS, plan, write};
+    use super::super::{PRESETS, logits_of_file, plan, write};
     use super::*;
 
     fn of<'a>(plans: &'a [TensorPlan], name: &str) -> Option<&'a TensorPlan> {
@@ -400,34 +400,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny-dsv4.gguf");
         write(&tiny, ExpertMix::Q4KM, 1, &path).unwrap();
-        let model = model::Model::load(&path).unwrap();
-        assert_eq!(model.n_layer(), DSV4_FLASH_LAYERS);
         let tokens: Vec<u32> = (0..140).map(|i| (i * 7 % 300) as u32).collect();
-        let last = model.n_layer() - 1;
-        let mut kv = model::KvCache::new(model.kv_layout(model::KvType::F32, 0..=last, 512));
-        let experts = model::ResidentExperts::new(&model);
-        let mut seqs = [model::SeqInput {
-            kv: &mut kv,
-            n_tokens: tokens.len(),
-            logits: model::LogitsWanted::All,
-        }];
-        let out = model
-            .forward(
-                &model::Compute::new(2),
-                &experts,
-                0..=last,
-                true,
-                model::StageInput::Tokens(&tokens),
-                &mut seqs,
-                &mut model::NoHooks,
-            )
-            .unwrap();
-        let model::StageOutput::Logits(logits) = out else {
-            panic!("the last stage gives logits")
-        };
-        assert_eq!(logits.data.len(), tokens.len() * 300);
-        assert!(logits.data.iter().all(|v| v.is_finite()));
-        let spread = logits.data.iter().fold(0f32, |m, v| m.max(v.abs()));
-        assert!(spread > 0.0 && spread < 1e3, "logits up to {spread}");
+        let (model, _) = logits_of_file(&path, &tokens, model::KvType::F32);
+        assert_eq!(model.n_layer(), DSV4_FLASH_LAYERS);
     }
 }

@@ -562,6 +562,45 @@ fn write_distinct_ids(rng: &mut Rng, k: usize, n: u32, out: &mut Vec<u8>) {
     }
 }
 
+/// Loads a synthetic file and returns the logits of every position of `tokens` (one pass,
+/// `kv_type` cache), checking they are finite and moderate.
+#[cfg(test)]
+pub(super) fn logits_of_file(
+    path: &std::path::Path,
+    tokens: &[u32],
+    kv_type: model::KvType,
+) -> (model::Model, Vec<f32>) {
+    let model = model::Model::load(path).unwrap();
+    let last = model.n_layer() - 1;
+    let mut kv = model::KvCache::new(model.kv_layout(kv_type, 0..=last, 512));
+    let experts = model::ResidentExperts::new(&model);
+    let mut seqs = [model::SeqInput {
+        kv: &mut kv,
+        n_tokens: tokens.len(),
+        logits: model::LogitsWanted::All,
+    }];
+    let out = model
+        .forward(
+            &model::Compute::new(2),
+            &experts,
+            0..=last,
+            true,
+            model::StageInput::Tokens(tokens),
+            &mut seqs,
+            &mut model::NoHooks,
+        )
+        .unwrap();
+    let model::StageOutput::Logits(logits) = out else {
+        panic!("the last stage gives logits")
+    };
+    assert_eq!(logits.data.len(), tokens.len() * model.hp.n_vocab);
+    assert!(logits.data.iter().all(|v| v.is_finite()));
+    let spread = logits.data.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(spread > 0.0 && spread < 1e3, "logits up to {spread}");
+    drop(seqs);
+    (model, logits.data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ use kernels::attn::{self, KvElem, Rows};
 use super::Selection;
 use crate::Model;
 use crate::blocks::Compute;
+use crate::blocks::indexer::f32_bytes;
 use crate::blocks::norm::rms_norm_rows_inplace;
 use crate::error::{ModelError, Result};
 use crate::hparams::Glm5LayerKind;
@@ -44,12 +45,6 @@ fn cached_row(bytes: &[u8], kt: KvType, pos: usize, width: usize, out: &mut [f32
             }
         }
     }
-}
-
-fn f32_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the length is the
-    // slice's size in bytes and the lifetime is the slice's.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 impl Model {

@@ -12,40 +12,13 @@ use kernels::attn::{self, KvElem, Rows};
 use super::Selection;
 use crate::Model;
 use crate::blocks::Compute;
+use crate::blocks::indexer::{f32_bytes, top_k};
+use crate::blocks::norm::layer_norm_rows_inplace;
 use crate::error::Result;
 use crate::kv::PooledKeys;
 use crate::pass::{Hooks, SeqInput};
 use crate::profile::{Phase, timed};
 use crate::weights::KpoolIndexer;
-
-fn f32_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the length is the
-    // slice's size in bytes and the lifetime is the slice's.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-/// Indices of the `k` largest scores (ties to the lower index), ascending.
-fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..scores.len()).collect();
-    if scores.len() > k {
-        idx.select_nth_unstable_by(k, |&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-        idx.truncate(k);
-    }
-    idx.sort_unstable();
-    idx
-}
-
-/// LayerNorm of `x` in place: `(x − mean)/√(var + eps)·w + b`, the moments summed in f64.
-fn layer_norm(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
-    let n = x.len() as f64;
-    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
-    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
-    let inv = 1.0 / (var as f32 + eps).sqrt();
-    let mean = mean as f32;
-    for ((v, &wi), &bi) in x.iter_mut().zip(w).zip(b) {
-        *v = (*v - mean) * inv * wi + bi;
-    }
-}
 
 /// The keys of the pools that `keys` holds complete but has not pooled yet.
 fn pool_complete(keys: &mut PooledKeys, ape: &[f32]) {
@@ -113,7 +86,7 @@ impl Model {
         let eps = p.layer_norm_eps;
         cx.par_rows(&mut ik, dhi, |_, rows| {
             for row in rows.chunks_exact_mut(dhi) {
-                layer_norm(row, &ix.k_norm, &ix.k_norm_bias, eps);
+                layer_norm_rows_inplace(row, &ix.k_norm, &ix.k_norm_bias, eps);
             }
         });
         hooks.observe(Some(il), "indexer_k", &ik);
