@@ -597,7 +597,6 @@ pub(super) fn logits_of_file(
     assert!(logits.data.iter().all(|v| v.is_finite()));
     let spread = logits.data.iter().fold(0f32, |m, v| m.max(v.abs()));
     assert!(spread > 0.0 && spread < 1e3, "logits up to {spread}");
-    drop(seqs);
     (model, logits.data)
 }
 
