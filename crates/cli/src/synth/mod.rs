@@ -10,11 +10,13 @@ use gguf::{GgmlType, GgufWriter, Value};
 
 mod dsa;
 mod dsv4;
+mod glm5next;
 mod gpt_oss;
 mod presets;
 
 use dsa::{dsa_metadata, push_indexer};
 use dsv4::{dsv4_metadata, plan_dsv4};
+use glm5next::{glm5next_metadata, plan_glm5next};
 use gpt_oss::plan_gpt_oss;
 use presets::DSV4_FLASH_LAYERS;
 pub use presets::{MlaShape, PRESETS, Preset};
@@ -22,7 +24,7 @@ pub use presets::{MlaShape, PRESETS, Preset};
 #[derive(clap::Args)]
 pub struct SynthArgs {
     /// qwen3-30b-a3b, olmoe-7b-a1b, small-2b, deepseek-v2-lite, deepseek-v3-4l,
-    /// glm-5.2-4l, glm-4.5-air-8l, gpt-oss-20b or deepseek-v4-flash.
+    /// glm-5.2-4l, glm-5.3-flash-4l, glm-4.5-air-8l, gpt-oss-20b or deepseek-v4-flash.
     #[arg(long)]
     pub preset: String,
     /// Fewer layers than the preset has (same shapes otherwise): a smaller file to try.
@@ -192,6 +194,9 @@ fn plan(p: &Preset, experts: ExpertMix) -> Vec<TensorPlan> {
     }
     if let Some(v4) = &p.dsv4 {
         return plan_dsv4(p, v4, experts);
+    }
+    if let Some(g) = &p.glm5next {
+        return plan_glm5next(p, g, experts);
     }
     use GgmlType::{F32, Q4K, Q6K, Q8_0};
     let (exp_gate_up, exp_down) = experts.gate_up_down();
@@ -374,6 +379,8 @@ fn write(
     w.add_metadata("general.quantization_version", Value::U32(2))?;
     if let Some(v4) = &p.dsv4 {
         dsv4_metadata(&mut w, p, v4)?;
+    } else if let Some(g) = &p.glm5next {
+        glm5next_metadata(&mut w, p, g)?;
     } else {
         generic_metadata(&mut w, p)?;
     }

@@ -2,6 +2,7 @@
 
 use super::dsa::DsaShape;
 use super::dsv4::Dsv4Shape;
+use super::glm5next::Glm5NextShape;
 
 /// Shapes of a synthetic MoE model.
 #[derive(Clone, Debug)]
@@ -39,6 +40,8 @@ pub struct Preset {
     pub dsv4: Option<Dsv4Shape>,
     /// GLM-5's lightning indexer over latent attention (`glm-dsa`).
     pub dsa: Option<DsaShape>,
+    /// GLM-5.3 Flash's KDA layers, k-pool indexer and streams (`glm5-next`).
+    pub glm5next: Option<Glm5NextShape>,
 }
 
 /// Latent attention sizes of a preset.
@@ -79,12 +82,13 @@ const GQA_ONLY: Preset = Preset {
     norm_topk: true,
     dsv4: None,
     dsa: None,
+    glm5next: None,
 };
 
 /// DeepSeek-V4-Flash's layer count (`compress_ratios` follows the real pattern only at it).
 pub const DSV4_FLASH_LAYERS: usize = 43;
 
-pub const PRESETS: [Preset; 9] = [
+pub const PRESETS: [Preset; 10] = [
     Preset {
         name: "qwen3-30b-a3b",
         arch: "qwen3moe",
@@ -227,6 +231,49 @@ pub const PRESETS: [Preset; 9] = [
             n_head: 32,
             head_dim: 128,
             top_k: 2048,
+        }),
+        ..GQA_ONLY
+    },
+    // GLM-5.3 Flash shapes (transformers' defaults) with 4 of 45 layers: three KDA layers
+    // (64 heads × 128, conv 4; the dense ones) and one latent layer (64 heads, nope 256 / values
+    // 256 over a latent of 512, the k-pool indexer: 32 × 128, pools of 16, top 2048) with 288
+    // experts top-8 + 1 shared (sigmoid + bias, scale 2.5), 4 streams, SwiGLU clamped at 10.
+    Preset {
+        name: "glm-5.3-flash-4l",
+        arch: "glm5-next",
+        n_layer: 4,
+        n_embd: 4096,
+        n_head: 64,
+        n_head_kv: 1,
+        head_dim: 256,
+        n_expert: 288,
+        n_expert_used: 8,
+        n_ff_exp: 2048,
+        n_vocab: 154_880,
+        n_ctx: 1 << 20,
+        mla: Some(MlaShape {
+            q_lora_rank: 1536,
+            kv_lora_rank: 512,
+            qk_nope: 256,
+            v_head_dim: 256,
+        }),
+        n_shared_exp: 1,
+        n_dense_lead: 3,
+        n_ff_dense: 12_288,
+        n_rot: 0,
+        qk_norm: false,
+        sigmoid_gating: true,
+        weights_scale: 2.5,
+        glm5next: Some(Glm5NextShape {
+            kda_heads: 64,
+            kda_head_dim: 128,
+            conv_kernel: 4,
+            index_n_head: 32,
+            index_head_dim: 128,
+            index_topk: 2048,
+            kpool: 16,
+            hc: 4,
+            swiglu_limit: 10.0,
         }),
         ..GQA_ONLY
     },
