@@ -6,17 +6,11 @@
 
 mod common;
 
-use std::path::Path;
-
-use common::cluster::{BASE, FixtureCluster, differing};
+use common::cluster::{BASE, FixtureCluster};
 use common::*;
 
 fn family() -> FixtureCluster {
     FixtureCluster::new("glm5-next")
-}
-
-fn logits(out: &Path, extra: &[&str], stages: &[&str], ranks: usize) -> Vec<f32> {
-    family().logits(out, extra, stages, ranks)
 }
 
 fn with_cluster(args: &[&str], stages: &[&str], ranks: usize) -> String {
@@ -30,35 +24,33 @@ fn model() -> String {
 #[test]
 fn glm5_next_pipelines_groups_and_streaming_are_bit_identical_to_single_node() {
     let dir = tempfile::tempdir().unwrap();
-    let at = |name: &str| dir.path().join(name);
-    let single = logits(&at("single.npy"), &[], &[], 1);
+    let fam = family();
+    let single = fam.logits(&dir.path().join("single.npy"), &[], &[], 1);
     assert_eq!(single.len(), 473 * 320, "every prompt position's logits");
-    for (name, splits, chunk) in [
-        // The worker starts at the shared layer: layer 1's selection comes with the work.
-        ("2 stages", &["0:1", "2:output"][..], "37"),
-        ("3 stages", &["0:0", "1:2", "3:output"][..], "64"),
-        // Worker to worker: the selection made on the second stage reaches the third.
-        ("4 stages", &["0:0", "1:1", "2:2", "3:output"][..], "50"),
-    ] {
-        let layers = ["--layers", splits[0], "--dist-prefill-chunk", chunk];
-        let extra = [&layers[..], &["--dist-prefill-window", "2"]].concat();
-        let got = logits(&at(&format!("{name}.npy")), &extra, &splits[1..], 1);
-        assert_eq!(differing(&got, &single), 0, "{name}");
+    fam.assert_splits_match(
+        dir.path(),
+        &single,
+        &[
+            // The worker starts at the shared layer: layer 1's selection comes with the work.
+            ("2 stages", &["0:1", "2:output"], "37"),
+            ("3 stages", &["0:0", "1:2", "3:output"], "64"),
+            // Worker to worker: the selection made on the second stage reaches the third.
+            ("4 stages", &["0:0", "1:1", "2:2", "3:output"], "50"),
+        ],
+    );
+    // The streams at 16 and 8 bits on the wire, the selection exactly, into the shared layer.
+    for (bits, min_agree_pct) in [("16", 90), ("8", 70)] {
+        fam.assert_lossy_wire(
+            dir.path(),
+            &single,
+            ("0:1", "2:output"),
+            bits,
+            min_agree_pct,
+            320,
+        );
     }
     // Two ranks: each half the latent and KDA heads, half the experts, half the vocabulary.
-    let got = logits(
-        &at("tp.npy"),
-        &["--tensor-parallel", "--tp-size", "2"],
-        &[],
-        2,
-    );
-    assert_eq!(differing(&got, &single), 0, "2 ranks");
-    // Streaming with one cache slot, and with the whole layer cached.
-    for cache in ["1", "8"] {
-        let extra = ["--ssd-streaming", "--expert-cache", cache];
-        let got = logits(&at(&format!("stream{cache}.npy")), &extra, &[], 1);
-        assert_eq!(differing(&got, &single), 0, "streaming, cache {cache}");
-    }
+    fam.assert_tp_and_streaming_match(dir.path(), &single);
 }
 
 /// A session saved on a 2-stage split whose second stage starts at the shared layer, and one
@@ -68,19 +60,8 @@ fn glm5_next_pipelines_groups_and_streaming_are_bit_identical_to_single_node() {
 fn glm5_next_snapshots_move_between_splits_and_groups() {
     let dir = tempfile::tempdir().unwrap();
     let m = model();
-    let text = std::fs::read_to_string(fixture("glm5-next", "prompt_tokens.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let prompt: String = v["text"].as_str().unwrap().chars().take(600).collect();
+    let (prompt, want) = family().greedy_text(600, "16");
     let greedy = ["--temp", "0"];
-    let mut args = vec!["run", "-m", &m, "-p", &prompt, "-n", "16"];
-    args.extend_from_slice(&greedy);
-    args.extend_from_slice(&BASE[..5]);
-    let want = run_ok(&args);
-    let want = want
-        .strip_prefix(prompt.as_str())
-        .unwrap_or(&want)
-        .trim_end()
-        .to_string();
     assert!(!want.is_empty(), "the single node generated nothing");
     let tp = ["--tensor-parallel", "--tp-size", "2"];
     for (name, split, stages, ranks) in [

@@ -8,78 +8,43 @@
 
 mod common;
 
-use std::path::Path;
-
-use common::cluster::{BASE, FixtureCluster, argmax, differing};
+use common::cluster::{BASE, FixtureCluster};
 use common::*;
 
 fn family() -> FixtureCluster {
     FixtureCluster::new("glm-dsa")
 }
 
-fn logits(out: &Path, extra: &[&str], stages: &[&str], ranks: usize) -> Vec<f32> {
-    family().logits(out, extra, stages, ranks)
-}
-
 #[test]
 fn glm_dsa_pipelines_groups_and_streaming_are_bit_identical_to_single_node() {
     let dir = tempfile::tempdir().unwrap();
-    let at = |name: &str| dir.path().join(name);
-    let single = logits(&at("single.npy"), &[], &[], 1);
-
-    for (name, splits, chunk) in [
-        ("cut before a shared layer", &["0:0", "1:output"][..], "37"),
-        ("cut before a full layer", &["0:1", "2:output"][..], "64"),
-        ("3 stages", &["0:0", "1:2", "3:output"][..], "100"),
-    ] {
-        let layers = ["--layers", splits[0], "--dist-prefill-chunk", chunk];
-        let extra = [&layers[..], &["--dist-prefill-window", "2"]].concat();
-        let got = logits(&at(&format!("{name}.npy")), &extra, &splits[1..], 1);
-        assert_eq!(differing(&got, &single), 0, "{name}");
-    }
-
+    let fam = family();
+    let single = fam.logits(&dir.path().join("single.npy"), &[], &[], 1);
+    fam.assert_splits_match(
+        dir.path(),
+        &single,
+        &[
+            ("cut before a shared layer", &["0:0", "1:output"], "37"),
+            ("cut before a full layer", &["0:1", "2:output"], "64"),
+            ("3 stages", &["0:0", "1:2", "3:output"], "100"),
+        ],
+    );
     // The stream in the 16- and 8-bit wire formats; the selection still travels exactly, so
     // the shared layer 1 attends to what layer 0 chose. The fixture is made so that top-k cuts
     // are close (1.7e-5): e4m3's rounding of the stream moves layer 2's own selection, which
     // is what costs the 8-bit top-1 agreement (a cut before layer 2, where nothing is carried,
     // loses as much: 389/473 measured).
-    let n_vocab = 320;
     for (bits, min_agree_pct) in [("16", 90), ("8", 70)] {
-        let extra = ["--layers", "0:0", "--dist-activation-bits", bits];
-        let got = logits(&at(&format!("bits{bits}.npy")), &extra, &["1:output"], 1);
-        let max_err = got
-            .iter()
-            .zip(&single)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        let agree = got
-            .chunks(n_vocab)
-            .zip(single.chunks(n_vocab))
-            .filter(|(a, b)| argmax(a) == argmax(b))
-            .count();
-        let rows = single.len() / n_vocab;
-        eprintln!(
-            "glm-dsa {bits}-bit activations: max |Δlogit| {max_err:.4}, top-1 agreement {agree}/{rows}"
-        );
-        assert!(
-            max_err < 3.0 && agree * 100 >= rows * min_agree_pct,
-            "{bits}-bit: {max_err}, {agree}/{rows}"
+        fam.assert_lossy_wire(
+            dir.path(),
+            &single,
+            ("0:0", "1:output"),
+            bits,
+            min_agree_pct,
+            320,
         );
     }
-
-    let got = logits(
-        &at("tp.npy"),
-        &["--tensor-parallel", "--tp-size", "2"],
-        &[],
-        2,
-    );
-    assert_eq!(differing(&got, &single), 0, "2 ranks");
-
-    for cache in ["1", "8"] {
-        let extra = ["--ssd-streaming", "--expert-cache", cache];
-        let got = logits(&at(&format!("stream{cache}.npy")), &extra, &[], 1);
-        assert_eq!(differing(&got, &single), 0, "streaming, cache {cache}");
-    }
+    fam.assert_tp_and_streaming_match(dir.path(), &single);
 }
 
 /// A session saved on a split cut before a shared layer continues on one node and on a
@@ -89,19 +54,8 @@ fn glm_dsa_snapshots_move_between_splits() {
     let dir = tempfile::tempdir().unwrap();
     let fam = family();
     let m = fam.model();
-    let text = std::fs::read_to_string(fixture("glm-dsa", "prompt_tokens.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let prompt: String = v["text"].as_str().unwrap().chars().take(500).collect();
+    let (prompt, want) = fam.greedy_text(500, "16");
     let greedy = ["--temp", "0"];
-    let mut args = vec!["run", "-m", &m, "-p", &prompt, "-n", "16"];
-    args.extend_from_slice(&greedy);
-    args.extend_from_slice(&BASE[..5]);
-    let want = run_ok(&args);
-    let want = want
-        .strip_prefix(prompt.as_str())
-        .unwrap_or(&want)
-        .trim_end()
-        .to_string();
     let snap = dir.path().join("dsa.snap");
     let snap_s = snap.to_str().unwrap();
     let mut save = vec!["run", "-m", &m, "-p", &prompt, "-n", "0"];

@@ -97,3 +97,89 @@ pub fn argmax(v: &[f32]) -> usize {
         .enumerate()
         .fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
 }
+
+impl FixtureCluster {
+    /// Each pipeline case (name, stage ranges — the first the coordinator's —, prefill chunk)
+    /// gives `single`'s logits bit for bit.
+    pub fn assert_splits_match(&self, dir: &Path, single: &[f32], cases: &[(&str, &[&str], &str)]) {
+        for &(name, splits, chunk) in cases {
+            let layers = ["--layers", splits[0], "--dist-prefill-chunk", chunk];
+            let extra = [&layers[..], &["--dist-prefill-window", "2"]].concat();
+            let out = dir.join(format!("{name}.npy"));
+            let got = self.logits(&out, &extra, &splits[1..], 1);
+            assert_eq!(differing(&got, single), 0, "{} {name}", self.name);
+        }
+    }
+
+    /// A 2-rank group, and streaming with one cache slot and with the whole layer cached, give
+    /// `single`'s logits bit for bit.
+    pub fn assert_tp_and_streaming_match(&self, dir: &Path, single: &[f32]) {
+        let tp = ["--tensor-parallel", "--tp-size", "2"];
+        let got = self.logits(&dir.join("tp.npy"), &tp, &[], 2);
+        assert_eq!(differing(&got, single), 0, "{}: 2 ranks", self.name);
+        for cache in ["1", "8"] {
+            let extra = ["--ssd-streaming", "--expert-cache", cache];
+            let got = self.logits(&dir.join(format!("stream{cache}.npy")), &extra, &[], 1);
+            assert_eq!(
+                differing(&got, single),
+                0,
+                "{}: streaming, cache {cache}",
+                self.name
+            );
+        }
+    }
+
+    /// A 2-stage split (`first` on the coordinator, `rest` on a worker) with the stream at
+    /// `bits` on the wire: the logits stay within 3 of `single` and agree on the top token at
+    /// `min_agree_pct` % of the positions or more.
+    pub fn assert_lossy_wire(
+        &self,
+        dir: &Path,
+        single: &[f32],
+        split: (&str, &str),
+        bits: &str,
+        min_agree_pct: usize,
+        n_vocab: usize,
+    ) {
+        let extra = ["--layers", split.0, "--dist-activation-bits", bits];
+        let got = self.logits(&dir.join(format!("bits{bits}.npy")), &extra, &[split.1], 1);
+        let max_err = got
+            .iter()
+            .zip(single)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        let agree = got
+            .chunks(n_vocab)
+            .zip(single.chunks(n_vocab))
+            .filter(|(a, b)| argmax(a) == argmax(b))
+            .count();
+        let rows = single.len() / n_vocab;
+        eprintln!(
+            "{} {bits}-bit activations: max |Δlogit| {max_err:.4}, top-1 agreement {agree}/{rows}",
+            self.name
+        );
+        assert!(
+            max_err < 3.0 && agree * 100 >= rows * min_agree_pct,
+            "{} {bits}-bit: {max_err}, {agree}/{rows}",
+            self.name
+        );
+    }
+
+    /// The single node's greedy continuation (`n` tokens) of the first `chars` characters of
+    /// the fixture's prompt text, and that prompt.
+    pub fn greedy_text(&self, chars: usize, n: &str) -> (String, String) {
+        let text = std::fs::read_to_string(fixture(self.name, "prompt_tokens.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let prompt: String = v["text"].as_str().unwrap().chars().take(chars).collect();
+        let m = self.model();
+        let mut args = vec!["run", "-m", &m, "-p", &prompt, "-n", n, "--temp", "0"];
+        args.extend_from_slice(&BASE[..5]);
+        let out = run_ok(&args);
+        let want = out
+            .strip_prefix(prompt.as_str())
+            .unwrap_or(&out)
+            .trim_end()
+            .to_string();
+        (prompt, want)
+    }
+}
