@@ -9,7 +9,8 @@ use crate::Model;
 use crate::blocks::Compute;
 use crate::error::Result;
 use crate::hparams::Dsv4Params;
-use crate::profile::{Phase, span};
+use crate::pass::{Hooks, ReducePoint};
+use crate::profile::{Phase, span, timed};
 use crate::weights::HyperMix;
 
 /// The stream mix around a block: the collapsed block input (`n × d`) and, per token, the
@@ -197,5 +198,29 @@ impl Model {
             .flat_map(|mx| (0..p.hc).map(|j| sigmoid(mx[j] * w.scale[0] + w.base[j]) + p.hc_eps))
             .collect();
         Ok(collapse(cx, x, &pre, p.hc, hp.n_embd))
+    }
+}
+
+impl Model {
+    /// A block's output `out` (this rank's partial sum when `split`) summed across ranks at
+    /// `point`, then spread back over the streams `x` with `mix`'s post weights.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn hc_merge_block(
+        &self,
+        cx: &Compute,
+        il: usize,
+        x: &mut [f32],
+        out: &mut [f64],
+        mix: &Mix,
+        hc: usize,
+        point: ReducePoint,
+        split: bool,
+        hooks: &mut dyn Hooks,
+    ) -> Result<()> {
+        if split {
+            timed(Phase::AllReduce, || hooks.all_reduce(il, point, out))?;
+        }
+        timed(Phase::HyperMix, || hc_post(cx, x, out, mix, hc));
+        Ok(())
     }
 }

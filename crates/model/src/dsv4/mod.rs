@@ -31,7 +31,7 @@ use crate::hparams::Hparams;
 use crate::pass::{Hooks, ReducePoint, SeqInput};
 use crate::profile::{Phase, span, timed};
 use crate::weights::Ffn;
-use hyper::{hc_post, hc_pre};
+use hyper::hc_pre;
 
 /// The rope tables of a batch: sliding layers rotate with the main base, compressed layers
 /// (queries, keys, indexer queries) with the compressed one.
@@ -130,12 +130,9 @@ impl Model {
         cx.rms_norm_rows(&mix.collapsed, &a.norm, hp.rms_eps, &mut h);
         hooks.observe(Some(il), "attn_norm", &h);
         let mut att = self.dsv4_attention(cx, il, a, &h, seqs, pos0, ropes, hooks)?;
-        if self.shard.attention_split {
-            timed(Phase::AllReduce, || {
-                hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut att)
-            })?;
-        }
-        timed(Phase::HyperMix, || hc_post(cx, x, &att, &mix, p.hc));
+        let split = self.shard.attention_split;
+        let point = ReducePoint::AttentionOutput;
+        self.hc_merge_block(cx, il, x, &mut att, &mix, p.hc, point, split, hooks)?;
         hooks.observe(Some(il), "hc_attn_post", x);
 
         let mix = timed(Phase::HyperMix, || {
@@ -149,12 +146,9 @@ impl Model {
             self.prefetch_next_layer(cx, il, &mix.collapsed, experts)?;
         }
         let mut out = self.dsv4_ffn(cx, il, &h, tokens, experts, hooks)?;
-        if self.shard.is_split() {
-            timed(Phase::AllReduce, || {
-                hooks.all_reduce(il, ReducePoint::FfnOutput, &mut out)
-            })?;
-        }
-        timed(Phase::HyperMix, || hc_post(cx, x, &out, &mix, p.hc));
+        let split = self.shard.is_split();
+        let point = ReducePoint::FfnOutput;
+        self.hc_merge_block(cx, il, x, &mut out, &mix, p.hc, point, split, hooks)?;
         Ok(())
     }
 

@@ -20,7 +20,7 @@ use crate::Model;
 use crate::arch::Glu;
 use crate::blocks::Compute;
 use crate::blocks::moe::{ExpertFfn, moe_ffn, route_tokens};
-use crate::dsv4::hyper::{HcShape, hc_post, hc_pre};
+use crate::dsv4::hyper::{HcShape, hc_pre};
 use crate::error::{ModelError, Result};
 use crate::experts::ExpertSource;
 use crate::hparams::{Glm5LayerKind, Glm5NextParams};
@@ -212,12 +212,9 @@ impl Model {
                 hooks,
             )?,
         };
-        if self.shard.attention_split {
-            timed(Phase::AllReduce, || {
-                hooks.all_reduce(il, ReducePoint::AttentionOutput, &mut att)
-            })?;
-        }
-        timed(Phase::HyperMix, || hc_post(cx, x, &att, &mix, p.hc));
+        let split = self.shard.attention_split;
+        let point = ReducePoint::AttentionOutput;
+        self.hc_merge_block(cx, il, x, &mut att, &mix, p.hc, point, split, hooks)?;
         hooks.observe(Some(il), "hc_attn_post", x);
 
         let mix = timed(Phase::HyperMix, || {
@@ -230,12 +227,9 @@ impl Model {
             self.prefetch_next_layer(cx, il, &mix.collapsed, experts)?;
         }
         let mut out = self.glm5next_ffn(cx, il, &h, experts, hooks)?;
-        if self.shard.is_split() {
-            timed(Phase::AllReduce, || {
-                hooks.all_reduce(il, ReducePoint::FfnOutput, &mut out)
-            })?;
-        }
-        timed(Phase::HyperMix, || hc_post(cx, x, &out, &mix, p.hc));
+        let split = self.shard.is_split();
+        let point = ReducePoint::FfnOutput;
+        self.hc_merge_block(cx, il, x, &mut out, &mix, p.hc, point, split, hooks)?;
         Ok(())
     }
 
