@@ -3,7 +3,7 @@
 
 use gguf::{GgmlType, GgufWriter, Value};
 
-use super::{DSV4_FLASH_LAYERS, ExpertMix, Fill, Preset, TensorPlan, whole_blocks_or_q8_0};
+use super::{DSV4_FLASH_LAYERS, ExpertMix, Fill, Preset, TensorPlan};
 
 /// The DeepSeek V4 sizes of a preset (on top of `n_head` heads of `head_dim`, one shared
 /// key/value head, `n_rot` rotary dims).
@@ -72,18 +72,7 @@ pub(super) fn plan_dsv4(p: &Preset, v4: &Dsv4Shape, experts: ExpertMix) -> Vec<T
     // Each hyper-connection mix reads all streams and writes pre (hc), post (hc) and the hc × hc
     // combination.
     let (hc_dim, hc_mix) = (hc * d, (2 + hc) * hc);
-    let random = |name: String, dtype: GgmlType, shape: Vec<u64>, std: f32| TensorPlan {
-        dtype: whole_blocks_or_q8_0(dtype, shape[0]),
-        name,
-        shape,
-        fill: Fill::Random(std),
-    };
-    let constant = |name: String, shape: Vec<u64>, value: f32| TensorPlan {
-        name,
-        dtype: F32,
-        shape,
-        fill: Fill::Const(value),
-    };
+    let (random, constant) = (TensorPlan::random, TensorPlan::constant);
     // Small mixing weights, zero bases and unit scales: every stream weighs about the same
     // (sigmoid(0)), so the streams neither vanish nor blow up over the layers.
     let hyper_mix = |v: &mut Vec<TensorPlan>, prefix: String, rows: u64, n_scale: u64| {

@@ -5,7 +5,7 @@
 
 use gguf::{GgmlType, GgufWriter, Value};
 
-use super::{ExpertMix, Fill, Preset, TensorPlan, whole_blocks_or_q8_0};
+use super::{ExpertMix, Fill, Preset, TensorPlan};
 
 /// The parts of a `glm5-next` preset beyond the shared fields (`mla` holds the latent sizes).
 #[derive(Clone, Debug)]
@@ -38,18 +38,7 @@ pub(super) fn plan_glm5next(p: &Preset, g: &Glm5NextShape, experts: ExpertMix) -
     let (kh, kd) = (g.kda_heads as u64, g.kda_head_dim as u64);
     let (inh, ihd) = (g.index_n_head as u64, g.index_head_dim as u64);
     let hc = g.hc as u64;
-    let random = |name: String, dtype: GgmlType, shape: Vec<u64>, std: f32| TensorPlan {
-        dtype: whole_blocks_or_q8_0(dtype, shape[0]),
-        name,
-        shape,
-        fill: Fill::Random(std),
-    };
-    let constant = |name: String, shape: Vec<u64>, value: f32| TensorPlan {
-        name,
-        dtype: F32,
-        shape,
-        fill: Fill::Const(value),
-    };
+    let (random, constant) = (TensorPlan::random, TensorPlan::constant);
     let mut v = vec![random("token_embd.weight".into(), Q4K, vec![d, vocab], 1.0)];
     for i in 0..p.n_layer {
         let b = |s: &str| format!("blk.{i}.{s}.weight");

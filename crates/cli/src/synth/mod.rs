@@ -163,6 +163,26 @@ enum Fill {
 
 impl TensorPlan {
     /// Random values of `std`, or norms of one where `std` is 0.
+    /// Random rows of `std` (a type without whole blocks of the row falls back to Q8_0).
+    pub(super) fn random(name: String, dtype: GgmlType, shape: Vec<u64>, std: f32) -> TensorPlan {
+        TensorPlan {
+            dtype: whole_blocks_or_q8_0(dtype, shape[0]),
+            name,
+            shape,
+            fill: Fill::Random(std),
+        }
+    }
+
+    /// F32 values all `value`.
+    pub(super) fn constant(name: String, shape: Vec<u64>, value: f32) -> TensorPlan {
+        TensorPlan {
+            name,
+            dtype: GgmlType::F32,
+            shape,
+            fill: Fill::Const(value),
+        }
+    }
+
     fn of_std(name: String, dtype: GgmlType, shape: Vec<u64>, std: f32) -> TensorPlan {
         let fill = if std == 0.0 {
             Fill::Const(1.0)
