@@ -8,6 +8,7 @@ use std::ops::RangeInclusive;
 use kernels::Input;
 
 use crate::Model;
+use crate::arch::QkNorm;
 use crate::blocks::Compute;
 use crate::blocks::attention::{AttentionShape, SeqSpan, attend};
 use crate::blocks::ffn::glu_ffn;
@@ -375,15 +376,33 @@ impl Model {
                 }
             }
         };
-        let q_bias = a.q_bias.as_ref().map(|b| &b[q_rows]);
-        let k_bias = a.k_bias.as_ref().map(|b| &b[k_rows]);
+        let q_bias = a.q_bias.as_ref().map(|b| &b[q_rows.clone()]);
+        let k_bias = a.k_bias.as_ref().map(|b| &b[k_rows.clone()]);
         let v_bias = a.v_bias.as_ref().map(|b| &b[v_rows]);
-        cx.par_rows(&mut q, q_row, |first, rows| {
-            prepare(rows, first, q_row, q_bias, q_norm, true)
-        });
-        cx.par_rows(&mut k, k_row, |first, rows| {
-            prepare(rows, first, k_row, k_bias, k_norm, true)
-        });
+        if let (QkNorm::Whole, Some(qn), Some(kn)) = (self.spec.qk_norm, q_norm, k_norm) {
+            // One norm over all heads: bias first, then the norm from every head's sum of
+            // squares (all-reduced when the heads are split), then RoPE.
+            cx.par_rows(&mut q, q_row, |_, rows| {
+                prepare(rows, 0, q_row, q_bias, None, false)
+            });
+            cx.par_rows(&mut k, k_row, |_, rows| {
+                prepare(rows, 0, k_row, k_bias, None, false)
+            });
+            self.whole_qk_norm(il, &mut q, &mut k, &qn[q_rows], &kn[k_rows], hooks)?;
+            cx.par_rows(&mut q, q_row, |first, rows| {
+                prepare(rows, first, q_row, None, None, true)
+            });
+            cx.par_rows(&mut k, k_row, |first, rows| {
+                prepare(rows, first, k_row, None, None, true)
+            });
+        } else {
+            cx.par_rows(&mut q, q_row, |first, rows| {
+                prepare(rows, first, q_row, q_bias, q_norm, true)
+            });
+            cx.par_rows(&mut k, k_row, |first, rows| {
+                prepare(rows, first, k_row, k_bias, k_norm, true)
+            });
+        }
         if v_bias.is_some() {
             cx.par_rows(&mut v, v_row, |first, rows| {
                 prepare(rows, first, v_row, v_bias, None, false)
@@ -422,6 +441,63 @@ impl Model {
         })?;
         hooks.observe(Some(il), "kqv_out", &att);
         self.attention_output(cx, il, &a.o, a.o_bias.as_deref(), &att, x, hooks)
+    }
+
+    /// RMSNorm over the whole q and k projections (OLMoE) of rows holding this rank's heads:
+    /// each head's sum of squares in f64, placed at its head's slot (zero elsewhere) and
+    /// all-reduced, then summed in head order — the same additions whatever the split, so a
+    /// rank's heads are normalized exactly as on a single node. `q_w`/`k_w` are this rank's
+    /// slices of the norm weights.
+    fn whole_qk_norm(
+        &self,
+        il: usize,
+        q: &mut [f32],
+        k: &mut [f32],
+        q_w: &[f32],
+        k_w: &[f32],
+        hooks: &mut dyn Hooks,
+    ) -> Result<()> {
+        let hp = &self.hp;
+        let sh = &self.shard;
+        let dk = hp.head_dim_k;
+        let (q_row, k_row) = (sh.heads.len() * dk, sh.kv_heads.len() * dk);
+        let n = q.len().checked_div(q_row).unwrap_or(0);
+        let slots = hp.n_head + hp.n_head_kv;
+        let mut sums = vec![0f64; n * slots];
+        let head_sums = |rows: &[f32], first_slot: usize, sums: &mut [f64]| {
+            for (h, head) in rows.chunks_exact(dk.max(1)).enumerate() {
+                sums[first_slot + h] = head.iter().map(|&v| v as f64 * v as f64).sum();
+            }
+        };
+        for t in 0..n {
+            let row_sums = &mut sums[t * slots..(t + 1) * slots];
+            head_sums(&q[t * q_row..(t + 1) * q_row], sh.heads.start, row_sums);
+            head_sums(
+                &k[t * k_row..(t + 1) * k_row],
+                hp.n_head + sh.kv_heads.start,
+                row_sums,
+            );
+        }
+        if sh.attention_split {
+            timed(Phase::AllReduce, || {
+                hooks.all_reduce(il, ReducePoint::QkNormSums, &mut sums)
+            })?;
+        }
+        let normalize = |rows: &mut [f32], ss: &[f64], w: &[f32]| {
+            let len = (ss.len() * dk) as f64;
+            let total: f64 = ss.iter().sum();
+            let scale = 1.0 / ((total / len) as f32 + hp.rms_eps).sqrt();
+            for (v, &g) in rows.iter_mut().zip(w) {
+                *v = g * (*v * scale);
+            }
+        };
+        for t in 0..n {
+            let row_sums = &sums[t * slots..(t + 1) * slots];
+            let (q_sums, k_sums) = row_sums.split_at(hp.n_head);
+            normalize(&mut q[t * q_row..(t + 1) * q_row], q_sums, q_w);
+            normalize(&mut k[t * k_row..(t + 1) * k_row], k_sums, k_w);
+        }
+        Ok(())
     }
 
     /// The output projection of this rank's heads' attention output `att` (`n × heads ×

@@ -108,7 +108,7 @@ impl Model {
             (None, Some(Some(l))) => l.attn.o().dtype,
             (None, _) => gguf::GgmlType::F32,
         };
-        let shard = crate::shard::Shard::new(&hp, spec.qk_norm, o_dtype, rank, n_ranks);
+        let shard = crate::shard::Shard::new(&hp, o_dtype, rank, n_ranks);
         Ok(Model {
             files,
             spec,
@@ -157,13 +157,7 @@ impl Model {
     /// The share rank `rank` of a group of this model's size has (every rank computes the
     /// others' the same way).
     pub fn shard_of(&self, rank: usize) -> crate::shard::Shard {
-        crate::shard::Shard::new(
-            &self.hp,
-            self.spec.qk_norm,
-            self.o_dtype,
-            rank,
-            self.shard.n_ranks,
-        )
+        crate::shard::Shard::new(&self.hp, self.o_dtype, rank, self.shard.n_ranks)
     }
 
     pub fn files(&self) -> &GgufModel {

@@ -57,11 +57,14 @@ pub enum StageOutput {
     Logits(Logits),
 }
 
-/// The two points per layer where tensor-parallel ranks exchange partial sums.
+/// The points per layer where tensor-parallel ranks exchange partial sums.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReducePoint {
     AttentionOutput,
     FfnOutput,
+    /// Per head sums of squares of q and k, for a q/k norm over the whole projection (OLMoE)
+    /// when the heads are split.
+    QkNormSums,
 }
 
 /// Observation and collective hooks. The defaults do nothing (a single node).

@@ -9,7 +9,6 @@ use std::ops::Range;
 
 use gguf::GgmlType;
 
-use crate::arch::QkNorm;
 use crate::hparams::Hparams;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +57,34 @@ pub fn split_range(len: usize, i: usize, n: usize, align: usize) -> Range<usize>
     cut(i)..cut(i + 1)
 }
 
+/// Rank `rank`'s kv heads under a grouped-query head split, or `None` when attention stays
+/// whole on every rank. Ranks get whole units — the fewest kv heads whose query heads fill
+/// whole reduction chunks of the output projection (`o_chunk`), so every rank computes whole
+/// chunks and the all-reduce reproduces the single node — as evenly as the units allow
+/// (OLMoE's 16 heads of 128 in Q4_K blocks of 256 over 3 ranks: 6, 6 and 4 heads).
+fn gqa_kv_heads(
+    hp: &Hparams,
+    o_dtype: GgmlType,
+    rank: usize,
+    n_ranks: usize,
+) -> Option<Range<usize>> {
+    let n_kv = hp.n_head_kv;
+    if n_kv == 0 || !hp.n_head.is_multiple_of(n_kv) {
+        return None;
+    }
+    let group_width = (hp.n_head / n_kv) * hp.head_dim_out();
+    let chunk = o_chunk(o_dtype, hp.head_dim_out(), hp.n_head / n_kv);
+    if group_width == 0 || !chunk.is_multiple_of(group_width) {
+        return None;
+    }
+    let unit = chunk / group_width;
+    if !n_kv.is_multiple_of(unit) || n_kv / unit < n_ranks {
+        return None;
+    }
+    let units = split_range(n_kv / unit, rank, n_ranks, 1);
+    Some(units.start * unit..units.end * unit)
+}
+
 impl Shard {
     /// Everything, on one node.
     pub fn full(hp: &Hparams) -> Shard {
@@ -73,13 +100,7 @@ impl Shard {
 
     /// Rank `rank` of `n_ranks`. `o_dtype` is the attention output projection's type, whose
     /// blocks must not straddle a head boundary for a head split.
-    pub fn new(
-        hp: &Hparams,
-        qk_norm: QkNorm,
-        o_dtype: GgmlType,
-        rank: usize,
-        n_ranks: usize,
-    ) -> Shard {
+    pub fn new(hp: &Hparams, o_dtype: GgmlType, rank: usize, n_ranks: usize) -> Shard {
         let mut s = Shard::full(hp);
         s.rank = rank;
         s.n_ranks = n_ranks;
@@ -111,10 +132,12 @@ impl Shard {
                 s.heads = rank * heads_per_rank..(rank + 1) * heads_per_rank;
                 s.attention_split = true;
             }
-        } else if hp.n_head_kv.is_multiple_of(n_ranks) && qk_norm != QkNorm::Whole && aligned {
-            let kv = hp.n_head_kv / n_ranks;
-            s.kv_heads = rank * kv..(rank + 1) * kv;
-            s.heads = rank * heads_per_rank..(rank + 1) * heads_per_rank;
+        } else if let Some(kv_heads) = gqa_kv_heads(hp, o_dtype, rank, n_ranks) {
+            // A whole-projection q/k norm (OLMoE) splits too: the ranks all-reduce each
+            // head's sum of squares before normalizing (`ReducePoint::QkNormSums`).
+            let group = hp.n_head / hp.n_head_kv.max(1);
+            s.heads = kv_heads.start * group..kv_heads.end * group;
+            s.kv_heads = kv_heads;
             s.attention_split = true;
         }
         s.vocab = split_range(hp.n_vocab, rank, n_ranks, 1);

@@ -269,8 +269,9 @@ impl model::Hooks for MeshHooks<'_> {
         let p = match point {
             model::ReducePoint::AttentionOutput => 0,
             model::ReducePoint::FfnOutput => 1,
+            model::ReducePoint::QkNormSums => 2,
         };
-        let tag = (self.step << 20) | ((layer as u64) << 1) | p;
+        let tag = (self.step << 20) | ((layer as u64) << 2) | p;
         self.mesh.all_reduce(tag, data).map_err(|detail| {
             self.error = Some(detail.clone());
             model::ModelError::Collective { layer, detail }
