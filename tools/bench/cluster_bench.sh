@@ -4,8 +4,10 @@
 #   tools/bench/cluster_bench.sh MOESHARD_BINARY MODEL.gguf THREADS_PER_PROCESS [OUT_DIR]
 # ONLY=pipeline|tp runs one half; PP and TG set the prompt and decode lengths; PIPE_CONFIGS lists
 # CHUNK:WINDOW pairs for the pipeline runs (default "256:1 256:4"), MAX_TP the largest group
-# (default 3), TP_MODES the expert placements (default "owned balanced"). Every command
-# it runs is echoed first.
+# (default 3), TP_MODES the expert placements (default "owned balanced placed"; placed
+# records a routing profile on the text file PROFILE_TEXT — default: tools/bench/
+# code_edit_prompt.txt — then `moeshard plan --expert-replicas $REPLICAS`, default 25%). Every command it
+# runs is echoed first.
 set -euo pipefail
 BIN=$1; MODEL=$2; T=$3; OUT=${4:-/tmp/cluster-bench}
 mkdir -p "$OUT"
@@ -48,10 +50,21 @@ fi
 if [ "$ONLY" != pipeline ]; then
 echo "## tensor parallel: decode $TG tokens, $T threads per rank"
 bench tp1 "$(cores 0)" -p 0 -n "$TG" -r 2
-for mode in ${TP_MODES:-owned balanced}; do
+MODES=${TP_MODES:-owned balanced placed}
+if [[ " $MODES " == *" placed "* ]]; then
+  TEXT=${PROFILE_TEXT:-$(dirname "$0")/code_edit_prompt.txt}
+  run taskset -c "$(cores 0)" "$BIN" run -m "$MODEL" --threads "$T" --no-warm -p "$(cat "$TEXT")" -n 64 --temp 0 \
+    --ssd-streaming --save-expert-profile "$OUT/routing.profile" > "$OUT/profile-run.txt" 2> "$OUT/profile-run.err"
+  for n in $(seq 2 "${MAX_TP:-3}"); do
+    run "$BIN" plan -m "$MODEL" --expert-profile "$OUT/routing.profile" --tp-size "$n" \
+      --expert-replicas "${REPLICAS:-25%}" -o "$OUT/placement-$n.txt" | tee "$OUT/plan-$n.txt"
+  done
+fi
+for mode in $MODES; do
 for n in $(seq 2 "${MAX_TP:-3}"); do
   PORT=$((PORT + 1))
   flags=(); [ "$mode" = balanced ] && flags=(--tp-balance-experts)
+  [ "$mode" = placed ] && flags=(--expert-placement "$OUT/placement-$n.txt")
   for r in $(seq 1 $((n - 1))); do worker "$(cores "$r")" --tensor-parallel --coordinator 127.0.0.1:$PORT --insecure; done
   bench "tp$n-$mode" "$(cores 0)" -p 0 -n "$TG" -r 2 --tensor-parallel --tp-size "$n" --listen 127.0.0.1:$PORT --insecure "${flags[@]}"
   wait || true

@@ -84,6 +84,12 @@ pub struct ClusterArgs {
     /// experts only (not with --ssd-streaming).
     #[arg(long)]
     pub tp_balance_experts: bool,
+    /// Which ranks hold each routed expert of each layer, as `moeshard plan` wrote it from a
+    /// routing profile: work per rank balanced by measured routing, the hottest experts
+    /// replicated within a budget (each step, a replicated expert is computed by its less
+    /// loaded holder). Replaces --expert-weights (the file has the ranks' weights).
+    #[arg(long, value_name = "FILE")]
+    pub expert_placement: Option<std::path::PathBuf>,
     /// Seconds a rank may take to send a partial sum before the step fails.
     #[arg(long, default_value_t = 30.0)]
     pub tp_timeout: f64,
@@ -125,6 +131,12 @@ impl ClusterArgs {
             debug: self.debug,
             experts: None,
             balance_experts: self.tp_balance_experts,
+            placement: self
+                .expert_placement
+                .as_deref()
+                .map(cluster::tp::ExpertPlacement::load)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--expert-placement: {e}"))?,
         })
     }
 

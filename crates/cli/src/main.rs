@@ -10,6 +10,7 @@ mod logging;
 mod logits;
 mod npy;
 mod perplexity;
+mod plan;
 mod quantize;
 mod run;
 mod sampling;
@@ -66,6 +67,9 @@ enum Command {
     /// Write the part of a model one pipeline stage or tensor-parallel rank runs (--plan: the
     /// bytes per machine).
     Shard(shard::ShardArgs),
+    /// Place a tensor-parallel group's experts by a routing profile (balanced work, hottest
+    /// experts replicated within a budget) and write the file --expert-placement reads.
+    Plan(plan::PlanArgs),
     /// Turn a dense llama GGUF into an equivalent Mixtral-style MoE GGUF (a test of the MoE path).
     Upcycle(upcycle::UpcycleArgs),
 }
@@ -83,6 +87,7 @@ fn main() -> std::process::ExitCode {
         Command::Worker(a) => worker::run(&a),
         Command::Keygen(a) => keygen::run(&a),
         Command::Shard(a) => shard::run(&a),
+        Command::Plan(a) => plan::run(&a),
         Command::Inspect(a) => inspect::run(&a),
         Command::Upcycle(a) => upcycle::run(&a),
         Command::Quantize(a) => quantize::run(&a),

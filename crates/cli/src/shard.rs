@@ -140,7 +140,7 @@ fn layout(args: &ShardArgs, model: &Model) -> anyhow::Result<Vec<Part>> {
         return ranks
             .into_iter()
             .map(|rank| {
-                let experts = needed_experts(&Share::Owned(owned[rank].clone()), n_expert);
+                let experts = needed_experts(&Share::Owned(owned[rank].clone()), rank, n_expert);
                 Ok(Part {
                     machine: format!("rank {rank} of {}", args.tp_size),
                     path: output(&format!("rank-{rank}-of-{}", args.tp_size))?,

@@ -93,7 +93,7 @@ impl StreamingArgs {
     }
 
     /// For a tensor-parallel rank (`TpConfig::experts`): builds the streamed source of the
-    /// experts the rank owns (`owned[expert]`, every layer), or `None` when streaming is off.
+    /// experts the rank holds (`owned(layer, expert)`), or `None` when streaming is off.
     pub fn expert_factory(
         &self,
         n_ctx: usize,
@@ -103,21 +103,21 @@ impl StreamingArgs {
             return None;
         }
         let args = self.clone();
-        Some(Arc::new(move |model: &Arc<Model>, owned: Vec<bool>| {
-            let owned: experts::OwnedFn =
-                Arc::new(move |_, e| owned.get(e).copied().unwrap_or(false));
-            let cx = StreamingContext {
-                layers: None,
-                n_ctx,
-                kv_type,
-                owned: Some(owned),
-            };
-            match args.expert_source_for(model, cx) {
-                Ok(Some(source)) => Ok(source),
-                Ok(None) => Err("streaming is off".into()),
-                Err(e) => Err(format!("{e:#}").into()),
-            }
-        }))
+        Some(Arc::new(
+            move |model: &Arc<Model>, owned: cluster::tp::HeldFn| {
+                let cx = StreamingContext {
+                    layers: None,
+                    n_ctx,
+                    kv_type,
+                    owned: Some(owned),
+                };
+                match args.expert_source_for(model, cx) {
+                    Ok(Some(source)) => Ok(source),
+                    Ok(None) => Err("streaming is off".into()),
+                    Err(e) => Err(format!("{e:#}").into()),
+                }
+            },
+        ))
     }
 
     pub fn options(&self, model: &Model, cx: StreamingContext) -> StreamingOptions {

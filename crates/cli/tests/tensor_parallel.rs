@@ -280,6 +280,134 @@ fn balanced_expert_placement_matches_single_node() {
 }
 
 #[test]
+fn placement_planned_from_a_routing_profile_matches_single_node() {
+    // A profile recorded on a real prompt, a placement with replicas of the hottest experts
+    // (dealt out per step between their holders), resident and streaming ranks: the expert
+    // sum is f64, so the placement must not change a bit.
+    let dir = tempfile::tempdir().unwrap();
+    for fx in ["qwen3moe", "olmoe"] {
+        let m = fixture(fx, "model-f32.gguf");
+        let m = m.to_str().unwrap();
+        let profile = dir.path().join(format!("{fx}.profile"));
+        run_ok(&[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "Shall I compare thee to a summer's day? Thou art more lovely and more temperate.",
+            "-n",
+            "32",
+            "--temp",
+            "0",
+            "--ignore-eos",
+            "--ssd-streaming",
+            "--save-expert-profile",
+            profile.to_str().unwrap(),
+            "--no-warm",
+        ]);
+        let toks = fixture_tokens(fx);
+        let single = logits_single(m, &toks, &dir.path().join(format!("{fx}.npy")));
+        // Replicas are whole experts per layer: 100 % of the smallest rank's one expert is one.
+        for (n, weights, replicas) in [(2, "1,1", "50%"), (3, "2,1,1", "100%"), (2, "1,1", "0%")] {
+            let plan = dir.path().join(format!("{fx}-{n}-{replicas}.placement"));
+            let report = run_ok(&[
+                "plan",
+                "-m",
+                m,
+                "--expert-profile",
+                profile.to_str().unwrap(),
+                "--tp-size",
+                &n.to_string(),
+                "--expert-weights",
+                weights,
+                "--expert-replicas",
+                replicas,
+                "-o",
+                plan.to_str().unwrap(),
+            ]);
+            eprintln!("{fx} {n} ranks {weights} {replicas}:\n{report}");
+            assert!(report.contains("this placement:"), "{report}");
+            let text = std::fs::read_to_string(&plan).unwrap();
+            let replicated = text
+                .lines()
+                .filter(|l| l.split_whitespace().nth(2).is_some_and(|r| r.contains(',')))
+                .count();
+            assert_eq!(
+                replicated > 0,
+                replicas != "0%",
+                "{fx}: {replicated} replicated"
+            );
+            let extra = ["--expert-placement", plan.to_str().unwrap()];
+            let out = dir.path().join(format!("{fx}-placed-{n}.npy"));
+            let d = group_logits_diff(m, &toks, &single, n, &extra, &out);
+            eprintln!("{fx}: {n} placed ranks, max |Δlogit| vs single node = {d:e}");
+            assert_eq!(d, 0.0, "{fx} {n} placed ranks: logits differ by {d}");
+        }
+        // Streaming ranks read exactly the experts the placement gives them.
+        let plan = dir.path().join(format!("{fx}-2-50%.placement"));
+        let mut args = vec![
+            "logits",
+            "-m",
+            m,
+            "--tokens",
+            &toks,
+            "--expert-placement",
+            plan.to_str().unwrap(),
+            "--ssd-streaming",
+            "--expert-cache",
+            "2",
+        ];
+        let out = dir.path().join(format!("{fx}-placed-streaming.npy"));
+        let out_s = out.to_str().unwrap().to_string();
+        args.extend_from_slice(&["--out", &out_s]);
+        let (ok, _, err, _) = with_group(&args, m, 2, &["--ssd-streaming", "--expert-cache", "2"]);
+        assert!(ok, "{fx} placed streaming ranks failed:\n{err}");
+        let got = read_npy_f32(&out).1;
+        assert_eq!(
+            got, single,
+            "{fx}: placed streaming ranks differ from single node"
+        );
+    }
+    // A placement for another group size, or with weights of its own, is refused by name.
+    let m = fixture("qwen3moe", "model-f32.gguf");
+    let plan = dir.path().join("qwen3moe-2-50%.placement");
+    for (flags, want) in [
+        (
+            vec!["--tp-size", "3"],
+            "made for 2 ranks, the group has --tp-size 3",
+        ),
+        (
+            vec!["--expert-weights", "2,1"],
+            "leave out --tp-balance-experts and --expert-weights",
+        ),
+    ] {
+        let mut args = vec![
+            "logits".to_string(),
+            "-m".into(),
+            m.to_str().unwrap().into(),
+            "--tokens".into(),
+            "1,2,3".into(),
+            "--out".into(),
+            dir.path().join("x.npy").to_str().unwrap().into(),
+            "--tensor-parallel".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--insecure".into(),
+            "--expert-placement".into(),
+            plan.to_str().unwrap().into(),
+        ];
+        args.extend(flags.iter().map(|f| f.to_string()));
+        let out = std::process::Command::new(bin())
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains(want), "wanted {want:?} in:\n{err}");
+    }
+}
+
+#[test]
 fn a_killed_rank_fails_the_step_in_time_and_a_returning_rank_completes_it() {
     let m = smollm2();
     let m = m.to_str().unwrap();

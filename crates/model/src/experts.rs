@@ -135,27 +135,63 @@ impl BalancedResidentExperts {
 
 /// The rank of every expert of `active` under the balanced rule (see [`BalancedResidentExperts`]).
 pub fn balanced_assignment(active: &[usize], tokens: &[usize], weights: &[f64]) -> Vec<usize> {
-    let n_ranks = weights.len().max(1);
-    let mut order: Vec<usize> = (0..active.len()).collect();
-    order.sort_by(|&a, &b| tokens[b].cmp(&tokens[a]).then(active[a].cmp(&active[b])));
+    assign_to_holders(active, tokens, weights, |_| u64::MAX)
+}
+
+/// The rank of every expert of `active` (`tokens[i]` tokens routed to `active[i]`) when expert
+/// `e` may be computed by the ranks whose bits are set in `holders(e)`: an expert with one
+/// holder goes to it; the others, largest token count first (ties by id), to the holder that
+/// would finish first at its weight (ties to the lower rank). Every rank of a group computes
+/// this from the same routing, so they agree without exchanging a word; an expert with no
+/// holder among the weighted ranks goes to its lowest holder (or rank 0).
+pub fn assign_to_holders(
+    active: &[usize],
+    tokens: &[usize],
+    weights: &[f64],
+    holders: impl Fn(usize) -> u64,
+) -> Vec<usize> {
+    let n_ranks = weights.len().clamp(1, 64);
+    let in_group = if n_ranks == 64 {
+        u64::MAX
+    } else {
+        (1u64 << n_ranks) - 1
+    };
+    let weight = |r: usize| weights.get(r).copied().unwrap_or(1.0);
+    let mask = |i: usize| holders(active[i]) & in_group;
+    let cost = |i: usize| tokens[i].max(1) as f64;
     let mut load = vec![0f64; n_ranks];
     let mut rank_of = vec![0usize; active.len()];
-    for i in order {
-        let cost = tokens[i].max(1) as f64;
-        let mut best = 0;
+    let mut shared = Vec::new();
+    for (i, rank) in rank_of.iter_mut().enumerate() {
+        let m = mask(i);
+        if m.count_ones() == 1 {
+            *rank = m.trailing_zeros() as usize;
+            load[*rank] += cost(i);
+        } else {
+            shared.push(i);
+        }
+    }
+    shared.sort_by(|&a, &b| tokens[b].cmp(&tokens[a]).then(active[a].cmp(&active[b])));
+    for i in shared {
+        let m = mask(i);
+        let mut best = if m == 0 {
+            0
+        } else {
+            m.trailing_zeros() as usize
+        };
         let mut best_finish = f64::INFINITY;
         for (r, l) in load.iter().enumerate() {
-            let w = weights.get(r).copied().unwrap_or(1.0);
-            if w <= 0.0 {
+            let w = weight(r);
+            if m & (1 << r) == 0 || w <= 0.0 {
                 continue;
             }
-            let finish = (l + cost) / w;
+            let finish = (l + cost(i)) / w;
             if finish < best_finish {
                 best = r;
                 best_finish = finish;
             }
         }
-        load[best] += cost;
+        load[best] += cost(i);
         rank_of[i] = best;
     }
     rank_of
@@ -207,5 +243,31 @@ mod tests {
         // A rank of weight 0 gets nothing.
         let r = balanced_assignment(&active, &ones, &[1.0, 0.0, 1.0]);
         assert!(r.iter().all(|&x| x != 1), "{r:?}");
+    }
+
+    #[test]
+    fn replicated_experts_go_to_the_less_loaded_holder() {
+        use super::assign_to_holders;
+        // Experts 0..4 on rank 0 only, 4..8 on rank 1 only, 8 and 9 on both.
+        let holders = |e: usize| match e {
+            0..4 => 0b01,
+            4..8 => 0b10,
+            _ => 0b11,
+        };
+        // Three fixed experts on rank 0, one on rank 1: both replicated ones go to rank 1.
+        let r = assign_to_holders(&[0, 1, 2, 5, 8, 9], &[1; 6], &[1.0, 1.0], holders);
+        assert_eq!(r, vec![0, 0, 0, 1, 1, 1]);
+        // Balanced fixed load: the replicated ones split, the first to the lower rank.
+        let r = assign_to_holders(&[0, 5, 8, 9], &[1; 4], &[1.0, 1.0], holders);
+        assert_eq!(r, vec![0, 1, 0, 1]);
+        // A single holder always computes its expert, however loaded.
+        let r = assign_to_holders(&[0, 1, 2, 3], &[1; 4], &[1.0, 1.0], holders);
+        assert_eq!(r, vec![0; 4]);
+        // Every holder of everything is the balanced rule.
+        let active = [3, 9, 17, 20];
+        assert_eq!(
+            assign_to_holders(&active, &[2, 1, 1, 1], &[1.0, 1.0], |_| u64::MAX),
+            super::balanced_assignment(&active, &[2, 1, 1, 1], &[1.0, 1.0])
+        );
     }
 }

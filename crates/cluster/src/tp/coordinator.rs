@@ -14,6 +14,7 @@ use engine::{EngineError, Result, SeqWork};
 use model::{KvType, Model};
 
 use super::admission::{RankAdmission, RankLink};
+use super::expert_plan::ExpertPlacement;
 use super::group::{Group, JoinSpec};
 use super::placement::{Share, needed_experts, shares};
 use super::protocol::{TpCommand, TpReply, reply_of};
@@ -45,6 +46,9 @@ pub struct TpConfig {
     /// Deal each step's routed experts out evenly instead of by fixed ownership (resident
     /// experts only; every rank then touches every expert).
     pub balance_experts: bool,
+    /// Experts held per rank and layer as planned from measured routing (`--expert-placement`),
+    /// instead of contiguous shares.
+    pub placement: Option<ExpertPlacement>,
 }
 
 pub struct TpExecutor {
@@ -77,6 +81,8 @@ fn describe_placement(cfg: &TpConfig) -> String {
     let mut s = format!("--tp-size {}", cfg.n_ranks);
     if cfg.balance_experts {
         s.push_str(", --tp-balance-experts");
+    } else if let Some(p) = &cfg.placement {
+        s.push_str(&format!(", --expert-placement for weights {:?}", p.weights));
     } else if !cfg.expert_weights.is_empty() {
         let w: Vec<String> = cfg.expert_weights.iter().map(f32::to_string).collect();
         s.push_str(&format!(", --expert-weights {}", w.join(",")));
@@ -111,15 +117,32 @@ impl TpExecutor {
         let layout = SnapshotLayout::of(&model, kv_type, n_ctx);
         let (listener, bound) = bind("--listen", &cfg.listen)?;
         let (data_listener, data_bound) = bind("the mesh port", &cfg.data_listen)?;
-        let shares = shares(
-            info.n_expert,
-            cfg.n_ranks,
-            &cfg.expert_weights,
-            cfg.balance_experts,
-        );
+        let shares = match &cfg.placement {
+            Some(p) => {
+                if cfg.balance_experts || !cfg.expert_weights.is_empty() {
+                    return Err(exec_err(
+                        "--expert-placement already says where experts go and the ranks' \
+                         weights: leave out --tp-balance-experts and --expert-weights",
+                    ));
+                }
+                let routed: Vec<bool> = (0..model.n_layer())
+                    .map(|l| model.is_moe_layer(l))
+                    .collect();
+                p.check(&info.fingerprint, &routed, info.n_expert, cfg.n_ranks)
+                    .map_err(|e| exec_err(format!("--expert-placement: {e}")))?;
+                vec![Share::Placed(p.clone()); cfg.n_ranks]
+            }
+            None => shares(
+                info.n_expert,
+                cfg.n_ranks,
+                &cfg.expert_weights,
+                cfg.balance_experts,
+            ),
+        };
         let needed: Vec<_> = shares
             .iter()
-            .map(|s| needed_experts(s, info.n_expert))
+            .enumerate()
+            .map(|(r, s)| needed_experts(s, r, info.n_expert))
             .collect();
         model
             .check_role(&model::Role::Rank {
@@ -264,11 +287,11 @@ impl TpExecutor {
         tracing::info!(
             "tensor-parallel group epoch {}: {}",
             group.epoch,
-            std::iter::once(format!("rank 0 (here, {})", self.shares[0].describe()))
+            std::iter::once(format!("rank 0 (here, {})", self.shares[0].describe(0)))
                 .chain(group.links.iter().map(|l| format!(
                     "{} ({})",
                     l.name,
-                    self.shares[l.claim].describe()
+                    self.shares[l.claim].describe(l.claim)
                 )))
                 .collect::<Vec<_>>()
                 .join(", ")
@@ -498,14 +521,12 @@ impl Executor for TpExecutor {
     fn describe(&self) -> String {
         let experts = match &self.shares[0] {
             Share::Balanced(w) => format!("experts dealt out per step by weights {w:?}"),
-            Share::Owned(_) => format!(
+            Share::Owned(_) | Share::Placed(_) => format!(
                 "experts {:?}",
                 self.shares
                     .iter()
-                    .map(|s| match s {
-                        Share::Owned(o) => o.iter().filter(|&&x| x).count(),
-                        Share::Balanced(_) => 0,
-                    })
+                    .enumerate()
+                    .map(|(r, s)| s.describe(r))
                     .collect::<Vec<_>>()
             ),
         };

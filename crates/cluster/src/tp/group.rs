@@ -144,10 +144,6 @@ impl Group {
     ) -> Result<Group> {
         let n_ranks = spec.peers.len() as u32;
         for l in &links {
-            let (owned, balance) = match &shares[l.claim] {
-                Share::Owned(o) => (o.clone(), None),
-                Share::Balanced(w) => (Vec::new(), Some(w.clone())),
-            };
             let mut peers = spec.peers.to_vec();
             peers[0] = mesh_addr(l);
             tracing::info!("{}: mesh peers {peers:?}", l.name);
@@ -155,8 +151,7 @@ impl Group {
                 epoch: spec.epoch,
                 n_ranks,
                 peers,
-                owned,
-                balance,
+                share: shares[l.claim].clone(),
             };
             send_command(&l.control, 0, &cmd).map_err(|e| ClusterError::link(&l.name, e))?;
         }

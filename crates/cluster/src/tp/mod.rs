@@ -4,7 +4,8 @@
 //! fixed rank order so every rank holds identical hidden states.
 //!
 //! Files: `protocol` (commands and replies), `admission` (which ranks the coordinator
-//! takes), `placement` (which experts a rank computes), `group` (joining a group and one
+//! takes), `placement` (which experts a rank computes), `expert_plan` (placements planned from
+//! measured routing), `group` (joining a group and one
 //! lockstep step; rank 0 and workers join through the same function), `snapshot` (a session's
 //! KV split by kv heads and merged back), `mesh` (the all-reduce), `coordinator` (rank 0's
 //! executor: formation, retries, replay), `worker` (every other rank).
@@ -16,6 +17,7 @@ use model::Model;
 
 pub mod admission;
 pub mod coordinator;
+pub mod expert_plan;
 pub mod group;
 pub mod mesh;
 pub mod placement;
@@ -24,12 +26,15 @@ pub mod snapshot;
 pub mod worker;
 
 pub use coordinator::{TpConfig, TpExecutor};
+pub use expert_plan::ExpertPlacement;
 pub use placement::placement;
 pub use worker::{TpWorkerConfig, run_tp_worker};
 
-/// Makes the expert source of a rank from its model and the experts it owns (SSD streaming).
-pub type ExpertFactory = Arc<
-    dyn Fn(&Arc<Model>, Vec<bool>) -> Result<SharedExperts, crate::error::BoxError> + Send + Sync,
->;
+/// Whether a rank holds expert `.1` of layer `.0`.
+pub type HeldFn = Arc<dyn Fn(usize, usize) -> bool + Send + Sync>;
+
+/// Makes the expert source of a rank from its model and the experts it holds (SSD streaming).
+pub type ExpertFactory =
+    Arc<dyn Fn(&Arc<Model>, HeldFn) -> Result<SharedExperts, crate::error::BoxError> + Send + Sync>;
 
 pub(crate) const BALANCE_NEEDS_RESIDENT: &str = "--tp-balance-experts needs resident experts: with --ssd-streaming each rank streams only the experts it owns";

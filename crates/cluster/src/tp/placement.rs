@@ -1,23 +1,31 @@
 //! Which routed experts each rank computes: a fixed contiguous share of the expert ids in
 //! proportion to `--expert-weights` (a rank's memory then holds only its experts, and a
-//! streaming rank reads only those), or, with `--tp-balance-experts`, each step's active
-//! experts dealt out by the same weights.
+//! streaming rank reads only those), with `--tp-balance-experts` each step's active experts
+//! dealt out by the same weights, or with `--expert-placement` the holders a placement planned
+//! from measured routing names per layer (replicated experts dealt out per step among their
+//! holders).
 
 use std::sync::Arc;
 
 use engine::SharedExperts;
-use model::{BalancedResidentExperts, Model, OwnedResidentExperts};
+use model::experts::{ExpertSink, assign_to_holders};
+use model::{BalancedResidentExperts, ExpertSource, Model, OwnedResidentExperts};
+use serde::{Deserialize, Serialize};
 
+use super::expert_plan::ExpertPlacement;
 use super::{BALANCE_NEEDS_RESIDENT, ExpertFactory};
 use crate::error::{ClusterError, Result};
 
 /// Which routed experts one rank computes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Share {
     /// A fixed set (`owned[expert]`).
     Owned(Vec<bool>),
     /// Each step's experts dealt out by these per-rank weights.
     Balanced(Vec<f64>),
+    /// The experts a placement gives this rank in each layer; those it shares with other
+    /// ranks are dealt out per step.
+    Placed(ExpertPlacement),
 }
 
 /// The experts each rank owns: contiguous id ranges in proportion to `weights`.
@@ -49,19 +57,19 @@ pub fn rank_weights(n_ranks: usize, weights: &[f32]) -> Vec<f64> {
         .collect()
 }
 
-/// The expert ids a share needs in every MoE layer of `n_expert`: the owned ones (contiguous
-/// by construction), or all of them when experts are dealt out per step.
-pub fn needed_experts(share: &Share, n_expert: usize) -> std::ops::Range<usize> {
+/// The expert ids rank `rank` with `share` needs in every MoE layer: the owned ones
+/// (contiguous by construction), all of them when experts are dealt out per step, or the span
+/// of those a placement gives it in any layer.
+pub fn needed_experts(share: &Share, rank: usize, n_expert: usize) -> std::ops::Range<usize> {
+    let span = |held: &dyn Fn(usize) -> bool| {
+        let first = (0..n_expert).position(held).unwrap_or(0);
+        let end = (0..n_expert).rposition(held).map_or(first, |last| last + 1);
+        first..end
+    };
     match share {
-        Share::Owned(owned) => {
-            let first = owned.iter().position(|&o| o).unwrap_or(0);
-            let end = owned
-                .iter()
-                .rposition(|&o| o)
-                .map_or(first, |last| last + 1);
-            first..end
-        }
+        Share::Owned(owned) => span(&|e| owned.get(e).copied().unwrap_or(false)),
         Share::Balanced(_) => 0..n_expert,
+        Share::Placed(p) => span(&|e| (0..p.n_layer()).any(|l| p.holds(rank, l, e))),
     }
 }
 
@@ -78,11 +86,28 @@ pub fn shares(n_expert: usize, n_ranks: usize, weights: &[f32], balance: bool) -
 }
 
 impl Share {
-    /// `12 experts`, `experts dealt out per step`.
-    pub fn describe(&self) -> String {
+    /// `12 experts`, `experts dealt out per step`, `40 of 64 experts per layer (placed)`.
+    pub fn describe(&self, rank: usize) -> String {
         match self {
             Share::Owned(o) => format!("{} experts", o.iter().filter(|&&x| x).count()),
             Share::Balanced(_) => "experts dealt out per step".into(),
+            Share::Placed(p) => {
+                let routed = p.holders.iter().filter(|l| !l.is_empty()).count().max(1);
+                format!(
+                    "{:.1} of {} experts per layer (placed)",
+                    p.held_by(rank) as f64 / routed as f64,
+                    p.n_expert
+                )
+            }
+        }
+    }
+
+    /// Experts this rank holds over all layers (`None`: any, dealt out per step).
+    pub fn held(&self, rank: usize, n_routed_layers: usize) -> Option<usize> {
+        match self {
+            Share::Owned(o) => Some(o.iter().filter(|&&x| x).count() * n_routed_layers),
+            Share::Balanced(_) => None,
+            Share::Placed(p) => Some(p.held_by(rank)),
         }
     }
 
@@ -98,14 +123,19 @@ impl Share {
         let role = model::Role::Rank {
             rank,
             n_ranks: model.shard().n_ranks,
-            experts: needed_experts(self, n_expert),
+            experts: needed_experts(self, rank, n_expert),
         };
         model
             .check_role(&role)
             .map_err(|e| ClusterError::Formation(e.to_string()))?;
         match (factory, self) {
             (Some(make), Share::Owned(owned)) => {
-                make(model, owned.clone()).map_err(ClusterError::Experts)
+                let owned = owned.clone();
+                make(
+                    model,
+                    Arc::new(move |_, e| owned.get(e).copied().unwrap_or(false)),
+                )
+                .map_err(ClusterError::Experts)
             }
             (None, Share::Owned(owned)) => Ok(Arc::new(OwnedResidentExperts::new(
                 Arc::clone(model),
@@ -119,7 +149,76 @@ impl Share {
             (Some(_), Share::Balanced(_)) => {
                 Err(ClusterError::Experts(BALANCE_NEEDS_RESIDENT.into()))
             }
+            (factory, Share::Placed(p)) => {
+                let inner: SharedExperts = match factory {
+                    Some(make) => {
+                        let held = p.clone();
+                        make(model, Arc::new(move |l, e| held.holds(rank, l, e)))
+                            .map_err(ClusterError::Experts)?
+                    }
+                    None => Arc::new(OwnedResidentExperts::new(
+                        Arc::clone(model),
+                        vec![true; n_expert],
+                    )),
+                };
+                Ok(Arc::new(PlacedExperts {
+                    inner,
+                    rank,
+                    placement: p.clone(),
+                }))
+            }
         }
+    }
+}
+
+/// A rank's experts under a placement: it computes, of each step's routed experts, those it
+/// holds alone and those of its shared ones the dealing rule gives it; `inner` supplies the
+/// weights (resident, or streamed for exactly the experts it holds).
+struct PlacedExperts {
+    inner: SharedExperts,
+    rank: usize,
+    placement: ExpertPlacement,
+}
+
+impl ExpertSource for PlacedExperts {
+    fn owns(&self, layer: usize, expert: usize) -> bool {
+        self.placement.holds(self.rank, layer, expert)
+    }
+
+    fn assign(&self, layer: usize, active: &[usize], tokens: &[usize]) -> Vec<usize> {
+        let p = &self.placement;
+        assign_to_holders(active, tokens, &p.weights, |e| p.holders_of(layer, e))
+            .into_iter()
+            .zip(active)
+            .filter(|&(r, _)| r == self.rank)
+            .map(|(_, &e)| e)
+            .collect()
+    }
+
+    fn with_experts(
+        &self,
+        layer: usize,
+        experts: &[usize],
+        sink: &mut ExpertSink<'_>,
+    ) -> model::Result<()> {
+        self.inner.with_experts(layer, experts, sink)
+    }
+
+    fn prefetch(&self, layer: usize, experts: &[usize]) {
+        let held: Vec<usize> = experts
+            .iter()
+            .copied()
+            .filter(|&e| self.owns(layer, e))
+            .collect();
+        self.inner.prefetch(layer, &held);
+    }
+
+    fn lookahead(&self) -> bool {
+        self.inner.lookahead()
+    }
+
+    fn stats(&self) -> Vec<(String, f64)> {
+        self.inner.stats()
     }
 }
 

@@ -5,21 +5,19 @@
 use engine::SeqWork;
 use serde::{Deserialize, Serialize};
 
+use super::placement::Share;
 use crate::wire::{Connection, Frame, Kind, WireError, pack, unpack};
 
 /// Coordinator → rank.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum TpCommand {
-    /// Form group `epoch`: `peers[r]` is rank r's data address; `owned` the experts this rank
-    /// computes (or `balance`). Ranks connect to lower ranks and accept higher ones, then answer `Ready`.
+    /// Form group `epoch`: `peers[r]` is rank r's data address; `share` the experts this
+    /// rank computes. Ranks connect to lower ranks and accept higher ones, then answer `Ready`.
     Start {
         epoch: u64,
         n_ranks: u32,
         peers: Vec<String>,
-        owned: Vec<bool>,
-        /// Balanced placement (`--tp-balance-experts`): every rank may compute any expert and
-        /// each step's experts are dealt out by these per-rank weights; `owned` is then unused.
-        balance: Option<Vec<f64>>,
+        share: Share,
     },
     /// Evaluate a batch (every rank runs the same tokens); answer with this rank's logits slice.
     Eval {

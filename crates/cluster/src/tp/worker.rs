@@ -11,7 +11,6 @@ use model::{KvType, Model};
 
 use super::ExpertFactory;
 use super::group::{JoinSpec, RankState, join};
-use super::placement::Share;
 use super::protocol::{TpCommand, TpReply, send_reply};
 use crate::error::{ClusterError, Result, bind};
 use crate::membership::{Ended, Membership, PANIC_EXIT, panic_message};
@@ -108,16 +107,11 @@ fn serve(
                 epoch,
                 n_ranks: _,
                 peers,
-                owned,
-                balance,
+                share,
             } => {
                 if let Some(old) = group.take() {
                     old.mesh.shutdown();
                 }
-                let share = match balance {
-                    Some(weights) => Share::Balanced(weights),
-                    None => Share::Owned(owned),
-                };
                 let spec = JoinSpec {
                     model,
                     epoch,

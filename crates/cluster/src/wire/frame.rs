@@ -8,8 +8,9 @@ use super::WireError;
 
 pub const MAGIC: [u8; 4] = *b"MSHD";
 /// Bumped on any incompatible change to frames or messages (2: Noise handshake and sealed
-/// frames, heartbeats; 3: a rank's hello names the experts its shard file holds).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// frames, heartbeats; 3: a rank's hello names the experts its shard file holds; 4: a rank's
+/// start command carries its expert share, placements planned from routing included).
+pub const PROTOCOL_VERSION: u16 = 4;
 pub const HEADER_LEN: usize = 28;
 /// Largest payload accepted from an authenticated peer (hidden states of a long chunk,
 /// all-position logits, a layer's KV).
