@@ -510,12 +510,30 @@ fn speculative_server_matches_plain(spec: &[&str]) {
             r["choices"][0]["text"].as_str().unwrap().to_string()
         })
         .collect();
+    // Each emitted token's log-probabilities come from its own verified row.
+    let with_logprobs = |server: &Server| {
+        let mut body = spec_body(SPEC_PROMPTS[1], false);
+        body["logprobs"] = json!(2);
+        server.post_json("/v1/completions", &body)["choices"][0]["logprobs"].clone()
+    };
+    let want_logprobs = with_logprobs(&plain);
+    assert!(
+        want_logprobs["token_logprobs"]
+            .as_array()
+            .is_some_and(|l| l.len() == 120),
+        "{want_logprobs}"
+    );
     plain.terminate();
     assert!(want.iter().all(|w| !w.is_empty()), "{want:?}");
 
     let mut args = flags.to_vec();
     args.extend_from_slice(spec);
     let server = Server::start(&model, &args);
+    assert_eq!(
+        with_logprobs(&server),
+        want_logprobs,
+        "{spec:?}: log-probabilities differ"
+    );
     for (p, w) in SPEC_PROMPTS.iter().zip(&want) {
         let r = server.post_json("/v1/completions", &spec_body(p, false));
         assert_eq!(r["choices"][0]["text"], w.as_str(), "{spec:?}, {p:?}: {r}");
