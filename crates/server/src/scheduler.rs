@@ -505,6 +505,7 @@ impl Scheduler {
         let (Some(session), Some(a)) = (slot.session.as_mut(), slot.active.as_mut()) else {
             return;
         };
+        let id = a.job.id;
         let judged = a.verify_drafts(rows, base, self.detok.as_ref(), &self.metrics, self.n_ctx);
         let rewound = judged.and_then(|(finish, row)| {
             let keep = base + 1 + row;
@@ -515,6 +516,10 @@ impl Scheduler {
                     // to (a window shorter than the draft): evaluate the kept history again,
                     // as `moeshard run` does. Rare: the cache keeps a window of slack.
                     Err(engine::EngineError::CannotRewind { .. }) => {
+                        tracing::debug!(
+                            "request {id}: a rejected draft reaches past the sliding window; \
+                             evaluating the {keep} kept tokens again"
+                        );
                         let history = session.tokens[..keep].to_vec();
                         self.engine
                             .sync(session, &history)
