@@ -58,7 +58,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub profile: bool,
     /// A text prompt instead of random tokens: the prompt-processing test evaluates it (instead
-    /// of `-p` random tokens) and the generation test generates greedily after it, e.g.
+    /// of `-p` random tokens; `-p 0` still skips it) and the generation test generates greedily
+    /// after it, e.g.
     /// `tools/bench/code_edit_prompt.txt` (repetitive code, what prompt lookup drafts from).
     #[arg(long, value_name = "FILE")]
     pub prompt_file: Option<PathBuf>,
@@ -273,7 +274,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             gen_test(&mut engine, 4, args.parallel, 98)?;
         }
     }
-    let n_prompt = prompt.as_ref().map_or(args.n_prompt, Vec::len);
+    // `-p 0` still skips the prompt-processing test when the prompt comes from a file.
+    let n_prompt = match &prompt {
+        Some(p) if args.n_prompt > 0 => p.len(),
+        _ => args.n_prompt,
+    };
     let mut results = Vec::new();
     for (name, n, is_prompt) in [
         (format!("pp{n_prompt}"), n_prompt, true),
