@@ -558,6 +558,18 @@ fn speculative_server_matches_plain(model: &Path, spec: &[&str]) {
              drafts kept): text is not streamed as each token is accepted"
         );
     }
+    // `n: 2`: the second choice is forked from the first one's session and drafts in its own
+    // slot; greedy, both are the plain text.
+    let mut body = spec_body(SPEC_PROMPTS[0], false);
+    body["n"] = json!(2);
+    let r = server.post_json("/v1/completions", &body);
+    for k in 0..2 {
+        assert_eq!(
+            r["choices"][k]["text"],
+            want[0].as_str(),
+            "{spec:?}: choice {k} of n: 2 differs: {r}"
+        );
+    }
     for stream in [false, true] {
         let barrier = Arc::new(Barrier::new(SPEC_PROMPTS.len()));
         let threads: Vec<_> = SPEC_PROMPTS
