@@ -2,14 +2,23 @@
 //! with mean ± stddev over repetitions, and a ds4-bench-style context sweep that reports how
 //! prefill and decode speed change as the KV cache fills. Runs through the engine, so it
 //! measures whatever executor the flags select (local, pipeline, tensor-parallel, streaming).
+//!
+//! With `--prompt-file` or speculative decoding the generation test is a real greedy generation
+//! after the prompt (through the same loop as `moeshard run`), so drafts have a text to come
+//! from and the output reports how many of them the model kept.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
-use engine::{DEFAULT_PREFILL_CHUNK, Engine, EvalRequest};
+use anyhow::Context;
+use engine::generate::{GenerateOptions, generate};
+use engine::tokenizer::Tokenizer;
+use engine::{DEFAULT_PREFILL_CHUNK, Engine, EvalRequest, Sampler, SamplerConfig, Speculation};
 use model::LogitsWanted;
 
 use crate::cluster_args::ClusterArgs;
 use crate::common::{self, ModelArgs};
+use crate::speculative_args::SpeculativeArgs;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -48,10 +57,20 @@ pub struct BenchArgs {
     /// cluster), summed over the repetitions.
     #[arg(long)]
     pub profile: bool,
+    /// A text prompt instead of random tokens: the prompt-processing test evaluates it (instead
+    /// of `-p` random tokens; `-p 0` still skips it) and the generation test generates greedily
+    /// after it, e.g.
+    /// `tools/bench/code_edit_prompt.txt` (repetitive code, what prompt lookup drafts from).
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    // With speculative decoding the generation test generates greedily after the prompt
+    // (`--prompt-file`, or `-p` random tokens) and reports drafted and accepted tokens.
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 /// Deterministic token ids spread over the vocabulary (like llama-bench's random prompt).
@@ -86,24 +105,10 @@ fn eval(engine: &mut Engine, session: u64, toks: &[u32], want: LogitsWanted) -> 
     Ok(())
 }
 
-/// Seconds to evaluate `n` prompt tokens on a fresh session in batches of `batch`.
+/// Seconds to evaluate `n` random prompt tokens on a fresh session in batches of `batch`.
 fn prompt_test(engine: &mut Engine, n: usize, batch: usize, seed: u64) -> anyhow::Result<f64> {
-    let n_vocab = engine.info().n_vocab;
-    let s = engine.new_session();
-    let toks = tokens(n, n_vocab, seed);
-    let t0 = Instant::now();
-    let chunks: Vec<&[u32]> = toks.chunks(batch.max(1)).collect();
-    for (i, c) in chunks.iter().enumerate() {
-        let want = if i + 1 == chunks.len() {
-            LogitsWanted::Last
-        } else {
-            LogitsWanted::None
-        };
-        eval(engine, s.id, c, want)?;
-    }
-    let secs = t0.elapsed().as_secs_f64();
-    engine.close(s);
-    Ok(secs)
+    let toks = tokens(n, engine.info().n_vocab, seed);
+    prompt_tokens_test(engine, &toks, batch)
 }
 
 /// Seconds for `parallel` fresh sessions to generate `n` tokens each, one token per session
@@ -134,6 +139,59 @@ fn gen_test(engine: &mut Engine, n: usize, parallel: usize, seed: u64) -> anyhow
     Ok(secs)
 }
 
+/// Drafted and accepted tokens of a test's repetitions (speculative decoding).
+#[derive(Clone, Copy, Debug, Default)]
+struct Drafts {
+    drafted: usize,
+    accepted: usize,
+}
+
+impl Drafts {
+    fn rate(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
+    }
+}
+
+/// The generation test on a prompt: a fresh session, the prompt evaluated (not timed), then `n`
+/// greedy tokens through the generation loop `moeshard run` uses, speculative when `speculation`
+/// is given. Returns the tokens timed (the first one comes from the prompt's logits, so not
+/// counted), their seconds and the drafts.
+fn prompt_gen_test(
+    engine: &mut Engine,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    n: usize,
+    speculation: Option<&Speculation>,
+) -> anyhow::Result<(usize, f64, Drafts)> {
+    let mut session = engine.new_session();
+    let mut sampler = Sampler::new(SamplerConfig::greedy());
+    let opts = GenerateOptions {
+        max_tokens: n,
+        stop: Vec::new(),
+        ignore_eos: true,
+        speculative: speculation.cloned(),
+    };
+    let stats = generate(
+        engine,
+        &mut session,
+        tokenizer,
+        &mut sampler,
+        prompt,
+        &opts,
+        &mut |_| true,
+    );
+    engine.close(session);
+    let stats = stats?;
+    Ok((
+        stats.generated_tokens.saturating_sub(1),
+        stats.generation_secs,
+        Drafts {
+            drafted: stats.drafted_tokens,
+            accepted: stats.accepted_tokens,
+        },
+    ))
+}
+
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut margs = args.model.clone();
     if let (Some(_), Some(max)) = (args.ctx_start, args.ctx_max)
@@ -141,8 +199,45 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     {
         margs.ctx = max + args.sweep_gen + 1;
     }
+    let prompt_text = match &args.prompt_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the prompt {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let sweeping = args.ctx_start.is_some() && args.ctx_max.is_some();
     let (model, mut engine) = common::open(&margs, &args.cluster)?;
     let info = engine.info().clone();
+    let tokenizer =
+        Tokenizer::from_metadata(model.files().metadata()).context("building the tokenizer")?;
+    let speculation = args
+        .speculative
+        .speculation(&margs, info.n_ctx, &tokenizer)?;
+    // Generation after a prompt (not random tokens fed one by one) with a prompt file or drafts.
+    let prompt: Option<Vec<u32>> = match (&prompt_text, &speculation) {
+        (Some(text), _) => Some(tokenizer.encode(text, true, true)),
+        (None, Some(_)) => Some(tokens(args.n_prompt.max(1), info.n_vocab, 5)),
+        (None, None) => None,
+    };
+    if let Some(p) = &prompt {
+        anyhow::ensure!(!p.is_empty(), "the prompt tokenizes to nothing");
+        anyhow::ensure!(
+            !sweeping,
+            "--prompt-file and speculative decoding do not apply to the context sweep"
+        );
+        anyhow::ensure!(
+            args.parallel <= 1,
+            "--prompt-file and speculative decoding measure one generation: drop --parallel"
+        );
+        anyhow::ensure!(
+            p.len() + args.n_gen <= info.n_ctx,
+            "the prompt ({} tokens) and -n {} exceed the context ({}): raise --ctx",
+            p.len(),
+            args.n_gen,
+            info.n_ctx
+        );
+    }
     let threads = if margs.threads == 0 {
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -167,12 +262,26 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if let (Some(start), Some(max)) = (args.ctx_start, args.ctx_max) {
         return sweep(&mut engine, args, batch, start, max);
     }
-    // Warm-up (llama-bench does one too): a short prompt and a few tokens.
+    // Warm-up (llama-bench does one too): a short prompt and a few tokens. With a prompt, the
+    // generation itself (a draft model then holds the prompt in its cache, as the target's
+    // prefill is not part of the timed generation either).
     prompt_test(&mut engine, args.n_prompt.clamp(1, 32), batch, 99)?;
-    gen_test(&mut engine, 4, args.parallel, 98)?;
+    match &prompt {
+        Some(p) => {
+            prompt_gen_test(&mut engine, &tokenizer, p, 4, speculation.as_ref())?;
+        }
+        None => {
+            gen_test(&mut engine, 4, args.parallel, 98)?;
+        }
+    }
+    // `-p 0` still skips the prompt-processing test when the prompt comes from a file.
+    let n_prompt = match &prompt {
+        Some(p) if args.n_prompt > 0 => p.len(),
+        _ => args.n_prompt,
+    };
     let mut results = Vec::new();
     for (name, n, is_prompt) in [
-        (format!("pp{}", args.n_prompt), args.n_prompt, true),
+        (format!("pp{n_prompt}"), n_prompt, true),
         (
             if args.parallel > 1 {
                 format!("tg{}×{}", args.n_gen, args.parallel)
@@ -188,20 +297,29 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
         let mut tps = Vec::new();
         let mut test_secs = 0.0;
+        let mut drafts: Option<Drafts> = None;
         model::profile::reset();
         model::profile::set_enabled(args.profile);
         for r in 0..args.repetitions.max(1) {
-            let secs = if is_prompt {
-                prompt_test(&mut engine, n, batch, r as u64)?
-            } else {
-                gen_test(&mut engine, n, args.parallel, 1000 + r as u64)?
+            let (n_tokens, secs) = match (&prompt, is_prompt) {
+                (Some(p), true) => (n, prompt_tokens_test(&mut engine, p, batch)?),
+                (None, true) => (n, prompt_test(&mut engine, n, batch, r as u64)?),
+                (Some(p), false) => {
+                    let (timed, secs, d) =
+                        prompt_gen_test(&mut engine, &tokenizer, p, n, speculation.as_ref())?;
+                    if speculation.is_some() {
+                        let total = drafts.get_or_insert_with(Drafts::default);
+                        total.drafted += d.drafted;
+                        total.accepted += d.accepted;
+                    }
+                    (timed, secs)
+                }
+                (None, false) => (
+                    n * args.parallel.max(1),
+                    gen_test(&mut engine, n, args.parallel, 1000 + r as u64)?,
+                ),
             };
-            let n_tokens = if is_prompt {
-                n
-            } else {
-                n * args.parallel.max(1)
-            };
-            tps.push(n_tokens as f64 / secs);
+            tps.push(n_tokens as f64 / secs.max(1e-9));
             test_secs += secs;
         }
         model::profile::set_enabled(false);
@@ -209,7 +327,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             print_profile(&name, test_secs);
         }
         let (m, sd) = mean_sd(&tps);
-        results.push((name, m, sd, tps));
+        results.push((name, m, sd, tps, drafts));
     }
     let stats = engine.executor().stats();
     if args.json {
@@ -221,14 +339,24 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "threads": threads,
             "kernels": kernels::Isa::detect().name(),
             "executor": describe,
-            "tests": results.iter().map(|(name, m, sd, all)| serde_json::json!({"test": name, "tps_mean": m, "tps_stddev": sd, "tps": all})).collect::<Vec<_>>(),
+            "prompt_file": args.prompt_file.as_ref().map(|p| p.display().to_string()),
+            "speculative": speculative_name(speculation.as_ref()),
+            "tests": results.iter().map(|(name, m, sd, all, drafts)| {
+                let mut t = serde_json::json!({"test": name, "tps_mean": m, "tps_stddev": sd, "tps": all});
+                if let Some(d) = drafts {
+                    t["drafted_tokens"] = serde_json::json!(d.drafted);
+                    t["accepted_tokens"] = serde_json::json!(d.accepted);
+                    t["acceptance_rate"] = serde_json::json!(d.rate());
+                }
+                t
+            }).collect::<Vec<_>>(),
             "stats": stats.iter().map(|(k, v)| (k.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         println!("| model | size | threads | kernels | test | t/s |");
         println!("| --- | ---: | ---: | --- | ---: | ---: |");
-        for (name, m, sd, _) in &results {
+        for (name, m, sd, _, _) in &results {
             println!(
                 "| {} | {:.2} GiB | {threads} | {} | {name} | {m:.2} ± {sd:.2} |",
                 model.spec.name,
@@ -236,11 +364,49 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 kernels::Isa::detect().name()
             );
         }
+        for (name, _, _, all, drafts) in &results {
+            if let Some(d) = drafts {
+                println!(
+                    "{name} speculative ({}): drafted {}, accepted {}, acceptance rate {:.1} % over {} repetitions",
+                    speculative_name(speculation.as_ref()).unwrap_or("off"),
+                    d.drafted,
+                    d.accepted,
+                    100.0 * d.rate(),
+                    all.len()
+                );
+            }
+        }
         for (k, v) in stats {
             println!("{k}: {v}");
         }
     }
     Ok(())
+}
+
+/// `prompt-lookup` or `draft-model`, as the flag spells it.
+fn speculative_name(speculation: Option<&Speculation>) -> Option<&'static str> {
+    match speculation? {
+        Speculation::PromptLookup(_) => Some("prompt-lookup"),
+        Speculation::DraftModel(_) => Some("draft-model"),
+    }
+}
+
+/// Seconds to evaluate `toks` on a fresh session in batches of `batch`.
+fn prompt_tokens_test(engine: &mut Engine, toks: &[u32], batch: usize) -> anyhow::Result<f64> {
+    let s = engine.new_session();
+    let t0 = Instant::now();
+    let chunks: Vec<&[u32]> = toks.chunks(batch.max(1)).collect();
+    for (i, c) in chunks.iter().enumerate() {
+        let want = if i + 1 == chunks.len() {
+            LogitsWanted::Last
+        } else {
+            LogitsWanted::None
+        };
+        eval(engine, s.id, c, want)?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    engine.close(s);
+    Ok(secs)
 }
 
 /// The phase totals of one test (all repetitions) against its measured time, on stderr so the

@@ -9,6 +9,7 @@ use engine::tokenizer::Tokenizer;
 
 use crate::cluster_args::ClusterArgs;
 use crate::common::{self, ModelArgs};
+use crate::speculative_args::SpeculativeArgs;
 
 #[derive(clap::Args)]
 #[command(next_help_heading = "Server")]
@@ -78,6 +79,9 @@ pub struct ServeArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    // Every request drafts, and verifies its drafts inside the batched steps.
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 /// The API key from --api-key, --api-key-file or MOESHARD_API_KEY (in that order), if any.
@@ -150,6 +154,9 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         args.shutdown_grace >= 0.0 && args.sse_keepalive > 0.0,
         "durations must be positive"
     );
+    let speculative = args
+        .speculative
+        .speculation(&args.model, engine.info().n_ctx, &tokenizer)?;
     tracing::info!("executor: {}", engine.executor().describe());
     let cfg = server::ServerConfig {
         host: args.host.clone(),
@@ -165,6 +172,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         http,
         reasoning: args.reasoning_format,
         cors_origins: args.cors_origin.clone(),
+        speculative,
         ..Default::default()
     };
     server::serve(cfg, engine, tokenizer, template).context("serving")

@@ -1,4 +1,4 @@
-//! Speculative-decoding flags shared by `run` and `chat`.
+//! Speculative-decoding flags shared by `run`, `chat`, `serve` and `bench`.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

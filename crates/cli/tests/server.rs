@@ -444,3 +444,258 @@ fn concurrent_greedy_streams_match_solo_deepseek4() {
 fn concurrent_greedy_streams_match_solo_glm_dsa() {
     concurrent_matches_solo(&fixture("glm-dsa", "model-f32.gguf"), 24);
 }
+
+/// The demo model, a small real model whose greedy text repeats enough for drafts to be kept.
+fn demo_model() -> std::path::PathBuf {
+    repo().join("models/shakespeare-moe.gguf")
+}
+
+const SPEC_PROMPTS: [&str; 4] = [
+    "ROMEO:",
+    "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?",
+    "First Citizen:\nBefore we proceed any further, hear me speak.",
+    "KING RICHARD III:\nNow is the winter of our discontent",
+];
+
+fn spec_body(prompt: &str, stream: bool) -> Value {
+    json!({"prompt": prompt, "max_tokens": 120, "temperature": 0, "ignore_eos": true,
+           "stream": stream, "stream_options": {"include_usage": true}})
+}
+
+/// A streamed completion's text, how many chunks carried text, and its usage.
+fn stream_chunks(addr: &str, body: &Value) -> (String, usize, Value) {
+    let (status, text) = http(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(&body.to_string()),
+        &[],
+    );
+    assert_eq!(status, 200, "{text}");
+    let data = sse_data(&text);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{text}");
+    let mut out = String::new();
+    let mut chunks = 0;
+    let mut usage = Value::Null;
+    for d in &data[..data.len() - 1] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        if let Some(t) = v["choices"][0]["text"].as_str()
+            && !t.is_empty()
+        {
+            out.push_str(t);
+            chunks += 1;
+        }
+        if !v["usage"].is_null() {
+            usage = v["usage"].clone();
+        }
+    }
+    (out, chunks, usage)
+}
+
+/// Greedy completions of a server with `spec` flags: alone and 4 at once (batched), streamed and
+/// not, each exactly the text a server without speculation gives; drafts are kept (metrics,
+/// status, usage) and streamed text arrives token by token, not a verified run at a time.
+fn speculative_server_matches_plain(model: &Path, spec: &[&str]) {
+    let flags = ["--parallel", "4", "--prefill-chunk", "16"];
+    let plain = Server::start(model, &flags);
+    let want: Vec<String> = SPEC_PROMPTS
+        .iter()
+        .map(|p| {
+            let r = plain.post_json("/v1/completions", &spec_body(p, false));
+            assert!(
+                r["usage"]["completion_tokens_details"].is_null(),
+                "usage reports drafts without speculation: {r}"
+            );
+            r["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    // Without drafts every token whose text is complete sends a chunk.
+    let want_chunks: Vec<usize> = SPEC_PROMPTS
+        .iter()
+        .map(|p| stream_chunks(&plain.addr, &spec_body(p, true)).1)
+        .collect();
+    // Each emitted token's log-probabilities come from its own verified row.
+    let with_logprobs = |server: &Server| {
+        let mut body = spec_body(SPEC_PROMPTS[1], false);
+        body["logprobs"] = json!(2);
+        server.post_json("/v1/completions", &body)["choices"][0]["logprobs"].clone()
+    };
+    let want_logprobs = with_logprobs(&plain);
+    assert!(
+        want_logprobs["token_logprobs"]
+            .as_array()
+            .is_some_and(|l| l.len() == 120),
+        "{want_logprobs}"
+    );
+    plain.terminate();
+    assert!(want.iter().all(|w| !w.is_empty()), "{want:?}");
+
+    let mut args = flags.to_vec();
+    args.extend_from_slice(spec);
+    let server = Server::start(model, &args);
+    assert_eq!(
+        with_logprobs(&server),
+        want_logprobs,
+        "{spec:?}: log-probabilities differ"
+    );
+    for ((p, w), &want_chunks) in SPEC_PROMPTS.iter().zip(&want).zip(&want_chunks) {
+        let r = server.post_json("/v1/completions", &spec_body(p, false));
+        assert_eq!(r["choices"][0]["text"], w.as_str(), "{spec:?}, {p:?}: {r}");
+        let details = &r["usage"]["completion_tokens_details"];
+        assert!(
+            details["accepted_prediction_tokens"].is_u64()
+                && details["rejected_prediction_tokens"].is_u64(),
+            "{spec:?}: no draft counts in the usage: {r}"
+        );
+        let (text, chunks, usage) = stream_chunks(&server.addr, &spec_body(p, true));
+        assert_eq!(&text, w, "{spec:?}, {p:?}: the stream differs");
+        // Each kept draft sends its own chunk, as it would without drafts; sent a step at a
+        // time, the stream would have fewer chunks than that.
+        let accepted = &usage["completion_tokens_details"]["accepted_prediction_tokens"];
+        assert_eq!(
+            chunks, want_chunks,
+            "{spec:?}, {p:?}: {chunks} chunks (the plain stream had {want_chunks}; {accepted} \
+             drafts kept): text is not streamed as each token is accepted"
+        );
+    }
+    // `n: 2`: the second choice is forked from the first one's session and drafts in its own
+    // slot; greedy, both are the plain text.
+    let mut body = spec_body(SPEC_PROMPTS[0], false);
+    body["n"] = json!(2);
+    let r = server.post_json("/v1/completions", &body);
+    for k in 0..2 {
+        assert_eq!(
+            r["choices"][k]["text"],
+            want[0].as_str(),
+            "{spec:?}: choice {k} of n: 2 differs: {r}"
+        );
+    }
+    for stream in [false, true] {
+        let barrier = Arc::new(Barrier::new(SPEC_PROMPTS.len()));
+        let threads: Vec<_> = SPEC_PROMPTS
+            .iter()
+            .map(|p| {
+                let (addr, body, barrier) = (
+                    server.addr.clone(),
+                    spec_body(p, stream),
+                    Arc::clone(&barrier),
+                );
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    if stream {
+                        stream_chunks(&addr, &body).0
+                    } else {
+                        let (status, text) = http(
+                            &addr,
+                            "POST",
+                            "/v1/completions",
+                            Some(&body.to_string()),
+                            &[],
+                        );
+                        assert_eq!(status, 200, "{text}");
+                        let v: Value = serde_json::from_str(&text).unwrap();
+                        v["choices"][0]["text"].as_str().unwrap().to_string()
+                    }
+                })
+            })
+            .collect();
+        for (i, (t, w)) in threads.into_iter().zip(&want).enumerate() {
+            assert_eq!(
+                &t.join().unwrap(),
+                w,
+                "{spec:?}: prompt {i} differs when batched (stream {stream})"
+            );
+        }
+    }
+    let max_batch = server.metric("moeshard_batch_size_max");
+    assert!(
+        max_batch >= 2.0,
+        "{spec:?}: the requests were not batched together (largest step: {max_batch})"
+    );
+    let drafted = server.metric("moeshard_speculative_drafted_tokens_total");
+    let accepted = server.metric("moeshard_speculative_accepted_tokens_total");
+    assert!(
+        accepted > 0.0 && drafted >= accepted,
+        "{spec:?}: drafted {drafted}, accepted {accepted}"
+    );
+    let (_, status) = http(&server.addr, "GET", "/v1/status", None, &[]);
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(
+        status["server"]["speculative_accepted_tokens_total"].as_f64(),
+        Some(accepted),
+        "{status}"
+    );
+    eprintln!("{spec:?}: drafted {drafted}, accepted {accepted}");
+    let log = server.terminate();
+    assert!(log.contains("speculative:"), "{log}");
+}
+
+#[test]
+fn speculative_prompt_lookup_serves_the_plain_greedy_text() {
+    speculative_server_matches_plain(
+        &demo_model(),
+        &["--speculative", "prompt-lookup", "--draft-max", "6"],
+    );
+}
+
+#[test]
+fn speculative_draft_model_serves_the_plain_greedy_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let draft = dir.path().join("draft-q4_0.gguf");
+    let draft = draft.to_str().unwrap();
+    common::run_ok(&[
+        "quantize",
+        "--type",
+        "q4_0",
+        demo_model().to_str().unwrap(),
+        draft,
+    ]);
+    speculative_server_matches_plain(&demo_model(), &["--draft-model", draft]);
+}
+
+/// Sliding-window attention (the gpt-oss fixture's window is 8 positions, shorter than the
+/// longest drafts): rejected drafts are cut off windowed caches too, alone and batched, and the
+/// texts stay the plain ones.
+#[test]
+fn speculative_server_on_a_sliding_window_model() {
+    speculative_server_matches_plain(
+        &fixture("gpt-oss", "model-f32.gguf"),
+        &["--speculative", "prompt-lookup", "--draft-max", "16"],
+    );
+}
+
+/// Structured output with drafts: the grammar masks every verified position, so greedy text is
+/// the plain server's and sampled text still matches the grammar.
+#[test]
+fn speculative_server_keeps_structured_output() {
+    let model = fixture("qwen3moe", "model-q8_0.gguf");
+    let regex = "(la |di |da )+";
+    let body = |temperature: f64, seed: u64| {
+        json!({"prompt": "Sing: ", "max_tokens": 60, "temperature": temperature, "seed": seed,
+               "regex": regex})
+    };
+    let plain = Server::start(&model, &[]);
+    let want = plain.post_json("/v1/completions", &body(0.0, 0));
+    plain.terminate();
+    let server = Server::start(&model, &["--speculative", "prompt-lookup"]);
+    let got = server.post_json("/v1/completions", &body(0.0, 0));
+    assert_eq!(
+        got["choices"][0]["text"], want["choices"][0]["text"],
+        "{got}"
+    );
+    for seed in 1..4 {
+        let r = server.post_json("/v1/completions", &body(1.0, seed));
+        let text = r["choices"][0]["text"].as_str().unwrap();
+        // Whole words, the last one possibly cut by the token limit.
+        let words: Vec<&str> = text.split_inclusive(' ').collect();
+        let syllables = ["la ", "di ", "da "];
+        let ok = words.split_last().is_some_and(|(last, rest)| {
+            rest.iter().all(|w| syllables.contains(w))
+                && syllables.iter().any(|s| s.starts_with(last))
+        });
+        assert!(ok, "seed {seed}: {text:?} does not match {regex}");
+    }
+    let accepted = server.metric("moeshard_speculative_accepted_tokens_total");
+    assert!(accepted > 0.0, "no draft kept under the grammar");
+    server.terminate();
+}

@@ -170,3 +170,65 @@ fn greedy_speculative_output_is_the_plain_output_in_a_pipeline_and_a_group() {
         }
     }
 }
+
+/// `bench --speculative prompt-lookup --prompt-file`: the generation test generates after the
+/// code prompt and reports what it drafted and kept, in the table's notes and in JSON.
+#[test]
+fn bench_reports_the_acceptance_of_speculative_generation() {
+    let m = demo_model();
+    let prompt = repo().join("tools/bench/code_edit_prompt.txt");
+    let prompt = prompt.to_str().unwrap();
+    let base = [
+        "bench",
+        "-m",
+        &m,
+        "-t",
+        "1",
+        "--no-warm",
+        "-n",
+        "48",
+        "-r",
+        "2",
+        "--prompt-file",
+        prompt,
+        "--speculative",
+        "prompt-lookup",
+    ];
+    let out = run_ok(&base);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("tg48 speculative (prompt-lookup): drafted "))
+        .unwrap_or_else(|| panic!("no acceptance line:\n{out}"));
+    let numbers: Vec<f64> = line
+        .split(|c: char| !c.is_ascii_digit() && c != '.')
+        .filter(|w| !w.is_empty() && *w != ".")
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // tg48, drafted, accepted, rate, repetitions.
+    let (drafted, accepted, rate) = (numbers[1], numbers[2], numbers[3]);
+    assert!(drafted > 0.0 && accepted <= drafted, "{line}");
+    assert!((rate - 100.0 * accepted / drafted).abs() < 0.1, "{line}");
+    assert!(line.ends_with("over 2 repetitions"), "{line}");
+
+    let mut args = base.to_vec();
+    args.push("--json");
+    let json: serde_json::Value = serde_json::from_str(&run_ok(&args)).unwrap();
+    assert_eq!(json["speculative"], "prompt-lookup", "{json}");
+    let tg = json["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["test"] == "tg48")
+        .unwrap_or_else(|| panic!("no tg48 in {json}"));
+    let drafted = tg["drafted_tokens"].as_u64().unwrap();
+    let accepted = tg["accepted_tokens"].as_u64().unwrap();
+    assert!(drafted > 0 && accepted <= drafted, "{tg}");
+    let rate = tg["acceptance_rate"].as_f64().unwrap();
+    assert!(
+        (rate - accepted as f64 / drafted as f64).abs() < 1e-9,
+        "{tg}"
+    );
+    // Without drafts the generation test reports none.
+    let plain = run_ok(&base[..base.len() - 2]);
+    assert!(!plain.contains("speculative"), "{plain}");
+}

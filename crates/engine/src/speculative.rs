@@ -33,22 +33,30 @@ impl Speculation {
 
     /// Up to `limit` drafted tokens to follow `context` (possibly none).
     pub fn draft(&self, context: &[u32], limit: usize) -> Result<Vec<u32>> {
+        self.draft_in(0, context, limit)
+    }
+
+    /// As [`Speculation::draft`] for one of several generations that run interleaved (the
+    /// server's slots): each `lane` has its own draft-model session, so switching between
+    /// generations does not make the draft model evaluate each one's context again.
+    pub fn draft_in(&self, lane: usize, context: &[u32], limit: usize) -> Result<Vec<u32>> {
         match self {
             Speculation::PromptLookup(l) => Ok(l.draft(context, limit)),
             Speculation::DraftModel(m) => m
                 .lock()
                 .map_err(|_| EngineError::Executor("the draft model's lock is poisoned".into()))?
-                .draft(context, limit),
+                .draft_in(lane, context, limit),
         }
     }
 }
 
-/// A draft model: its own engine (a local executor on the coordinator) and one session whose
-/// history follows the target's, so each step evaluates only what changed since the last one
-/// (the tokens the target kept are already in its cache from drafting them).
+/// A draft model: its own engine (a local executor on the coordinator) and a session per lane
+/// (one for `run`, one per slot for the server) whose history follows that generation's, so each
+/// step evaluates only what changed since the last one (the tokens the target kept are already
+/// in its cache from drafting them).
 pub struct DraftModel {
     engine: Engine,
-    session: Session,
+    sessions: Vec<Session>,
     max_draft: usize,
 }
 
@@ -66,7 +74,7 @@ impl DraftModel {
         let session = engine.new_session();
         DraftModel {
             engine,
-            session,
+            sessions: vec![session],
             max_draft: max_draft.max(1),
         }
     }
@@ -74,19 +82,29 @@ impl DraftModel {
     /// The draft model's greedy continuation of `context`, `limit` (at most `max_draft`)
     /// tokens; none when the context no longer fits the draft model's.
     pub fn draft(&mut self, context: &[u32], limit: usize) -> Result<Vec<u32>> {
+        self.draft_in(0, context, limit)
+    }
+
+    /// [`DraftModel::draft`] in lane `lane`'s session (made on first use).
+    pub fn draft_in(&mut self, lane: usize, context: &[u32], limit: usize) -> Result<Vec<u32>> {
         let limit = limit.min(self.max_draft);
         if limit == 0 || context.len() + limit > self.engine.info().n_ctx {
             return Ok(Vec::new());
         }
-        self.engine.sync(&mut self.session, context)?;
+        while self.sessions.len() <= lane {
+            let s = self.engine.new_session();
+            self.sessions.push(s);
+        }
+        let session = &mut self.sessions[lane];
+        self.engine.sync(session, context)?;
         let mut out = Vec::with_capacity(limit);
         loop {
-            let tok = argmax(&self.session.last_logits);
+            let tok = argmax(&session.last_logits);
             out.push(tok);
             if out.len() == limit {
                 return Ok(out);
             }
-            self.engine.append(&mut self.session, &[tok])?;
+            self.engine.append(session, &[tok])?;
         }
     }
 }

@@ -266,12 +266,23 @@ pub struct PromptTokensDetails {
     pub cached_tokens: usize,
 }
 
+/// Speculative decoding's drafts, in the fields OpenAI reports its predicted outputs with:
+/// drafted tokens the model kept, and those it did not.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct CompletionTokensDetails {
+    pub accepted_prediction_tokens: usize,
+    pub rejected_prediction_tokens: usize,
+}
+
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    /// Only where the server drafts (`serve --speculative`/`--draft-model`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
 }
 
 impl Usage {
@@ -283,7 +294,19 @@ impl Usage {
             prompt_tokens_details: PromptTokensDetails {
                 cached_tokens: cached,
             },
+            completion_tokens_details: None,
         }
+    }
+
+    /// With the drafts' counts, when anything was drafted.
+    pub fn with_drafts(mut self, drafted: usize, accepted: usize) -> Usage {
+        if drafted > 0 {
+            self.completion_tokens_details = Some(CompletionTokensDetails {
+                accepted_prediction_tokens: accepted,
+                rejected_prediction_tokens: drafted.saturating_sub(accepted),
+            });
+        }
+        self
     }
 }
 

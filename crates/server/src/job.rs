@@ -112,6 +112,9 @@ pub struct Outcome {
     /// Prompt tokens whose KV came from a cache (not evaluated).
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Speculative decoding: tokens drafted for this choice, and how many of them it kept.
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 /// A generated token's log-probability (of the model's distribution, before sampling

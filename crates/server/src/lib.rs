@@ -96,6 +96,8 @@ pub struct ServerConfig {
     pub reasoning: ReasoningFormat,
     /// Origins browsers may call the API from (`--cors-origin`); empty: any origin.
     pub cors_origins: Vec<String>,
+    /// Speculative decoding for every request (`--speculative`, `--draft-model`).
+    pub speculative: Option<engine::Speculation>,
 }
 
 impl Default for ServerConfig {
@@ -115,6 +117,7 @@ impl Default for ServerConfig {
             http: HttpLimits::default(),
             reasoning: ReasoningFormat::default(),
             cors_origins: Vec::new(),
+            speculative: None,
         }
     }
 }
@@ -242,6 +245,7 @@ pub fn start(
         disk,
         Arc::clone(&metrics),
     );
+    let scheduler = scheduler.with_speculation(cfg.speculative.clone());
     let sched_thread = std::thread::Builder::new()
         .name("scheduler".into())
         .spawn(move || scheduler.run())?;
@@ -302,8 +306,20 @@ pub fn start(
         .build()?;
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let grace = cfg.shutdown_grace;
+    let speculative = match &cfg.speculative {
+        None => String::new(),
+        Some(engine::Speculation::PromptLookup(l)) => {
+            format!(", speculative: prompt lookup, up to {} drafts", l.max_draft)
+        }
+        Some(s @ engine::Speculation::DraftModel(_)) => {
+            format!(
+                ", speculative: a draft model, up to {} drafts",
+                s.max_draft()
+            )
+        }
+    };
     tracing::info!(
-        "listening on http://{addr} (model `{}`, {} slots, queue {}, prefill chunk {}, ctx {}; \
+        "listening on http://{addr} (model `{}`, {} slots, queue {}, prefill chunk {}, ctx {}{speculative}; \
          request timeout {:?}, idle timeout {:?}, at most {} connections)",
         cfg.model_id,
         sched_cfg.parallel,

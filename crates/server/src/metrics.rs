@@ -136,6 +136,9 @@ pub struct Metrics {
     pub prompt_tokens_cached: Counter,
     pub prompt_tokens_evaluated: Counter,
     pub generated_tokens: Counter,
+    /// Speculative decoding: tokens drafted and verified, and how many of them were kept.
+    pub drafted_tokens: Counter,
+    pub accepted_tokens: Counter,
     pub steps: Counter,
     /// Seconds spent in batched forward steps.
     pub step_seconds: FloatCounter,
@@ -199,6 +202,8 @@ impl Metrics {
             prompt_tokens_cached: Counter::default(),
             prompt_tokens_evaluated: Counter::default(),
             generated_tokens: Counter::default(),
+            drafted_tokens: Counter::default(),
+            accepted_tokens: Counter::default(),
             steps: Counter::default(),
             step_seconds: FloatCounter::default(),
             disk_saves: Counter::default(),
@@ -262,6 +267,16 @@ impl Metrics {
                 &m.prompt_tokens_evaluated,
             ),
             ("generated_tokens", "Tokens sampled", &m.generated_tokens),
+            (
+                "speculative_drafted_tokens",
+                "Tokens drafted by speculative decoding and verified",
+                &m.drafted_tokens,
+            ),
+            (
+                "speculative_accepted_tokens",
+                "Drafted tokens the model kept",
+                &m.accepted_tokens,
+            ),
             ("steps", "Batched forward steps", &m.steps),
             (
                 "disk_cache_saves",

@@ -169,15 +169,15 @@ impl Reply {
 
     fn usage(choices: &[Choice]) -> Usage {
         let first = choices.first().and_then(|c| c.outcome.as_ref());
-        let completion = choices
-            .iter()
-            .filter_map(|c| c.outcome.as_ref())
-            .map(|o| o.completion_tokens)
-            .sum();
+        let outcomes = || choices.iter().filter_map(|c| c.outcome.as_ref());
         Usage::new(
             first.map_or(0, |o| o.prompt_tokens),
             first.map_or(0, |o| o.cached_tokens),
-            completion,
+            outcomes().map(|o| o.completion_tokens).sum(),
+        )
+        .with_drafts(
+            outcomes().map(|o| o.drafted_tokens).sum(),
+            outcomes().map(|o| o.accepted_tokens).sum(),
         )
     }
 

@@ -9,6 +9,12 @@
 //! Requests wait in a bounded queue for a free slot (the handle refuses with 503 beyond it).
 //! Idle slots keep their sessions as the prefix cache ([`crate::prefix_cache`]); sessions leaving
 //! memory go to the disk cache ([`crate::disk_cache`]) when there is one.
+//!
+//! Speculative decoding composes with the batch: a decoding slot with drafts contributes its
+//! pending token and the drafts to the step, with the logits of every one of them, and judges
+//! the drafts afterwards with its sampler ([`engine::Sampler::verify`], as `moeshard run`
+//! does), so the kept ones cost the slot no steps of their own and the other slots' tokens ride
+//! in the same forward pass. What a rejection leaves behind is cut off the session.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -17,7 +23,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use engine::generate::Detokenizer;
-use engine::{Engine, EvalRequest, Session};
+use engine::{Engine, EvalRequest, EvalResult, Session, Speculation};
 use model::LogitsWanted;
 
 use crate::api::ApiError;
@@ -41,6 +47,8 @@ pub struct Scheduler {
     last_gauges: Instant,
     last_rates: Instant,
     published_tokens: (u64, u64),
+    /// Where drafts come from (speculative decoding), if anywhere.
+    speculation: Option<Speculation>,
     /// Tells the handles this scheduler is gone when it is dropped (returned or panicked).
     _alive: Alive,
 }
@@ -76,9 +84,21 @@ impl Scheduler {
             last_gauges: Instant::now(),
             last_rates: Instant::now(),
             published_tokens: (0, 0),
+            speculation: None,
             _alive: Alive(alive),
         };
         (s, handle)
+    }
+
+    /// Drafts tokens for every request with `speculation` (speculative decoding).
+    pub fn with_speculation(mut self, speculation: Option<Speculation>) -> Scheduler {
+        self.speculation = speculation;
+        self
+    }
+
+    /// Most tokens drafted per step (1 without speculative decoding).
+    fn max_draft(&self) -> usize {
+        self.speculation.as_ref().map_or(1, Speculation::max_draft)
     }
 
     /// Runs until [`SchedulerHandle::shutdown`] (or every handle is gone).
@@ -296,7 +316,7 @@ impl Scheduler {
         self.metrics.prompt_tokens_cached.add(keep as u64);
         let seq = self.next_tick();
         self.slots[i].session = Some(session);
-        self.slots[i].active = Some(Active::new(job, keep, seq));
+        self.slots[i].active = Some(Active::new(job, keep, seq, self.max_draft()));
         if keep == prompt_len {
             self.advance(i);
         }
@@ -318,11 +338,18 @@ impl Scheduler {
                     (a.pos + self.cfg.prefill_chunk.max(1)).min(a.job.prompt.len()),
                 )
             });
-        let decode: Vec<(usize, [u32; 1])> = self
+        // Each decoding slot's pending token, followed by its drafts.
+        let decode: Vec<(usize, Vec<u32>)> = self
             .slots
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| Some((i, [s.active.as_ref()?.pending?])))
+            .filter_map(|(i, s)| {
+                let a = s.active.as_ref()?;
+                let mut toks = Vec::with_capacity(1 + a.drafts.len());
+                toks.push(a.pending?);
+                toks.extend_from_slice(&a.drafts);
+                Some((i, toks))
+            })
             .collect();
         if prefill.is_none() && decode.is_empty() {
             return;
@@ -340,10 +367,14 @@ impl Scheduler {
             };
             let mut batch: Vec<EvalRequest> = decode
                 .iter()
-                .map(|(i, tok)| EvalRequest {
+                .map(|(i, toks)| EvalRequest {
                     session: sid(*i),
-                    tokens: tok,
-                    logits: LogitsWanted::Last,
+                    tokens: toks,
+                    logits: if toks.len() > 1 {
+                        LogitsWanted::All
+                    } else {
+                        LogitsWanted::Last
+                    },
                 })
                 .collect();
             if let Some((i, a, b)) = prefill {
@@ -394,8 +425,14 @@ impl Scheduler {
                 continue;
             };
             if k < decode.len() {
-                session.tokens.push(decode[k].1[0]);
+                let toks = &decode[k].1;
+                let base = session.tokens.len();
+                session.tokens.extend_from_slice(toks);
                 a.pending = None;
+                if toks.len() > 1 {
+                    self.verify(i, base, &r);
+                    continue;
+                }
             } else {
                 let (_, from, to) = prefill.expect("the last entry is the prefill");
                 session.tokens.extend_from_slice(&a.job.prompt[from..to]);
@@ -448,13 +485,96 @@ impl Scheduler {
             return;
         };
         match a.sample_next(session, self.detok.as_ref(), &self.metrics, self.n_ctx) {
-            Ok(None) => {}
+            Ok(None) => self.draft(i),
             Ok(Some(finish)) => {
                 let a = slot.active.take().expect("active");
                 slot.last_used = tick;
                 a.finish(finish, &self.metrics);
             }
             Err(e) => self.fail(i, e),
+        }
+    }
+
+    /// After a step that evaluated slot `i`'s pending token and drafts (`rows`: the logits of
+    /// each; `base`: the session's length before them): judges the drafts, cuts the session
+    /// back to the positions behind the last emitted token, and drafts again unless the
+    /// generation ended.
+    fn verify(&mut self, i: usize, base: usize, rows: &EvalResult) {
+        let tick = self.next_tick();
+        let slot = &mut self.slots[i];
+        let (Some(session), Some(a)) = (slot.session.as_mut(), slot.active.as_mut()) else {
+            return;
+        };
+        let id = a.job.id;
+        let judged = a.verify_drafts(rows, base, self.detok.as_ref(), &self.metrics, self.n_ctx);
+        let rewound = judged.and_then(|(finish, row)| {
+            let keep = base + 1 + row;
+            if session.tokens.len() > keep {
+                match self.engine.executor_mut().truncate(session.id, keep) {
+                    Ok(()) => session.tokens.truncate(keep),
+                    // Sliding-window layers that already dropped what position `keep` attends
+                    // to (a window shorter than the draft): evaluate the kept history again,
+                    // as `moeshard run` does. Rare: the cache keeps a window of slack.
+                    Err(engine::EngineError::CannotRewind { .. }) => {
+                        tracing::debug!(
+                            "request {id}: a rejected draft reaches past the sliding window; \
+                             evaluating the {keep} kept tokens again"
+                        );
+                        let history = session.tokens[..keep].to_vec();
+                        self.engine
+                            .sync(session, &history)
+                            .map_err(|e| ApiError::internal(format!("rewinding a draft: {e}")))?;
+                    }
+                    Err(e) => {
+                        return Err(ApiError::internal(format!("rewinding a draft: {e}")));
+                    }
+                }
+            }
+            session.last_logits = rows.row(row).to_vec();
+            Ok(finish)
+        });
+        match rewound {
+            Ok(None) => self.draft(i),
+            Ok(Some(finish)) => {
+                let a = slot.active.take().expect("active");
+                slot.last_used = tick;
+                a.finish(finish, &self.metrics);
+            }
+            Err(e) => {
+                self.resync(i);
+                self.fail(i, e);
+            }
+        }
+    }
+
+    /// Drafts the tokens to follow slot `i`'s pending token in the next step (speculative
+    /// decoding), as many as the request's recent acceptance suggests and the context and the
+    /// token limit leave room for. A drafter that fails costs the request only its drafts.
+    fn draft(&mut self, i: usize) {
+        let Some(speculation) = &self.speculation else {
+            return;
+        };
+        let slot = &mut self.slots[i];
+        let (Some(session), Some(a)) = (slot.session.as_ref(), slot.active.as_mut()) else {
+            return;
+        };
+        let Some(pending) = a.pending else { return };
+        // The pending token and its drafts must fit the context, and each kept draft is a
+        // generated token (a run kept whole adds one more, sampled after it).
+        let room = self
+            .n_ctx
+            .saturating_sub(session.tokens.len() + 1)
+            .min(a.job.params.max_tokens.saturating_sub(a.generated + 1))
+            .min(a.draft_length.get());
+        if room == 0 {
+            return;
+        }
+        let mut context = Vec::with_capacity(session.tokens.len() + 1);
+        context.extend_from_slice(&session.tokens);
+        context.push(pending);
+        match speculation.draft_in(i, &context, room) {
+            Ok(drafts) => a.drafts = drafts,
+            Err(e) => tracing::warn!("request {}: drafting failed: {e}", a.job.id),
         }
     }
 
@@ -505,7 +625,7 @@ impl Scheduler {
             let cached = forked.tokens.len();
             let seq = self.next_tick();
             self.slots[k].session = Some(forked);
-            self.slots[k].active = Some(Active::new(job, cached, seq));
+            self.slots[k].active = Some(Active::new(job, cached, seq, self.max_draft()));
             self.advance(k);
         }
         for job in waiting.into_iter().rev() {

@@ -5,7 +5,8 @@
 use std::time::Instant;
 
 use engine::generate::{Detokenizer, FinishReason};
-use engine::{Sampler, Session};
+use engine::speculative::DraftLength;
+use engine::{EvalResult, Sampler, Session};
 
 use crate::api::ApiError;
 use crate::job::{Event, Job, Outcome, TokenLogprob};
@@ -30,6 +31,14 @@ pub(crate) struct Active {
     pub generated: usize,
     /// The last sampled token, fed in the next step.
     pub pending: Option<u32>,
+    /// Speculative decoding: tokens drafted to follow `pending`, fed with it in the next step
+    /// (all their logits wanted) and judged by [`Active::verify_drafts`].
+    pub drafts: Vec<u32>,
+    /// How many tokens to draft next, from how this request's drafts did so far.
+    pub draft_length: DraftLength,
+    /// This request's drafted tokens and how many of them it kept.
+    pub drafted: usize,
+    pub accepted: usize,
     /// A stop string ended the text (what followed it is dropped, not flushed).
     pub stopped_by_string: bool,
     /// Admission order (prefill goes oldest first).
@@ -48,7 +57,8 @@ pub(crate) struct Slot {
 }
 
 impl Active {
-    pub fn new(job: Job, cached: usize, seq: u64) -> Active {
+    /// `max_draft`: the most tokens speculative decoding drafts per step (1 without it).
+    pub fn new(job: Job, cached: usize, seq: u64, max_draft: usize) -> Active {
         // Cloned, not taken: the job's grammar stays at its start for the siblings of `n > 1`,
         // which are made from this job once its prompt is evaluated.
         let mut sampler =
@@ -69,6 +79,10 @@ impl Active {
             cached,
             generated: 0,
             pending: None,
+            drafts: Vec::new(),
+            draft_length: DraftLength::new(max_draft),
+            drafted: 0,
+            accepted: 0,
             stopped_by_string: false,
             seq,
             t_admit: Instant::now(),
@@ -96,6 +110,84 @@ impl Active {
             .sampler
             .sample(&mut logits)
             .map_err(|e| ApiError::internal(e.to_string()))?;
+        self.emit(
+            tok,
+            &session.last_logits,
+            session.tokens.len(),
+            detok,
+            metrics,
+            n_ctx,
+        )
+    }
+
+    /// Judges the drafts the last step evaluated after the pending token, in order, with the
+    /// sampler's acceptance rule (greedy: the argmax, so the text is the non-speculative one):
+    /// each kept draft is emitted and the next one judged; the first rejected one is replaced
+    /// by the token the sampler chose instead, and after a run kept whole one more token is
+    /// sampled from the last row. `rows` are the step's logits for the pending token and the
+    /// drafts (row `k`: after the pending token and `k` drafts); `base` is the session's
+    /// length before the pending token. Returns how the generation ended (if it did) and the
+    /// row the last emitted token came from: the session keeps `base + 1 + row` positions.
+    pub fn verify_drafts(
+        &mut self,
+        rows: &EvalResult,
+        base: usize,
+        detok: &dyn Detokenizer,
+        metrics: &Metrics,
+        n_ctx: usize,
+    ) -> Result<(Option<FinishReason>, usize), ApiError> {
+        let drafts = std::mem::take(&mut self.drafts);
+        if rows.n_rows != drafts.len() + 1 {
+            return Err(ApiError::internal(format!(
+                "verification returned {} rows of logits for {} tokens",
+                rows.n_rows,
+                drafts.len() + 1
+            )));
+        }
+        self.drafted += drafts.len();
+        metrics.drafted_tokens.add(drafts.len() as u64);
+        let grammar_error = |e: engine::GrammarError| ApiError::internal(e.to_string());
+        for (k, &draft) in drafts.iter().enumerate() {
+            let row = rows.row(k);
+            let mut logits = row.to_vec();
+            let tok = self
+                .sampler
+                .verify(&mut logits, draft)
+                .map_err(grammar_error)?;
+            let kept = tok == draft;
+            if kept {
+                self.accepted += 1;
+                metrics.accepted_tokens.inc();
+            }
+            let finish = self.emit(tok, row, base + 1 + k, detok, metrics, n_ctx)?;
+            if finish.is_some() || !kept {
+                self.draft_length
+                    .record(drafts.len(), k + usize::from(kept));
+                return Ok((finish, k));
+            }
+        }
+        self.draft_length.record(drafts.len(), drafts.len());
+        let n = drafts.len();
+        let row = rows.row(n);
+        let mut logits = row.to_vec();
+        let tok = self.sampler.sample(&mut logits).map_err(grammar_error)?;
+        let finish = self.emit(tok, row, base + 1 + n, detok, metrics, n_ctx)?;
+        Ok((finish, n))
+    }
+
+    /// Records a chosen token: penalties, counts and latencies, its log-probabilities (from
+    /// `logits`, the model's row it was chosen from), its text (streamed at once when the
+    /// request streams). The token becomes `pending` unless the generation ends with it; `len`
+    /// is the session's length once the positions behind `logits` are in it.
+    fn emit(
+        &mut self,
+        tok: u32,
+        logits: &[f32],
+        len: usize,
+        detok: &dyn Detokenizer,
+        metrics: &Metrics,
+        n_ctx: usize,
+    ) -> Result<Option<FinishReason>, ApiError> {
         self.sampler.accept(tok);
         self.generated += 1;
         metrics.generated_tokens.inc();
@@ -112,7 +204,7 @@ impl Active {
         }
         if let Some(top) = self.job.params.logprobs {
             // From the logits as the model gave them, not the sampler's modified copy.
-            let lp = engine::logprobs::token_logprobs(&session.last_logits, tok, top);
+            let lp = engine::logprobs::token_logprobs(logits, tok, top);
             self.unsent_logprobs.push(TokenLogprob {
                 bytes: detok.token_bytes(tok),
                 logprob: lp.logprob,
@@ -135,7 +227,7 @@ impl Active {
         if self.generated >= self.job.params.max_tokens {
             return Ok(Some(FinishReason::Length));
         }
-        if session.tokens.len() + 1 > n_ctx {
+        if len + 1 > n_ctx {
             return Ok(Some(FinishReason::ContextFull));
         }
         self.pending = Some(tok);
@@ -161,12 +253,24 @@ impl Active {
             prompt_tokens: self.job.prompt.len(),
             cached_tokens: self.cached,
             completion_tokens: self.generated,
+            drafted_tokens: self.drafted,
+            accepted_tokens: self.accepted,
         };
         let prefilled = self.t_prefilled.unwrap_or(self.t_admit);
         let prompt_secs = prefilled.duration_since(self.t_admit).as_secs_f64();
         let gen_secs = prefilled.elapsed().as_secs_f64();
+        let speculation = if self.drafted > 0 {
+            format!(
+                ", drafted {}, accepted {} ({:.0} %)",
+                self.drafted,
+                self.accepted,
+                100.0 * self.accepted as f64 / self.drafted as f64
+            )
+        } else {
+            String::new()
+        };
         tracing::info!(
-            "request {} done: prompt {} tokens ({} evaluated in {:.3} s), {} generated in {:.3} s ({:.1} t/s), {:?}",
+            "request {} done: prompt {} tokens ({} evaluated in {:.3} s), {} generated in {:.3} s ({:.1} t/s), {:?}{speculation}",
             self.job.id,
             outcome.prompt_tokens,
             outcome.prompt_tokens - outcome.cached_tokens,

@@ -51,6 +51,8 @@ pub fn document(m: &Metrics, model_id: &str, info: &engine::ModelInfo) -> Value 
             "kv_cache_usage_ratio": if cap > 0.0 { m.kv_tokens.get() / cap } else { 0.0 },
             "requests_total": m.requests.get(),
             "generated_tokens_total": m.generated_tokens.get(),
+            "speculative_drafted_tokens_total": m.drafted_tokens.get(),
+            "speculative_accepted_tokens_total": m.accepted_tokens.get(),
             "prompt_tokens_total": m.prompt_tokens.get(),
             "prompt_tokens_cached_total": m.prompt_tokens_cached.get(),
             "steps_total": m.steps.get(),
@@ -102,6 +104,8 @@ mod tests {
         m.kv_tokens.set(32.0);
         m.kv_capacity_tokens.set(256.0);
         m.latency.time_to_first_token.observe(0.25);
+        m.drafted_tokens.add(10);
+        m.accepted_tokens.add(7);
         m.latency.time_to_first_token.observe(0.75);
         *m.executor.lock().unwrap() = vec![("expert_hit_rate".into(), 0.5)];
         *m.cluster.lock().unwrap() = engine::ClusterView {
@@ -127,6 +131,8 @@ mod tests {
         assert_eq!(d["server"]["requests_queued"], 3);
         assert_eq!(d["server"]["decode_tokens_per_second"], 120.5);
         assert_eq!(d["server"]["kv_cache_usage_ratio"], 0.125);
+        assert_eq!(d["server"]["speculative_drafted_tokens_total"], 10);
+        assert_eq!(d["server"]["speculative_accepted_tokens_total"], 7);
         assert_eq!(d["latency"]["time_to_first_token"]["count"], 2);
         assert_eq!(d["latency"]["time_to_first_token"]["mean_seconds"], 0.5);
         assert_eq!(d["latency"]["step"]["mean_seconds"], 0.0);
