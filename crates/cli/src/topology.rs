@@ -46,6 +46,18 @@ impl Topology {
                 rank: (side == Side::Coordinator).then_some(0),
             });
         }
+        if side == Side::Coordinator {
+            let group_only = [
+                ("--expert-placement", c.expert_placement.is_some()),
+                ("--tp-balance-experts", c.tp_balance_experts),
+                ("--expert-weights", !c.expert_weights.is_empty()),
+            ];
+            if let Some((flag, _)) = group_only.iter().find(|(_, set)| *set) {
+                bail!(
+                    "{flag} places the experts of a tensor-parallel group: add --tensor-parallel"
+                );
+            }
+        }
         match (side, c.layers, &c.listen) {
             (Side::Coordinator, None, None) => Ok(Topology::Local),
             (Side::Coordinator, Some(range), None) => {
@@ -155,6 +167,22 @@ mod tests {
             tp_size: 3,
             ..ClusterArgs::default()
         }
+    }
+
+    #[test]
+    fn expert_placement_flags_need_a_group() {
+        let mut c = flags(None, false, false);
+        c.expert_placement = Some("placement.txt".into());
+        let err = Topology::from_flags(&c, Side::Coordinator)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--expert-placement") && err.contains("--tensor-parallel"),
+            "{err}"
+        );
+        c.tensor_parallel = true;
+        c.listen = Some("127.0.0.1:0".into());
+        assert!(Topology::from_flags(&c, Side::Coordinator).is_ok());
     }
 
     #[test]

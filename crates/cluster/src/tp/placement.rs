@@ -102,15 +102,6 @@ impl Share {
         }
     }
 
-    /// Experts this rank holds over all layers (`None`: any, dealt out per step).
-    pub fn held(&self, rank: usize, n_routed_layers: usize) -> Option<usize> {
-        match self {
-            Share::Owned(o) => Some(o.iter().filter(|&&x| x).count() * n_routed_layers),
-            Share::Balanced(_) => None,
-            Share::Placed(p) => Some(p.held_by(rank)),
-        }
-    }
-
     /// The expert source of rank `rank` with this share: streamed through `factory` when
     /// there is one, else the model's resident tensors.
     pub fn source(
