@@ -11,6 +11,7 @@ use kernels::attn::{self, KvElem, Rows};
 use super::Selection;
 use crate::Model;
 use crate::blocks::Compute;
+use crate::blocks::attention::head_groups;
 use crate::blocks::indexer::f32_bytes;
 use crate::blocks::norm::rms_norm_rows_inplace;
 use crate::error::{ModelError, Result};
@@ -140,6 +141,45 @@ impl Model {
             let kt = s.kv.layout().kv_type;
             let rows = row0..row0 + s.n_tokens;
             let q_lat = &q_lat;
+            let parts = head_groups(nh, cx.n_threads(), s.n_tokens);
+            if parts > 1 {
+                // Fewer queries than threads (decode): each query's selected rows are gathered
+                // once, then its heads are split into groups across the pool. Every head runs
+                // the same kernels on the same rows as below, so the bits do not change.
+                let per_part = nh / parts;
+                for br in rows.clone() {
+                    let sel = &picked[br];
+                    let mut gathered = vec![0f32; sel.len() * r];
+                    cx.par_rows(&mut gathered, r, |first, g_rows| {
+                        for (i, g) in g_rows.chunks_exact_mut(r).enumerate() {
+                            cached_row(bytes, kt, sel[first + i] as usize, r, g);
+                        }
+                    });
+                    let keys = Rows {
+                        data: f32_bytes(&gathered),
+                        stride: r * 4,
+                        n: sel.len(),
+                        d: r,
+                        elem: KvElem::F32,
+                    };
+                    let out = &mut lat_out[br * nh * r..(br + 1) * nh * r];
+                    cx.par_rows(out, per_part * r, |first, out_parts| {
+                        let mut scores = vec![0f32; sel.len()];
+                        for (j, part_out) in out_parts.chunks_exact_mut(per_part * r).enumerate() {
+                            for (k, o) in part_out.chunks_exact_mut(r).enumerate() {
+                                let hh = (first + j) * per_part + k;
+                                let qh = &q_lat[(br * nh + hh) * r..(br * nh + hh + 1) * r];
+                                attn::scores(isa, qh, keys, scale, &mut scores);
+                                attn::softmax(isa, &mut scores);
+                                o.fill(0.0);
+                                attn::weighted_sum(isa, &scores, keys, o);
+                            }
+                        }
+                    });
+                }
+                row0 += s.n_tokens;
+                continue;
+            }
             cx.par_rows(
                 &mut lat_out[rows.start * nh * r..rows.end * nh * r],
                 nh * r,
