@@ -62,7 +62,7 @@ fn mla(hp: &Hparams) -> &MlaParams {
 
 /// Several matrices, each applied to its own input rows (`inputs[i]` is `n × mats[i].cols`),
 /// in one parallel dispatch.
-fn project_each(
+pub(crate) fn project_each(
     cx: &Compute,
     inputs: &[Vec<f32>],
     n: usize,
@@ -91,7 +91,7 @@ fn project_each(
 }
 
 /// Rows `t` of head `j` of an `n × n_heads × dim` buffer, gathered into `n × dim`.
-fn head_rows(x: &[f32], n: usize, n_heads: usize, dim: usize, j: usize) -> Vec<f32> {
+pub(crate) fn head_rows(x: &[f32], n: usize, n_heads: usize, dim: usize, j: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(n * dim);
     for t in 0..n {
         let at = (t * n_heads + j) * dim;
@@ -372,7 +372,7 @@ pub fn attend_selected(
 }
 
 /// `outs[j]` is `n × dim` for head `j`; the result is `n × heads × dim`.
-fn interleave_heads(outs: &[Vec<f32>], n: usize, dim: usize) -> Vec<f32> {
+pub(crate) fn interleave_heads(outs: &[Vec<f32>], n: usize, dim: usize) -> Vec<f32> {
     let mut att = Vec::with_capacity(n * outs.len() * dim);
     for t in 0..n {
         for o in outs {

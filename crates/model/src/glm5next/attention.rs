@@ -13,6 +13,7 @@ use crate::Model;
 use crate::blocks::Compute;
 use crate::blocks::attention::head_groups;
 use crate::blocks::indexer::f32_bytes;
+use crate::blocks::mla::{head_rows, interleave_heads, project_each};
 use crate::blocks::norm::rms_norm_rows_inplace;
 use crate::error::{ModelError, Result};
 use crate::hparams::Glm5LayerKind;
@@ -20,16 +21,6 @@ use crate::kv::KvType;
 use crate::pass::{Hooks, SeqInput};
 use crate::profile::{Phase, span, timed};
 use crate::weights::{KpoolIndexer, MlaAttention};
-
-/// Head `j` of an `n × heads × dim` buffer as `n × dim` rows.
-fn head_rows(x: &[f32], n: usize, heads: usize, dim: usize, j: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(n * dim);
-    for t in 0..n {
-        let at = (t * heads + j) * dim;
-        out.extend_from_slice(&x[at..at + dim]);
-    }
-    out
-}
 
 /// Cached row `pos` of `width` values as f32.
 fn cached_row(bytes: &[u8], kt: KvType, pos: usize, width: usize, out: &mut [f32]) {
@@ -118,19 +109,13 @@ impl Model {
             ))
         })?;
         // Each head's query taken into latent space: W_kb[h] is kv_lora_rank × qk_nope.
-        let mut q_lat = vec![0f32; n * nh * r];
-        for (j, hh) in heads.clone().enumerate() {
-            let rows = head_rows(&q, n, nh, nope, j);
-            let input = Input::new(&rows, n, nope)?;
-            let ql = cx
-                .project(&input, &[w.k_b.expert(hh).weights(files)])?
-                .pop()
-                .expect("k_b");
-            for t in 0..n {
-                let at = (t * nh + j) * r;
-                q_lat[at..at + r].copy_from_slice(&ql[t * r..(t + 1) * r]);
-            }
-        }
+        // Every head's query into the latent space, all heads in one dispatch.
+        let q_heads: Vec<Vec<f32>> = (0..nh).map(|j| head_rows(&q, n, nh, nope, j)).collect();
+        let k_b: Vec<_> = heads
+            .clone()
+            .map(|hh| w.k_b.expert(hh).weights(files))
+            .collect();
+        let q_lat = interleave_heads(&project_each(cx, &q_heads, n, &k_b)?, n, r);
         let attention = span(Phase::Attention);
         let scale = hp.attn_scale();
         let isa = cx.kernels.isa;
@@ -215,19 +200,12 @@ impl Model {
         }
         drop(attention);
         // Each head's latent output up to its value space: W_vb[h] is v_head_dim × kv_lora_rank.
-        let mut att = vec![0f32; n * nh * dv];
-        for (j, hh) in heads.clone().enumerate() {
-            let rows = head_rows(&lat_out, n, nh, r, j);
-            let input = Input::new(&rows, n, r)?;
-            let v = cx
-                .project(&input, &[w.v_b.expert(hh).weights(files)])?
-                .pop()
-                .expect("v_b");
-            for t in 0..n {
-                let at = (t * nh + j) * dv;
-                att[at..at + dv].copy_from_slice(&v[t * dv..(t + 1) * dv]);
-            }
-        }
+        let lat_heads: Vec<Vec<f32>> = (0..nh).map(|j| head_rows(&lat_out, n, nh, r, j)).collect();
+        let v_b: Vec<_> = heads
+            .clone()
+            .map(|hh| w.v_b.expert(hh).weights(files))
+            .collect();
+        let att = interleave_heads(&project_each(cx, &lat_heads, n, &v_b)?, n, dv);
         hooks.observe(Some(il), "kqv_out", &att);
         let ain = Input::new(&att, n, nh * dv)?;
         let o_w = w.o.weights(files);
