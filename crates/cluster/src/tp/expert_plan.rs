@@ -4,7 +4,8 @@
 //! proportional count of experts (memory stays about 1/N); then every rank takes replicas of
 //! the hottest experts it lacks within a budget, and in each step a replicated expert is
 //! computed by whichever holder is less loaded (`model::experts::assign_to_holders`, the same
-//! rule on every rank, so results stay bit-identical).
+//! rule on every rank, so results stay bit-identical). The default contiguous shares
+//! (`placement`), whose per-rank counts the planner keeps, live here too.
 //!
 //! Saved as text, tied to the model by its fingerprint:
 //!
@@ -23,8 +24,6 @@ use std::path::Path;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::placement::placement;
-
 const MAGIC: &str = "moeshard-expert-placement 1";
 
 /// The most ranks a placement describes (holders are a bit mask).
@@ -40,6 +39,35 @@ pub struct ExpertPlacement {
     /// `holders[layer][expert]`: bit `r` set when rank `r` holds the expert; empty for layers
     /// without routed experts.
     pub holders: Vec<Vec<u64>>,
+}
+
+/// The experts each rank owns: contiguous id ranges in proportion to `weights`.
+pub fn placement(n_expert: usize, n_ranks: usize, weights: &[f32]) -> Vec<Vec<bool>> {
+    let w = rank_weights(n_ranks, weights);
+    let total: f64 = w.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+    let mut bounds = vec![0usize];
+    let mut acc = 0.0;
+    for wr in &w {
+        acc += wr;
+        bounds.push(((acc / total) * n_expert as f64).round() as usize);
+    }
+    if let Some(last) = bounds.last_mut() {
+        *last = n_expert;
+    }
+    (0..n_ranks)
+        .map(|r| {
+            (0..n_expert)
+                .map(|e| e >= bounds[r] && e < bounds[r + 1])
+                .collect()
+        })
+        .collect()
+}
+
+/// Each rank's weight (1 where `weights` names none; negative counts as 0).
+pub fn rank_weights(n_ranks: usize, weights: &[f32]) -> Vec<f64> {
+    (0..n_ranks)
+        .map(|r| weights.get(r).copied().unwrap_or(1.0).max(0.0) as f64)
+        .collect()
 }
 
 /// What a placement is planned from.

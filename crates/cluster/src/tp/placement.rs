@@ -13,6 +13,7 @@ use model::{BalancedResidentExperts, ExpertSource, Model, OwnedResidentExperts};
 use serde::{Deserialize, Serialize};
 
 use super::expert_plan::ExpertPlacement;
+pub use super::expert_plan::{placement, rank_weights};
 use super::{BALANCE_NEEDS_RESIDENT, ExpertFactory};
 use crate::error::{ClusterError, Result};
 
@@ -26,35 +27,6 @@ pub enum Share {
     /// The experts a placement gives this rank in each layer; those it shares with other
     /// ranks are dealt out per step.
     Placed(ExpertPlacement),
-}
-
-/// The experts each rank owns: contiguous id ranges in proportion to `weights`.
-pub fn placement(n_expert: usize, n_ranks: usize, weights: &[f32]) -> Vec<Vec<bool>> {
-    let w = rank_weights(n_ranks, weights);
-    let total: f64 = w.iter().sum::<f64>().max(f64::MIN_POSITIVE);
-    let mut bounds = vec![0usize];
-    let mut acc = 0.0;
-    for wr in &w {
-        acc += wr;
-        bounds.push(((acc / total) * n_expert as f64).round() as usize);
-    }
-    if let Some(last) = bounds.last_mut() {
-        *last = n_expert;
-    }
-    (0..n_ranks)
-        .map(|r| {
-            (0..n_expert)
-                .map(|e| e >= bounds[r] && e < bounds[r + 1])
-                .collect()
-        })
-        .collect()
-}
-
-/// Each rank's weight (1 where `weights` names none; negative counts as 0).
-pub fn rank_weights(n_ranks: usize, weights: &[f32]) -> Vec<f64> {
-    (0..n_ranks)
-        .map(|r| weights.get(r).copied().unwrap_or(1.0).max(0.0) as f64)
-        .collect()
 }
 
 /// The expert ids rank `rank` with `share` needs in every MoE layer: the owned ones
