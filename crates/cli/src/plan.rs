@@ -15,6 +15,8 @@ use gguf::GgufModel;
 use model::Model;
 use model::weights::Ffn;
 
+use crate::shard::human;
+
 /// Simulated decode steps per layer for the forecast.
 const FORECAST_STEPS: usize = 2000;
 
@@ -238,16 +240,6 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         println!("wrote {}", out.display());
     }
     Ok(())
-}
-
-fn human(bytes: u64) -> String {
-    const GIB: f64 = (1u64 << 30) as f64;
-    const MIB: f64 = (1u64 << 20) as f64;
-    if bytes as f64 >= GIB {
-        format!("{:.2} GiB", bytes as f64 / GIB)
-    } else {
-        format!("{:.1} MiB", bytes as f64 / MIB)
-    }
 }
 
 #[cfg(test)]

@@ -293,7 +293,8 @@ fn print_plan(files: &GgufModel, parts: &[Part], writers: &[GgufWriter]) {
     );
 }
 
-fn human(bytes: u64) -> String {
+/// `1.23 GiB`, `45.67 MiB`.
+pub(crate) fn human(bytes: u64) -> String {
     const GIB: f64 = (1u64 << 30) as f64;
     const MIB: f64 = (1u64 << 20) as f64;
     if bytes as f64 >= GIB {

@@ -120,21 +120,7 @@ fn open_stream(addr: &str, body: &Value, events: usize) -> TcpStream {
 
 /// Streams a completion and returns its text (asserting the stream ends with `[DONE]`).
 fn stream_text(addr: &str, body: &Value) -> String {
-    let (status, text) = http(
-        addr,
-        "POST",
-        "/v1/completions",
-        Some(&body.to_string()),
-        &[],
-    );
-    assert_eq!(status, 200, "{text}");
-    let data = sse_data(&text);
-    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{text}");
-    data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str::<Value>(d).unwrap())
-        .map(|v| v["choices"][0]["text"].as_str().unwrap_or("").to_string())
-        .collect()
+    stream_chunks(addr, body).0
 }
 
 #[test]

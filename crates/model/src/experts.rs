@@ -138,6 +138,16 @@ pub fn balanced_assignment(active: &[usize], tokens: &[usize], weights: &[f64]) 
     assign_to_holders(active, tokens, weights, |_| u64::MAX)
 }
 
+/// The experts of `active` that `rank_of` (the rank of each) gives to `rank`.
+pub fn assigned_to(rank: usize, active: &[usize], rank_of: &[usize]) -> Vec<usize> {
+    rank_of
+        .iter()
+        .zip(active)
+        .filter(|&(&r, _)| r == rank)
+        .map(|(_, &e)| e)
+        .collect()
+}
+
 /// The rank of every expert of `active` (`tokens[i]` tokens routed to `active[i]`) when expert
 /// `e` may be computed by the ranks whose bits are set in `holders(e)`: an expert with one
 /// holder goes to it; the others, largest token count first (ties by id), to the holder that
@@ -203,12 +213,11 @@ impl ExpertSource for BalancedResidentExperts {
     }
 
     fn assign(&self, _layer: usize, active: &[usize], tokens: &[usize]) -> Vec<usize> {
-        balanced_assignment(active, tokens, &self.weights)
-            .into_iter()
-            .zip(active)
-            .filter(|&(r, _)| r == self.rank)
-            .map(|(_, &e)| e)
-            .collect()
+        assigned_to(
+            self.rank,
+            active,
+            &balanced_assignment(active, tokens, &self.weights),
+        )
     }
 
     fn with_experts(

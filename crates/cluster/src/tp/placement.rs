@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use engine::SharedExperts;
-use model::experts::{ExpertSink, assign_to_holders};
+use model::experts::{ExpertSink, assign_to_holders, assigned_to};
 use model::{BalancedResidentExperts, ExpertSource, Model, OwnedResidentExperts};
 use serde::{Deserialize, Serialize};
 
@@ -150,12 +150,8 @@ impl ExpertSource for PlacedExperts {
 
     fn assign(&self, layer: usize, active: &[usize], tokens: &[usize]) -> Vec<usize> {
         let p = &self.placement;
-        assign_to_holders(active, tokens, &p.weights, |e| p.holders_of(layer, e))
-            .into_iter()
-            .zip(active)
-            .filter(|&(r, _)| r == self.rank)
-            .map(|(_, &e)| e)
-            .collect()
+        let rank_of = assign_to_holders(active, tokens, &p.weights, |e| p.holders_of(layer, e));
+        assigned_to(self.rank, active, &rank_of)
     }
 
     fn with_experts(

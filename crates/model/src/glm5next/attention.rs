@@ -5,8 +5,8 @@
 //! layer that ran one.
 
 use half::f16;
-use kernels::Input;
 use kernels::attn::{self, KvElem, Rows};
+use kernels::{Input, Isa};
 
 use super::Selection;
 use crate::Model;
@@ -21,6 +21,25 @@ use crate::kv::KvType;
 use crate::pass::{Hooks, SeqInput};
 use crate::profile::{Phase, span, timed};
 use crate::weights::{KpoolIndexer, MlaAttention};
+
+/// Gathered latent rows of `r` values (the keys, and the values: nope-only attention).
+fn latent_rows(gathered: &[f32], r: usize) -> Rows<'_> {
+    Rows {
+        data: f32_bytes(gathered),
+        stride: r * 4,
+        n: gathered.len() / r.max(1),
+        d: r,
+        elem: KvElem::F32,
+    }
+}
+
+/// One head's softmax attention of `qh` over `keys` (also its values) into `o`.
+fn attend_head(isa: Isa, qh: &[f32], keys: Rows, scale: f32, scores: &mut [f32], o: &mut [f32]) {
+    attn::scores(isa, qh, keys, scale, scores);
+    attn::softmax(isa, scores);
+    o.fill(0.0);
+    attn::weighted_sum(isa, scores, keys, o);
+}
 
 /// Cached row `pos` of `width` values as f32.
 fn cached_row(bytes: &[u8], kt: KvType, pos: usize, width: usize, out: &mut [f32]) {
@@ -140,13 +159,7 @@ impl Model {
                             cached_row(bytes, kt, sel[first + i] as usize, r, g);
                         }
                     });
-                    let keys = Rows {
-                        data: f32_bytes(&gathered),
-                        stride: r * 4,
-                        n: sel.len(),
-                        d: r,
-                        elem: KvElem::F32,
-                    };
+                    let keys = latent_rows(&gathered, r);
                     let out = &mut lat_out[br * nh * r..(br + 1) * nh * r];
                     cx.par_rows(out, per_part * r, |first, out_parts| {
                         let mut scores = vec![0f32; sel.len()];
@@ -154,10 +167,7 @@ impl Model {
                             for (k, o) in part_out.chunks_exact_mut(r).enumerate() {
                                 let hh = (first + j) * per_part + k;
                                 let qh = &q_lat[(br * nh + hh) * r..(br * nh + hh + 1) * r];
-                                attn::scores(isa, qh, keys, scale, &mut scores);
-                                attn::softmax(isa, &mut scores);
-                                o.fill(0.0);
-                                attn::weighted_sum(isa, &scores, keys, o);
+                                attend_head(isa, qh, keys, scale, &mut scores, o);
                             }
                         }
                     });
@@ -178,20 +188,11 @@ impl Model {
                         for (g, &pos) in gathered.chunks_exact_mut(r).zip(sel) {
                             cached_row(bytes, kt, pos as usize, r, g);
                         }
-                        let keys = Rows {
-                            data: f32_bytes(&gathered),
-                            stride: r * 4,
-                            n: sel.len(),
-                            d: r,
-                            elem: KvElem::F32,
-                        };
+                        let keys = latent_rows(&gathered, r);
                         scores.resize(sel.len(), 0.0);
                         for (j, o) in out.chunks_exact_mut(r).enumerate() {
                             let qh = &q_lat[(br * nh + j) * r..(br * nh + j + 1) * r];
-                            attn::scores(isa, qh, keys, scale, &mut scores);
-                            attn::softmax(isa, &mut scores);
-                            o.fill(0.0);
-                            attn::weighted_sum(isa, &scores, keys, o);
+                            attend_head(isa, qh, keys, scale, &mut scores, o);
                         }
                     }
                 },
