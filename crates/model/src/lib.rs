@@ -3,6 +3,7 @@
 //! runs.
 
 pub mod arch;
+mod attention_layer;
 pub mod blocks;
 mod dsv4;
 pub mod error;
