@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail, ensure};
 use cluster::tp::ExpertPlacement;
-use cluster::tp::expert_plan::{PlanInput, simulate};
+use cluster::tp::expert_plan::{PlanInput, share_counts, simulate};
 use cluster::tp::placement::{placement, rank_weights};
 use gguf::GgufModel;
 use model::Model;
@@ -118,10 +118,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         "--expert-weights: every rank has weight 0"
     );
     let own = placement(n_expert, args.tp_size, &args.expert_weights);
-    let own_counts: Vec<usize> = own
-        .iter()
-        .map(|o| o.iter().filter(|&&x| x).count())
-        .collect();
+    let own_counts = share_counts(n_expert, args.tp_size, &args.expert_weights);
     // Replica slots per rank in each routed layer, the budget spread evenly over the layers.
     let budget = args
         .expert_replicas

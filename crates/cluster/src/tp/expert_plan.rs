@@ -70,6 +70,15 @@ pub fn rank_weights(n_ranks: usize, weights: &[f32]) -> Vec<f64> {
         .collect()
 }
 
+/// How many experts each rank's contiguous share holds (what a planned placement keeps per
+/// rank before replicas).
+pub fn share_counts(n_expert: usize, n_ranks: usize, weights: &[f32]) -> Vec<usize> {
+    placement(n_expert, n_ranks, weights)
+        .iter()
+        .map(|owned| owned.iter().filter(|&&o| o).count())
+        .collect()
+}
+
 /// What a placement is planned from.
 pub struct PlanInput<'a> {
     pub fingerprint: &'a str,
@@ -124,10 +133,7 @@ impl ExpertPlacement {
             return Err("every rank weight is 0".into());
         }
         let w32: Vec<f32> = input.weights.iter().map(|&w| w as f32).collect();
-        let caps: Vec<usize> = placement(input.n_expert, n_ranks, &w32)
-            .iter()
-            .map(|owned| owned.iter().filter(|&&o| o).count())
-            .collect();
+        let caps = share_counts(input.n_expert, n_ranks, &w32);
         let holders = input
             .counts
             .iter()
