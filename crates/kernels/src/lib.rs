@@ -9,6 +9,7 @@ pub mod blocks;
 pub mod formats;
 pub mod isa;
 pub mod matmul;
+pub mod offload;
 pub mod panel;
 pub mod pool;
 #[cfg(target_arch = "x86_64")]
@@ -17,5 +18,6 @@ mod x86;
 pub use formats::{ActKind, DotFn, Format, format};
 pub use isa::{Isa, best_dot, row_kernel, simd_dot, simd_panel};
 pub use matmul::{Input, Kernels, MatmulError, MatmulJob, Weights};
+pub use offload::{ExpertFfnJob, Offload};
 pub use panel::{Panel, PanelFn, RowKernel};
 pub use pool::{Backend as PoolBackend, ThreadPool};

@@ -18,6 +18,9 @@ pub enum MatmulError {
     UnsupportedType(GgmlType),
     #[error("{what}: {detail}")]
     Shape { what: &'static str, detail: String },
+    /// A compute device other than the CPU failed ([`crate::Offload`]).
+    #[error("{device}: {detail}")]
+    Device { device: String, detail: String },
 }
 
 /// A `rows × cols` weight matrix stored row-major in ggml blocks (GGUF `ne = [cols, rows]`).

@@ -255,8 +255,7 @@ impl Model {
         };
         let mut out = vec![0f64; n * d];
         timed(Phase::AttnOutput, || {
-            cx.kernels
-                .matmul_chunked(&cx.pool, &o_w, &ain, self.o_chunk(), &mut out)
+            cx.matmul_chunked(&o_w, &ain, self.o_chunk(), &mut out)
         })?;
         if sh.attention_split {
             timed(Phase::AllReduce, || {

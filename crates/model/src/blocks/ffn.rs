@@ -47,7 +47,6 @@ pub fn glu_ffn(
     });
     let h = Input::new(&act, x.n(), gate.rows)?;
     let mut out = vec![0f64; x.n() * down.rows];
-    cx.kernels
-        .matmul_chunked(&cx.pool, &down, &h, chunk, &mut out)?;
+    cx.matmul_chunked(&down, &h, chunk, &mut out)?;
     Ok(out)
 }

@@ -86,7 +86,7 @@ pub(crate) fn project_each(
             out,
         });
     }
-    cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
+    cx.matmul_batch(&mut jobs)?;
     Ok(outs)
 }
 

@@ -9,30 +9,104 @@ pub mod moe;
 pub mod norm;
 pub mod rope;
 
-use kernels::{Input, Kernels, MatmulJob, ThreadPool, Weights};
+use std::sync::Arc;
+
+use kernels::{Input, Kernels, MatmulJob, Offload, ThreadPool, Weights};
 
 use crate::error::Result;
 
-/// Threads and kernels of one process.
+/// Threads and kernels of one process, and the compute device (a GPU) that holds some of its
+/// weights, if any.
 pub struct Compute {
     pub pool: ThreadPool,
     pub kernels: Kernels,
+    offload: Option<Arc<dyn Offload>>,
 }
 
 impl Compute {
     /// `n_threads` = 0: one per available core.
     pub fn new(n_threads: usize) -> Compute {
-        Compute {
-            pool: ThreadPool::new(n_threads),
-            kernels: Kernels::default(),
-        }
+        Compute::with_kernels(n_threads, Kernels::default())
     }
 
     pub fn with_kernels(n_threads: usize, kernels: Kernels) -> Compute {
         Compute {
             pool: ThreadPool::new(n_threads),
             kernels,
+            offload: None,
         }
+    }
+
+    /// Matrix products whose weights `device` holds run there from now on.
+    pub fn with_offload(mut self, device: Arc<dyn Offload>) -> Compute {
+        self.offload = Some(device);
+        self
+    }
+
+    pub fn offload(&self) -> Option<&Arc<dyn Offload>> {
+        self.offload.as_ref()
+    }
+
+    /// [`Kernels::matmul_batch`], except that the jobs whose weights the offload device holds
+    /// run there, while the CPU runs the others on the pool at the same time.
+    pub fn matmul_batch(&self, jobs: &mut [MatmulJob]) -> Result<()> {
+        let Some(device) = &self.offload else {
+            return Ok(self.kernels.matmul_batch(&self.pool, jobs)?);
+        };
+        let (mut there, mut here): (Vec<MatmulJob>, Vec<MatmulJob>) = jobs
+            .iter_mut()
+            .map(|j| MatmulJob {
+                w: j.w,
+                acts: j.acts,
+                n: j.n,
+                out: &mut *j.out,
+            })
+            .partition(|j| device.holds(&j.w));
+        if there.is_empty() {
+            return Ok(self.kernels.matmul_batch(&self.pool, &mut here)?);
+        }
+        if here.is_empty() {
+            return Ok(device.matmul_batch(&mut there)?);
+        }
+        // The device's thread mostly waits for its copies and kernels.
+        let (on_device, on_cpu) = std::thread::scope(|s| {
+            let gpu = s.spawn(|| device.matmul_batch(&mut there));
+            let cpu = self.kernels.matmul_batch(&self.pool, &mut here);
+            (gpu.join(), cpu)
+        });
+        on_cpu?;
+        match on_device {
+            Ok(r) => Ok(r?),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+
+    /// [`Kernels::matmul_chunked`]; on the offload device when it holds `w` (its sum is then
+    /// the device's f32 sum, not the chunked f64 one: equal to rounding).
+    pub fn matmul_chunked(
+        &self,
+        w: &Weights,
+        x: &Input,
+        chunk: usize,
+        out: &mut [f64],
+    ) -> Result<()> {
+        if let Some(device) = self.offload.as_ref().filter(|d| d.holds(w)) {
+            let act = kernels::format(w.dtype)
+                .ok_or(kernels::MatmulError::UnsupportedType(w.dtype))?
+                .act;
+            let mut part = vec![0f32; out.len()];
+            device.matmul_batch(&mut [MatmulJob {
+                w: *w,
+                acts: x.quantized(act, &self.pool),
+                n: x.n(),
+                out: &mut part,
+            }])?;
+            for (o, p) in out.iter_mut().zip(&part) {
+                *o = *p as f64;
+            }
+            return Ok(());
+        }
+        Ok(self.kernels.matmul_chunked(&self.pool, w, x, chunk, out)?)
     }
 
     pub fn n_threads(&self) -> usize {
@@ -91,7 +165,7 @@ impl Compute {
                 out,
             });
         }
-        self.kernels.matmul_batch(&self.pool, &mut jobs)?;
+        self.matmul_batch(&mut jobs)?;
         Ok(outs)
     }
 }

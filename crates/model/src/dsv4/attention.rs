@@ -322,7 +322,7 @@ impl Model {
                     out,
                 });
             }
-            cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
+            cx.matmul_batch(&mut jobs)?;
         }
         let mut oa = vec![0f32; n * ng * r];
         for (k, y) in group_out.iter().enumerate() {
@@ -348,8 +348,7 @@ impl Model {
             ng * r
         };
         timed(Phase::AttnOutput, || {
-            cx.kernels
-                .matmul_chunked(&cx.pool, &o_b, &oin, chunk, &mut out)
+            cx.matmul_chunked(&o_b, &oin, chunk, &mut out)
         })?;
         Ok(out)
     }

@@ -246,8 +246,7 @@ impl Model {
         let chunk = crate::shard::o_chunk(self.o_dtype, hd, 1);
         let mut out = vec![0f64; n * d];
         timed(Phase::AttnOutput, || {
-            cx.kernels
-                .matmul_chunked(&cx.pool, &o_w, &ain, chunk, &mut out)
+            cx.matmul_chunked(&o_w, &ain, chunk, &mut out)
         })?;
         Ok(out)
     }

@@ -1,0 +1,40 @@
+//! The seam a compute device other than this CPU plugs into: it holds some weight matrices in
+//! its own memory and computes the products with them. The forward path never sees it;
+//! `model::Compute` asks it, per matrix product, whether it holds the weights, and hands the
+//! products it holds to it (running the rest on the CPU at the same time).
+
+use crate::matmul::{MatmulError, MatmulJob, Weights};
+
+pub trait Offload: Send + Sync {
+    /// The device, in words (for logs and `bench`).
+    fn name(&self) -> &str;
+
+    /// Whether all of `w`'s bytes are in the device's memory and it has a kernel for `w`'s
+    /// format.
+    fn holds(&self, w: &Weights) -> bool;
+
+    /// Runs `jobs` (every one [held](Self::holds), activations already in the form the weight
+    /// format pairs with, as for [`crate::Kernels::matmul_batch`]) and writes their outputs
+    /// before returning. Results agree with the CPU's to rounding, not bit for bit.
+    fn matmul_batch(&self, jobs: &mut [MatmulJob]) -> Result<(), MatmulError>;
+
+    /// Runs whole SiLU-gated expert FFNs, `down(SiLU(gate·x) ⊙ up·x)`, keeping the hidden
+    /// activation on the device (one round trip instead of two, no activation work here).
+    /// Every matrix of every job is [held](Self::holds); `acts` are in the gate/up format's
+    /// activation form, as for [`Self::matmul_batch`]. A device without this returns `false`
+    /// (nothing run), and the caller runs the FFNs as matrix products.
+    fn expert_ffn(&self, jobs: &mut [ExpertFfnJob]) -> Result<bool, MatmulError> {
+        let _ = jobs;
+        Ok(false)
+    }
+}
+
+/// One expert's FFN over the `n` token rows it serves: `out` gets `n × down.rows` values.
+pub struct ExpertFfnJob<'a> {
+    pub gate: Weights<'a>,
+    pub up: Weights<'a>,
+    pub down: Weights<'a>,
+    pub acts: &'a [u8],
+    pub n: usize,
+    pub out: &'a mut [f32],
+}
