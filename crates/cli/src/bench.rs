@@ -246,6 +246,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         margs.threads
     };
     let describe = engine.executor().describe();
+    let kernels_name = match margs.gpu.gpu {
+        Some(n) => format!("{}+cuda{n}", kernels::Isa::detect().name()),
+        None => kernels::Isa::detect().name().to_string(),
+    };
     eprintln!(
         "model: {} ({}, {:.2} GiB), {describe}",
         info.name,
@@ -337,7 +341,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "file": margs.source().display_path(),
             "weight_bytes": info.weight_bytes,
             "threads": threads,
-            "kernels": kernels::Isa::detect().name(),
+            "kernels": kernels_name,
             "executor": describe,
             "prompt_file": args.prompt_file.as_ref().map(|p| p.display().to_string()),
             "speculative": speculative_name(speculation.as_ref()),
@@ -361,7 +365,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 "| {} | {:.2} GiB | {threads} | {} | {name} | {m:.2} ± {sd:.2} |",
                 model.spec.name,
                 info.weight_bytes as f64 / (1u64 << 30) as f64,
-                kernels::Isa::detect().name()
+                kernels_name
             );
         }
         for (name, _, _, all, drafts) in &results {

@@ -81,6 +81,8 @@ pub struct ModelArgs {
     pub swa_full: bool,
     #[command(flatten)]
     pub streaming: crate::streaming_args::StreamingArgs,
+    #[command(flatten)]
+    pub gpu: crate::gpu_args::GpuArgs,
 }
 
 pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
@@ -184,14 +186,9 @@ pub fn runner(
         owned: None,
     };
     let experts = args.streaming.expert_source_for(&model, cx)?;
-    Ok(Runner::new(
-        model,
-        Compute::new(args.threads),
-        range,
-        args.kv_type,
-        n_ctx,
-    )
-    .with_experts(experts))
+    let sel = topology.selection(&model, args.streaming.ssd_streaming)?;
+    let compute = crate::gpu_args::attach(&args.gpu, &model, &sel, Compute::new(args.threads))?;
+    Ok(Runner::new(model, compute, range, args.kv_type, n_ctx).with_experts(experts))
 }
 
 /// The engine for these flags: local, the coordinator of a pipeline, or rank 0 of a
@@ -205,6 +202,11 @@ pub fn build_engine(
     let n_ctx = context_size(args, &model);
     let exec: Box<dyn engine::Executor> = match topology {
         Topology::TensorParallel { .. } => {
+            anyhow::ensure!(
+                args.gpu.gpu.is_none(),
+                "--gpu works on a single node and in pipeline stages, not yet in a \
+                 tensor-parallel group"
+            );
             let mut cfg = cluster.tp_config()?;
             cfg.experts = args.streaming.expert_factory(n_ctx, args.kv_type);
             Box::new(cluster::tp::TpExecutor::new(

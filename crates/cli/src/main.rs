@@ -4,6 +4,7 @@ mod bench;
 mod chat;
 mod cluster_args;
 mod common;
+mod gpu_args;
 mod inspect;
 mod keygen;
 mod logging;

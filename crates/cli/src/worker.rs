@@ -93,6 +93,11 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     };
     let served = match topology {
         Topology::TensorParallel { .. } => {
+            anyhow::ensure!(
+                args.model.gpu.gpu.is_none(),
+                "--gpu works on a single node and in pipeline stages, not yet on a \
+                 tensor-parallel rank"
+            );
             let slice = model.slice();
             let held = slice.map(|s| HeldExperts {
                 first: s.experts.start as u32,

@@ -182,8 +182,12 @@ impl Executor for LocalExecutor {
 
     fn describe(&self) -> String {
         let c = self.runner.compute();
+        let gpu = c
+            .offload()
+            .map(|d| format!(" + {}", d.name()))
+            .unwrap_or_default();
         format!(
-            "local: {} layers, {} threads, kernels {}, KV {}",
+            "local: {} layers, {} threads, kernels {}{gpu}, KV {}",
             self.runner.model().n_layer(),
             c.n_threads(),
             c.kernels.isa.name(),

@@ -26,6 +26,8 @@ pub enum Phase {
     /// Biases and the gated activation between gate/up and down.
     ExpertActivation,
     ExpertDown,
+    /// Whole expert FFNs on an offload device (a GPU): the time the step waits for them.
+    ExpertDevice,
     /// Each token's weighted sum of its experts' outputs.
     ExpertCombine,
     /// Shared experts and dense FFN layers.
@@ -41,7 +43,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 19] = [
+    pub const ALL: [Phase; 20] = [
         Phase::Embed,
         Phase::Norm,
         Phase::AttnProject,
@@ -54,6 +56,7 @@ impl Phase {
         Phase::ExpertGateUp,
         Phase::ExpertActivation,
         Phase::ExpertDown,
+        Phase::ExpertDevice,
         Phase::ExpertCombine,
         Phase::DenseFfn,
         Phase::AllReduce,
@@ -77,6 +80,7 @@ impl Phase {
             Phase::ExpertGateUp => "experts: gate+up",
             Phase::ExpertActivation => "experts: activation",
             Phase::ExpertDown => "experts: down",
+            Phase::ExpertDevice => "experts: whole FFNs on the GPU",
             Phase::ExpertCombine => "experts: weighted sum",
             Phase::DenseFfn => "dense/shared ffn",
             Phase::AllReduce => "all-reduce",

@@ -289,11 +289,112 @@ struct ExpertWork {
     down: Vec<f32>,
 }
 
-/// Runs a batch of ready experts: gate and up of all of them in one dispatch, then all downs.
-/// The per-row work between (gathering, biases, activation, quantization, scattering) runs on
-/// the pool too, one expert or one block of slots per task: done serially it costs as much as
-/// the matmuls at 16 threads.
+/// Runs a batch of ready experts. Those whose three matrices an offload device (a GPU) holds
+/// run there as whole FFNs — when the FFN has no biases and a plain SiLU gate, the device's
+/// one fused form — while the CPU runs the others at the same time.
 fn run_experts(
+    cx: &Compute,
+    x: &Input,
+    groups: &[Vec<usize>],
+    batch: &[(usize, ExpertMatrices<'_>)],
+    n_embd: usize,
+    kind: &ExpertFfn,
+    slot_out: &mut [f32],
+) -> Result<()> {
+    let device = cx
+        .offload()
+        .filter(|_| kind.biases.is_none() && kind.glu == Glu::Silu && !batch.is_empty());
+    let Some(device) = device else {
+        return run_experts_here(cx, x, groups, batch, n_embd, kind, slot_out);
+    };
+    let (there, here): (Vec<_>, Vec<_>) = batch
+        .iter()
+        .copied()
+        .partition(|(_, m)| device.holds(&m.gate) && device.holds(&m.up) && device.holds(&m.down));
+    if there.is_empty() {
+        return run_experts_here(cx, x, groups, batch, n_embd, kind, slot_out);
+    }
+    let gate_act = kernels::format(there[0].1.gate.dtype)
+        .ok_or(kernels::MatmulError::UnsupportedType(there[0].1.gate.dtype))?
+        .act;
+    if there.iter().any(|(_, m)| {
+        kernels::format(m.up.dtype).map(|f| f.act) != Some(gate_act)
+            || kernels::format(m.gate.dtype).map(|f| f.act) != Some(gate_act)
+    }) {
+        return run_experts_here(cx, x, groups, batch, n_embd, kind, slot_out);
+    }
+    // Quantized here, before the device's thread starts: the pool serves one caller at a time.
+    let acts = x.quantized(gate_act, &cx.pool);
+    let arb = gate_act.row_bytes(x.k());
+    let slots_per_token = slot_out.len() / n_embd / x.n().max(1);
+    let on_device = || -> Result<(bool, Vec<Vec<f32>>)> {
+        let rows_in: Vec<Vec<u8>> = there
+            .iter()
+            .map(|(e, _)| {
+                let mut rows = Vec::with_capacity(groups[*e].len() * arb);
+                for &slot in &groups[*e] {
+                    let t = slot / slots_per_token;
+                    rows.extend_from_slice(&acts[t * arb..(t + 1) * arb]);
+                }
+                rows
+            })
+            .collect();
+        let mut outs: Vec<Vec<f32>> = there
+            .iter()
+            .map(|(e, m)| vec![0f32; groups[*e].len() * m.down.rows])
+            .collect();
+        let mut jobs: Vec<kernels::ExpertFfnJob> = there
+            .iter()
+            .zip(&rows_in)
+            .zip(outs.iter_mut())
+            .map(|(((e, m), rows), out)| kernels::ExpertFfnJob {
+                gate: m.gate,
+                up: m.up,
+                down: m.down,
+                acts: rows,
+                n: groups[*e].len(),
+                out,
+            })
+            .collect();
+        let ran = device.expert_ffn(&mut jobs)?;
+        drop(jobs);
+        Ok((ran, outs))
+    };
+    let (device_result, here_result) = if here.is_empty() {
+        let _wait = span(Phase::ExpertDevice);
+        (on_device(), Ok(()))
+    } else {
+        std::thread::scope(|s| {
+            let gpu = s.spawn(on_device);
+            let cpu = run_experts_here(cx, x, groups, &here, n_embd, kind, slot_out);
+            let _wait = span(Phase::ExpertDevice);
+            let gpu = match gpu.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            };
+            (gpu, cpu)
+        })
+    };
+    here_result?;
+    let (ran, outs) = device_result?;
+    if !ran {
+        return run_experts_here(cx, x, groups, &there, n_embd, kind, slot_out);
+    }
+    let _combine = span(Phase::ExpertCombine);
+    for ((e, _), out) in there.iter().zip(&outs) {
+        for (row, &slot) in groups[*e].iter().enumerate() {
+            slot_out[slot * n_embd..(slot + 1) * n_embd]
+                .copy_from_slice(&out[row * n_embd..(row + 1) * n_embd]);
+        }
+    }
+    Ok(())
+}
+
+/// Runs a batch of ready experts on this machine's CPU: gate and up of all of them in one
+/// dispatch, then all downs. The per-row work between (gathering, biases, activation,
+/// quantization, scattering) runs on the pool too, one expert or one block of slots per task:
+/// done serially it costs as much as the matmuls at 16 threads.
+fn run_experts_here(
     cx: &Compute,
     x: &Input,
     groups: &[Vec<usize>],
@@ -368,7 +469,7 @@ fn run_experts(
                 out: up,
             });
         }
-        cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
+        cx.matmul_batch(&mut jobs)?;
     }
     drop(gate_up_span);
     let activation_span = span(Phase::ExpertActivation);
@@ -409,7 +510,7 @@ fn run_experts(
                 out: &mut w.down,
             });
         }
-        cx.kernels.matmul_batch(&cx.pool, &mut jobs)?;
+        cx.matmul_batch(&mut jobs)?;
     }
     drop(down_span);
     let _combine = span(Phase::ExpertCombine);

@@ -1,0 +1,66 @@
+//! `--gpu`, `--gpu-mem`: a CUDA GPU computes the matrix products whose weights fit in its
+//! memory (the dense weights first, then routed experts layer by layer); the CPU computes the
+//! rest, at the same time within a step.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use model::{Compute, Model, WeightSelection};
+
+/// Memory left on the GPU for activations, outputs and the driver when `--gpu-mem` is not given.
+const GPU_HEADROOM: u64 = 2 << 30;
+
+#[derive(clap::Args, Clone, Debug, Default)]
+#[command(next_help_heading = "GPU")]
+pub struct GpuArgs {
+    /// Compute on CUDA GPU N (bare `--gpu`: GPU 0): the weights that fit in its memory are
+    /// copied there and their matrix products run there. Needs the CUDA driver and NVRTC
+    /// (libnvrtc on the library path) at run time.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "0")]
+    pub gpu: Option<usize>,
+    /// GPU memory for weights (8GiB, 512MiB). Default: its free memory less 2 GiB.
+    #[arg(long, value_name = "SIZE", value_parser = parse_gpu_mem, requires = "gpu")]
+    pub gpu_mem: Option<u64>,
+}
+
+fn parse_gpu_mem(s: &str) -> Result<u64, String> {
+    match experts::parse_size(s)? {
+        experts::CacheSize::Bytes(b) => Ok(b),
+        experts::CacheSize::Count(_) | experts::CacheSize::Auto => Err(format!(
+            "{s:?}: give --gpu-mem in bytes with a unit (8GiB, 512MiB)"
+        )),
+    }
+}
+
+/// `compute` with the GPU of these flags attached and `sel`'s weights copied to it, or
+/// `compute` unchanged without `--gpu`.
+pub fn attach(
+    args: &GpuArgs,
+    model: &Arc<Model>,
+    sel: &WeightSelection,
+    compute: Compute,
+) -> anyhow::Result<Compute> {
+    let Some(ordinal) = args.gpu else {
+        return Ok(compute);
+    };
+    let t0 = std::time::Instant::now();
+    let mut device = gpu::open(ordinal).with_context(|| format!("--gpu {ordinal}"))?;
+    let info = device.info()?;
+    let budget = match args.gpu_mem {
+        Some(b) => {
+            anyhow::ensure!(
+                b <= info.free_bytes,
+                "--gpu-mem {:.2} GiB is more than the {:.2} GiB free on {info}",
+                b as f64 / (1u64 << 30) as f64,
+                info.free_bytes as f64 / (1u64 << 30) as f64
+            );
+            b
+        }
+        None => info.free_bytes.saturating_sub(GPU_HEADROOM),
+    };
+    let report = gpu::upload_model(&mut device, model, sel, budget)
+        .with_context(|| format!("copying weights to {info}"))?;
+    tracing::info!("{info}: {report} in {:.2?}", t0.elapsed());
+    eprintln!("{info}: {report}");
+    Ok(compute.with_offload(Arc::new(device)))
+}

@@ -1,0 +1,666 @@
+//! The CUDA device: its context and stream, the weights it holds (keyed by the host address
+//! they were copied from), and the batched matrix-product launch.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice,
+    PushKernelArg,
+};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use kernels::{ActKind, ExpertFfnJob, MatmulError, MatmulJob, Offload, Weights};
+
+use crate::{DeviceInfo, GpuError, supports};
+
+const SOURCE: &str = include_str!("matmul.cu");
+/// As in matmul.cu.
+const JOB_FIELDS: usize = 10;
+const GLU_FIELDS: usize = 7;
+const ROWS_PER_BLOCK: usize = 4;
+const TOKENS_PER_TILE: usize = 8;
+const THREADS_PER_BLOCK: u32 = 32 * ROWS_PER_BLOCK as u32;
+
+/// Host bytes `[host, host + len)` live on the device at `dev`.
+struct Region {
+    len: usize,
+    dev: u64,
+}
+
+/// Buffers reused from one launch to the next. The host sides are page-locked, so the copies
+/// are asynchronous DMA in the stream's order (a pageable copy costs a staged, synchronous one).
+#[derive(Default)]
+struct Scratch {
+    /// Job table, then the activations of every job (each distinct input once).
+    host_in: Option<PinnedHostSlice<u8>>,
+    host_out: Option<PinnedHostSlice<f32>>,
+    dev_in: Option<CudaSlice<u8>>,
+    /// Intermediates that never leave the device (expert FFNs' gate/up and hidden rows).
+    dev_tmp: Option<CudaSlice<u8>>,
+    dev_out: Option<CudaSlice<f32>>,
+}
+
+pub struct CudaOffload {
+    ordinal: usize,
+    name: String,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    matmul: CudaFunction,
+    glu: CudaFunction,
+    /// By host start address.
+    regions: BTreeMap<usize, Region>,
+    /// The device copies of `regions`, kept alive.
+    buffers: Vec<CudaSlice<u8>>,
+    /// What keeps each region's host bytes mapped at their address (the model's files):
+    /// a region's key must not come to name other bytes while the device is in use.
+    owners: Vec<Arc<dyn Any + Send + Sync>>,
+    uploaded: u64,
+    scratch: Mutex<Scratch>,
+}
+
+impl CudaOffload {
+    pub fn open(ordinal: usize) -> Result<CudaOffload, GpuError> {
+        // SAFETY: only asks whether the shared libraries can be loaded.
+        let (driver, nvrtc) = unsafe {
+            (
+                cudarc::driver::sys::is_culib_present(),
+                cudarc::nvrtc::sys::is_culib_present(),
+            )
+        };
+        if !driver {
+            return Err(GpuError::Unavailable(
+                "the CUDA driver library (libcuda) could not be loaded".into(),
+            ));
+        }
+        if !nvrtc {
+            return Err(GpuError::Unavailable(
+                "NVRTC (libnvrtc) could not be loaded: put the CUDA toolkit's lib64 on \
+                 LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        let driver_err = |what: &'static str| {
+            move |e: cudarc::driver::DriverError| GpuError::Driver {
+                ordinal,
+                what,
+                detail: e.to_string(),
+            }
+        };
+        let count = CudaContext::device_count().map_err(driver_err("counting devices"))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(GpuError::Unavailable(format!(
+                "GPU {ordinal} asked for, {count} present"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver_err("creating a context"))?;
+        let name = ctx.name().map_err(driver_err("reading its name"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(driver_err("reading its compute capability"))?;
+        let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
+        let ptx = compile_ptx_with_opts(
+            SOURCE,
+            CompileOptions {
+                arch: Some(arch),
+                name: Some("matmul.cu".into()),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| GpuError::Compile(format!("{e:?}")))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(driver_err("loading the kernels"))?;
+        let matmul = module
+            .load_function("matmul_grouped")
+            .map_err(driver_err("finding matmul_grouped"))?;
+        // Decode waits for one short launch at a time: spinning answers sooner than yielding.
+        ctx.set_flags(cudarc::driver::sys::CUctx_flags::CU_CTX_SCHED_SPIN)
+            .map_err(driver_err("setting the scheduling mode"))?;
+        let glu = module
+            .load_function("glu_quantize")
+            .map_err(driver_err("finding glu_quantize"))?;
+        let stream = ctx.default_stream();
+        Ok(CudaOffload {
+            ordinal,
+            name,
+            ctx,
+            stream,
+            matmul,
+            glu,
+            regions: BTreeMap::new(),
+            buffers: Vec::new(),
+            owners: Vec::new(),
+            uploaded: 0,
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    pub fn info(&self) -> Result<DeviceInfo, GpuError> {
+        let (free, total) = self.ctx.mem_get_info().map_err(|e| GpuError::Driver {
+            ordinal: self.ordinal,
+            what: "reading free memory",
+            detail: e.to_string(),
+        })?;
+        let compute_capability = self.ctx.compute_capability().unwrap_or((0, 0));
+        Ok(DeviceInfo {
+            ordinal: self.ordinal,
+            name: self.name.clone(),
+            compute_capability,
+            total_bytes: total as u64,
+            free_bytes: free as u64,
+        })
+    }
+
+    /// Bytes of weights copied to the device so far.
+    pub fn uploaded_bytes(&self) -> u64 {
+        self.uploaded
+    }
+
+    /// Copies `host` to the device; from now on products with weights inside it run there.
+    /// `owner` keeps `host` mapped, unchanged, at its address for as long as the device is used.
+    pub fn upload(
+        &mut self,
+        owner: Arc<dyn Any + Send + Sync>,
+        host: &[u8],
+    ) -> Result<(), GpuError> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        let start = host.as_ptr() as usize;
+        let overlaps = self
+            .regions
+            .range(..start + host.len())
+            .next_back()
+            .is_some_and(|(&s, r)| s + r.len > start);
+        if overlaps {
+            return Err(GpuError::Memory {
+                ordinal: self.ordinal,
+                detail: format!(
+                    "{} bytes at {start:#x} overlap an uploaded range",
+                    host.len()
+                ),
+            });
+        }
+        let buf = self.stream.clone_htod(host).map_err(|e| GpuError::Memory {
+            ordinal: self.ordinal,
+            detail: format!("copying {} bytes of weights: {e}", host.len()),
+        })?;
+        let (dev, _) = buf.device_ptr(&self.stream);
+        self.regions.insert(
+            start,
+            Region {
+                len: host.len(),
+                dev,
+            },
+        );
+        self.buffers.push(buf);
+        self.owners.push(owner);
+        self.uploaded += host.len() as u64;
+        Ok(())
+    }
+
+    /// The device address of `bytes`, when they lie inside one uploaded region.
+    fn device_address(&self, bytes: &[u8]) -> Option<u64> {
+        let p = bytes.as_ptr() as usize;
+        let (&start, r) = self.regions.range(..=p).next_back()?;
+        (p + bytes.len() <= start + r.len).then(|| r.dev + (p - start) as u64)
+    }
+
+    fn device_error(&self, what: &str, e: impl std::fmt::Display) -> MatmulError {
+        MatmulError::Device {
+            device: format!("GPU {} ({})", self.ordinal, self.name),
+            detail: format!("{what}: {e}"),
+        }
+    }
+
+    /// Grows `slot` to at least `len` elements.
+    fn ensure<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        slot: &mut Option<CudaSlice<T>>,
+        len: usize,
+    ) -> Result<(), MatmulError> {
+        if slot.as_ref().is_none_or(|s| s.len() < len) {
+            *slot = None;
+            let grown = len.next_power_of_two().max(1 << 16);
+            *slot = Some(
+                self.stream
+                    .alloc_zeros::<T>(grown)
+                    .map_err(|e| self.device_error("allocating scratch", e))?,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Grows the page-locked host buffer `slot` to at least `len` elements and returns its start.
+fn ensure_pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    ctx: &Arc<CudaContext>,
+    slot: &mut Option<PinnedHostSlice<T>>,
+    len: usize,
+) -> Result<*mut T, cudarc::driver::DriverError> {
+    if slot.as_ref().is_none_or(|s| s.len() < len) {
+        *slot = None;
+        let grown = len.next_power_of_two().max(1 << 16);
+        // SAFETY: the memory is written before it is read (the table and activations are
+        // filled, and outputs are copied in, before any read of them).
+        *slot = Some(unsafe { ctx.alloc_pinned_with_flags::<T>(grown, 0) }?);
+    }
+    slot.as_mut().expect("allocated above").as_mut_ptr()
+}
+
+/// Bytes of one activation row for weights of `w`'s format.
+fn act_row_bytes(w: &Weights) -> Result<usize, MatmulError> {
+    let fmt = kernels::format(w.dtype).ok_or(MatmulError::UnsupportedType(w.dtype))?;
+    Ok(fmt.act.row_bytes(w.cols))
+}
+
+/// Where one call's data goes: bytes copied in (job tables, activations), bytes that stay on
+/// the device, and floats copied out. Offsets are the same on both sides of each copy.
+#[derive(Default)]
+struct Layout {
+    input: usize,
+    device: usize,
+    output: usize,
+}
+
+impl Layout {
+    fn input(&mut self, len: usize) -> usize {
+        let at = self.input;
+        self.input = (at + len).next_multiple_of(16);
+        at
+    }
+
+    fn device(&mut self, len: usize) -> usize {
+        let at = self.device;
+        self.device = (at + len).next_multiple_of(256);
+        at
+    }
+
+    fn output(&mut self, len: usize) -> usize {
+        let at = self.output;
+        self.output = (at + len).next_multiple_of(4);
+        at
+    }
+}
+
+/// One matrix product as `matmul_grouped` reads it (device addresses).
+struct MatRecord {
+    w: u64,
+    acts: u64,
+    out: u64,
+    weights: (usize, usize, usize, u64), // row stride, rows, cols, ggml type
+    act_stride: usize,
+    n: usize,
+}
+
+/// Writes `records` as a `matmul_grouped` table at `table` and returns its grid.
+fn write_matmul_table(table: &mut [u8], records: &[MatRecord]) -> Option<(u32, u32)> {
+    let mut first_block = 0u64;
+    let mut max_tiles = 0usize;
+    for (i, r) in records.iter().enumerate() {
+        let (stride, rows, cols, dtype) = r.weights;
+        let fields: [u64; JOB_FIELDS] = [
+            r.w,
+            r.acts,
+            r.out,
+            stride as u64,
+            r.act_stride as u64,
+            rows as u64,
+            cols as u64,
+            r.n as u64,
+            dtype,
+            first_block,
+        ];
+        for (k, v) in fields.iter().enumerate() {
+            let at = (i * JOB_FIELDS + k) * 8;
+            table[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        first_block += rows.div_ceil(ROWS_PER_BLOCK) as u64;
+        max_tiles = max_tiles.max(r.n.div_ceil(TOKENS_PER_TILE));
+    }
+    let x = u32::try_from(first_block).ok()?;
+    let y = u32::try_from(max_tiles).ok().filter(|&y| y <= 65_535)?;
+    Some((x, y))
+}
+
+/// A call's buffers, sized for its layout: the page-locked host sides and the device bases.
+struct Staged<'s> {
+    host_in: &'s mut [u8],
+    host_out: &'s mut [f32],
+    in_base: u64,
+    tmp_base: u64,
+    out_base: u64,
+}
+
+impl CudaOffload {
+    fn staged<'s>(&self, scratch: &'s mut Scratch, l: &Layout) -> Result<Staged<'s>, MatmulError> {
+        self.ensure(&mut scratch.dev_in, l.input.max(16))?;
+        self.ensure(&mut scratch.dev_tmp, l.device.max(256))?;
+        self.ensure(&mut scratch.dev_out, l.output.max(1))?;
+        let base = |s: &Option<CudaSlice<u8>>| s.as_ref().map(|s| s.device_ptr(&self.stream).0);
+        let (Some(in_base), Some(tmp_base), Some(out_base)) = (
+            base(&scratch.dev_in),
+            base(&scratch.dev_tmp),
+            scratch
+                .dev_out
+                .as_ref()
+                .map(|s| s.device_ptr(&self.stream).0),
+        ) else {
+            unreachable!("ensured above");
+        };
+        let pin_in = ensure_pinned(&self.ctx, &mut scratch.host_in, l.input.max(16))
+            .map_err(|e| self.device_error("allocating page-locked memory", e))?;
+        let pin_out = ensure_pinned(&self.ctx, &mut scratch.host_out, l.output.max(1))
+            .map_err(|e| self.device_error("allocating page-locked memory", e))?;
+        // SAFETY: both buffers hold at least l.input / l.output elements (ensured above),
+        // nothing else refers to them while the scratch lock (which `scratch` borrows from) is
+        // held, and no copy into or out of them is in flight: every call ends by synchronizing
+        // the stream.
+        let (host_in, host_out) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(pin_in, l.input),
+                std::slice::from_raw_parts_mut(pin_out, l.output),
+            )
+        };
+        Ok(Staged {
+            host_in,
+            host_out,
+            in_base,
+            tmp_base,
+            out_base,
+        })
+    }
+
+    fn launch_matmul(
+        &self,
+        table: u64,
+        n_jobs: usize,
+        grid: (u32, u32),
+    ) -> Result<(), MatmulError> {
+        let n_jobs = n_jobs as i32;
+        let mut launch = self.stream.launch_builder(&self.matmul);
+        launch.arg(&table).arg(&n_jobs);
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0, grid.1, 1),
+            block_dim: (THREADS_PER_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matmul_grouped(const u64* table, int n_jobs) reads a device table of n_jobs
+        // records (copied in before this launch, in stream order) whose weight addresses lie in
+        // uploaded regions (`device_address` checked each job's whole weight slice) and whose
+        // activations and outputs lie in this call's buffers, sized from the checked lengths;
+        // the grid covers exactly the jobs' row blocks (blocks past a job's tokens return).
+        unsafe { launch.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| self.device_error("launching matmul", e))
+    }
+
+    /// Copies the call's input in, runs `launches`, copies the output back and waits.
+    fn round_trip(
+        &self,
+        st: &mut Staged,
+        launches: impl FnOnce() -> Result<(), MatmulError>,
+    ) -> Result<(), MatmulError> {
+        let cu_stream = self.stream.cu_stream();
+        // SAFETY: host_in is page-locked and stays untouched until the synchronize below;
+        // dev_in holds at least its length at in_base.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(st.in_base, &st.host_in[..], cu_stream)
+        }
+        .map_err(|e| self.device_error("copying activations", e))?;
+        launches()?;
+        // SAFETY: host_out is page-locked and read only after the synchronize; dev_out holds
+        // at least its length at out_base.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut st.host_out[..], st.out_base, cu_stream)
+        }
+        .map_err(|e| self.device_error("copying results", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.device_error("waiting for the GPU", e))
+    }
+
+    fn weight_address(&self, w: &Weights) -> Result<u64, MatmulError> {
+        if !supports(w.dtype) {
+            return Err(MatmulError::UnsupportedType(w.dtype));
+        }
+        self.device_address(w.data)
+            .ok_or_else(|| self.device_error("matmul", "weights not on the device"))
+    }
+
+    /// The scratch buffers, with the context made current on this thread (a hybrid step calls
+    /// from a thread of its own, where no context is current yet).
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Scratch>, MatmulError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.device_error("binding the context to this thread", e))?;
+        self.scratch
+            .lock()
+            .map_err(|_| self.device_error("scratch", "poisoned by an earlier panic"))
+    }
+}
+
+fn weights_key(w: &Weights) -> (usize, usize, usize, u64) {
+    (w.row_stride(), w.rows, w.cols, w.dtype as u64)
+}
+
+fn shape_error(
+    what: &'static str,
+    w: &Weights,
+    n: usize,
+    acts: usize,
+    need: usize,
+    out: usize,
+) -> MatmulError {
+    MatmulError::Shape {
+        what,
+        detail: format!(
+            "{}×{} {} weights, {n} tokens: {acts} activation bytes (need {need}), {out} outputs",
+            w.rows, w.cols, w.dtype
+        ),
+    }
+}
+
+impl Offload for CudaOffload {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn holds(&self, w: &Weights) -> bool {
+        supports(w.dtype) && self.device_address(w.data).is_some()
+    }
+
+    fn matmul_batch(&self, jobs: &mut [MatmulJob]) -> Result<(), MatmulError> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let mut guard = self.lock()?;
+        let mut l = Layout::default();
+        let table = l.input(jobs.len() * JOB_FIELDS * 8);
+        // Each distinct input once (q, k and v share theirs): (ptr, len, offset, first job).
+        let mut inputs: Vec<(usize, usize, usize, usize)> = Vec::new();
+        let mut act_at = Vec::with_capacity(jobs.len());
+        let mut out_at = Vec::with_capacity(jobs.len());
+        for (i, job) in jobs.iter().enumerate() {
+            let arb = act_row_bytes(&job.w)?;
+            if job.acts.len() != arb * job.n || job.out.len() != job.n * job.w.rows {
+                return Err(shape_error(
+                    "GPU matmul",
+                    &job.w,
+                    job.n,
+                    job.acts.len(),
+                    arb * job.n,
+                    job.out.len(),
+                ));
+            }
+            let key = (job.acts.as_ptr() as usize, job.acts.len());
+            let off = match inputs.iter().find(|&&(p, len, _, _)| (p, len) == key) {
+                Some(&(_, _, off, _)) => off,
+                None => {
+                    let off = l.input(key.1);
+                    inputs.push((key.0, key.1, off, i));
+                    off
+                }
+            };
+            act_at.push(off);
+            out_at.push(l.output(job.out.len()));
+        }
+        let mut st = self.staged(&mut guard, &l)?;
+        let mut records = Vec::with_capacity(jobs.len());
+        for (i, job) in jobs.iter().enumerate() {
+            records.push(MatRecord {
+                w: self.weight_address(&job.w)?,
+                acts: st.in_base + act_at[i] as u64,
+                out: st.out_base + 4 * out_at[i] as u64,
+                weights: weights_key(&job.w),
+                act_stride: act_row_bytes(&job.w)?,
+                n: job.n,
+            });
+        }
+        let Some(grid) = write_matmul_table(&mut st.host_in[table..], &records) else {
+            return Err(self.device_error("matmul", "too many rows or tokens for one launch"));
+        };
+        if grid.1 == 0 {
+            return Ok(());
+        }
+        for &(_, len, off, i) in &inputs {
+            st.host_in[off..off + len].copy_from_slice(jobs[i].acts);
+        }
+        let table_dev = st.in_base + table as u64;
+        self.round_trip(&mut st, || self.launch_matmul(table_dev, jobs.len(), grid))?;
+        for (job, &off) in jobs.iter_mut().zip(&out_at) {
+            let len = job.out.len();
+            job.out.copy_from_slice(&st.host_out[off..off + len]);
+        }
+        Ok(())
+    }
+
+    fn expert_ffn(&self, jobs: &mut [ExpertFfnJob]) -> Result<bool, MatmulError> {
+        let jobs: Vec<&mut ExpertFfnJob> = jobs.iter_mut().filter(|j| j.n > 0).collect();
+        if jobs.is_empty() {
+            return Ok(true);
+        }
+        let mut guard = self.lock()?;
+        let e = jobs.len();
+        let mut l = Layout::default();
+        let gu_table = l.input(2 * e * JOB_FIELDS * 8);
+        let down_table = l.input(e * JOB_FIELDS * 8);
+        let glu_table = l.input(e * GLU_FIELDS * 8);
+        struct At {
+            acts: usize,
+            gate: usize,
+            up: usize,
+            hidden: usize,
+            out: usize,
+            down_act: ActKind,
+        }
+        let mut at = Vec::with_capacity(e);
+        for j in &jobs {
+            let arb = act_row_bytes(&j.gate)?;
+            let width = j.gate.rows;
+            if j.acts.len() != arb * j.n
+                || act_row_bytes(&j.up)? != arb
+                || j.up.rows != width
+                || j.down.cols != width
+                || j.out.len() != j.n * j.down.rows
+            {
+                return Err(shape_error(
+                    "GPU expert FFN",
+                    &j.gate,
+                    j.n,
+                    j.acts.len(),
+                    arb * j.n,
+                    j.out.len(),
+                ));
+            }
+            let down_act = kernels::format(j.down.dtype)
+                .ok_or(MatmulError::UnsupportedType(j.down.dtype))?
+                .act;
+            at.push(At {
+                acts: l.input(j.acts.len()),
+                gate: l.device(4 * j.n * width),
+                up: l.device(4 * j.n * width),
+                hidden: l.device(down_act.row_bytes(width) * j.n),
+                out: l.output(j.out.len()),
+                down_act,
+            });
+        }
+        let mut st = self.staged(&mut guard, &l)?;
+        let mut gate_up = Vec::with_capacity(2 * e);
+        let mut down = Vec::with_capacity(e);
+        let mut first_row = 0usize;
+        for (j, a) in jobs.iter().zip(&at) {
+            let width = j.gate.rows;
+            let acts = st.in_base + a.acts as u64;
+            let arb = act_row_bytes(&j.gate)?;
+            for (w, out) in [(&j.gate, a.gate), (&j.up, a.up)] {
+                gate_up.push(MatRecord {
+                    w: self.weight_address(w)?,
+                    acts,
+                    out: st.tmp_base + out as u64,
+                    weights: weights_key(w),
+                    act_stride: arb,
+                    n: j.n,
+                });
+            }
+            down.push(MatRecord {
+                w: self.weight_address(&j.down)?,
+                acts: st.tmp_base + a.hidden as u64,
+                out: st.out_base + 4 * a.out as u64,
+                weights: weights_key(&j.down),
+                act_stride: a.down_act.row_bytes(width),
+                n: j.n,
+            });
+        }
+        let grids = (
+            write_matmul_table(&mut st.host_in[gu_table..], &gate_up),
+            write_matmul_table(&mut st.host_in[down_table..], &down),
+        );
+        let (Some(gu_grid), Some(down_grid)) = grids else {
+            return Err(self.device_error("expert FFN", "too many rows or tokens for one launch"));
+        };
+        for (i, (j, a)) in jobs.iter().zip(&at).enumerate() {
+            let fields: [u64; GLU_FIELDS] = [
+                st.tmp_base + a.gate as u64,
+                st.tmp_base + a.up as u64,
+                st.tmp_base + a.hidden as u64,
+                j.gate.rows as u64,
+                a.down_act.ggml_type() as u64,
+                first_row as u64,
+                j.n as u64,
+            ];
+            for (k, v) in fields.iter().enumerate() {
+                let o = glu_table + (i * GLU_FIELDS + k) * 8;
+                st.host_in[o..o + 8].copy_from_slice(&v.to_le_bytes());
+            }
+            first_row += j.n;
+            st.host_in[a.acts..a.acts + j.acts.len()].copy_from_slice(j.acts);
+        }
+        let glu_rows = u32::try_from(first_row)
+            .map_err(|_| self.device_error("expert FFN", "too many rows for one launch"))?;
+        let base = st.in_base;
+        self.round_trip(&mut st, || {
+            self.launch_matmul(base + gu_table as u64, 2 * e, gu_grid)?;
+            let table = base + glu_table as u64;
+            let n_jobs = e as i32;
+            let mut launch = self.stream.launch_builder(&self.glu);
+            launch.arg(&table).arg(&n_jobs);
+            let cfg = LaunchConfig {
+                grid_dim: (glu_rows, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: glu_quantize(const u64* table, int n_jobs) reads e records (copied in
+            // before, in stream order) whose gate/up/hidden addresses lie in this call's device
+            // buffer, sized for n rows of each expert's width; one block per row of all jobs.
+            unsafe { launch.launch(cfg) }.map_err(|e| self.device_error("launching glu", e))?;
+            self.launch_matmul(base + down_table as u64, e, down_grid)
+        })?;
+        for (j, a) in jobs.into_iter().zip(&at) {
+            let len = j.out.len();
+            j.out.copy_from_slice(&st.host_out[a.out..a.out + len]);
+        }
+        Ok(true)
+    }
+}

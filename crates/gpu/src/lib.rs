@@ -1,0 +1,80 @@
+//! A CUDA GPU as an [`kernels::Offload`] device: weight matrices are copied once into its
+//! memory, and every matrix product whose weights it holds runs there — one launch per batch of
+//! products, against the same quantized activations the CPU kernels use. The CUDA driver and
+//! NVRTC are loaded when a device is opened, so the binary builds and runs without them.
+//!
+//! Formats with a GPU kernel: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K. Matrices
+//! of other formats stay on the CPU.
+
+use gguf::GgmlType;
+
+mod placement;
+pub use placement::{OffloadReport, upload_model};
+
+#[cfg(any(target_os = "linux", target_os = "windows"))]
+mod cuda;
+
+#[cfg(any(target_os = "linux", target_os = "windows"))]
+pub use cuda::CudaOffload;
+#[cfg(not(any(target_os = "linux", target_os = "windows")))]
+mod no_cuda;
+#[cfg(not(any(target_os = "linux", target_os = "windows")))]
+pub use no_cuda::CudaOffload;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no CUDA here: {0}")]
+    Unavailable(String),
+    #[error("GPU {ordinal}: {what}: {detail}")]
+    Driver {
+        ordinal: usize,
+        what: &'static str,
+        detail: String,
+    },
+    #[error("compiling the GPU kernels with NVRTC: {0}")]
+    Compile(String),
+    #[error("GPU {ordinal} memory: {detail}")]
+    Memory { ordinal: usize, detail: String },
+}
+
+/// Whether the GPU has a kernel for weights of `dtype`.
+pub fn supports(dtype: GgmlType) -> bool {
+    use GgmlType as T;
+    matches!(
+        dtype,
+        T::F32 | T::F16 | T::Bf16 | T::Q4_0 | T::Q4_1 | T::Q8_0 | T::Q4K | T::Q5K | T::Q6K
+    )
+}
+
+/// What a device says about itself.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+}
+
+impl std::fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "GPU {} ({}, sm_{}{}, {:.1} of {:.1} GiB free)",
+            self.ordinal,
+            self.name,
+            self.compute_capability.0,
+            self.compute_capability.1,
+            self.free_bytes as f64 / GIB,
+            self.total_bytes as f64 / GIB
+        )
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Opens GPU `ordinal` and compiles its kernels. Fails with a reason (no driver, no such
+/// device, NVRTC missing, a platform built without CUDA) where it cannot.
+pub fn open(ordinal: usize) -> Result<CudaOffload, GpuError> {
+    CudaOffload::open(ordinal)
+}

@@ -1,0 +1,402 @@
+// Matrix products on the GPU, compiled by NVRTC when the device is opened. One launch runs a
+// whole batch of jobs (q/k/v, the experts of a step): each block finds its job in a table,
+// each warp computes one weight row against a tile of up to TT activation rows. A lane takes
+// one 32-value segment of the row at a time (a sub-block of a K-quant superblock, a legacy
+// block, or 32 plain values), loads it once and multiplies it with every token of the tile,
+// in int8 (dp4a) against the same quantized activations the CPU kernels read (Q8_K for the
+// K-quants, Q8_0 for the legacy formats), in f32 for float weights.
+//
+// Block layouts are ggml's (crates/kernels/src/blocks.rs). No headers: NVRTC is given none.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define TT 8
+#define ROWS_PER_BLOCK 4
+#define JOB_FIELDS 10
+
+// ggml type ids.
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q8_0 8
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
+#define T_BF16 30
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) {
+    return __uint_as_float(((u32)h) << 16);
+}
+
+// Four bytes at a 2-byte aligned address.
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
+    const u16* q = (const u16*)p;
+    return (u32)q[0] | ((u32)q[1] << 16);
+}
+
+__device__ __forceinline__ int ld_i16(const u8* p) {
+    return (int)*(const short*)p;
+}
+
+// Q8_K activation block: d f32, qs[256] i8, bsums[16] i16.
+#define Q8K_BYTES 292
+// Q8_0 block: d f16, qs[32] i8.
+#define Q8_0_BYTES 34
+
+// Q4_K: d, dmin (f16), scales[12] (6-bit scale and min of 8 sub-blocks), qs[128].
+__device__ __forceinline__ void seg_q4_k(const u8* w, int s, const u8* a, long long a_stride,
+                                         int nt, float* acc) {
+    const int blk = s >> 3, sub = s & 7;
+    const u8* wb = w + blk * 144;
+    const u32* qs = (const u32*)(wb + 16 + 32 * (sub >> 1));
+    const int shift = 4 * (sub & 1);
+    u32 q[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) q[i] = (qs[i] >> shift) & 0x0F0F0F0Fu;
+    const u8* sc = wb + 4;
+    int scale, mn;
+    if (sub < 4) {
+        scale = sc[sub] & 63;
+        mn = sc[sub + 4] & 63;
+    } else {
+        scale = (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
+        mn = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+    }
+    const float d = f16_to_f32(((const u16*)wb)[0]) * scale;
+    const float m = f16_to_f32(((const u16*)wb)[1]) * mn;
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (t < nt) {
+            const u8* ab = a + t * a_stride + blk * Q8K_BYTES;
+            const int* q8 = (const int*)(ab + 4 + 32 * sub);
+            int sumi = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) sumi = __dp4a((int)q[i], q8[i], sumi);
+            const int bsum = ld_i16(ab + 260 + 4 * sub) + ld_i16(ab + 262 + 4 * sub);
+            acc[t] += *(const float*)ab * (d * (float)sumi - m * (float)bsum);
+        }
+    }
+}
+
+// Q5_K: d, dmin, scales[12], qh[32] (bit `sub` of byte l: the fifth bit), qs[128].
+__device__ __forceinline__ void seg_q5_k(const u8* w, int s, const u8* a, long long a_stride,
+                                         int nt, float* acc) {
+    const int blk = s >> 3, sub = s & 7;
+    const u8* wb = w + blk * 176;
+    const u32* qs = (const u32*)(wb + 48 + 32 * (sub >> 1));
+    const u32* qh = (const u32*)(wb + 16);
+    const int shift = 4 * (sub & 1);
+    u32 q[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        q[i] = ((qs[i] >> shift) & 0x0F0F0F0Fu) | (((qh[i] >> sub) & 0x01010101u) << 4);
+    const u8* sc = wb + 4;
+    int scale, mn;
+    if (sub < 4) {
+        scale = sc[sub] & 63;
+        mn = sc[sub + 4] & 63;
+    } else {
+        scale = (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
+        mn = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+    }
+    const float d = f16_to_f32(((const u16*)wb)[0]) * scale;
+    const float m = f16_to_f32(((const u16*)wb)[1]) * mn;
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (t < nt) {
+            const u8* ab = a + t * a_stride + blk * Q8K_BYTES;
+            const int* q8 = (const int*)(ab + 4 + 32 * sub);
+            int sumi = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) sumi = __dp4a((int)q[i], q8[i], sumi);
+            const int bsum = ld_i16(ab + 260 + 4 * sub) + ld_i16(ab + 262 + 4 * sub);
+            acc[t] += *(const float*)ab * (d * (float)sumi - m * (float)bsum);
+        }
+    }
+}
+
+// Q6_K: ql[128], qh[64], scales[16] i8, d f16; value = d * scale * (q6 - 32). Segment s covers
+// values 128*(s/4) + 32*(s%4) .. +32, two scale groups of 16.
+__device__ __forceinline__ void seg_q6_k(const u8* w, int s, const u8* a, long long a_stride,
+                                         int nt, float* acc) {
+    const int blk = s >> 3, half = (s >> 2) & 1, part = s & 3;
+    const u8* wb = w + blk * 210;
+    const u8* ql = wb + 64 * half + 32 * (part & 1);
+    const u8* qh = wb + 128 + 32 * half;
+    const signed char* sc = (const signed char*)(wb + 192) + 8 * half + 2 * part;
+    u32 q[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const u32 l = ld_u32_a2(ql + 4 * i);
+        const u32 h = ld_u32_a2(qh + 4 * i);
+        const u32 lo = part >= 2 ? (l >> 4) & 0x0F0F0F0Fu : l & 0x0F0F0F0Fu;
+        q[i] = lo | (((h >> (2 * part)) & 0x03030303u) << 4);
+    }
+    const float d = f16_to_f32(*(const u16*)(wb + 208));
+    const float s0 = d * sc[0], s1 = d * sc[1];
+    const int group = 8 * half + 2 * part;
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (t < nt) {
+            const u8* ab = a + t * a_stride + blk * Q8K_BYTES;
+            const int* q8 = (const int*)(ab + 4 + 128 * half + 32 * part);
+            int sum0 = 0, sum1 = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) sum0 = __dp4a((int)q[i], q8[i], sum0);
+#pragma unroll
+            for (int i = 4; i < 8; i++) sum1 = __dp4a((int)q[i], q8[i], sum1);
+            const int b0 = ld_i16(ab + 260 + 2 * group), b1 = ld_i16(ab + 262 + 2 * group);
+            acc[t] += *(const float*)ab *
+                      (s0 * (float)(sum0 - 32 * b0) + s1 * (float)(sum1 - 32 * b1));
+        }
+    }
+}
+
+// The legacy formats, one 32-value block per segment, against Q8_0 activations.
+// Q4_0: d f16, qs[16] (low nibbles values 0..15, high 16..31); value = d * (q - 8).
+// Q4_1: d, m f16, qs[16]; value = d * q + m.  Q8_0: d f16, qs[32] i8.
+template <int TYPE>
+__device__ __forceinline__ void seg_legacy(const u8* w, int s, const u8* a, long long a_stride,
+                                           int nt, float* acc) {
+    const int bytes = TYPE == T_Q4_0 ? 18 : TYPE == T_Q4_1 ? 20 : 34;
+    const u8* wb = w + s * bytes;
+    u32 q[8];
+    float d, m = 0.f;
+    if (TYPE == T_Q8_0) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = ld_u32_a2(wb + 2 + 4 * i);
+        d = f16_to_f32(*(const u16*)wb);
+    } else {
+        const u8* qs = wb + (TYPE == T_Q4_0 ? 2 : 4);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 v = ld_u32_a2(qs + 4 * i);
+            q[i] = v & 0x0F0F0F0Fu;
+            q[i + 4] = (v >> 4) & 0x0F0F0F0Fu;
+        }
+        d = f16_to_f32(*(const u16*)wb);
+        if (TYPE == T_Q4_1) m = f16_to_f32(*(const u16*)(wb + 2));
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (t < nt) {
+            const u8* ab = a + t * a_stride + s * Q8_0_BYTES;
+            int sumi = 0, sum8 = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int x = (int)ld_u32_a2(ab + 2 + 4 * i);
+                sumi = __dp4a((int)q[i], x, sumi);
+                if (TYPE != T_Q8_0) sum8 = __dp4a(0x01010101, x, sum8);
+            }
+            const float da = f16_to_f32(*(const u16*)ab);
+            float v;
+            if (TYPE == T_Q4_0) v = d * (float)(sumi - 8 * sum8);
+            else if (TYPE == T_Q4_1) v = d * (float)sumi + m * (float)sum8;
+            else v = d * (float)sumi;
+            acc[t] += da * v;
+        }
+    }
+}
+
+// Float weights (f32, f16, bf16) against f32 activations; the last segment may be short.
+template <int TYPE>
+__device__ __forceinline__ void seg_float(const u8* w, int s, int cols, const u8* a,
+                                          long long a_stride, int nt, float* acc) {
+    const int c0 = 32 * s, c1 = min(c0 + 32, cols);
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (t < nt) {
+            const float* x = (const float*)(a + t * a_stride);
+            float sum = 0.f;
+            for (int c = c0; c < c1; c++) {
+                float v;
+                if (TYPE == T_F32) v = ((const float*)w)[c];
+                else if (TYPE == T_F16) v = f16_to_f32(((const u16*)w)[c]);
+                else v = bf16_to_f32(((const u16*)w)[c]);
+                sum += v * x[c];
+            }
+            acc[t] += sum;
+        }
+    }
+}
+
+// table: n_jobs records of JOB_FIELDS u64s: weights, activations, output (device addresses),
+// weight row stride (bytes), activation row stride (bytes), rows, cols, tokens, ggml type, the
+// job's first block. Grid: (sum of the jobs' blocks, tiles of the largest job's tokens).
+extern "C" __global__ void matmul_grouped(const u64* __restrict__ table, int n_jobs) {
+    const int b = blockIdx.x;
+    int lo = 0, hi = n_jobs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if ((long long)table[mid * JOB_FIELDS + 9] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    const u64* job = table + lo * JOB_FIELDS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long rows = (long long)job[5];
+    const long long row = (long long)(b - (long long)job[9]) * ROWS_PER_BLOCK + warp;
+    const int n = (int)job[7];
+    const int t0 = blockIdx.y * TT;
+    // Whole warps leave together: the shuffles below need every lane.
+    if (row >= rows || t0 >= n) return;
+    const int nt = min(TT, n - t0);
+    const long long a_stride = (long long)job[4];
+    const u8* w = (const u8*)job[0] + row * (long long)job[3];
+    const u8* a = (const u8*)job[1] + (long long)t0 * a_stride;
+    const int cols = (int)job[6];
+    float acc[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) acc[t] = 0.f;
+    const int n_seg = (cols + 31) / 32;
+    switch ((int)job[8]) {
+    case T_Q4_K:
+        for (int s = lane; s < n_seg; s += 32) seg_q4_k(w, s, a, a_stride, nt, acc);
+        break;
+    case T_Q5_K:
+        for (int s = lane; s < n_seg; s += 32) seg_q5_k(w, s, a, a_stride, nt, acc);
+        break;
+    case T_Q6_K:
+        for (int s = lane; s < n_seg; s += 32) seg_q6_k(w, s, a, a_stride, nt, acc);
+        break;
+    case T_Q4_0:
+        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q4_0>(w, s, a, a_stride, nt, acc);
+        break;
+    case T_Q4_1:
+        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q4_1>(w, s, a, a_stride, nt, acc);
+        break;
+    case T_Q8_0:
+        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q8_0>(w, s, a, a_stride, nt, acc);
+        break;
+    case T_F32:
+        for (int s = lane; s < n_seg; s += 32) seg_float<T_F32>(w, s, cols, a, a_stride, nt, acc);
+        break;
+    case T_F16:
+        for (int s = lane; s < n_seg; s += 32) seg_float<T_F16>(w, s, cols, a, a_stride, nt, acc);
+        break;
+    case T_BF16:
+        for (int s = lane; s < n_seg; s += 32) seg_float<T_BF16>(w, s, cols, a, a_stride, nt, acc);
+        break;
+    default:
+        break;
+    }
+    float* out = (float*)job[2];
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (t < nt) {
+            float v = acc[t];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) out[(long long)(t0 + t) * rows + row] = v;
+        }
+    }
+}
+
+// An expert's gated activation, SiLU(gate) * up, quantized in place of the CPU to the form its
+// down projection reads. table: n_jobs records of GLU_FIELDS u64s: gate, up (f32 rows of
+// `width`), hidden (output rows), width, ggml type of the output form (Q8_K, Q8_0 or F32),
+// first row, rows. One block of 256 threads per row.
+#define GLU_FIELDS 7
+#define T_Q8_K 15
+
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
+extern "C" __global__ void glu_quantize(const u64* __restrict__ table, int n_jobs) {
+    const int b = blockIdx.x;
+    int lo = 0, hi = n_jobs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if ((long long)table[mid * GLU_FIELDS + 5] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    const u64* job = table + lo * GLU_FIELDS;
+    const long long r = b - (long long)job[5];
+    if (r >= (long long)job[6]) return;
+    const int width = (int)job[3];
+    const float* g = (const float*)job[0] + r * width;
+    const float* u = (const float*)job[1] + r * width;
+    const int type = (int)job[4];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (type == T_F32) {
+        float* h = (float*)job[2] + r * width;
+        for (int i = threadIdx.x; i < width; i += blockDim.x) h[i] = silu_mul(g[i], u[i]);
+        return;
+    }
+    if (type == T_Q8_0) {
+        u8* row = (u8*)job[2] + r * (width / 32) * 34;
+        for (int blk = warp; blk < width / 32; blk += blockDim.x / 32) {
+            const float v = silu_mul(g[blk * 32 + lane], u[blk * 32 + lane]);
+            float amax = fabsf(v);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float d = amax / 127.0f;
+            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            u8* out = row + blk * 34;
+            out[2 + lane] = (u8)(signed char)__float2int_rn(v * id);
+            if (lane == 0) *(u16*)out = f32_to_f16(d);
+        }
+        return;
+    }
+    // Q8_K: d f32, qs[256], bsums[16] i16; lane l holds values 8l..8l+7 of its block.
+    u8* row = (u8*)job[2] + r * (width / 256) * Q8K_BYTES;
+    for (int blk = warp; blk < width / 256; blk += blockDim.x / 32) {
+        float v[8];
+        float best = 0.0f, best_v = 0.0f;
+        int best_i = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int c = blk * 256 + 8 * lane + i;
+            v[i] = silu_mul(g[c], u[c]);
+            if (fabsf(v[i]) > best) {
+                best = fabsf(v[i]);
+                best_v = v[i];
+                best_i = 8 * lane + i;
+            }
+        }
+        // The value of largest magnitude, the first such one (as the CPU picks it).
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+            if (ob > best || (ob == best && oi < best_i)) {
+                best = ob;
+                best_v = ov;
+                best_i = oi;
+            }
+        }
+        u8* out = row + blk * Q8K_BYTES;
+        if (best == 0.0f) {
+            for (int i = lane; i < Q8K_BYTES; i += 32) out[i] = 0;
+            continue;
+        }
+        const float iscale = -127.0f / best_v;
+        int sum = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int q = min(127, __float2int_rn(iscale * v[i]));
+            out[4 + 8 * lane + i] = (u8)(signed char)q;
+            sum += q;
+        }
+        sum += __shfl_down_sync(0xffffffffu, sum, 1);
+        if ((lane & 1) == 0) *(short*)(out + 260 + lane) = (short)sum;
+        if (lane == 0) *(float*)out = 1.0f / iscale;
+    }
+}

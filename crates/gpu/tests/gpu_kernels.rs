@@ -1,0 +1,258 @@
+//! The GPU's matrix products against the CPU kernels, format by format, on the same quantized
+//! activations. Runs where a CUDA device opens; elsewhere each test prints why it was skipped.
+
+use std::sync::Arc;
+
+use gguf::GgmlType;
+use kernels::{Input, Kernels, MatmulJob, Offload, ThreadPool, Weights};
+
+fn device() -> Option<gpu::CudaOffload> {
+    match gpu::open(0) {
+        Ok(d) => {
+            eprintln!("{}", d.info().map(|i| i.to_string()).unwrap_or_default());
+            Some(d)
+        }
+        Err(e) => {
+            eprintln!("skipped (no GPU): {e}");
+            None
+        }
+    }
+}
+
+/// Deterministic values in [-1, 1) with a few larger ones, as trained weights have.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let v = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            if i % 97 == 0 { v * 6.0 } else { v }
+        })
+        .collect()
+}
+
+fn quantized(dtype: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let quantize = kernels::format(dtype)
+        .and_then(|f| f.quantize)
+        .expect("format has a quantizer");
+    let row_bytes = dtype.row_bytes(cols as u64).expect("whole blocks") as usize;
+    let src = values(rows * cols, seed);
+    let mut out = vec![0u8; rows * row_bytes];
+    for (x, y) in src.chunks_exact(cols).zip(out.chunks_exact_mut(row_bytes)) {
+        quantize(x, y);
+    }
+    out
+}
+
+const FORMATS: [GgmlType; 9] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+fn close(gpu: &[f32], cpu: &[f32], what: &str) {
+    let scale = cpu.iter().fold(1f32, |m, v| m.max(v.abs()));
+    let d = gpu
+        .iter()
+        .zip(cpu)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!("{what}: max |gpu − cpu| = {d:.2e} (largest |value| {scale:.2})");
+    assert!(
+        d <= 2e-5 * scale,
+        "{what}: GPU and CPU differ by {d} (scale {scale})"
+    );
+}
+
+#[test]
+fn every_format_matches_the_cpu_kernels() {
+    let Some(mut dev) = device() else { return };
+    let pool = ThreadPool::new(1);
+    let cpu = Kernels::default();
+    // 1 280 columns: 40 segments, so lanes loop; 37 rows: a partial block of rows.
+    let (rows, cols) = (37, 1280);
+    let mut mats = Vec::new();
+    for (i, &dtype) in FORMATS.iter().enumerate() {
+        let bytes = Arc::new(quantized(dtype, rows, cols, i as u64 + 1));
+        dev.upload(bytes.clone(), &bytes).expect("upload");
+        mats.push((dtype, bytes));
+    }
+    for n in [1usize, 3, 8, 9, 20] {
+        let x = values(n * cols, 100 + n as u64);
+        let input = Input::new(&x, n, cols).unwrap();
+        for (dtype, bytes) in &mats {
+            let w = Weights::new(*dtype, rows, cols, bytes).unwrap();
+            assert!(dev.holds(&w), "{dtype}");
+            let mut want = vec![0f32; n * rows];
+            cpu.matmul(&pool, &w, &input, &mut want).unwrap();
+            let act = kernels::format(*dtype).unwrap().act;
+            let mut got = vec![0f32; n * rows];
+            dev.matmul_batch(&mut [MatmulJob {
+                w,
+                acts: input.quantized(act, &pool),
+                n,
+                out: &mut got,
+            }])
+            .unwrap();
+            close(&got, &want, &format!("{dtype}, {n} tokens"));
+        }
+    }
+}
+
+/// One launch for several jobs of different formats, token counts, and row and column slices
+/// (a tensor-parallel head split reads a column slice).
+#[test]
+fn a_batch_of_mixed_jobs_matches_the_cpu() {
+    let Some(mut dev) = device() else { return };
+    let pool = ThreadPool::new(1);
+    let cpu = Kernels::default();
+    let (rows, cols) = (64, 1024);
+    let q4 = Arc::new(quantized(GgmlType::Q4K, rows, cols, 7));
+    let q6 = Arc::new(quantized(GgmlType::Q6K, rows, cols, 8));
+    let q8 = Arc::new(quantized(GgmlType::Q8_0, rows, cols, 9));
+    for b in [&q4, &q6, &q8] {
+        dev.upload(b.clone(), b).unwrap();
+    }
+    let full4 = Weights::new(GgmlType::Q4K, rows, cols, &q4).unwrap();
+    let jobs_w = [
+        full4,
+        Weights::new(GgmlType::Q6K, rows, cols, &q6)
+            .unwrap()
+            .rows_slice(5..29),
+        Weights::new(GgmlType::Q8_0, rows, cols, &q8)
+            .unwrap()
+            .cols_slice(256..768)
+            .unwrap(),
+        full4.cols_slice(512..1024).unwrap(),
+    ];
+    let ns = [1usize, 12, 5, 2];
+    let xs: Vec<Vec<f32>> = jobs_w
+        .iter()
+        .zip(ns)
+        .enumerate()
+        .map(|(i, (w, n))| values(n * w.cols, 50 + i as u64))
+        .collect();
+    let inputs: Vec<Input> = jobs_w
+        .iter()
+        .zip(ns)
+        .zip(&xs)
+        .map(|((w, n), x)| Input::new(x, n, w.cols).unwrap())
+        .collect();
+    let mut want: Vec<Vec<f32>> = Vec::new();
+    for (w, input) in jobs_w.iter().zip(&inputs) {
+        assert!(dev.holds(w));
+        let mut o = vec![0f32; input.n() * w.rows];
+        cpu.matmul(&pool, w, input, &mut o).unwrap();
+        want.push(o);
+    }
+    let mut got: Vec<Vec<f32>> = want.iter().map(|o| vec![0f32; o.len()]).collect();
+    let mut jobs: Vec<MatmulJob> = jobs_w
+        .iter()
+        .zip(&inputs)
+        .zip(got.iter_mut())
+        .map(|((w, input), out)| MatmulJob {
+            w: *w,
+            acts: input.quantized(kernels::format(w.dtype).unwrap().act, &pool),
+            n: input.n(),
+            out,
+        })
+        .collect();
+    dev.matmul_batch(&mut jobs).unwrap();
+    drop(jobs);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        close(g, w, &format!("job {i}"));
+    }
+}
+
+#[test]
+fn what_was_not_uploaded_is_not_held() {
+    let Some(mut dev) = device() else { return };
+    let (rows, cols) = (8, 256);
+    let kept = Arc::new(quantized(GgmlType::Q4K, rows, cols, 1));
+    let other = quantized(GgmlType::Q4K, rows, cols, 2);
+    let q2 = Arc::new(quantized(GgmlType::Q2K, rows, cols, 3));
+    dev.upload(kept.clone(), &kept).unwrap();
+    dev.upload(q2.clone(), &q2).unwrap();
+    assert!(dev.holds(&Weights::new(GgmlType::Q4K, rows, cols, &kept).unwrap()));
+    assert!(!dev.holds(&Weights::new(GgmlType::Q4K, rows, cols, &other).unwrap()));
+    // Uploaded, but no GPU kernel for Q2_K: the CPU computes it.
+    assert!(!dev.holds(&Weights::new(GgmlType::Q2K, rows, cols, &q2).unwrap()));
+    assert!(
+        dev.upload(kept.clone(), &kept[..100]).is_err(),
+        "overlapping upload"
+    );
+}
+
+/// Whole expert FFNs on the device (gate and up, SiLU·up quantized there, down) against the
+/// same steps on the CPU, for each activation form a down projection can read.
+#[test]
+fn fused_expert_ffn_matches_the_cpu_steps() {
+    let Some(mut dev) = device() else { return };
+    let pool = ThreadPool::new(1);
+    let cpu = Kernels::default();
+    let (d, width) = (512, 768);
+    for (i, down_type) in [GgmlType::Q6K, GgmlType::Q4K, GgmlType::Q8_0, GgmlType::F32]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 10 * i as u64;
+        let gate = Arc::new(quantized(GgmlType::Q4K, width, d, seed + 1));
+        let up = Arc::new(quantized(GgmlType::Q4K, width, d, seed + 2));
+        let down = Arc::new(quantized(down_type, d, width, seed + 3));
+        for b in [&gate, &up, &down] {
+            dev.upload(b.clone(), b).unwrap();
+        }
+        let (gw, uw, dw) = (
+            Weights::new(GgmlType::Q4K, width, d, &gate).unwrap(),
+            Weights::new(GgmlType::Q4K, width, d, &up).unwrap(),
+            Weights::new(down_type, d, width, &down).unwrap(),
+        );
+        for n in [1usize, 5, 17] {
+            let x = values(n * d, seed + n as u64);
+            let input = Input::new(&x, n, d).unwrap();
+            let mut g = vec![0f32; n * width];
+            let mut u = vec![0f32; n * width];
+            cpu.matmul(&pool, &gw, &input, &mut g).unwrap();
+            cpu.matmul(&pool, &uw, &input, &mut u).unwrap();
+            for (gv, uv) in g.iter_mut().zip(&u) {
+                *gv = *gv / (1.0 + (-*gv).exp()) * uv;
+            }
+            let hidden = Input::new(&g, n, width).unwrap();
+            let mut want = vec![0f32; n * d];
+            cpu.matmul(&pool, &dw, &hidden, &mut want).unwrap();
+            let mut got = vec![0f32; n * d];
+            let ran = dev
+                .expert_ffn(&mut [kernels::ExpertFfnJob {
+                    gate: gw,
+                    up: uw,
+                    down: dw,
+                    acts: input.quantized(kernels::ActKind::Q8K, &pool),
+                    n,
+                    out: &mut got,
+                }])
+                .unwrap();
+            assert!(ran);
+            let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            eprintln!(
+                "expert FFN, down {down_type}, {n} tokens: max |gpu − cpu| = {diff:.2e} (scale {scale:.1})"
+            );
+            assert!(
+                diff <= 1e-3 * scale,
+                "down {down_type}, {n} tokens: {diff} (scale {scale})"
+            );
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Whole models with their matrix products on the GPU against the CPU path: the prompt's
+//! logits (the batched path) and a greedy continuation (one token per forward), on the F32 and
+//! quantized fixtures of the model crate. Runs where a CUDA device opens; elsewhere it prints
+//! why it was skipped.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use model::{
+    Compute, KvCache, KvType, LogitsWanted, Model, NoHooks, ResidentExperts, SeqInput, StageInput,
+    StageOutput, WeightSelection,
+};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures")
+}
+
+fn prompt(dir: &Path) -> Vec<u32> {
+    let text = std::fs::read_to_string(dir.join("prompt_tokens.json")).unwrap();
+    // {"tokens": [1, 2, ...], ...}: the numbers inside the first brackets.
+    let list = text.split('[').nth(1).unwrap().split(']').next().unwrap();
+    list.split(',').map(|t| t.trim().parse().unwrap()).collect()
+}
+
+fn forward(model: &Model, cx: &Compute, kv: &mut KvCache, tokens: &[u32], all: bool) -> Vec<f32> {
+    let last = model.n_layer() - 1;
+    let src = ResidentExperts::new(model);
+    let mut seqs = [SeqInput {
+        kv,
+        n_tokens: tokens.len(),
+        logits: if all {
+            LogitsWanted::All
+        } else {
+            LogitsWanted::Last
+        },
+    }];
+    match model
+        .forward(
+            cx,
+            &src,
+            0..=last,
+            true,
+            StageInput::Tokens(tokens),
+            &mut seqs,
+            &mut NoHooks,
+        )
+        .unwrap()
+    {
+        StageOutput::Logits(l) => l.data,
+        StageOutput::Hidden(_) => unreachable!(),
+    }
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .fold(0, |b, (i, &x)| if x > v[b] { i } else { b }) as u32
+}
+
+/// Prompt logits and 16 greedy tokens.
+fn run(model: &Model, cx: &Compute, tokens: &[u32]) -> (Vec<f32>, Vec<u32>) {
+    let layout = || model.kv_layout(KvType::F32, 0..=model.n_layer() - 1, 512);
+    let all = forward(model, cx, &mut KvCache::new(layout()), tokens, true);
+    let mut kv = KvCache::new(layout());
+    let mut input = tokens.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..16 {
+        let t = argmax(&forward(model, cx, &mut kv, &input, false));
+        out.push(t);
+        input = vec![t];
+    }
+    (all, out)
+}
+
+#[test]
+fn gpu_logits_and_greedy_tokens_match_the_cpu() {
+    if let Err(e) = gpu::open(0) {
+        eprintln!("skipped (no GPU): {e}");
+        return;
+    }
+    let mut ran = 0;
+    for arch in [
+        "qwen3moe",
+        "mixtral",
+        "llama",
+        "olmoe",
+        "qwen2moe",
+        "gpt-oss",
+        "deepseek2",
+    ] {
+        let dir = fixtures().join(arch);
+        for (file, tol) in [
+            ("model-f32.gguf", 1e-3f32),
+            ("model-q8_0.gguf", 1e-3),
+            ("model-q4_k.gguf", 1e-3),
+        ] {
+            let path = dir.join(file);
+            if !path.exists() {
+                continue;
+            }
+            let model = Arc::new(Model::load(&path).unwrap());
+            let tokens = prompt(&dir);
+            let cpu = Compute::new(2);
+            let (want, want_tokens) = run(&model, &cpu, &tokens);
+            let mut dev = gpu::open(0).unwrap();
+            let sel = WeightSelection {
+                layers: 0..=model.n_layer() - 1,
+                embeddings: true,
+                head: true,
+                experts: true,
+            };
+            let report = gpu::upload_model(&mut dev, &model, &sel, u64::MAX).unwrap();
+            let on_gpu = Compute::new(2).with_offload(Arc::new(dev));
+            let (got, got_tokens) = run(&model, &on_gpu, &tokens);
+            let d = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            eprintln!("{arch} {file}: {report}; prompt logits max |gpu − cpu| = {d:.2e}");
+            assert!(d <= tol, "{arch} {file}: logits differ by {d}");
+            assert_eq!(got_tokens, want_tokens, "{arch} {file}: greedy tokens");
+            ran += 1;
+        }
+    }
+    assert!(ran > 0, "no fixture found under {}", fixtures().display());
+}
+
+/// A memory limit below the model's size: dense weights and some experts on the GPU, the rest
+/// on the CPU, both in the same step; the same tokens.
+#[test]
+fn hybrid_placement_matches_the_cpu() {
+    if let Err(e) = gpu::open(0) {
+        eprintln!("skipped (no GPU): {e}");
+        return;
+    }
+    let dir = fixtures().join("qwen3moe");
+    let model = Arc::new(Model::load(dir.join("model-q4_k.gguf")).unwrap());
+    let tokens = prompt(&dir);
+    let (want, want_tokens) = run(&model, &Compute::new(2), &tokens);
+    let sel = WeightSelection {
+        layers: 0..=model.n_layer() - 1,
+        embeddings: true,
+        head: true,
+        experts: true,
+    };
+    let mut probe = gpu::open(0).unwrap();
+    let full = gpu::upload_model(&mut probe, &model, &sel, u64::MAX).unwrap();
+    drop(probe);
+    // A third of the experts (the first layers whole), and a few of layer 0's only: there the
+    // very first step already splits between the GPU and the CPU.
+    let n_layer = model.n_layer() as u64;
+    for budget in [
+        full.dense_on_gpu + full.experts_on_gpu / 3,
+        full.dense_on_gpu + full.experts_on_gpu / (n_layer * 4),
+    ] {
+        let mut dev = gpu::open(0).unwrap();
+        let report = gpu::upload_model(&mut dev, &model, &sel, budget).unwrap();
+        assert!(
+            report.experts_on_gpu > 0 && report.experts_on_gpu < full.experts_on_gpu,
+            "{report}"
+        );
+        let on_gpu = Compute::new(2).with_offload(Arc::new(dev));
+        let (got, got_tokens) = run(&model, &on_gpu, &tokens);
+        let d = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!("qwen3moe q4_k hybrid: {report}; max |gpu − cpu| = {d:.2e}");
+        assert!(d <= 1e-3);
+        assert_eq!(got_tokens, want_tokens);
+    }
+}
