@@ -53,16 +53,11 @@ __device__ __forceinline__ int ld_i16(const u8* p) {
 // Q8_0 block: d f16, qs[32] i8.
 #define Q8_0_BYTES 34
 
-// Q4_K: d, dmin (f16), scales[12] (6-bit scale and min of 8 sub-blocks), qs[128].
-__device__ __forceinline__ void seg_q4_k(const u8* w, int s, const u8* a, long long a_stride,
-                                         int nt, float* acc) {
-    const int blk = s >> 3, sub = s & 7;
-    const u8* wb = w + blk * 144;
-    const u32* qs = (const u32*)(wb + 16 + 32 * (sub >> 1));
-    const int shift = 4 * (sub & 1);
-    u32 q[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) q[i] = (qs[i] >> shift) & 0x0F0F0F0Fu;
+// Q4_K and Q5_K share the rest of a sub-block: its 6-bit scale and min (packed in 12 bytes
+// after d and dmin), and the dot with the Q8_K activations (their 16-value sums give the min's
+// share).
+__device__ __forceinline__ void sub_block_k4(const u8* wb, int sub, const u32* q, int blk,
+                                             const u8* a, long long a_stride, int nt, float* acc) {
     const u8* sc = wb + 4;
     int scale, mn;
     if (sub < 4) {
@@ -88,6 +83,19 @@ __device__ __forceinline__ void seg_q4_k(const u8* w, int s, const u8* a, long l
     }
 }
 
+// Q4_K: d, dmin (f16), scales[12] (6-bit scale and min of 8 sub-blocks), qs[128].
+__device__ __forceinline__ void seg_q4_k(const u8* w, int s, const u8* a, long long a_stride,
+                                         int nt, float* acc) {
+    const int blk = s >> 3, sub = s & 7;
+    const u8* wb = w + blk * 144;
+    const u32* qs = (const u32*)(wb + 16 + 32 * (sub >> 1));
+    const int shift = 4 * (sub & 1);
+    u32 q[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) q[i] = (qs[i] >> shift) & 0x0F0F0F0Fu;
+    sub_block_k4(wb, sub, q, blk, a, a_stride, nt, acc);
+}
+
 // Q5_K: d, dmin, scales[12], qh[32] (bit `sub` of byte l: the fifth bit), qs[128].
 __device__ __forceinline__ void seg_q5_k(const u8* w, int s, const u8* a, long long a_stride,
                                          int nt, float* acc) {
@@ -100,29 +108,7 @@ __device__ __forceinline__ void seg_q5_k(const u8* w, int s, const u8* a, long l
 #pragma unroll
     for (int i = 0; i < 8; i++)
         q[i] = ((qs[i] >> shift) & 0x0F0F0F0Fu) | (((qh[i] >> sub) & 0x01010101u) << 4);
-    const u8* sc = wb + 4;
-    int scale, mn;
-    if (sub < 4) {
-        scale = sc[sub] & 63;
-        mn = sc[sub + 4] & 63;
-    } else {
-        scale = (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
-        mn = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
-    }
-    const float d = f16_to_f32(((const u16*)wb)[0]) * scale;
-    const float m = f16_to_f32(((const u16*)wb)[1]) * mn;
-#pragma unroll
-    for (int t = 0; t < TT; t++) {
-        if (t < nt) {
-            const u8* ab = a + t * a_stride + blk * Q8K_BYTES;
-            const int* q8 = (const int*)(ab + 4 + 32 * sub);
-            int sumi = 0;
-#pragma unroll
-            for (int i = 0; i < 8; i++) sumi = __dp4a((int)q[i], q8[i], sumi);
-            const int bsum = ld_i16(ab + 260 + 4 * sub) + ld_i16(ab + 262 + 4 * sub);
-            acc[t] += *(const float*)ab * (d * (float)sumi - m * (float)bsum);
-        }
-    }
+    sub_block_k4(wb, sub, q, blk, a, a_stride, nt, acc);
 }
 
 // Q6_K: ql[128], qh[64], scales[16] i8, d f16; value = d * scale * (q6 - 32). Segment s covers

@@ -3,73 +3,44 @@
 //! quantized fixtures of the model crate. Runs where a CUDA device opens; elsewhere it prints
 //! why it was skipped.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use model::{
-    Compute, KvCache, KvType, LogitsWanted, Model, NoHooks, ResidentExperts, SeqInput, StageInput,
-    StageOutput, WeightSelection,
-};
+use model::{Compute, Model, WeightSelection};
+
+#[path = "../../model/tests/common/mod.rs"]
+mod common;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures")
 }
 
-fn prompt(dir: &Path) -> Vec<u32> {
-    let text = std::fs::read_to_string(dir.join("prompt_tokens.json")).unwrap();
-    // {"tokens": [1, 2, ...], ...}: the numbers inside the first brackets.
-    let list = text.split('[').nth(1).unwrap().split(']').next().unwrap();
-    list.split(',').map(|t| t.trim().parse().unwrap()).collect()
-}
-
-fn forward(model: &Model, cx: &Compute, kv: &mut KvCache, tokens: &[u32], all: bool) -> Vec<f32> {
-    let last = model.n_layer() - 1;
-    let src = ResidentExperts::new(model);
-    let mut seqs = [SeqInput {
-        kv,
-        n_tokens: tokens.len(),
-        logits: if all {
-            LogitsWanted::All
-        } else {
-            LogitsWanted::Last
-        },
-    }];
-    match model
-        .forward(
-            cx,
-            &src,
-            0..=last,
-            true,
-            StageInput::Tokens(tokens),
-            &mut seqs,
-            &mut NoHooks,
-        )
-        .unwrap()
-    {
-        StageOutput::Logits(l) => l.data,
-        StageOutput::Hidden(_) => unreachable!(),
-    }
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .fold(0, |b, (i, &x)| if x > v[b] { i } else { b }) as u32
-}
-
-/// Prompt logits and 16 greedy tokens.
+/// Prompt logits (whole prompt at once: the batched path) and 16 greedy tokens (the decode path).
 fn run(model: &Model, cx: &Compute, tokens: &[u32]) -> (Vec<f32>, Vec<u32>) {
-    let layout = || model.kv_layout(KvType::F32, 0..=model.n_layer() - 1, 512);
-    let all = forward(model, cx, &mut KvCache::new(layout()), tokens, true);
-    let mut kv = KvCache::new(layout());
-    let mut input = tokens.to_vec();
-    let mut out = Vec::new();
-    for _ in 0..16 {
-        let t = argmax(&forward(model, cx, &mut kv, &input, false));
-        out.push(t);
-        input = vec![t];
+    (
+        common::logits_chunked(model, cx, tokens, tokens.len()),
+        common::greedy(model, cx, tokens, 16),
+    )
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+fn whole(model: &Model) -> WeightSelection {
+    WeightSelection {
+        layers: 0..=model.n_layer() - 1,
+        embeddings: true,
+        head: true,
+        experts: true,
     }
-    (all, out)
+}
+
+fn prompt(arch: &str) -> Vec<u32> {
+    common::ids(&common::json(&fixtures().join(arch).join("prompt_tokens.json"))["tokens"])
 }
 
 #[test]
@@ -99,24 +70,14 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
                 continue;
             }
             let model = Arc::new(Model::load(&path).unwrap());
-            let tokens = prompt(&dir);
+            let tokens = prompt(arch);
             let cpu = Compute::new(2);
             let (want, want_tokens) = run(&model, &cpu, &tokens);
             let mut dev = gpu::open(0).unwrap();
-            let sel = WeightSelection {
-                layers: 0..=model.n_layer() - 1,
-                embeddings: true,
-                head: true,
-                experts: true,
-            };
-            let report = gpu::upload_model(&mut dev, &model, &sel, u64::MAX).unwrap();
+            let report = gpu::upload_model(&mut dev, &model, &whole(&model), u64::MAX).unwrap();
             let on_gpu = Compute::new(2).with_offload(Arc::new(dev));
             let (got, got_tokens) = run(&model, &on_gpu, &tokens);
-            let d = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let d = max_diff(&got, &want);
             eprintln!("{arch} {file}: {report}; prompt logits max |gpu − cpu| = {d:.2e}");
             assert!(d <= tol, "{arch} {file}: logits differ by {d}");
             assert_eq!(got_tokens, want_tokens, "{arch} {file}: greedy tokens");
@@ -136,14 +97,9 @@ fn hybrid_placement_matches_the_cpu() {
     }
     let dir = fixtures().join("qwen3moe");
     let model = Arc::new(Model::load(dir.join("model-q4_k.gguf")).unwrap());
-    let tokens = prompt(&dir);
+    let tokens = prompt("qwen3moe");
     let (want, want_tokens) = run(&model, &Compute::new(2), &tokens);
-    let sel = WeightSelection {
-        layers: 0..=model.n_layer() - 1,
-        embeddings: true,
-        head: true,
-        experts: true,
-    };
+    let sel = whole(&model);
     let mut probe = gpu::open(0).unwrap();
     let full = gpu::upload_model(&mut probe, &model, &sel, u64::MAX).unwrap();
     drop(probe);
@@ -162,11 +118,7 @@ fn hybrid_placement_matches_the_cpu() {
         );
         let on_gpu = Compute::new(2).with_offload(Arc::new(dev));
         let (got, got_tokens) = run(&model, &on_gpu, &tokens);
-        let d = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let d = max_diff(&got, &want);
         eprintln!("qwen3moe q4_k hybrid: {report}; max |gpu − cpu| = {d:.2e}");
         assert!(d <= 1e-3);
         assert_eq!(got_tokens, want_tokens);

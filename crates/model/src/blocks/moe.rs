@@ -330,14 +330,7 @@ fn run_experts(
     let on_device = || -> Result<(bool, Vec<Vec<f32>>)> {
         let rows_in: Vec<Vec<u8>> = there
             .iter()
-            .map(|(e, _)| {
-                let mut rows = Vec::with_capacity(groups[*e].len() * arb);
-                for &slot in &groups[*e] {
-                    let t = slot / slots_per_token;
-                    rows.extend_from_slice(&acts[t * arb..(t + 1) * arb]);
-                }
-                rows
-            })
+            .map(|(e, _)| gather_rows(acts, arb, &groups[*e], slots_per_token))
             .collect();
         let mut outs: Vec<Vec<f32>> = there
             .iter()
@@ -439,11 +432,7 @@ fn run_experts_here(
     cx.pool.for_each_mut(&mut work, |i, w| {
         let (e, m) = &batch[i];
         let slots = &groups[*e];
-        w.rows_in.reserve_exact(slots.len() * arb);
-        for &slot in slots {
-            let t = slot / slots_per_token;
-            w.rows_in.extend_from_slice(&acts[t * arb..(t + 1) * arb]);
-        }
+        w.rows_in = gather_rows(acts, arb, slots, slots_per_token);
         w.gate = vec![0f32; slots.len() * m.gate.rows];
         w.up = vec![0f32; slots.len() * m.up.rows];
     });
@@ -539,6 +528,16 @@ fn run_experts_here(
         }
     });
     Ok(())
+}
+
+/// The activation rows (`arb` bytes each) of the tokens that fill `slots`, in slot order.
+fn gather_rows(acts: &[u8], arb: usize, slots: &[usize], slots_per_token: usize) -> Vec<u8> {
+    let mut rows = Vec::with_capacity(slots.len() * arb);
+    for &slot in slots {
+        let t = slot / slots_per_token;
+        rows.extend_from_slice(&acts[t * arb..(t + 1) * arb]);
+    }
+    rows
 }
 
 /// Adds `bias` to every row of `x` (rows of `bias.len()`).
