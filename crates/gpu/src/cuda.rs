@@ -48,6 +48,7 @@ pub struct CudaOffload {
     stream: Arc<CudaStream>,
     matmul: CudaFunction,
     glu: CudaFunction,
+    weighted_sum: CudaFunction,
     /// By host start address.
     regions: BTreeMap<usize, Region>,
     /// The device copies of `regions`, kept alive.
@@ -120,6 +121,9 @@ impl CudaOffload {
         let glu = module
             .load_function("glu_quantize")
             .map_err(driver_err("finding glu_quantize"))?;
+        let weighted_sum = module
+            .load_function("weighted_sum")
+            .map_err(driver_err("finding weighted_sum"))?;
         let stream = ctx.default_stream();
         Ok(CudaOffload {
             ordinal,
@@ -128,6 +132,7 @@ impl CudaOffload {
             stream,
             matmul,
             glu,
+            weighted_sum,
             regions: BTreeMap::new(),
             buffers: Vec::new(),
             owners: Vec::new(),
@@ -536,34 +541,48 @@ impl Offload for CudaOffload {
         Ok(())
     }
 
-    fn expert_ffn(&self, jobs: &mut [ExpertFfnJob]) -> Result<bool, MatmulError> {
-        let jobs: Vec<&mut ExpertFfnJob> = jobs.iter_mut().filter(|j| j.n > 0).collect();
-        if jobs.is_empty() {
+    fn expert_ffn(&self, jobs: &[ExpertFfnJob], out: &mut [f32]) -> Result<bool, MatmulError> {
+        let jobs: Vec<&ExpertFfnJob> = jobs.iter().filter(|j| j.n > 0).collect();
+        let Some(first) = jobs.first() else {
+            out.fill(0.0);
             return Ok(true);
+        };
+        let width = first.down.rows;
+        if width == 0 || !out.len().is_multiple_of(width) {
+            return Err(self.device_error("expert FFN", "output is not whole rows"));
         }
+        let n_tokens = out.len() / width;
         let mut guard = self.lock()?;
         let e = jobs.len();
         let mut l = Layout::default();
         let gu_table = l.input(2 * e * JOB_FIELDS * 8);
         let down_table = l.input(e * JOB_FIELDS * 8);
         let glu_table = l.input(e * GLU_FIELDS * 8);
+        let n_rows: usize = jobs.iter().map(|j| j.n).sum();
+        let sum_offsets = l.input(4 * (n_tokens + 1));
+        let sum_rows = l.input(8 * n_rows);
+        let sum_weights = l.input(4 * n_rows);
+        let sum_out = l.output(out.len());
         struct At {
             acts: usize,
             gate: usize,
             up: usize,
             hidden: usize,
-            out: usize,
+            down: usize,
             down_act: ActKind,
         }
         let mut at = Vec::with_capacity(e);
         for j in &jobs {
             let arb = act_row_bytes(&j.gate)?;
-            let width = j.gate.rows;
+            let hidden = j.gate.rows;
             if j.acts.len() != arb * j.n
                 || act_row_bytes(&j.up)? != arb
-                || j.up.rows != width
-                || j.down.cols != width
-                || j.out.len() != j.n * j.down.rows
+                || j.up.rows != hidden
+                || j.down.cols != hidden
+                || j.down.rows != width
+                || j.tokens.len() != j.n
+                || j.weights.len() != j.n
+                || j.tokens.iter().any(|&t| t as usize >= n_tokens)
             {
                 return Err(shape_error(
                     "GPU expert FFN",
@@ -571,7 +590,7 @@ impl Offload for CudaOffload {
                     j.n,
                     j.acts.len(),
                     arb * j.n,
-                    j.out.len(),
+                    out.len(),
                 ));
             }
             let down_act = kernels::format(j.down.dtype)
@@ -579,10 +598,10 @@ impl Offload for CudaOffload {
                 .act;
             at.push(At {
                 acts: l.input(j.acts.len()),
-                gate: l.device(4 * j.n * width),
-                up: l.device(4 * j.n * width),
-                hidden: l.device(down_act.row_bytes(width) * j.n),
-                out: l.output(j.out.len()),
+                gate: l.device(4 * j.n * hidden),
+                up: l.device(4 * j.n * hidden),
+                hidden: l.device(down_act.row_bytes(hidden) * j.n),
+                down: l.device(4 * j.n * width),
                 down_act,
             });
         }
@@ -591,7 +610,7 @@ impl Offload for CudaOffload {
         let mut down = Vec::with_capacity(e);
         let mut first_row = 0usize;
         for (j, a) in jobs.iter().zip(&at) {
-            let width = j.gate.rows;
+            let hidden = j.gate.rows;
             let acts = st.in_base + a.acts as u64;
             let arb = act_row_bytes(&j.gate)?;
             for (w, out) in [(&j.gate, a.gate), (&j.up, a.up)] {
@@ -607,9 +626,9 @@ impl Offload for CudaOffload {
             down.push(MatRecord {
                 w: self.weight_address(&j.down)?,
                 acts: st.tmp_base + a.hidden as u64,
-                out: st.out_base + 4 * a.out as u64,
+                out: st.tmp_base + a.down as u64,
                 weights: weights_key(&j.down),
-                act_stride: a.down_act.row_bytes(width),
+                act_stride: a.down_act.row_bytes(hidden),
                 n: j.n,
             });
         }
@@ -620,6 +639,18 @@ impl Offload for CudaOffload {
         let (Some(gu_grid), Some(down_grid)) = grids else {
             return Err(self.device_error("expert FFN", "too many rows or tokens for one launch"));
         };
+        // The sum's index: each token's rows (device addresses of down outputs) and weights,
+        // grouped by token in job order.
+        let mut per_token = vec![0u32; n_tokens + 1];
+        for j in &jobs {
+            for &t in j.tokens {
+                per_token[t as usize + 1] += 1;
+            }
+        }
+        for t in 0..n_tokens {
+            per_token[t + 1] += per_token[t];
+        }
+        let mut next = per_token.clone();
         for (i, (j, a)) in jobs.iter().zip(&at).enumerate() {
             let fields: [u64; GLU_FIELDS] = [
                 st.tmp_base + a.gate as u64,
@@ -636,10 +667,26 @@ impl Offload for CudaOffload {
             }
             first_row += j.n;
             st.host_in[a.acts..a.acts + j.acts.len()].copy_from_slice(j.acts);
+            for (row, (&t, &w)) in j.tokens.iter().zip(j.weights).enumerate() {
+                let slot = next[t as usize] as usize;
+                next[t as usize] += 1;
+                let addr = st.tmp_base + (a.down + 4 * row * width) as u64;
+                st.host_in[sum_rows + 8 * slot..sum_rows + 8 * slot + 8]
+                    .copy_from_slice(&addr.to_le_bytes());
+                st.host_in[sum_weights + 4 * slot..sum_weights + 4 * slot + 4]
+                    .copy_from_slice(&w.to_le_bytes());
+            }
+        }
+        for (t, &o) in per_token.iter().enumerate() {
+            st.host_in[sum_offsets + 4 * t..sum_offsets + 4 * t + 4]
+                .copy_from_slice(&o.to_le_bytes());
         }
         let glu_rows = u32::try_from(first_row)
             .map_err(|_| self.device_error("expert FFN", "too many rows for one launch"))?;
+        let tokens = u32::try_from(n_tokens)
+            .map_err(|_| self.device_error("expert FFN", "too many tokens for one launch"))?;
         let base = st.in_base;
+        let out_base = st.out_base;
         self.round_trip(&mut st, || {
             self.launch_matmul(base + gu_table as u64, 2 * e, gu_grid)?;
             let table = base + glu_table as u64;
@@ -655,12 +702,34 @@ impl Offload for CudaOffload {
             // before, in stream order) whose gate/up/hidden addresses lie in this call's device
             // buffer, sized for n rows of each expert's width; one block per row of all jobs.
             unsafe { launch.launch(cfg) }.map_err(|e| self.device_error("launching glu", e))?;
-            self.launch_matmul(base + down_table as u64, e, down_grid)
+            self.launch_matmul(base + down_table as u64, e, down_grid)?;
+            let (offsets, rows, weights) = (
+                base + sum_offsets as u64,
+                base + sum_rows as u64,
+                base + sum_weights as u64,
+            );
+            let (width_arg, sum_dst) = (width as i32, out_base + 4 * sum_out as u64);
+            let mut launch = self.stream.launch_builder(&self.weighted_sum);
+            launch
+                .arg(&offsets)
+                .arg(&rows)
+                .arg(&weights)
+                .arg(&width_arg)
+                .arg(&sum_dst);
+            let cfg = LaunchConfig {
+                grid_dim: (tokens, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: weighted_sum(offsets, rows, weights, width, out) reads n_tokens + 1
+            // offsets and, below the last, row addresses and weights (all copied in before, in
+            // stream order); every row address is a down output of `width` floats in this
+            // call's device buffer; it writes n_tokens × width floats at sum_dst, inside dev_out.
+            unsafe { launch.launch(cfg) }
+                .map_err(|e| self.device_error("launching weighted_sum", e))?;
+            Ok(())
         })?;
-        for (j, a) in jobs.into_iter().zip(&at) {
-            let len = j.out.len();
-            j.out.copy_from_slice(&st.host_out[a.out..a.out + len]);
-        }
+        out.copy_from_slice(&st.host_out[sum_out..sum_out + out.len()]);
         Ok(true)
     }
 }

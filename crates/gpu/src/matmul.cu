@@ -386,3 +386,18 @@ extern "C" __global__ void glu_quantize(const u64* __restrict__ table, int n_job
         if (lane == 0) *(float*)out = 1.0f / iscale;
     }
 }
+
+// Each token's weighted sum of its experts' output rows. offsets[t]..offsets[t + 1] index
+// `rows` (device addresses of f32 rows of `width`) and `weights`. One block per token.
+extern "C" __global__ void weighted_sum(const unsigned int* __restrict__ offsets,
+                                        const u64* __restrict__ rows,
+                                        const float* __restrict__ weights, int width,
+                                        float* __restrict__ out) {
+    const int t = blockIdx.x;
+    const unsigned int e0 = offsets[t], e1 = offsets[t + 1];
+    for (int c = threadIdx.x; c < width; c += blockDim.x) {
+        float acc = 0.0f;
+        for (unsigned int e = e0; e < e1; e++) acc += weights[e] * ((const float*)rows[e])[c];
+        out[(long long)t * width + c] = acc;
+    }
+}

@@ -18,23 +18,27 @@ pub trait Offload: Send + Sync {
     /// before returning. Results agree with the CPU's to rounding, not bit for bit.
     fn matmul_batch(&self, jobs: &mut [MatmulJob]) -> Result<(), MatmulError>;
 
-    /// Runs whole SiLU-gated expert FFNs, `down(SiLU(gate·x) ⊙ up·x)`, keeping the hidden
-    /// activation on the device (one round trip instead of two, no activation work here).
-    /// Every matrix of every job is [held](Self::holds); `acts` are in the gate/up format's
-    /// activation form, as for [`Self::matmul_batch`]. A device without this returns `false`
-    /// (nothing run), and the caller runs the FFNs as matrix products.
-    fn expert_ffn(&self, jobs: &mut [ExpertFfnJob]) -> Result<bool, MatmulError> {
-        let _ = jobs;
+    /// Runs whole SiLU-gated expert FFNs, `down(SiLU(gate·x) ⊙ up·x)`, and their weighted sum
+    /// per token, `out[t] = Σ weight · FFN(row)` over the rows of every job serving token `t`,
+    /// keeping the hidden activations and the per-row outputs on the device (one round trip;
+    /// `out`, `n_tokens × down.rows` values, is all that comes back). Every matrix of every job
+    /// is [held](Self::holds); `acts` are in the gate/up format's activation form, as for
+    /// [`Self::matmul_batch`]. A device without this returns `false` (nothing run), and the
+    /// caller runs the FFNs as matrix products.
+    fn expert_ffn(&self, jobs: &[ExpertFfnJob], out: &mut [f32]) -> Result<bool, MatmulError> {
+        let _ = (jobs, out);
         Ok(false)
     }
 }
 
-/// One expert's FFN over the `n` token rows it serves: `out` gets `n × down.rows` values.
+/// One expert's FFN over the `n` token rows it serves: row `i` is token `tokens[i]`'s, and
+/// its output counts with `weights[i]`.
 pub struct ExpertFfnJob<'a> {
     pub gate: Weights<'a>,
     pub up: Weights<'a>,
     pub down: Weights<'a>,
     pub acts: &'a [u8],
     pub n: usize,
-    pub out: &'a mut [f32],
+    pub tokens: &'a [u32],
+    pub weights: &'a [f32],
 }

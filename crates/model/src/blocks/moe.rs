@@ -244,8 +244,31 @@ pub fn moe_ffn(
     // Per slot output (n_embd each), filled as experts arrive, summed in slot order at the end.
     let mut slot_out = vec![0f32; routing.experts.len() * n_embd];
     let mut done = vec![false; routing.experts.len()];
+    // Experts an offload device ran come back summed per token (their slots stay zero).
+    let mut device_sum: Option<Vec<f32>> = None;
+    let mut summed = vec![false; routing.experts.len()];
     let mut sink = |batch: &[(usize, ExpertMatrices<'_>)]| -> Result<()> {
-        run_experts(cx, x, &groups, batch, n_embd, kind, &mut slot_out)?;
+        let ran = run_experts(
+            cx,
+            x,
+            &groups,
+            batch,
+            n_embd,
+            kind,
+            &routing.weights,
+            &mut slot_out,
+        )?;
+        if let Some((sum, experts)) = ran {
+            for e in experts {
+                for &slot in &groups[e] {
+                    summed[slot] = true;
+                }
+            }
+            match &mut device_sum {
+                Some(total) => total.iter_mut().zip(&sum).for_each(|(a, b)| *a += b),
+                None => device_sum = Some(sum),
+            }
+        }
         for (e, _) in batch {
             for &slot in &groups[*e] {
                 done[slot] = true;
@@ -267,10 +290,15 @@ pub fn moe_ffn(
     cx.par_rows(&mut out, n_embd, |first, rows| {
         for (j, o) in rows.chunks_exact_mut(n_embd).enumerate() {
             let t = first + j;
-            for s in (t * k..(t + 1) * k).filter(|&s| is_mine(s)) {
+            for s in (t * k..(t + 1) * k).filter(|&s| is_mine(s) && !summed[s]) {
                 let w = routing.weights[s] as f64;
                 for (ov, &yv) in o.iter_mut().zip(&slot_out[s * n_embd..(s + 1) * n_embd]) {
                     *ov += w * yv as f64;
+                }
+            }
+            if let Some(sum) = &device_sum {
+                for (ov, &yv) in o.iter_mut().zip(&sum[t * n_embd..(t + 1) * n_embd]) {
+                    *ov += yv as f64;
                 }
             }
         }
@@ -290,8 +318,11 @@ struct ExpertWork {
 }
 
 /// Runs a batch of ready experts. Those whose three matrices an offload device (a GPU) holds
-/// run there as whole FFNs — when the FFN has no biases and a plain SiLU gate, the device's
-/// one fused form — while the CPU runs the others at the same time.
+/// run there as whole FFNs with their weighted sum per token — when the FFN has no biases and a
+/// plain SiLU gate, the device's one fused form — while the CPU runs the others at the same
+/// time into `slot_out`. Returns the device's per-token sums (`n × n_embd`) and the experts it
+/// ran, if it ran any.
+#[allow(clippy::too_many_arguments)]
 fn run_experts(
     cx: &Compute,
     x: &Input,
@@ -299,59 +330,69 @@ fn run_experts(
     batch: &[(usize, ExpertMatrices<'_>)],
     n_embd: usize,
     kind: &ExpertFfn,
+    slot_weights: &[f32],
     slot_out: &mut [f32],
-) -> Result<()> {
+) -> Result<Option<(Vec<f32>, Vec<usize>)>> {
+    let here_only = |batch: &[(usize, ExpertMatrices<'_>)], slot_out: &mut [f32]| {
+        run_experts_here(cx, x, groups, batch, n_embd, kind, slot_out).map(|()| None)
+    };
     let device = cx
         .offload()
         .filter(|_| kind.biases.is_none() && kind.glu == Glu::Silu && !batch.is_empty());
     let Some(device) = device else {
-        return run_experts_here(cx, x, groups, batch, n_embd, kind, slot_out);
+        return here_only(batch, slot_out);
     };
     let (there, here): (Vec<_>, Vec<_>) = batch
         .iter()
         .copied()
         .partition(|(_, m)| device.holds(&m.gate) && device.holds(&m.up) && device.holds(&m.down));
-    if there.is_empty() {
-        return run_experts_here(cx, x, groups, batch, n_embd, kind, slot_out);
-    }
-    let gate_act = kernels::format(there[0].1.gate.dtype)
-        .ok_or(kernels::MatmulError::UnsupportedType(there[0].1.gate.dtype))?
-        .act;
-    if there.iter().any(|(_, m)| {
-        kernels::format(m.up.dtype).map(|f| f.act) != Some(gate_act)
-            || kernels::format(m.gate.dtype).map(|f| f.act) != Some(gate_act)
-    }) {
-        return run_experts_here(cx, x, groups, batch, n_embd, kind, slot_out);
-    }
+    let act_of = |w: &kernels::Weights| kernels::format(w.dtype).map(|f| f.act);
+    let gate_act = there.first().and_then(|(_, m)| act_of(&m.gate));
+    let Some(gate_act) = gate_act.filter(|&a| {
+        there
+            .iter()
+            .all(|(_, m)| act_of(&m.gate) == Some(a) && act_of(&m.up) == Some(a))
+    }) else {
+        return here_only(batch, slot_out);
+    };
     // Quantized here, before the device's thread starts: the pool serves one caller at a time.
     let acts = x.quantized(gate_act, &cx.pool);
     let arb = gate_act.row_bytes(x.k());
     let slots_per_token = slot_out.len() / n_embd / x.n().max(1);
-    let on_device = || -> Result<(bool, Vec<Vec<f32>>)> {
+    let on_device = || -> Result<(bool, Vec<f32>)> {
         let rows_in: Vec<Vec<u8>> = there
             .iter()
             .map(|(e, _)| gather_rows(acts, arb, &groups[*e], slots_per_token))
             .collect();
-        let mut outs: Vec<Vec<f32>> = there
+        let tokens: Vec<Vec<u32>> = there
             .iter()
-            .map(|(e, m)| vec![0f32; groups[*e].len() * m.down.rows])
+            .map(|(e, _)| {
+                groups[*e]
+                    .iter()
+                    .map(|&s| (s / slots_per_token) as u32)
+                    .collect()
+            })
             .collect();
-        let mut jobs: Vec<kernels::ExpertFfnJob> = there
+        let weights: Vec<Vec<f32>> = there
             .iter()
-            .zip(&rows_in)
-            .zip(outs.iter_mut())
-            .map(|(((e, m), rows), out)| kernels::ExpertFfnJob {
+            .map(|(e, _)| groups[*e].iter().map(|&s| slot_weights[s]).collect())
+            .collect();
+        let jobs: Vec<kernels::ExpertFfnJob> = there
+            .iter()
+            .enumerate()
+            .map(|(i, (e, m))| kernels::ExpertFfnJob {
                 gate: m.gate,
                 up: m.up,
                 down: m.down,
-                acts: rows,
+                acts: &rows_in[i],
                 n: groups[*e].len(),
-                out,
+                tokens: &tokens[i],
+                weights: &weights[i],
             })
             .collect();
-        let ran = device.expert_ffn(&mut jobs)?;
-        drop(jobs);
-        Ok((ran, outs))
+        let mut sum = vec![0f32; x.n() * n_embd];
+        let ran = device.expert_ffn(&jobs, &mut sum)?;
+        Ok((ran, sum))
     };
     let (device_result, here_result) = if here.is_empty() {
         let _wait = span(Phase::ExpertDevice);
@@ -369,18 +410,11 @@ fn run_experts(
         })
     };
     here_result?;
-    let (ran, outs) = device_result?;
+    let (ran, sum) = device_result?;
     if !ran {
-        return run_experts_here(cx, x, groups, &there, n_embd, kind, slot_out);
+        return here_only(&there, slot_out);
     }
-    let _combine = span(Phase::ExpertCombine);
-    for ((e, _), out) in there.iter().zip(&outs) {
-        for (row, &slot) in groups[*e].iter().enumerate() {
-            slot_out[slot * n_embd..(slot + 1) * n_embd]
-                .copy_from_slice(&out[row * n_embd..(row + 1) * n_embd]);
-        }
-    }
-    Ok(())
+    Ok(Some((sum, there.iter().map(|(e, _)| *e).collect())))
 }
 
 /// Runs a batch of ready experts on this machine's CPU: gate and up of all of them in one
