@@ -100,9 +100,11 @@ fn hybrid_placement_matches_the_cpu() {
     let tokens = prompt("qwen3moe");
     let (want, want_tokens) = run(&model, &Compute::new(2), &tokens);
     let sel = whole(&model);
-    let mut probe = gpu::open(0).unwrap();
-    let full = gpu::upload_model(&mut probe, &model, &sel, u64::MAX).unwrap();
-    drop(probe);
+    // What the whole model takes on the device (that device is released at the block's end).
+    let full = {
+        let mut probe = gpu::open(0).unwrap();
+        gpu::upload_model(&mut probe, &model, &sel, u64::MAX).unwrap()
+    };
     // A third of the experts (the first layers whole), and a few of layer 0's only: there the
     // very first step already splits between the GPU and the CPU.
     let n_layer = model.n_layer() as u64;
