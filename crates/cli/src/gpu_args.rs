@@ -21,6 +21,10 @@ pub struct GpuArgs {
     /// GPU memory for weights (8GiB, 512MiB). Default: its free memory less 2 GiB.
     #[arg(long, value_name = "SIZE", value_parser = parse_gpu_mem, requires = "gpu")]
     pub gpu_mem: Option<u64>,
+    /// Run each matrix product on the GPU on its own (activations to and from the CPU per
+    /// product) even where whole layers could run there.
+    #[arg(long, requires = "gpu")]
+    pub gpu_piecewise: bool,
 }
 
 fn parse_gpu_mem(s: &str) -> Result<u64, String> {
@@ -62,5 +66,22 @@ pub fn attach(
         .with_context(|| format!("copying weights to {info}"))?;
     tracing::info!("{info}: {report} in {:.2?}", t0.elapsed());
     eprintln!("{info}: {report}");
-    Ok(compute.with_offload(Arc::new(device)))
+    let device = Arc::new(device);
+    let compute = compute.with_offload(device.clone());
+    if args.gpu_piecewise {
+        eprintln!("{info}: matrix products one at a time (--gpu-piecewise)");
+        return Ok(compute);
+    }
+    match gpu::whole_model(device, model) {
+        Ok(whole) => {
+            eprintln!("{info}: whole layers run on the GPU (activations stay in its memory)");
+            Ok(compute.with_layer_device(whole))
+        }
+        Err(why) => {
+            eprintln!(
+                "{info}: matrix products one at a time; whole layers cannot run there: {why}"
+            );
+            Ok(compute)
+        }
+    }
 }

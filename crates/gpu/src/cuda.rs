@@ -14,13 +14,14 @@ use kernels::{ActKind, ExpertFfnJob, MatmulError, MatmulJob, Offload, Weights};
 
 use crate::{DeviceInfo, GpuError, supports};
 
-const SOURCE: &str = include_str!("matmul.cu");
+/// The matrix products, then the kernels between them of whole layers on the device.
+const SOURCE: &str = concat!(include_str!("matmul.cu"), include_str!("resident.cu"));
 /// As in matmul.cu.
-const JOB_FIELDS: usize = 10;
-const GLU_FIELDS: usize = 7;
-const ROWS_PER_BLOCK: usize = 4;
-const TOKENS_PER_TILE: usize = 8;
-const THREADS_PER_BLOCK: u32 = 32 * ROWS_PER_BLOCK as u32;
+pub(crate) const JOB_FIELDS: usize = 12;
+pub(crate) const GLU_FIELDS: usize = 7;
+pub(crate) const ROWS_PER_BLOCK: usize = 4;
+pub(crate) const TOKENS_PER_TILE: usize = 8;
+pub(crate) const THREADS_PER_BLOCK: u32 = 32 * ROWS_PER_BLOCK as u32;
 
 /// Host bytes `[host, host + len)` live on the device at `dev`.
 struct Region {
@@ -42,11 +43,12 @@ struct Scratch {
 }
 
 pub struct CudaOffload {
-    ordinal: usize,
-    name: String,
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    matmul: CudaFunction,
+    pub(crate) ordinal: usize,
+    pub(crate) name: String,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) module: Arc<cudarc::driver::CudaModule>,
+    pub(crate) matmul: CudaFunction,
     glu: CudaFunction,
     weighted_sum: CudaFunction,
     /// By host start address.
@@ -130,6 +132,7 @@ impl CudaOffload {
             name,
             ctx,
             stream,
+            module,
             matmul,
             glu,
             weighted_sum,
@@ -206,13 +209,13 @@ impl CudaOffload {
     }
 
     /// The device address of `bytes`, when they lie inside one uploaded region.
-    fn device_address(&self, bytes: &[u8]) -> Option<u64> {
+    pub(crate) fn device_address(&self, bytes: &[u8]) -> Option<u64> {
         let p = bytes.as_ptr() as usize;
         let (&start, r) = self.regions.range(..=p).next_back()?;
         (p + bytes.len() <= start + r.len).then(|| r.dev + (p - start) as u64)
     }
 
-    fn device_error(&self, what: &str, e: impl std::fmt::Display) -> MatmulError {
+    pub(crate) fn device_error(&self, what: &str, e: impl std::fmt::Display) -> MatmulError {
         MatmulError::Device {
             device: format!("GPU {} ({})", self.ordinal, self.name),
             detail: format!("{what}: {e}"),
@@ -239,7 +242,7 @@ impl CudaOffload {
 }
 
 /// Grows the page-locked host buffer `slot` to at least `len` elements and returns its start.
-fn ensure_pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+pub(crate) fn ensure_pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     ctx: &Arc<CudaContext>,
     slot: &mut Option<PinnedHostSlice<T>>,
     len: usize,
@@ -255,7 +258,7 @@ fn ensure_pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits
 }
 
 /// Bytes of one activation row for weights of `w`'s format.
-fn act_row_bytes(w: &Weights) -> Result<usize, MatmulError> {
+pub(crate) fn act_row_bytes(w: &Weights) -> Result<usize, MatmulError> {
     let fmt = kernels::format(w.dtype).ok_or(MatmulError::UnsupportedType(w.dtype))?;
     Ok(fmt.act.row_bytes(w.cols))
 }
@@ -290,19 +293,20 @@ impl Layout {
 }
 
 /// One matrix product as `matmul_grouped` reads it (device addresses).
-struct MatRecord {
-    w: u64,
-    acts: u64,
-    out: u64,
-    weights: (usize, usize, usize, u64), // row stride, rows, cols, ggml type
-    act_stride: usize,
-    n: usize,
+pub(crate) struct MatRecord {
+    pub(crate) w: u64,
+    pub(crate) acts: u64,
+    pub(crate) out: u64,
+    pub(crate) weights: (usize, usize, usize, u64), // row stride, rows, cols, ggml type
+    pub(crate) act_stride: usize,
+    pub(crate) n: usize,
+    /// Adds to the output instead of writing it.
+    pub(crate) accumulate: bool,
 }
 
-/// Writes `records` as a `matmul_grouped` table at `table` and returns its grid.
-fn write_matmul_table(table: &mut [u8], records: &[MatRecord]) -> Option<(u32, u32)> {
+/// Writes `records` as a `matmul_grouped` table at `table` and returns its grid (blocks).
+pub(crate) fn write_matmul_table(table: &mut [u8], records: &[MatRecord]) -> Option<u32> {
     let mut first_block = 0u64;
-    let mut max_tiles = 0usize;
     for (i, r) in records.iter().enumerate() {
         let (stride, rows, cols, dtype) = r.weights;
         let fields: [u64; JOB_FIELDS] = [
@@ -316,17 +320,16 @@ fn write_matmul_table(table: &mut [u8], records: &[MatRecord]) -> Option<(u32, u
             r.n as u64,
             dtype,
             first_block,
+            0,
+            r.accumulate as u64,
         ];
         for (k, v) in fields.iter().enumerate() {
             let at = (i * JOB_FIELDS + k) * 8;
             table[at..at + 8].copy_from_slice(&v.to_le_bytes());
         }
-        first_block += rows.div_ceil(ROWS_PER_BLOCK) as u64;
-        max_tiles = max_tiles.max(r.n.div_ceil(TOKENS_PER_TILE));
+        first_block += (rows.div_ceil(ROWS_PER_BLOCK) * r.n.div_ceil(TOKENS_PER_TILE)) as u64;
     }
-    let x = u32::try_from(first_block).ok()?;
-    let y = u32::try_from(max_tiles).ok().filter(|&y| y <= 65_535)?;
-    Some((x, y))
+    u32::try_from(first_block).ok()
 }
 
 /// A call's buffers, sized for its layout: the page-locked host sides and the device bases.
@@ -377,17 +380,12 @@ impl CudaOffload {
         })
     }
 
-    fn launch_matmul(
-        &self,
-        table: u64,
-        n_jobs: usize,
-        grid: (u32, u32),
-    ) -> Result<(), MatmulError> {
+    fn launch_matmul(&self, table: u64, n_jobs: usize, grid: u32) -> Result<(), MatmulError> {
         let n_jobs = n_jobs as i32;
         let mut launch = self.stream.launch_builder(&self.matmul);
         launch.arg(&table).arg(&n_jobs);
         let cfg = LaunchConfig {
-            grid_dim: (grid.0, grid.1, 1),
+            grid_dim: (grid, 1, 1),
             block_dim: (THREADS_PER_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -395,7 +393,7 @@ impl CudaOffload {
         // records (copied in before this launch, in stream order) whose weight addresses lie in
         // uploaded regions (`device_address` checked each job's whole weight slice) and whose
         // activations and outputs lie in this call's buffers, sized from the checked lengths;
-        // the grid covers exactly the jobs' row blocks (blocks past a job's tokens return).
+        // the grid covers exactly the jobs' blocks (row blocks × token tiles of each).
         unsafe { launch.launch(cfg) }
             .map(|_| ())
             .map_err(|e| self.device_error("launching matmul", e))
@@ -446,7 +444,7 @@ impl CudaOffload {
     }
 }
 
-fn weights_key(w: &Weights) -> (usize, usize, usize, u64) {
+pub(crate) fn weights_key(w: &Weights) -> (usize, usize, usize, u64) {
     (w.row_stride(), w.rows, w.cols, w.dtype as u64)
 }
 
@@ -521,12 +519,13 @@ impl Offload for CudaOffload {
                 weights: weights_key(&job.w),
                 act_stride: act_row_bytes(&job.w)?,
                 n: job.n,
+                accumulate: false,
             });
         }
         let Some(grid) = write_matmul_table(&mut st.host_in[table..], &records) else {
             return Err(self.device_error("matmul", "too many rows or tokens for one launch"));
         };
-        if grid.1 == 0 {
+        if grid == 0 {
             return Ok(());
         }
         for &(_, len, off, i) in &inputs {
@@ -621,6 +620,7 @@ impl Offload for CudaOffload {
                     weights: weights_key(w),
                     act_stride: arb,
                     n: j.n,
+                    accumulate: false,
                 });
             }
             down.push(MatRecord {
@@ -630,6 +630,7 @@ impl Offload for CudaOffload {
                 weights: weights_key(&j.down),
                 act_stride: a.down_act.row_bytes(hidden),
                 n: j.n,
+                accumulate: false,
             });
         }
         let grids = (
@@ -708,14 +709,15 @@ impl Offload for CudaOffload {
                 base + sum_rows as u64,
                 base + sum_weights as u64,
             );
-            let (width_arg, sum_dst) = (width as i32, out_base + 4 * sum_out as u64);
+            let (width_arg, sum_dst, write) = (width as i32, out_base + 4 * sum_out as u64, 0i32);
             let mut launch = self.stream.launch_builder(&self.weighted_sum);
             launch
                 .arg(&offsets)
                 .arg(&rows)
                 .arg(&weights)
                 .arg(&width_arg)
-                .arg(&sum_dst);
+                .arg(&sum_dst)
+                .arg(&write);
             let cfg = LaunchConfig {
                 grid_dim: (tokens, 1, 1),
                 block_dim: (256, 1, 1),

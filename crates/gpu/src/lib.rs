@@ -13,6 +13,8 @@ pub use placement::{OffloadReport, upload_model};
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]
 mod cuda;
+#[cfg(any(target_os = "linux", target_os = "windows"))]
+mod resident;
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]
 pub use cuda::CudaOffload;
@@ -72,6 +74,26 @@ impl std::fmt::Display for DeviceInfo {
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// A device that runs `model`'s whole steps on `dev` (which must hold every weight of it, see
+/// [`upload_model`]), or why it cannot: an architecture or layer form without whole-layer
+/// kernels, weights left on the CPU.
+pub fn whole_model(
+    dev: std::sync::Arc<CudaOffload>,
+    model: &model::Model,
+) -> Result<std::sync::Arc<dyn model::LayerDevice>, String> {
+    #[cfg(any(target_os = "linux", target_os = "windows"))]
+    {
+        Ok(std::sync::Arc::new(resident::ResidentModel::new(
+            dev, model,
+        )?))
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "windows")))]
+    {
+        let _ = (dev, model);
+        Err("built without the CUDA backend".into())
+    }
+}
 
 /// Opens GPU `ordinal` and compiles its kernels. Fails with a reason (no driver, no such
 /// device, NVRTC missing, a platform built without CUDA) where it cannot.

@@ -15,7 +15,7 @@ typedef unsigned long long u64;
 
 #define TT 8
 #define ROWS_PER_BLOCK 4
-#define JOB_FIELDS 10
+#define JOB_FIELDS 12
 
 // ggml type ids.
 #define T_F32 0
@@ -57,7 +57,7 @@ __device__ __forceinline__ int ld_i16(const u8* p) {
 // after d and dmin), and the dot with the Q8_K activations (their 16-value sums give the min's
 // share).
 __device__ __forceinline__ void sub_block_k4(const u8* wb, int sub, const u32* q, int blk,
-                                             const u8* a, long long a_stride, int nt, float* acc) {
+                                             const u8* const* arow, int nt, float* acc) {
     const u8* sc = wb + 4;
     int scale, mn;
     if (sub < 4) {
@@ -72,7 +72,7 @@ __device__ __forceinline__ void sub_block_k4(const u8* wb, int sub, const u32* q
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         if (t < nt) {
-            const u8* ab = a + t * a_stride + blk * Q8K_BYTES;
+            const u8* ab = arow[t] + blk * Q8K_BYTES;
             const int* q8 = (const int*)(ab + 4 + 32 * sub);
             int sumi = 0;
 #pragma unroll
@@ -84,7 +84,7 @@ __device__ __forceinline__ void sub_block_k4(const u8* wb, int sub, const u32* q
 }
 
 // Q4_K: d, dmin (f16), scales[12] (6-bit scale and min of 8 sub-blocks), qs[128].
-__device__ __forceinline__ void seg_q4_k(const u8* w, int s, const u8* a, long long a_stride,
+__device__ __forceinline__ void seg_q4_k(const u8* w, int s, const u8* const* arow,
                                          int nt, float* acc) {
     const int blk = s >> 3, sub = s & 7;
     const u8* wb = w + blk * 144;
@@ -93,11 +93,11 @@ __device__ __forceinline__ void seg_q4_k(const u8* w, int s, const u8* a, long l
     u32 q[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) q[i] = (qs[i] >> shift) & 0x0F0F0F0Fu;
-    sub_block_k4(wb, sub, q, blk, a, a_stride, nt, acc);
+    sub_block_k4(wb, sub, q, blk, arow, nt, acc);
 }
 
 // Q5_K: d, dmin, scales[12], qh[32] (bit `sub` of byte l: the fifth bit), qs[128].
-__device__ __forceinline__ void seg_q5_k(const u8* w, int s, const u8* a, long long a_stride,
+__device__ __forceinline__ void seg_q5_k(const u8* w, int s, const u8* const* arow,
                                          int nt, float* acc) {
     const int blk = s >> 3, sub = s & 7;
     const u8* wb = w + blk * 176;
@@ -108,12 +108,12 @@ __device__ __forceinline__ void seg_q5_k(const u8* w, int s, const u8* a, long l
 #pragma unroll
     for (int i = 0; i < 8; i++)
         q[i] = ((qs[i] >> shift) & 0x0F0F0F0Fu) | (((qh[i] >> sub) & 0x01010101u) << 4);
-    sub_block_k4(wb, sub, q, blk, a, a_stride, nt, acc);
+    sub_block_k4(wb, sub, q, blk, arow, nt, acc);
 }
 
 // Q6_K: ql[128], qh[64], scales[16] i8, d f16; value = d * scale * (q6 - 32). Segment s covers
 // values 128*(s/4) + 32*(s%4) .. +32, two scale groups of 16.
-__device__ __forceinline__ void seg_q6_k(const u8* w, int s, const u8* a, long long a_stride,
+__device__ __forceinline__ void seg_q6_k(const u8* w, int s, const u8* const* arow,
                                          int nt, float* acc) {
     const int blk = s >> 3, half = (s >> 2) & 1, part = s & 3;
     const u8* wb = w + blk * 210;
@@ -134,7 +134,7 @@ __device__ __forceinline__ void seg_q6_k(const u8* w, int s, const u8* a, long l
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         if (t < nt) {
-            const u8* ab = a + t * a_stride + blk * Q8K_BYTES;
+            const u8* ab = arow[t] + blk * Q8K_BYTES;
             const int* q8 = (const int*)(ab + 4 + 128 * half + 32 * part);
             int sum0 = 0, sum1 = 0;
 #pragma unroll
@@ -152,7 +152,7 @@ __device__ __forceinline__ void seg_q6_k(const u8* w, int s, const u8* a, long l
 // Q4_0: d f16, qs[16] (low nibbles values 0..15, high 16..31); value = d * (q - 8).
 // Q4_1: d, m f16, qs[16]; value = d * q + m.  Q8_0: d f16, qs[32] i8.
 template <int TYPE>
-__device__ __forceinline__ void seg_legacy(const u8* w, int s, const u8* a, long long a_stride,
+__device__ __forceinline__ void seg_legacy(const u8* w, int s, const u8* const* arow,
                                            int nt, float* acc) {
     const int bytes = TYPE == T_Q4_0 ? 18 : TYPE == T_Q4_1 ? 20 : 34;
     const u8* wb = w + s * bytes;
@@ -176,7 +176,7 @@ __device__ __forceinline__ void seg_legacy(const u8* w, int s, const u8* a, long
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         if (t < nt) {
-            const u8* ab = a + t * a_stride + s * Q8_0_BYTES;
+            const u8* ab = arow[t] + s * Q8_0_BYTES;
             int sumi = 0, sum8 = 0;
 #pragma unroll
             for (int i = 0; i < 8; i++) {
@@ -196,13 +196,13 @@ __device__ __forceinline__ void seg_legacy(const u8* w, int s, const u8* a, long
 
 // Float weights (f32, f16, bf16) against f32 activations; the last segment may be short.
 template <int TYPE>
-__device__ __forceinline__ void seg_float(const u8* w, int s, int cols, const u8* a,
-                                          long long a_stride, int nt, float* acc) {
+__device__ __forceinline__ void seg_float(const u8* w, int s, int cols, const u8* const* arow,
+                                          int nt, float* acc) {
     const int c0 = 32 * s, c1 = min(c0 + 32, cols);
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         if (t < nt) {
-            const float* x = (const float*)(a + t * a_stride);
+            const float* x = (const float*)arow[t];
             float sum = 0.f;
             for (int c = c0; c < c1; c++) {
                 float v;
@@ -218,9 +218,12 @@ __device__ __forceinline__ void seg_float(const u8* w, int s, int cols, const u8
 
 // table: n_jobs records of JOB_FIELDS u64s: weights, activations, output (device addresses),
 // weight row stride (bytes), activation row stride (bytes), rows, cols, tokens, ggml type, the
-// job's first block. Grid: (sum of the jobs' blocks, tiles of the largest job's tokens).
+// job's first block, a gather index (u32 per token: which activation row; 0 = the rows in
+// order), flags (bit 0: add to the output instead of writing it). A job has one block per 4
+// rows per tile of TT tokens, numbered from its first block (tiles outer); blocks past the last
+// job's end return, so the grid may be an upper bound (tables built on the device).
 extern "C" __global__ void matmul_grouped(const u64* __restrict__ table, int n_jobs) {
-    const int b = blockIdx.x;
+    const long long b = blockIdx.x;
     int lo = 0, hi = n_jobs - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
@@ -230,15 +233,25 @@ extern "C" __global__ void matmul_grouped(const u64* __restrict__ table, int n_j
     const u64* job = table + lo * JOB_FIELDS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long rows = (long long)job[5];
-    const long long row = (long long)(b - (long long)job[9]) * ROWS_PER_BLOCK + warp;
+    const long long rb = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
     const int n = (int)job[7];
-    const int t0 = blockIdx.y * TT;
     // Whole warps leave together: the shuffles below need every lane.
-    if (row >= rows || t0 >= n) return;
+    if (rb == 0 || n == 0 || b < (long long)job[9]) return;
+    const long long local = b - (long long)job[9];
+    const long long row = (local % rb) * ROWS_PER_BLOCK + warp;
+    const long long t0l = (local / rb) * TT;
+    if (row >= rows || t0l >= n) return;
+    const int t0 = (int)t0l;
     const int nt = min(TT, n - t0);
     const long long a_stride = (long long)job[4];
     const u8* w = (const u8*)job[0] + row * (long long)job[3];
-    const u8* a = (const u8*)job[1] + (long long)t0 * a_stride;
+    const unsigned int* gather = (const unsigned int*)job[10];
+    const u8* arow[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        const int tt = min(t0 + t, n - 1);
+        arow[t] = (const u8*)job[1] + (long long)(gather ? gather[tt] : (unsigned int)tt) * a_stride;
+    }
     const int cols = (int)job[6];
     float acc[TT];
 #pragma unroll
@@ -246,31 +259,31 @@ extern "C" __global__ void matmul_grouped(const u64* __restrict__ table, int n_j
     const int n_seg = (cols + 31) / 32;
     switch ((int)job[8]) {
     case T_Q4_K:
-        for (int s = lane; s < n_seg; s += 32) seg_q4_k(w, s, a, a_stride, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_q4_k(w, s, arow, nt, acc);
         break;
     case T_Q5_K:
-        for (int s = lane; s < n_seg; s += 32) seg_q5_k(w, s, a, a_stride, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_q5_k(w, s, arow, nt, acc);
         break;
     case T_Q6_K:
-        for (int s = lane; s < n_seg; s += 32) seg_q6_k(w, s, a, a_stride, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_q6_k(w, s, arow, nt, acc);
         break;
     case T_Q4_0:
-        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q4_0>(w, s, a, a_stride, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q4_0>(w, s, arow, nt, acc);
         break;
     case T_Q4_1:
-        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q4_1>(w, s, a, a_stride, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q4_1>(w, s, arow, nt, acc);
         break;
     case T_Q8_0:
-        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q8_0>(w, s, a, a_stride, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q8_0>(w, s, arow, nt, acc);
         break;
     case T_F32:
-        for (int s = lane; s < n_seg; s += 32) seg_float<T_F32>(w, s, cols, a, a_stride, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_float<T_F32>(w, s, cols, arow, nt, acc);
         break;
     case T_F16:
-        for (int s = lane; s < n_seg; s += 32) seg_float<T_F16>(w, s, cols, a, a_stride, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_float<T_F16>(w, s, cols, arow, nt, acc);
         break;
     case T_BF16:
-        for (int s = lane; s < n_seg; s += 32) seg_float<T_BF16>(w, s, cols, a, a_stride, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_float<T_BF16>(w, s, cols, arow, nt, acc);
         break;
     default:
         break;
@@ -282,7 +295,10 @@ extern "C" __global__ void matmul_grouped(const u64* __restrict__ table, int n_j
             float v = acc[t];
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0) out[(long long)(t0 + t) * rows + row] = v;
+            if (lane == 0) {
+                float* o = out + (long long)(t0 + t) * rows + row;
+                *o = (job[11] & 1) ? *o + v : v;
+            }
         }
     }
 }
@@ -304,6 +320,58 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
+// One Q8_0 block (32 values, lane l holding value l) quantized by a warp, as the CPU does.
+__device__ __forceinline__ void warp_quant_q8_0(float v, u8* out, int lane) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    out[2 + lane] = (u8)(signed char)__float2int_rn(v * id);
+    if (lane == 0) *(u16*)out = f32_to_f16(d);
+}
+
+// One Q8_K block (256 values, lane l holding 8l..8l+7 in v) quantized by a warp: the scale
+// from the value of largest magnitude, the first such one (as the CPU picks it).
+__device__ __forceinline__ void warp_quant_q8_k(const float* v, u8* out, int lane) {
+    float best = 0.0f, best_v = 0.0f;
+    int best_i = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (fabsf(v[i]) > best) {
+            best = fabsf(v[i]);
+            best_v = v[i];
+            best_i = 8 * lane + i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (ob > best || (ob == best && oi < best_i)) {
+            best = ob;
+            best_v = ov;
+            best_i = oi;
+        }
+    }
+    if (best == 0.0f) {
+        for (int i = lane; i < Q8K_BYTES; i += 32) out[i] = 0;
+        return;
+    }
+    const float iscale = -127.0f / best_v;
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int q = min(127, __float2int_rn(iscale * v[i]));
+        out[4 + 8 * lane + i] = (u8)(signed char)q;
+        sum += q;
+    }
+    sum += __shfl_down_sync(0xffffffffu, sum, 1);
+    if ((lane & 1) == 0) *(short*)(out + 260 + lane) = (short)sum;
+    if (lane == 0) *(float*)out = 1.0f / iscale;
+}
+
 extern "C" __global__ void glu_quantize(const u64* __restrict__ table, int n_jobs) {
     const int b = blockIdx.x;
     int lo = 0, hi = n_jobs - 1;
@@ -314,7 +382,7 @@ extern "C" __global__ void glu_quantize(const u64* __restrict__ table, int n_job
     }
     const u64* job = table + lo * GLU_FIELDS;
     const long long r = b - (long long)job[5];
-    if (r >= (long long)job[6]) return;
+    if (r < 0 || r >= (long long)job[6]) return;
     const int width = (int)job[3];
     const float* g = (const float*)job[0] + r * width;
     const float* u = (const float*)job[1] + r * width;
@@ -327,77 +395,35 @@ extern "C" __global__ void glu_quantize(const u64* __restrict__ table, int n_job
     }
     if (type == T_Q8_0) {
         u8* row = (u8*)job[2] + r * (width / 32) * 34;
-        for (int blk = warp; blk < width / 32; blk += blockDim.x / 32) {
-            const float v = silu_mul(g[blk * 32 + lane], u[blk * 32 + lane]);
-            float amax = fabsf(v);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            const float d = amax / 127.0f;
-            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-            u8* out = row + blk * 34;
-            out[2 + lane] = (u8)(signed char)__float2int_rn(v * id);
-            if (lane == 0) *(u16*)out = f32_to_f16(d);
-        }
+        for (int blk = warp; blk < width / 32; blk += blockDim.x / 32)
+            warp_quant_q8_0(silu_mul(g[blk * 32 + lane], u[blk * 32 + lane]), row + blk * 34, lane);
         return;
     }
-    // Q8_K: d f32, qs[256], bsums[16] i16; lane l holds values 8l..8l+7 of its block.
     u8* row = (u8*)job[2] + r * (width / 256) * Q8K_BYTES;
     for (int blk = warp; blk < width / 256; blk += blockDim.x / 32) {
         float v[8];
-        float best = 0.0f, best_v = 0.0f;
-        int best_i = 0x7fffffff;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int c = blk * 256 + 8 * lane + i;
             v[i] = silu_mul(g[c], u[c]);
-            if (fabsf(v[i]) > best) {
-                best = fabsf(v[i]);
-                best_v = v[i];
-                best_i = 8 * lane + i;
-            }
         }
-        // The value of largest magnitude, the first such one (as the CPU picks it).
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-            if (ob > best || (ob == best && oi < best_i)) {
-                best = ob;
-                best_v = ov;
-                best_i = oi;
-            }
-        }
-        u8* out = row + blk * Q8K_BYTES;
-        if (best == 0.0f) {
-            for (int i = lane; i < Q8K_BYTES; i += 32) out[i] = 0;
-            continue;
-        }
-        const float iscale = -127.0f / best_v;
-        int sum = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int q = min(127, __float2int_rn(iscale * v[i]));
-            out[4 + 8 * lane + i] = (u8)(signed char)q;
-            sum += q;
-        }
-        sum += __shfl_down_sync(0xffffffffu, sum, 1);
-        if ((lane & 1) == 0) *(short*)(out + 260 + lane) = (short)sum;
-        if (lane == 0) *(float*)out = 1.0f / iscale;
+        warp_quant_q8_k(v, row + blk * Q8K_BYTES, lane);
     }
 }
 
 // Each token's weighted sum of its experts' output rows. offsets[t]..offsets[t + 1] index
-// `rows` (device addresses of f32 rows of `width`) and `weights`. One block per token.
+// `rows` (device addresses of f32 rows of `width`) and `weights`. One block per token. With
+// `accumulate` the sum is added to `out` (the residual stream) instead of written.
 extern "C" __global__ void weighted_sum(const unsigned int* __restrict__ offsets,
                                         const u64* __restrict__ rows,
                                         const float* __restrict__ weights, int width,
-                                        float* __restrict__ out) {
+                                        float* __restrict__ out, int accumulate) {
     const int t = blockIdx.x;
     const unsigned int e0 = offsets[t], e1 = offsets[t + 1];
     for (int c = threadIdx.x; c < width; c += blockDim.x) {
         float acc = 0.0f;
         for (unsigned int e = e0; e < e1; e++) acc += weights[e] * ((const float*)rows[e])[c];
-        out[(long long)t * width + c] = acc;
+        float* o = out + (long long)t * width + c;
+        *o = accumulate ? *o + acc : acc;
     }
 }

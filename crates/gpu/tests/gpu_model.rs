@@ -46,6 +46,8 @@ fn prompt(arch: &str) -> Vec<u32> {
 #[test]
 fn gpu_logits_and_greedy_tokens_match_the_cpu() {
     if let Err(e) = gpu::open(0) {
+        // Only a missing device skips; a device whose kernels fail to build fails.
+        assert!(matches!(e, gpu::GpuError::Unavailable(_)), "{e}");
         eprintln!("skipped (no GPU): {e}");
         return;
     }
@@ -92,6 +94,8 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
 #[test]
 fn hybrid_placement_matches_the_cpu() {
     if let Err(e) = gpu::open(0) {
+        // Only a missing device skips; a device whose kernels fail to build fails.
+        assert!(matches!(e, gpu::GpuError::Unavailable(_)), "{e}");
         eprintln!("skipped (no GPU): {e}");
         return;
     }
@@ -125,4 +129,124 @@ fn hybrid_placement_matches_the_cpu() {
         assert!(d <= 1e-3);
         assert_eq!(got_tokens, want_tokens);
     }
+}
+
+/// Logits of `tokens` in chunks of 4 over one f16 cache, chunk `i` on `pick(i)`; then a rewind
+/// of 2 positions and those 2 again on the last compute.
+fn mixed(
+    model: &Model,
+    computes: &[&Compute],
+    pick: impl Fn(usize) -> usize,
+    tokens: &[u32],
+) -> Vec<f32> {
+    use model::{
+        KvCache, KvType, LogitsWanted, NoHooks, ResidentExperts, SeqInput, StageInput, StageOutput,
+    };
+    let last = model.n_layer() - 1;
+    let mut kv = KvCache::new(model.kv_layout(KvType::F16, 0..=last, 1024));
+    let src = ResidentExperts::new(model);
+    let mut out = Vec::new();
+    let step = |kv: &mut KvCache, cx: &Compute, part: &[u32], out: &mut Vec<f32>| {
+        let mut seqs = [SeqInput {
+            kv,
+            n_tokens: part.len(),
+            logits: LogitsWanted::All,
+        }];
+        match model
+            .forward(
+                cx,
+                &src,
+                0..=last,
+                true,
+                StageInput::Tokens(part),
+                &mut seqs,
+                &mut NoHooks,
+            )
+            .unwrap()
+        {
+            StageOutput::Logits(l) => out.extend(l.data),
+            StageOutput::Hidden(_) => unreachable!(),
+        }
+    };
+    for (i, part) in tokens.chunks(4).enumerate() {
+        step(&mut kv, computes[pick(i)], part, &mut out);
+    }
+    let n = tokens.len();
+    kv.truncate(n - 2).unwrap();
+    step(
+        &mut kv,
+        computes[computes.len() - 1],
+        &tokens[n - 2..],
+        &mut out,
+    );
+    out
+}
+
+/// Whole steps on the GPU (every layer and the head there, the caches mirrored in its memory)
+/// against the CPU: the prompt's logits, greedy tokens, and a cache that moves between the
+/// CPU path and the GPU (re-copied when stale, kept across a rewind). Models whose layers have
+/// no whole-layer form must say why.
+#[test]
+fn whole_steps_on_the_gpu_match_the_cpu() {
+    if let Err(e) = gpu::open(0) {
+        // Only a missing device skips; a device whose kernels fail to build fails.
+        assert!(matches!(e, gpu::GpuError::Unavailable(_)), "{e}");
+        eprintln!("skipped (no GPU): {e}");
+        return;
+    }
+    let mut ran = 0;
+    for arch in [
+        "qwen3moe",
+        "mixtral",
+        "llama",
+        "olmoe",
+        "qwen2moe",
+        "gpt-oss",
+        "deepseek2",
+    ] {
+        let dir = fixtures().join(arch);
+        for file in ["model-f32.gguf", "model-q8_0.gguf", "model-q4_k.gguf"] {
+            let path = dir.join(file);
+            if !path.exists() {
+                continue;
+            }
+            let model = Arc::new(Model::load(&path).unwrap());
+            let mut dev = gpu::open(0).unwrap();
+            gpu::upload_model(&mut dev, &model, &whole(&model), u64::MAX).unwrap();
+            let dev = Arc::new(dev);
+            let whole_dev = match gpu::whole_model(dev.clone(), &model) {
+                Ok(w) => w,
+                Err(why) => {
+                    eprintln!("{arch} {file}: not whole on the GPU: {why}");
+                    assert!(!why.is_empty());
+                    continue;
+                }
+            };
+            let tokens = prompt(arch);
+            let cpu = Compute::new(2);
+            let (want, want_tokens) = run(&model, &cpu, &tokens);
+            let on_gpu = Compute::new(2)
+                .with_offload(dev.clone())
+                .with_layer_device(whole_dev.clone());
+            let (got, got_tokens) = run(&model, &on_gpu, &tokens);
+            let d = max_diff(&got, &want);
+            let steps = whole_dev.steps();
+            eprintln!(
+                "{arch} {file}: whole steps {steps}; prompt logits max |gpu − cpu| = {d:.2e}"
+            );
+            assert!(
+                steps >= 17,
+                "{arch} {file}: {steps} steps ran whole on the GPU"
+            );
+            assert!(d <= 1e-3, "{arch} {file}: logits differ by {d}");
+            assert_eq!(got_tokens, want_tokens, "{arch} {file}: greedy tokens");
+            let want = mixed(&model, &[&cpu], |_| 0, &tokens);
+            let got = mixed(&model, &[&cpu, &on_gpu], |i| i % 2, &tokens);
+            let d = max_diff(&got, &want);
+            eprintln!("{arch} {file}: CPU/GPU alternating chunks, f16 cache: max diff {d:.2e}");
+            assert!(d <= 1e-3, "{arch} {file}: alternating chunks differ by {d}");
+            ran += 1;
+        }
+    }
+    assert!(ran > 0, "no model ran whole on the GPU");
 }

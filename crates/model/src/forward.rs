@@ -85,6 +85,22 @@ fn join_carried(
     out
 }
 
+/// The batch rows that need logits.
+fn logit_rows(seqs: &[SeqInput]) -> Vec<usize> {
+    let mut rows = Vec::new();
+    let mut row0 = 0;
+    for s in seqs {
+        match s.logits {
+            LogitsWanted::None => {}
+            LogitsWanted::Last if s.n_tokens > 0 => rows.push(row0 + s.n_tokens - 1),
+            LogitsWanted::Last => {}
+            LogitsWanted::All => rows.extend(row0..row0 + s.n_tokens),
+        }
+        row0 += s.n_tokens;
+    }
+    rows
+}
+
 /// Each sequence's rows of the batch and its cache.
 pub(crate) fn seq_spans<'a>(seqs: &'a [SeqInput], pos0: &[usize]) -> Vec<SeqSpan<'a>> {
     let mut spans = Vec::with_capacity(seqs.len());
@@ -183,9 +199,25 @@ impl Model {
             s.kv.reserve(p, s.n_tokens)?;
             pos0.push(p);
         }
-        let result = self.run_layers(
-            cx, experts, layers, head, &mut x, tokens, seqs, &pos0, selection, hooks,
-        );
+        let whole = *layers.start() == 0 && *layers.end() == self.hp.n_layer - 1 && head;
+        let on_device = match cx.layer_device() {
+            Some(device)
+                if whole
+                    && matches!(input, StageInput::Tokens(_))
+                    && !hooks.observes()
+                    && self.all_experts_owned(experts) =>
+            {
+                self.forward_on_device(device.as_ref(), &x, seqs, &pos0)
+            }
+            _ => Ok(None),
+        };
+        let result = match on_device {
+            Ok(Some(out)) => Ok(out),
+            Ok(None) => self.run_layers(
+                cx, experts, layers, head, &mut x, tokens, seqs, &pos0, selection, hooks,
+            ),
+            Err(e) => Err(e),
+        };
         if result.is_err() {
             for (s, &p) in seqs.iter_mut().zip(&pos0) {
                 // `reserve(p, ..)` kept what position `p` attends to, so this rewind holds.
@@ -194,6 +226,48 @@ impl Model {
             }
         }
         result
+    }
+
+    /// Whether `experts` computes every expert of every MoE layer (a whole-model device runs
+    /// them all itself).
+    fn all_experts_owned(&self, experts: &dyn ExpertSource) -> bool {
+        (0..self.hp.n_layer).all(|il| match self.layer(il).map(|l| &l.ffn) {
+            Some(Ffn::Moe { experts: t, .. }) => (0..t.gate.n_expert).all(|e| experts.owns(il, e)),
+            _ => true,
+        })
+    }
+
+    /// The step on a whole-model device: `Ok(None)` when it declines.
+    fn forward_on_device(
+        &self,
+        device: &dyn crate::layer_device::LayerDevice,
+        x: &[f32],
+        seqs: &mut [SeqInput],
+        pos0: &[usize],
+    ) -> Result<Option<StageOutput>> {
+        let positions: Vec<usize> = seqs
+            .iter()
+            .zip(pos0)
+            .flat_map(|(s, &p)| p..p + s.n_tokens)
+            .collect();
+        let rows = logit_rows(seqs);
+        let rope = RopeTable::new(&self.hp.rope, self.rope_freqs.as_deref(), &positions);
+        let step = crate::layer_device::DeviceStep {
+            x,
+            seqs,
+            pos0,
+            rope: &rope,
+            logit_rows: &rows,
+        };
+        let _span = span(Phase::Device);
+        Ok(device.forward(self, step)?.map(|data| {
+            StageOutput::Logits(Logits {
+                rows,
+                n_vocab: self.hp.n_vocab,
+                vocab_offset: 0,
+                data,
+            })
+        }))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -249,17 +323,7 @@ impl Model {
             )));
         }
         let d = self.hp.n_embd;
-        let mut rows = Vec::new();
-        let mut row0 = 0;
-        for s in seqs.iter() {
-            match s.logits {
-                LogitsWanted::None => {}
-                LogitsWanted::Last if s.n_tokens > 0 => rows.push(row0 + s.n_tokens - 1),
-                LogitsWanted::Last => {}
-                LogitsWanted::All => rows.extend(row0..row0 + s.n_tokens),
-            }
-            row0 += s.n_tokens;
-        }
+        let rows = logit_rows(seqs);
         let wide = self.hp.stream_width();
         let mut h = Vec::with_capacity(rows.len() * wide);
         for &r in &rows {

@@ -13,6 +13,7 @@ pub mod forward;
 mod glm5next;
 pub mod hparams;
 pub mod kv;
+pub mod layer_device;
 mod model;
 pub mod names;
 pub mod pass;
@@ -28,6 +29,7 @@ pub use experts::{
 pub use file_slice::{FileSlice, RankPlacement, Role};
 pub use hparams::Hparams;
 pub use kv::{KvCache, KvLayout, KvType, SlidingLayers};
+pub use layer_device::{DeviceStep, LayerDevice, PlanFfn, PlanLayer, WholeModelPlan};
 pub use model::{Model, WeightSelection};
 pub use pass::{
     Hooks, Logits, LogitsWanted, NoHooks, ReducePoint, SeqInput, StageInput, StageOutput,

@@ -72,6 +72,12 @@ pub trait Hooks {
     /// A named intermediate activation (`layer` is `None` for the embedding and the head).
     fn observe(&mut self, _layer: Option<usize>, _name: &'static str, _data: &[f32]) {}
 
+    /// Whether [`Hooks::observe`] looks at what it is given. A device that runs whole layers
+    /// keeps their intermediates to itself, so it runs only under hooks that do not.
+    fn observes(&self) -> bool {
+        true
+    }
+
     /// Sums `data` across tensor-parallel ranks in place. Partial sums travel and add in f64,
     /// where adding a handful of f32-derived values is exact, so the result does not depend on
     /// how the work was split.
@@ -82,4 +88,8 @@ pub trait Hooks {
 
 /// No hooks.
 pub struct NoHooks;
-impl Hooks for NoHooks {}
+impl Hooks for NoHooks {
+    fn observes(&self) -> bool {
+        false
+    }
+}

@@ -40,10 +40,12 @@ pub enum Phase {
     /// DeepSeek V4's compressors: pooling windows into rows.
     Compress,
     Head,
+    /// Whole steps on a device that runs every layer (a GPU holding the whole model).
+    Device,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 20] = [
+    pub const ALL: [Phase; 21] = [
         Phase::Embed,
         Phase::Norm,
         Phase::AttnProject,
@@ -64,6 +66,7 @@ impl Phase {
         Phase::HyperMix,
         Phase::Compress,
         Phase::Head,
+        Phase::Device,
     ];
 
     pub fn name(self) -> &'static str {
@@ -88,6 +91,7 @@ impl Phase {
             Phase::HyperMix => "hyper-connection mixes",
             Phase::Compress => "compressors (pooled rows)",
             Phase::Head => "output head",
+            Phase::Device => "whole steps on the GPU",
         }
     }
 }

@@ -21,6 +21,7 @@ pub struct Compute {
     pub pool: ThreadPool,
     pub kernels: Kernels,
     offload: Option<Arc<dyn Offload>>,
+    layer_device: Option<Arc<dyn crate::layer_device::LayerDevice>>,
 }
 
 impl Compute {
@@ -34,6 +35,7 @@ impl Compute {
             pool: ThreadPool::new(n_threads),
             kernels,
             offload: None,
+            layer_device: None,
         }
     }
 
@@ -41,6 +43,20 @@ impl Compute {
     pub fn with_offload(mut self, device: Arc<dyn Offload>) -> Compute {
         self.offload = Some(device);
         self
+    }
+
+    /// Whole steps run on `device` from now on, where it can run them (see
+    /// [`crate::layer_device`]); the others as before.
+    pub fn with_layer_device(
+        mut self,
+        device: Arc<dyn crate::layer_device::LayerDevice>,
+    ) -> Compute {
+        self.layer_device = Some(device);
+        self
+    }
+
+    pub fn layer_device(&self) -> Option<&Arc<dyn crate::layer_device::LayerDevice>> {
+        self.layer_device.as_ref()
     }
 
     pub fn offload(&self) -> Option<&Arc<dyn Offload>> {

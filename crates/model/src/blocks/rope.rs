@@ -72,6 +72,11 @@ impl RopeTable {
         RopeTable { half, cos, sin }
     }
 
+    /// Pairs per position, and the cos and sin tables (`[pos][pair]`, the YaRN mscale in).
+    pub fn tables(&self) -> (usize, &[f32], &[f32]) {
+        (self.half, &self.cos, &self.sin)
+    }
+
     /// Undoes [`RopeTable::apply`] (consecutive pairs) on one head of `2 · half` values.
     pub fn apply_inverse(&self, t: usize, head: &mut [f32]) {
         let cos = &self.cos[t * self.half..(t + 1) * self.half];

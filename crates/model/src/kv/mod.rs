@@ -157,7 +157,14 @@ pub struct KvCache {
     /// kept step inputs), and to `chunk_start`.
     rewind_from: usize,
     chunk_start: Option<usize>,
+    /// Unique per cache, and bumped by every change to rows already stored (see
+    /// [`KvCache::content_version`]).
+    id: u64,
+    generation: u64,
 }
+
+/// Ids of caches made so far.
+static NEXT_CACHE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl KvCache {
     pub fn new(layout: KvLayout) -> KvCache {
@@ -176,7 +183,17 @@ impl KvCache {
             hybrid,
             rewind_from: 0,
             chunk_start: None,
+            id: NEXT_CACHE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            generation: 0,
         }
+    }
+
+    /// (this cache's id, its generation): a copy of the rows made at one version holds the
+    /// same bytes for every position below the cache's length at any later point of the same
+    /// version. Storing, importing or dropping rows starts a new generation; a rewind does
+    /// not (the positions it keeps are unchanged), nor does reserving room.
+    pub fn content_version(&self) -> (u64, u64) {
+        (self.id, self.generation)
     }
 
     pub fn layout(&self) -> &KvLayout {
@@ -374,6 +391,7 @@ impl KvCache {
     /// Moves the sliding layers' positions `new_first..filled` to the front of their buffers.
     fn drop_sliding_before(&mut self, new_first: usize, filled: usize) {
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
+        self.generation += 1;
         let (skip, keep) = (new_first - self.first, filled.saturating_sub(new_first));
         for l in 0..self.k.len() {
             if self.slides(l) {
@@ -409,6 +427,7 @@ impl KvCache {
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
         let t = self.layout.kv_type;
         let i = self.row_index(l, pos);
+        self.generation += 1;
         write_values(t, k, &mut self.k[l][i * kr..(i + 1) * kr]);
         write_values(t, v, &mut self.v[l][i * vr..(i + 1) * vr]);
         Ok(())
@@ -500,6 +519,7 @@ impl KvCache {
                 self.layout.n_ctx
             )));
         }
+        self.generation += 1;
         self.first = self
             .window()
             .map_or(0, |w| n.saturating_sub(w.saturating_sub(1)));
@@ -526,6 +546,7 @@ impl KvCache {
     /// the `n`, all of them or (a sliding layer of a bounded cache) at least `window - 1`.
     pub fn import(&mut self, layer: usize, n: usize, k: &[u8], v: &[u8]) -> Result<()> {
         let l = self.local(layer)?;
+        self.generation += 1;
         if self.comp[l].is_some() {
             self.import_rows(layer, n, k, &[])?;
             return self.import_compressed(layer, n, v);

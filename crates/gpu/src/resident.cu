@@ -1,0 +1,437 @@
+// Whole layers on the GPU: the kernels between the matrix products of matmul.cu (compiled in
+// the same NVRTC program, after it). The activations of a step and a mirror of each
+// sequence's KV cache stay in device memory; the host sends the embeddings and the RoPE table
+// in and reads the logits and the new KV rows out once per step.
+//
+// Per-row arrays (one entry per token row of the step): its position, and the device
+// addresses of its sequence's K and V mirrors (layer 0, position 0) with their layer stride in
+// floats. Mirrors are [layer][position][kv heads × head dim] f32.
+
+#define MAX_DV 512
+// No headers under NVRTC: math.h's INFINITY spelled out.
+#define INFINITY __int_as_float(0x7f800000)
+
+// Block-wide sum of one float per thread (blockDim a multiple of 32, at most 1024).
+__device__ float block_sum(float v, float* shared32) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) shared32[warp] = v;
+    __syncthreads();
+    float total = 0.0f;
+    const int warps = blockDim.x >> 5;
+    for (int i = 0; i < warps; i++) total += shared32[i];
+    return total;
+}
+
+__device__ double block_sum_f64(double v, double* shared32) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) shared32[warp] = v;
+    __syncthreads();
+    double total = 0.0;
+    const int warps = blockDim.x >> 5;
+    for (int i = 0; i < warps; i++) total += shared32[i];
+    return total;
+}
+
+__device__ float block_max(float v, float* shared32) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) shared32[warp] = v;
+    __syncthreads();
+    float m = -INFINITY;
+    const int warps = blockDim.x >> 5;
+    for (int i = 0; i < warps; i++) m = fmaxf(m, shared32[i]);
+    return m;
+}
+
+// The row in shared memory (`width` floats) in the activation forms asked for (a null pointer
+// skips a form): Q8_K (width a multiple of 256) and Q8_0 (of 32).
+__device__ void quantize_shared_row(const float* row, int width, u8* q8k, u8* q80) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    if (q8k) {
+        for (int blk = warp; blk < width / 256; blk += warps) {
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = row[blk * 256 + 8 * lane + i];
+            warp_quant_q8_k(v, q8k + (long long)blk * Q8K_BYTES, lane);
+        }
+    }
+    if (q80) {
+        for (int blk = warp; blk < width / 32; blk += warps)
+            warp_quant_q8_0(row[blk * 32 + lane], q80 + (long long)blk * 34, lane);
+    }
+}
+
+// RMSNorm of row `rows[r]` of x (row r when `rows` is null) times w, as the CPU computes it
+// (sum of squares in f64), written as f32 row r of `out` and in the quantized forms asked for.
+// One block per output row; dynamic shared memory: d floats.
+extern "C" __global__ void rms_norm_quant(const float* __restrict__ x,
+                                          const unsigned int* __restrict__ rows,
+                                          const float* __restrict__ w, int d, float eps,
+                                          float* __restrict__ out, u8* q8k, u8* q80) {
+    extern __shared__ float row[];
+    __shared__ double partial[32];
+    const int r = blockIdx.x;
+    const float* src = x + (long long)(rows ? rows[r] : r) * d;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float v = src[i];
+        row[i] = v;
+        ss += (double)v * (double)v;
+    }
+    ss = block_sum_f64(ss, partial);
+    const float scale = 1.0f / sqrtf((float)(ss / d) + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float v = w[i] * (row[i] * scale);
+        row[i] = v;
+        if (out) out[(long long)r * d + i] = v;
+    }
+    __syncthreads();
+    quantize_shared_row(row, d, q8k ? q8k + (long long)r * (d / 256) * Q8K_BYTES : 0,
+                        q80 ? q80 + (long long)r * (d / 32) * 34 : 0);
+}
+
+// Rows of x (f32, `width` each) quantized; one block per row, shared memory: width floats.
+extern "C" __global__ void quantize_rows(const float* __restrict__ x, int width, u8* q8k,
+                                         u8* q80) {
+    extern __shared__ float row[];
+    const int r = blockIdx.x;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) row[i] = x[(long long)r * width + i];
+    __syncthreads();
+    quantize_shared_row(row, width, q8k ? q8k + (long long)r * (width / 256) * Q8K_BYTES : 0,
+                        q80 ? q80 + (long long)r * (width / 32) * 34 : 0);
+}
+
+// Per head of row t: the per-head RMSNorm (when its weights are given), RoPE from the step's
+// table (n_rot/2 cos and sin per row; `neox` pairs i with i + n_rot/2, else 2i with 2i + 1),
+// and for key heads the store of the key and its value head into the row's mirror at its
+// position (rounded to f16 first when the host cache keeps f16) and into the step's list of
+// new rows (`fresh`: per row, per layer, keys then values) that goes back to the host.
+// Grid (rows, query heads + kv heads); block: head_dim threads rounded up to a warp.
+extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
+                                         const float* __restrict__ v,
+                                         const float* __restrict__ q_norm,
+                                         const float* __restrict__ k_norm, float eps,
+                                         const float* __restrict__ cos_t,
+                                         const float* __restrict__ sin_t, int n_rot, int neox,
+                                         int nh, int nkv, int dk, int dv,
+                                         const u64* __restrict__ row_k,
+                                         const u64* __restrict__ row_v,
+                                         const u64* __restrict__ row_stride,
+                                         const unsigned int* __restrict__ row_pos, int layer,
+                                         int n_layers, int round_f16, float* __restrict__ fresh) {
+    __shared__ float head[1024];
+    __shared__ float partial[32];
+    const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+    const bool is_q = h < nh;
+    const int kh = h - nh;
+    float* src = is_q ? q + ((long long)t * nh + h) * dk : k + ((long long)t * nkv + kh) * dk;
+    const float* nw = is_q ? q_norm : k_norm;
+    const float x = i < dk ? src[i] : 0.0f;
+    float val = x;
+    if (nw) {
+        const float ss = block_sum(x * x, partial);
+        const float scale = 1.0f / sqrtf(ss / dk + eps);
+        if (i < dk) val = nw[i] * (x * scale);
+    }
+    if (i < dk) head[i] = val;
+    __syncthreads();
+    const int half = n_rot / 2;
+    if (i < n_rot) {
+        const float* c = cos_t + (long long)t * half;
+        const float* s = sin_t + (long long)t * half;
+        if (neox) {
+            const int p = i < half ? i : i - half;
+            const float x0 = head[p], x1 = head[p + half];
+            val = i < half ? x0 * c[p] - x1 * s[p] : x0 * s[p] + x1 * c[p];
+        } else {
+            const int p = i >> 1;
+            const float x0 = head[2 * p], x1 = head[2 * p + 1];
+            val = (i & 1) ? x0 * s[p] + x1 * c[p] : x0 * c[p] - x1 * s[p];
+        }
+    }
+    if (i >= dk) return;
+    if (is_q) {
+        src[i] = val;
+        return;
+    }
+    const int kd = nkv * dk, vd = nkv * dv;
+    float kv_val = val;
+    if (round_f16) kv_val = f16_to_f32(f32_to_f16(kv_val));
+    const long long pos = row_pos[t];
+    float* km = (float*)row_k[t] + (long long)layer * row_stride[t] * kd + pos * kd;
+    km[kh * dk + i] = kv_val;
+    float* fk = fresh + ((long long)t * n_layers + layer) * (kd + vd);
+    fk[kh * dk + i] = val;
+    for (int j = i; j < dv; j += blockDim.x) {
+        float vv = v[(long long)t * vd + kh * dv + j];
+        fk[kd + kh * dv + j] = vv;
+        if (round_f16) vv = f16_to_f32(f32_to_f16(vv));
+        float* vm = (float*)row_v[t] + (long long)layer * row_stride[t] * vd + pos * vd;
+        vm[kh * dv + j] = vv;
+    }
+}
+
+// Causal attention of row t's query head h over positions 0..=row_pos[t] of its mirror:
+// scores (scaled dot products) into `scores` (ctx_cap floats per row and head), softmax, the
+// weighted sum of values. Grid (heads, rows); block 256 threads, a warp per position.
+extern "C" __global__ void attention(const float* __restrict__ q, float* __restrict__ out,
+                                     const u64* __restrict__ row_k,
+                                     const u64* __restrict__ row_v,
+                                     const u64* __restrict__ row_stride,
+                                     const unsigned int* __restrict__ row_pos, int layer, int nh,
+                                     int nkv, int dk, int dv, float scale,
+                                     float* __restrict__ scores, long long ctx_cap) {
+    __shared__ float partial[32];
+    __shared__ float acc_w[8][MAX_DV];
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int kh = h / (nh / nkv);
+    const int kd = nkv * dk, vd = nkv * dv;
+    const long long n_pos = (long long)row_pos[t] + 1;
+    const float* kbase = (const float*)row_k[t] + (long long)layer * row_stride[t] * kd + kh * dk;
+    const float* vbase = (const float*)row_v[t] + (long long)layer * row_stride[t] * vd + kh * dv;
+    const float* qh = q + ((long long)t * nh + h) * dk;
+    float* sc = scores + ((long long)t * nh + h) * ctx_cap;
+    float m = -INFINITY;
+    for (long long p = warp; p < n_pos; p += warps) {
+        const float* kr = kbase + p * kd;
+        float dot = 0.0f;
+        for (int c = lane; c < dk; c += 32) dot += qh[c] * kr[c];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        dot *= scale;
+        if (lane == 0) sc[p] = dot;
+        m = fmaxf(m, dot);
+    }
+    m = block_max(m, partial);
+    float sum = 0.0f;
+    for (long long p = threadIdx.x; p < n_pos; p += blockDim.x) {
+        const float e = expf(sc[p] - m);
+        sc[p] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, partial);
+    float acc[MAX_DV / 32];
+#pragma unroll
+    for (int j = 0; j < MAX_DV / 32; j++) acc[j] = 0.0f;
+    for (long long p = warp; p < n_pos; p += warps) {
+        const float e = sc[p];
+        const float* vr = vbase + p * vd;
+#pragma unroll
+        for (int j = 0; j < MAX_DV / 32; j++) {
+            const int c = lane + 32 * j;
+            if (c < dv) acc[j] += e * vr[c];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < MAX_DV / 32; j++) {
+        const int c = lane + 32 * j;
+        if (c < dv) acc_w[warp][c] = acc[j];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+        float total = 0.0f;
+        for (int w = 0; w < warps; w++) total += acc_w[w][c];
+        out[((long long)t * nh + h) * dv + c] = total / sum;
+    }
+}
+
+// Routing and the expert tables of one MoE layer, in one block (256 threads): each row's
+// softmax over the router logits, its top k (ties to the lower expert), the weights
+// (renormalized when `norm_topk`, times `w_scale`); then, per expert that any row picked
+// (ascending), its rows in row order, and the tables the launches after it read:
+//   gu:   gate and up matmul jobs per active expert (gathering the rows' activations),
+//   glu:  the gated activation of each active expert's rows,
+//   down: the down projections, their outputs at consecutive rows of `down_out`,
+//   sum:  per row, its k output rows (addresses) and weights in slot order.
+// Unused table entries get no tokens and the total block count as their first block.
+// desc (u64): n_expert, k, norm_topk, w_scale bits, gate / up / down expert address tables,
+// gate / up / down row strides, n_ff, n_embd, gate / up / down ggml types, the down
+// projection's activation type and row bytes, the gate activation row bytes.
+#define DESC_FIELDS 18
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
+                                     const u64* __restrict__ desc, const u8* acts,
+                                     u64 gate_out, u64 up_out, u64 hidden, u64 down_out,
+                                     unsigned int* __restrict__ ids, float* __restrict__ wts,
+                                     unsigned int* __restrict__ slot_row,
+                                     unsigned int* __restrict__ gather, u64* __restrict__ gu,
+                                     u64* __restrict__ glu, u64* __restrict__ down,
+                                     u64* __restrict__ sum_rows, float* __restrict__ sum_w,
+                                     int max_jobs) {
+    __shared__ unsigned int count[1024];
+    __shared__ unsigned int first[1024];
+    __shared__ int active[1024];
+    __shared__ int n_active;
+    const int n_expert = (int)desc[0], k = (int)desc[1];
+    const int norm_topk = (int)desc[2];
+    const float w_scale = __uint_as_float((unsigned int)desc[3]);
+    const u64* gate_w = (const u64*)desc[4];
+    const u64* up_w = (const u64*)desc[5];
+    const u64* down_w = (const u64*)desc[6];
+    const u64 gate_stride = desc[7], up_stride = desc[8], down_stride = desc[9];
+    const u64 n_ff = desc[10], n_embd = desc[11];
+    const u64 gate_type = desc[12], up_type = desc[13], down_type = desc[14];
+    const u64 hidden_type = desc[15], hidden_bytes = desc[16], act_bytes = desc[17];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    // A warp per row: lane l holds experts l, l + 32, ...
+    for (int r = warp; r < n; r += warps) {
+        const float* lr = logits + (long long)r * n_expert;
+        float p[32];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            const int e = lane + 32 * j;
+            p[j] = e < n_expert ? lr[e] : -INFINITY;
+            mx = fmaxf(mx, p[j]);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            const int e = lane + 32 * j;
+            p[j] = e < n_expert ? expf(p[j] - mx) : 0.0f;
+            s += p[j];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        float wsum = 0.0f;
+        for (int slot = 0; slot < k; slot++) {
+            float best = -1.0f;
+            int best_e = 0x7fffffff;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                const int e = lane + 32 * j;
+                if (e < n_expert && (p[j] > best || (p[j] == best && e < best_e))) {
+                    best = p[j];
+                    best_e = e;
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+                const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+                if (ob > best || (ob == best && oe < best_e)) {
+                    best = ob;
+                    best_e = oe;
+                }
+            }
+            const float prob = best / s;
+            if (lane == 0) {
+                ids[r * k + slot] = best_e;
+                wts[r * k + slot] = prob;
+            }
+            wsum += prob;
+            if ((best_e & 31) == lane) p[best_e >> 5] = -2.0f;
+        }
+        if (lane == 0) {
+            const float norm = norm_topk ? 1.0f / fmaxf(wsum, 6.1035156e-5f) : 1.0f;
+            for (int slot = 0; slot < k; slot++) {
+                float wv = wts[r * k + slot];
+                if (norm_topk) wv *= norm;
+                wts[r * k + slot] = wv * w_scale;
+            }
+        }
+    }
+    __syncthreads();
+    const int slots = n * k;
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        unsigned int c = 0;
+        for (int i = 0; i < slots; i++) c += ids[i] == (unsigned int)e;
+        count[e] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int a = 0;
+        unsigned int off = 0;
+        for (int e = 0; e < n_expert; e++) {
+            first[e] = off;
+            off += count[e];
+            if (count[e]) active[a++] = e;
+        }
+        n_active = a;
+    }
+    __syncthreads();
+    // Each active expert's rows in row order, and where each slot's output row lands.
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        if (!count[e]) continue;
+        unsigned int at = first[e];
+        for (int i = 0; i < slots; i++) {
+            if (ids[i] == (unsigned int)e) {
+                gather[at] = i / k;
+                slot_row[i] = at;
+                at++;
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const u64 rb_ff = (n_ff + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
+        const u64 rb_d = (n_embd + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
+        u64 gu_block = 0, down_block = 0;
+        for (int j = 0; j < max_jobs; j++) {
+            u64* g = gu + (2 * j) * JOB_FIELDS;
+            u64* u = gu + (2 * j + 1) * JOB_FIELDS;
+            u64* dn = down + j * JOB_FIELDS;
+            u64* gl = glu + j * GLU_FIELDS;
+            if (j < n_active) {
+                const int e = active[j];
+                const u64 c = count[e], f = first[e];
+                const u64 tiles = (c + TT - 1) / TT;
+                const u64 gate_fields[JOB_FIELDS] = {gate_w[e], (u64)acts, gate_out + 4 * f * n_ff,
+                                                     gate_stride, act_bytes, n_ff, n_embd, c,
+                                                     gate_type, gu_block, (u64)(gather + f), 0};
+                gu_block += rb_ff * tiles;
+                const u64 up_fields[JOB_FIELDS] = {up_w[e], (u64)acts, up_out + 4 * f * n_ff,
+                                                   up_stride, act_bytes, n_ff, n_embd, c, up_type,
+                                                   gu_block, (u64)(gather + f), 0};
+                gu_block += rb_ff * tiles;
+                const u64 down_fields[JOB_FIELDS] = {down_w[e], hidden + f * hidden_bytes,
+                                                     down_out + 4 * f * n_embd, down_stride,
+                                                     hidden_bytes, n_embd, n_ff, c, down_type,
+                                                     down_block, 0, 0};
+                down_block += rb_d * tiles;
+                for (int i = 0; i < JOB_FIELDS; i++) {
+                    g[i] = gate_fields[i];
+                    u[i] = up_fields[i];
+                    dn[i] = down_fields[i];
+                }
+                gl[0] = gate_out + 4 * f * n_ff;
+                gl[1] = up_out + 4 * f * n_ff;
+                gl[2] = hidden + f * hidden_bytes;
+                gl[3] = n_ff;
+                gl[4] = hidden_type;
+                gl[5] = f;
+                gl[6] = c;
+            } else {
+                for (int i = 0; i < JOB_FIELDS; i++) {
+                    g[i] = 0;
+                    u[i] = 0;
+                    dn[i] = 0;
+                }
+                g[5] = u[5] = n_ff;
+                dn[5] = n_embd;
+                for (int i = 0; i < GLU_FIELDS; i++) gl[i] = 0;
+                gl[5] = slots;
+            }
+        }
+        // Unused entries start where the used ones end (a job with no tokens returns).
+        for (int j = n_active; j < max_jobs; j++) {
+            gu[(2 * j) * JOB_FIELDS + 9] = gu_block;
+            gu[(2 * j + 1) * JOB_FIELDS + 9] = gu_block;
+            down[j * JOB_FIELDS + 9] = down_block;
+        }
+    }
+    for (int i = threadIdx.x; i < slots; i += blockDim.x) {
+        sum_rows[i] = down_out + 4 * (u64)slot_row[i] * n_embd;
+        sum_w[i] = wts[i];
+    }
+}
