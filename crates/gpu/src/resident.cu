@@ -11,28 +11,16 @@
 // No headers under NVRTC: math.h's INFINITY spelled out.
 #define INFINITY __int_as_float(0x7f800000)
 
-// Block-wide sum of one float per thread (blockDim a multiple of 32, at most 1024).
-__device__ float block_sum(float v, float* shared32) {
+// Block-wide sum of one value per thread (blockDim a multiple of 32, at most 1024).
+template <typename T>
+__device__ T block_sum(T v, T* shared32) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     __syncthreads();
     if (lane == 0) shared32[warp] = v;
     __syncthreads();
-    float total = 0.0f;
-    const int warps = blockDim.x >> 5;
-    for (int i = 0; i < warps; i++) total += shared32[i];
-    return total;
-}
-
-__device__ double block_sum_f64(double v, double* shared32) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0) shared32[warp] = v;
-    __syncthreads();
-    double total = 0.0;
+    T total = 0;
     const int warps = blockDim.x >> 5;
     for (int i = 0; i < warps; i++) total += shared32[i];
     return total;
@@ -86,7 +74,7 @@ extern "C" __global__ void rms_norm_quant(const float* __restrict__ x,
         row[i] = v;
         ss += (double)v * (double)v;
     }
-    ss = block_sum_f64(ss, partial);
+    ss = block_sum(ss, partial);
     const float scale = 1.0f / sqrtf((float)(ss / d) + eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         const float v = w[i] * (row[i] * scale);
