@@ -583,8 +583,13 @@ fn a_worker_restarted_with_another_model_or_protocol_is_refused_by_name() {
     let mut coord = c.coordinator(&prompt, &["--route-wait", "60", "--peer-timeout", "3"]);
     reach(&mut coord, Phase::Decode, &prompt, &mut moments);
     stages[1].kill9();
-    let impostor = c.stage_of(&other, 2, &["--give-up", "5"]);
-    let line = impostor.wait_for_stderr("model", Duration::from_secs(30));
+    assert!(
+        coord.alive(),
+        "the coordinator is still waiting for its route when the stage dies; stderr:\n{}",
+        coord.stderr_text()
+    );
+    let impostor = c.stage_of(&other, 2, &["--give-up", "20"]);
+    let line = wait_for_refusal(&impostor, &mut coord);
     assert!(
         line.contains("refused") || line.contains("rejected"),
         "the other model is refused by name: {line}"
@@ -603,6 +608,26 @@ fn a_worker_restarted_with_another_model_or_protocol_is_refused_by_name() {
          logged {} refusals",
         err.matches("refused").count()
     );
+}
+
+/// The impostor's line naming the other model; on a timeout the failure shows both sides
+/// (a refusal needs a coordinator that is still listening).
+fn wait_for_refusal(impostor: &Proc, coord: &mut Proc) -> String {
+    let t0 = Instant::now();
+    loop {
+        let text = impostor.stderr_text();
+        if let Some(line) = text.lines().find(|l| l.contains("model")) {
+            return line.to_string();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(40),
+            "the impostor was not told about its model in 40 s; impostor stderr:\n{text}\n\
+             coordinator (alive: {}) stderr:\n{}",
+            coord.alive(),
+            coord.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Connects to the coordinator from host 2 with a frame header of protocol 1 and returns

@@ -207,6 +207,11 @@ impl Proc {
         )
     }
 
+    /// Whether the process has not exited yet.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     pub fn kill9(&mut self) {
         let _ = Command::new("kill")
             .args(["-9", &self.child.id().to_string()])
