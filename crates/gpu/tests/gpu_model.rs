@@ -30,6 +30,20 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
+/// How far the GPU may be from the CPU on `file`: 1e-3 on F32 weights. With quantized weights
+/// the activations are quantized too, and a value whose product lands within rounding of a
+/// quantization step boundary may take the neighbouring step on one side (the two sum in
+/// different orders): the rest of the sequence carries that step. Such a difference must stay
+/// well below what quantizing the weights moved the logits (`quant_noise`: this file's CPU
+/// logits against the F32 file's).
+fn tolerance(file: &str, quant_noise: f32) -> f32 {
+    if file.contains("f32") {
+        1e-3
+    } else {
+        1e-3f32.max(0.25 * quant_noise)
+    }
+}
+
 fn whole(model: &Model) -> WeightSelection {
     WeightSelection {
         layers: 0..=model.n_layer() - 1,
@@ -62,11 +76,8 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
         "deepseek2",
     ] {
         let dir = fixtures().join(arch);
-        for (file, tol) in [
-            ("model-f32.gguf", 1e-3f32),
-            ("model-q8_0.gguf", 1e-3),
-            ("model-q4_k.gguf", 1e-3),
-        ] {
+        let mut f32_logits: Option<Vec<f32>> = None;
+        for file in ["model-f32.gguf", "model-q8_0.gguf", "model-q4_k.gguf"] {
             let path = dir.join(file);
             if !path.exists() {
                 continue;
@@ -75,12 +86,16 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
             let tokens = prompt(arch);
             let cpu = Compute::new(2);
             let (want, want_tokens) = run(&model, &cpu, &tokens);
+            let reference = f32_logits.get_or_insert_with(|| want.clone());
+            let tol = tolerance(file, max_diff(&want, reference));
             let mut dev = gpu::open(0).unwrap();
             let report = gpu::upload_model(&mut dev, &model, &whole(&model), u64::MAX).unwrap();
             let on_gpu = Compute::new(2).with_offload(Arc::new(dev));
             let (got, got_tokens) = run(&model, &on_gpu, &tokens);
             let d = max_diff(&got, &want);
-            eprintln!("{arch} {file}: {report}; prompt logits max |gpu − cpu| = {d:.2e}");
+            eprintln!(
+                "{arch} {file}: {report}; prompt logits max |gpu − cpu| = {d:.2e} (bound {tol:.1e})"
+            );
             assert!(d <= tol, "{arch} {file}: logits differ by {d}");
             assert_eq!(got_tokens, want_tokens, "{arch} {file}: greedy tokens");
             ran += 1;
@@ -205,12 +220,18 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
         "deepseek2",
     ] {
         let dir = fixtures().join(arch);
+        let mut f32_logits: Option<Vec<f32>> = None;
         for file in ["model-f32.gguf", "model-q8_0.gguf", "model-q4_k.gguf"] {
             let path = dir.join(file);
             if !path.exists() {
                 continue;
             }
             let model = Arc::new(Model::load(&path).unwrap());
+            let cpu = Compute::new(2);
+            let tokens = prompt(arch);
+            let (want, want_tokens) = run(&model, &cpu, &tokens);
+            let reference = f32_logits.get_or_insert_with(|| want.clone());
+            let tol = tolerance(file, max_diff(&want, reference));
             let mut dev = gpu::open(0).unwrap();
             gpu::upload_model(&mut dev, &model, &whole(&model), u64::MAX).unwrap();
             let dev = Arc::new(dev);
@@ -222,9 +243,6 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
                     continue;
                 }
             };
-            let tokens = prompt(arch);
-            let cpu = Compute::new(2);
-            let (want, want_tokens) = run(&model, &cpu, &tokens);
             let on_gpu = Compute::new(2)
                 .with_offload(dev.clone())
                 .with_layer_device(whole_dev.clone());
@@ -232,19 +250,20 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
             let d = max_diff(&got, &want);
             let steps = whole_dev.steps();
             eprintln!(
-                "{arch} {file}: whole steps {steps}; prompt logits max |gpu − cpu| = {d:.2e}"
+                "{arch} {file}: whole steps {steps}; prompt logits max |gpu − cpu| = {d:.2e} \
+                 (bound {tol:.1e})"
             );
             assert!(
                 steps >= 17,
                 "{arch} {file}: {steps} steps ran whole on the GPU"
             );
-            assert!(d <= 1e-3, "{arch} {file}: logits differ by {d}");
+            assert!(d <= tol, "{arch} {file}: logits differ by {d}");
             assert_eq!(got_tokens, want_tokens, "{arch} {file}: greedy tokens");
             let want = mixed(&model, &[&cpu], |_| 0, &tokens);
             let got = mixed(&model, &[&cpu, &on_gpu], |i| i % 2, &tokens);
             let d = max_diff(&got, &want);
             eprintln!("{arch} {file}: CPU/GPU alternating chunks, f16 cache: max diff {d:.2e}");
-            assert!(d <= 1e-3, "{arch} {file}: alternating chunks differ by {d}");
+            assert!(d <= tol, "{arch} {file}: alternating chunks differ by {d}");
             ran += 1;
         }
     }

@@ -95,6 +95,36 @@ struct State {
     buffers: Buffers,
     mirrors: Vec<Mirror>,
     clock: u64,
+    /// The launches of the last step shape, replayed while steps keep that shape.
+    graph: Option<StepGraph>,
+}
+
+/// What a captured step depends on besides the contents of its input: its shape and the
+/// addresses its launches and copies name.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct GraphKey {
+    rows: usize,
+    logit_rows: usize,
+    arena: u64,
+    host_in: usize,
+    host_out: usize,
+    input_len: usize,
+    ctx_cap: usize,
+}
+
+struct StepGraph {
+    key: GraphKey,
+    graph: cudarc::driver::CudaGraph,
+}
+
+// SAFETY: a CudaGraph is not thread safe (graph objects are not internally synchronized); this
+// one lives in `State` and is only captured, launched and dropped with the state's mutex held.
+unsafe impl Send for StepGraph {}
+
+/// CUDA graphs for whole steps, unless `MOESHARD_CUDA_GRAPHS=0` (to measure what they save).
+fn graphs_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MOESHARD_CUDA_GRAPHS").map_or(true, |v| v != "0"))
 }
 
 pub struct ResidentModel {
@@ -142,7 +172,6 @@ impl Arena {
 struct Offsets {
     input: usize,
     input_len: usize,
-    x: usize,
     hn: usize,
     hq8k: usize,
     hq80: usize,
@@ -447,7 +476,6 @@ impl ResidentModel {
         Offsets {
             input,
             input_len,
-            x: a.take(4 * n * d),
             hn: a.take(4 * n * d),
             hq8k: a.take(n * q8k(d)),
             hq80: a.take(n * q80(d)),

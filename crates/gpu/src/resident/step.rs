@@ -6,7 +6,7 @@ use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use kernels::ActKind;
 use model::{DeviceStep, KvType, Model};
 
-use super::{DevFfn, DevMat, MIRRORS, Mirror, ResidentModel};
+use super::{DevFfn, DevMat, GraphKey, MIRRORS, Mirror, ResidentModel, StepGraph, graphs_enabled};
 use crate::cuda::{
     GLU_FIELDS, JOB_FIELDS, MatRecord, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE,
     ensure_pinned, write_matmul_table,
@@ -199,6 +199,9 @@ impl model::LayerDevice for ResidentModel {
         let (rk_in, rv_in, rs_in, head_in) =
             (il_in.row_k, il_in.row_v, il_in.row_stride, il_in.head_rows);
         put(host_in, x_in, x);
+        // The residual stream lives where the embedded rows are copied in: every layer adds
+        // into it in place.
+        let x_dev = at(o.input) + x_in as u64;
         let (_, cos, sin) = rope.tables();
         put(host_in, cos_in, &cos[..n * half]);
         put(host_in, sin_in, &sin[..n * half]);
@@ -276,7 +279,7 @@ impl model::LayerDevice for ResidentModel {
                 &[record(
                     &l.o,
                     acts_of(&l.o, o.att, o.att_q8k, o.att_q80),
-                    at(o.x),
+                    x_dev,
                     n,
                     true,
                 )],
@@ -297,7 +300,7 @@ impl model::LayerDevice for ResidentModel {
                             record(up, hn(up), at(o.up_out), n, false),
                         ],
                     )?,
-                    write(host_in, &[record(down, at(o.hidden), at(o.x), n, true)])?,
+                    write(host_in, &[record(down, at(o.hidden), x_dev, n, true)])?,
                 ),
             };
             tables.push(Tables {
@@ -338,294 +341,332 @@ impl model::LayerDevice for ResidentModel {
             }
         }
 
-        // In, every layer, the head, out.
+        // In, every layer, the head, out: the same operations on the same addresses for every
+        // step of the same shape, so they are captured once into a CUDA graph and replayed
+        // (decode would otherwise wait on hundreds of launches a token).
         let cu = self.stream.cu_stream();
-        // SAFETY: host_in is page-locked and untouched until the synchronize below; the arena
-        // holds the input region at o.input.
-        unsafe { cudarc::driver::result::memcpy_htod_async(at(o.input), &host_in[..], cu) }
-            .map_err(|e| self.error("copying the step in", e))?;
-        let cfg = |grid: (u32, u32), block: u32, shared: u32| LaunchConfig {
-            grid_dim: (grid.0, grid.1, 1),
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: shared,
-        };
-        let launch_err = |name: &str, e: cudarc::driver::DriverError| {
-            self.error(&format!("launching {name}"), e)
-        };
-        let matmul = |table: u64, n_jobs: usize, grid: u32| -> model::Result<()> {
-            if grid == 0 {
-                return Ok(());
-            }
-            let n_jobs = n_jobs as i32;
-            let mut l = self.stream.launch_builder(&self.f.matmul);
-            l.arg(&table).arg(&n_jobs);
-            // SAFETY: matmul_grouped reads n_jobs records of a table in the arena (copied in
-            // or written by moe_route, in stream order); their weights lie in uploaded
-            // regions (checked when this model was built) and activations and outputs in the
-            // arena, sized by `offsets` for these rows; blocks past the jobs return.
-            unsafe { l.launch(cfg((grid, 1), THREADS_PER_BLOCK, 0)) }
-                .map(|_| ())
-                .map_err(|e| launch_err("matmul", e))
-        };
-        let null = 0u64;
-        let form = |act_needed: bool, off: usize| if act_needed { at(off) } else { null };
-        let (eps, d_i) = (self.eps, d as i32);
-        let norm = |x_at: u64,
-                    rows: u64,
-                    w: u64,
-                    out_rows: usize,
-                    out: u64,
-                    q8k: u64,
-                    q80: u64|
-         -> model::Result<()> {
-            let mut l = self.stream.launch_builder(&self.f.rms_norm_quant);
-            l.arg(&x_at)
-                .arg(&rows)
-                .arg(&w)
-                .arg(&d_i)
-                .arg(&eps)
-                .arg(&out)
-                .arg(&q8k)
-                .arg(&q80);
-            // SAFETY: rms_norm_quant reads out_rows rows of d floats of x (or the rows named by
-            // `rows`), d weights, and writes out_rows rows of each form asked for, all in the
-            // arena or uploaded constants; shared memory holds d floats.
-            unsafe { l.launch(cfg((out_rows as u32, 1), 256, 4 * d as u32)) }
-                .map(|_| ())
-                .map_err(|e| launch_err("rms_norm_quant", e))
-        };
-        let needs = |ms: &[&DevMat], kind: ActKind| ms.iter().any(|m| m.act == kind);
-        let (nh_i, nkv_i, dk_i) = (self.nh as i32, nkv as i32, dk as i32);
-        let (n_rot_i, neox_i) = (self.n_rot as i32, self.neox as i32);
-        let (nl_i, round_i) = (n_layers as i32, (kv_type == KvType::F16) as i32);
-        let (rows_k, rows_v, rows_s, rows_p) =
-            (input(rk_in), input(rv_in), input(rs_in), input(pos_in));
-        for (il, (l, t)) in self.layers.iter().zip(&tables).enumerate() {
-            let il_i = il as i32;
-            let qkv: [&DevMat; 3] = [&l.q, &l.k, &l.v];
-            norm(
-                at(o.x),
-                null,
-                l.attn_norm,
-                n,
-                form(needs(&qkv, ActKind::F32), o.hn),
-                form(needs(&qkv, ActKind::Q8K), o.hq8k),
-                form(needs(&qkv, ActKind::Q8_0), o.hq80),
-            )?;
-            matmul(input(t.qkv.0), 3, t.qkv.1)?;
-            {
-                let (qn, kn) = l.qk_norm.unwrap_or((0, 0));
-                let (q_at, k_at, v_at, fresh) = (at(o.q), at(o.k), at(o.v), at(o.fresh));
-                let (cos_at, sin_at) = (input(cos_in), input(sin_in));
-                let mut b = self.stream.launch_builder(&self.f.qk_rope_store);
-                b.arg(&q_at)
-                    .arg(&k_at)
-                    .arg(&v_at)
-                    .arg(&qn)
-                    .arg(&kn)
-                    .arg(&eps)
-                    .arg(&cos_at)
-                    .arg(&sin_at)
-                    .arg(&n_rot_i)
-                    .arg(&neox_i)
-                    .arg(&nh_i)
-                    .arg(&nkv_i)
-                    .arg(&dk_i)
-                    .arg(&dk_i)
-                    .arg(&rows_k)
-                    .arg(&rows_v)
-                    .arg(&rows_s)
-                    .arg(&rows_p)
-                    .arg(&il_i)
-                    .arg(&nl_i)
-                    .arg(&round_i)
-                    .arg(&fresh);
-                let block = (dk as u32).next_multiple_of(32);
-                // SAFETY: one block per (row, head) of q and k (n × heads × dk floats in the
-                // arena); each row's mirror (per-row addresses copied in) has room for its
-                // position (capacity checked above); `fresh` holds n × layers × 2·kd floats.
-                unsafe { b.launch(cfg((n as u32, (self.nh + nkv) as u32), block, 0)) }
-                    .map_err(|e| launch_err("qk_rope_store", e))?;
-            }
-            {
-                let (q_at, att_at, sc_at) = (at(o.q), at(o.att), at(o.scores));
-                let cap = ctx_cap as i64;
-                let scale = self.scale;
-                let mut b = self.stream.launch_builder(&self.f.attention);
-                b.arg(&q_at)
-                    .arg(&att_at)
-                    .arg(&rows_k)
-                    .arg(&rows_v)
-                    .arg(&rows_s)
-                    .arg(&rows_p)
-                    .arg(&il_i)
-                    .arg(&nh_i)
-                    .arg(&nkv_i)
-                    .arg(&dk_i)
-                    .arg(&dk_i)
-                    .arg(&scale)
-                    .arg(&sc_at)
-                    .arg(&cap);
-                // SAFETY: one block per (head, row); each reads its row's mirror up to its
-                // position (< capacity) and writes dk floats of `att` and at most ctx_cap
-                // scores (every position ≤ ctx_needed ≤ ctx_cap).
-                unsafe { b.launch(cfg((self.nh as u32, n as u32), 256, 0)) }
-                    .map_err(|e| launch_err("attention", e))?;
-            }
-            if l.o.act != ActKind::F32 {
-                let width = (self.nh * dk) as i32;
-                let (src, q8k, q80) = (
-                    at(o.att),
-                    form(l.o.act == ActKind::Q8K, o.att_q8k),
-                    form(l.o.act == ActKind::Q8_0, o.att_q80),
-                );
-                let mut b = self.stream.launch_builder(&self.f.quantize_rows);
-                b.arg(&src).arg(&width).arg(&q8k).arg(&q80);
-                // SAFETY: n rows of `width` floats in, the asked form out, all in the arena;
-                // shared memory holds one row.
-                unsafe { b.launch(cfg((n as u32, 1), 256, 4 * width as u32)) }
-                    .map_err(|e| launch_err("quantize_rows", e))?;
-            }
-            matmul(input(t.o.0), 1, t.o.1)?;
-            match &l.ffn {
-                DevFfn::Dense { gate, up, .. } => {
-                    let gu: [&DevMat; 2] = [gate, up];
-                    norm(
-                        at(o.x),
-                        null,
-                        l.ffn_norm,
-                        n,
-                        form(needs(&gu, ActKind::F32), o.hn),
-                        form(needs(&gu, ActKind::Q8K), o.hq8k),
-                        form(needs(&gu, ActKind::Q8_0), o.hq80),
-                    )?;
-                    matmul(input(t.first.0), 2, t.first.1)?;
-                    let (table, one) = (input(t.glu), 1i32);
-                    let mut b = self.stream.launch_builder(&self.f.glu);
-                    b.arg(&table).arg(&one);
-                    // SAFETY: one job of n rows of the gate/up outputs into `hidden`, all in
-                    // the arena (sized for the widest FFN).
-                    unsafe { b.launch(cfg((n as u32, 1), 256, 0)) }
-                        .map_err(|e| launch_err("glu_quantize", e))?;
-                    matmul(input(t.down.0), 1, t.down.1)?;
-                }
-                DevFfn::Moe {
-                    router,
-                    desc,
-                    n_expert,
-                    k,
-                    n_ff,
-                    gate_act,
-                } => {
-                    let kind_of = |a: ActKind, b: ActKind| router.act == a || *gate_act == b;
-                    norm(
-                        at(o.x),
-                        null,
-                        l.ffn_norm,
-                        n,
-                        form(kind_of(ActKind::F32, ActKind::F32), o.hn),
-                        form(kind_of(ActKind::Q8K, ActKind::Q8K), o.hq8k),
-                        form(kind_of(ActKind::Q8_0, ActKind::Q8_0), o.hq80),
-                    )?;
-                    matmul(input(t.first.0), 1, t.first.1)?;
-                    let slots = n * k;
-                    let max_jobs = slots.min(*n_expert);
-                    let acts = match gate_act {
-                        ActKind::F32 => at(o.hn),
-                        ActKind::Q8K => at(o.hq8k),
-                        ActKind::Q8_0 => at(o.hq80),
-                    };
-                    let (n_i, mj_i) = (n as i32, max_jobs as i32);
-                    let ptrs = [
-                        at(o.router_logits),
-                        *desc,
-                        acts,
-                        at(o.gate_out),
-                        at(o.up_out),
-                        at(o.hidden),
-                        at(o.down_out),
-                        at(o.ids),
-                        at(o.wts),
-                        at(o.slot_row),
-                        at(o.gather),
-                        at(o.gu_table),
-                        at(o.glu_table),
-                        at(o.down_table),
-                        at(o.sum_rows),
-                        at(o.sum_w),
-                    ];
-                    let mut b = self.stream.launch_builder(&self.f.moe_route);
-                    b.arg(&ptrs[0]).arg(&n_i);
-                    for p in &ptrs[1..] {
-                        b.arg(p);
-                    }
-                    b.arg(&mj_i);
-                    // SAFETY: moe_route reads n rows of router logits and the layer's
-                    // descriptor (uploaded constants) and writes tables for max_jobs experts
-                    // and n·k slots into the arena, sized for them.
-                    unsafe { b.launch(cfg((1, 1), 256, 0)) }
-                        .map_err(|e| launch_err("moe_route", e))?;
-                    let tiles = slots.div_ceil(TOKENS_PER_TILE) + max_jobs;
-                    let grid = |rows: usize| -> model::Result<u32> {
-                        u32::try_from(rows.div_ceil(ROWS_PER_BLOCK) * tiles)
-                            .map_err(|_| self.error("resident step", "too many blocks"))
-                    };
-                    matmul(at(o.gu_table), 2 * max_jobs, 2 * grid(*n_ff)?)?;
-                    let (glu_at, mj) = (at(o.glu_table), max_jobs as i32);
-                    let mut b = self.stream.launch_builder(&self.f.glu);
-                    b.arg(&glu_at).arg(&mj);
-                    // SAFETY: one block per slot row; the table (written by moe_route) names
-                    // gate/up/hidden rows in the arena.
-                    unsafe { b.launch(cfg((slots as u32, 1), 256, 0)) }
-                        .map_err(|e| launch_err("glu_quantize", e))?;
-                    matmul(at(o.down_table), max_jobs, grid(d)?)?;
-                    let (offs, rows, wts, x_at, acc) =
-                        (input(offs_in), at(o.sum_rows), at(o.sum_w), at(o.x), 1i32);
-                    let mut b = self.stream.launch_builder(&self.f.weighted_sum);
-                    b.arg(&offs)
-                        .arg(&rows)
-                        .arg(&wts)
-                        .arg(&d_i)
-                        .arg(&x_at)
-                        .arg(&acc);
-                    // SAFETY: n + 1 offsets over n·k slot rows (down outputs of d floats in
-                    // the arena) and weights; adds n rows of d floats into x.
-                    unsafe { b.launch(cfg((n as u32, 1), 256, 0)) }
-                        .map_err(|e| launch_err("weighted_sum", e))?;
-                }
-            }
-        }
-        // The head on the rows that need logits.
-        if m_rows > 0 {
-            let out = [&self.output];
-            norm(
-                at(o.x),
-                input(head_in),
-                self.output_norm,
-                m_rows,
-                form(needs(&out, ActKind::F32), o.hn),
-                form(needs(&out, ActKind::Q8K), o.hq8k),
-                form(needs(&out, ActKind::Q8_0), o.hq80),
-            )?;
-            matmul(input(head_table.0), 1, head_table.1)?;
-        }
         let logits_len = m_rows * self.n_vocab;
         let fresh_len = n * n_layers * 2 * kd;
-        // SAFETY: host_out is page-locked and read only after the synchronize; the arena
-        // holds logits_len floats at o.logits and fresh_len at o.fresh.
-        unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(
-                &mut host_out[..logits_len],
-                at(o.logits),
-                cu,
-            )
-            .map_err(|e| self.error("copying logits out", e))?;
-            cudarc::driver::result::memcpy_dtoh_async(
-                &mut host_out[logits_len..logits_len + fresh_len],
-                at(o.fresh),
-                cu,
-            )
-            .map_err(|e| self.error("copying new keys and values out", e))?;
+        let enqueue = |host_in: &[u8], host_out: &mut [f32]| -> model::Result<()> {
+            // SAFETY: host_in is page-locked and untouched until the synchronize below; the arena
+            // holds the input region at o.input.
+            unsafe { cudarc::driver::result::memcpy_htod_async(at(o.input), host_in, cu) }
+                .map_err(|e| self.error("copying the step in", e))?;
+            let cfg = |grid: (u32, u32), block: u32, shared: u32| LaunchConfig {
+                grid_dim: (grid.0, grid.1, 1),
+                block_dim: (block, 1, 1),
+                shared_mem_bytes: shared,
+            };
+            let launch_err = |name: &str, e: cudarc::driver::DriverError| {
+                self.error(&format!("launching {name}"), e)
+            };
+            let matmul = |table: u64, n_jobs: usize, grid: u32| -> model::Result<()> {
+                if grid == 0 {
+                    return Ok(());
+                }
+                let n_jobs = n_jobs as i32;
+                let mut l = self.stream.launch_builder(&self.f.matmul);
+                l.arg(&table).arg(&n_jobs);
+                // SAFETY: matmul_grouped reads n_jobs records of a table in the arena (copied in
+                // or written by moe_route, in stream order); their weights lie in uploaded
+                // regions (checked when this model was built) and activations and outputs in the
+                // arena, sized by `offsets` for these rows; blocks past the jobs return.
+                unsafe { l.launch(cfg((grid, 1), THREADS_PER_BLOCK, 0)) }
+                    .map(|_| ())
+                    .map_err(|e| launch_err("matmul", e))
+            };
+            let null = 0u64;
+            let form = |act_needed: bool, off: usize| if act_needed { at(off) } else { null };
+            let (eps, d_i) = (self.eps, d as i32);
+            let norm = |x_at: u64,
+                        rows: u64,
+                        w: u64,
+                        out_rows: usize,
+                        out: u64,
+                        q8k: u64,
+                        q80: u64|
+             -> model::Result<()> {
+                let mut l = self.stream.launch_builder(&self.f.rms_norm_quant);
+                l.arg(&x_at)
+                    .arg(&rows)
+                    .arg(&w)
+                    .arg(&d_i)
+                    .arg(&eps)
+                    .arg(&out)
+                    .arg(&q8k)
+                    .arg(&q80);
+                // SAFETY: rms_norm_quant reads out_rows rows of d floats of x (or the rows named by
+                // `rows`), d weights, and writes out_rows rows of each form asked for, all in the
+                // arena or uploaded constants; shared memory holds d floats.
+                unsafe { l.launch(cfg((out_rows as u32, 1), 256, 4 * d as u32)) }
+                    .map(|_| ())
+                    .map_err(|e| launch_err("rms_norm_quant", e))
+            };
+            let needs = |ms: &[&DevMat], kind: ActKind| ms.iter().any(|m| m.act == kind);
+            let (nh_i, nkv_i, dk_i) = (self.nh as i32, nkv as i32, dk as i32);
+            let (n_rot_i, neox_i) = (self.n_rot as i32, self.neox as i32);
+            let (nl_i, round_i) = (n_layers as i32, (kv_type == KvType::F16) as i32);
+            let (rows_k, rows_v, rows_s, rows_p) =
+                (input(rk_in), input(rv_in), input(rs_in), input(pos_in));
+            for (il, (l, t)) in self.layers.iter().zip(&tables).enumerate() {
+                let il_i = il as i32;
+                let qkv: [&DevMat; 3] = [&l.q, &l.k, &l.v];
+                norm(
+                    x_dev,
+                    null,
+                    l.attn_norm,
+                    n,
+                    form(needs(&qkv, ActKind::F32), o.hn),
+                    form(needs(&qkv, ActKind::Q8K), o.hq8k),
+                    form(needs(&qkv, ActKind::Q8_0), o.hq80),
+                )?;
+                matmul(input(t.qkv.0), 3, t.qkv.1)?;
+                {
+                    let (qn, kn) = l.qk_norm.unwrap_or((0, 0));
+                    let (q_at, k_at, v_at, fresh) = (at(o.q), at(o.k), at(o.v), at(o.fresh));
+                    let (cos_at, sin_at) = (input(cos_in), input(sin_in));
+                    let mut b = self.stream.launch_builder(&self.f.qk_rope_store);
+                    b.arg(&q_at)
+                        .arg(&k_at)
+                        .arg(&v_at)
+                        .arg(&qn)
+                        .arg(&kn)
+                        .arg(&eps)
+                        .arg(&cos_at)
+                        .arg(&sin_at)
+                        .arg(&n_rot_i)
+                        .arg(&neox_i)
+                        .arg(&nh_i)
+                        .arg(&nkv_i)
+                        .arg(&dk_i)
+                        .arg(&dk_i)
+                        .arg(&rows_k)
+                        .arg(&rows_v)
+                        .arg(&rows_s)
+                        .arg(&rows_p)
+                        .arg(&il_i)
+                        .arg(&nl_i)
+                        .arg(&round_i)
+                        .arg(&fresh);
+                    let block = (dk as u32).next_multiple_of(32);
+                    // SAFETY: one block per (row, head) of q and k (n × heads × dk floats in the
+                    // arena); each row's mirror (per-row addresses copied in) has room for its
+                    // position (capacity checked above); `fresh` holds n × layers × 2·kd floats.
+                    unsafe { b.launch(cfg((n as u32, (self.nh + nkv) as u32), block, 0)) }
+                        .map_err(|e| launch_err("qk_rope_store", e))?;
+                }
+                {
+                    let (q_at, att_at, sc_at) = (at(o.q), at(o.att), at(o.scores));
+                    let cap = ctx_cap as i64;
+                    let scale = self.scale;
+                    let mut b = self.stream.launch_builder(&self.f.attention);
+                    b.arg(&q_at)
+                        .arg(&att_at)
+                        .arg(&rows_k)
+                        .arg(&rows_v)
+                        .arg(&rows_s)
+                        .arg(&rows_p)
+                        .arg(&il_i)
+                        .arg(&nh_i)
+                        .arg(&nkv_i)
+                        .arg(&dk_i)
+                        .arg(&dk_i)
+                        .arg(&scale)
+                        .arg(&sc_at)
+                        .arg(&cap);
+                    // SAFETY: one block per (head, row); each reads its row's mirror up to its
+                    // position (< capacity) and writes dk floats of `att` and at most ctx_cap
+                    // scores (every position ≤ ctx_needed ≤ ctx_cap).
+                    unsafe { b.launch(cfg((self.nh as u32, n as u32), 256, 0)) }
+                        .map_err(|e| launch_err("attention", e))?;
+                }
+                if l.o.act != ActKind::F32 {
+                    let width = (self.nh * dk) as i32;
+                    let (src, q8k, q80) = (
+                        at(o.att),
+                        form(l.o.act == ActKind::Q8K, o.att_q8k),
+                        form(l.o.act == ActKind::Q8_0, o.att_q80),
+                    );
+                    let mut b = self.stream.launch_builder(&self.f.quantize_rows);
+                    b.arg(&src).arg(&width).arg(&q8k).arg(&q80);
+                    // SAFETY: n rows of `width` floats in, the asked form out, all in the arena;
+                    // shared memory holds one row.
+                    unsafe { b.launch(cfg((n as u32, 1), 256, 4 * width as u32)) }
+                        .map_err(|e| launch_err("quantize_rows", e))?;
+                }
+                matmul(input(t.o.0), 1, t.o.1)?;
+                match &l.ffn {
+                    DevFfn::Dense { gate, up, .. } => {
+                        let gu: [&DevMat; 2] = [gate, up];
+                        norm(
+                            x_dev,
+                            null,
+                            l.ffn_norm,
+                            n,
+                            form(needs(&gu, ActKind::F32), o.hn),
+                            form(needs(&gu, ActKind::Q8K), o.hq8k),
+                            form(needs(&gu, ActKind::Q8_0), o.hq80),
+                        )?;
+                        matmul(input(t.first.0), 2, t.first.1)?;
+                        let (table, one) = (input(t.glu), 1i32);
+                        let mut b = self.stream.launch_builder(&self.f.glu);
+                        b.arg(&table).arg(&one);
+                        // SAFETY: one job of n rows of the gate/up outputs into `hidden`, all in
+                        // the arena (sized for the widest FFN).
+                        unsafe { b.launch(cfg((n as u32, 1), 256, 0)) }
+                            .map_err(|e| launch_err("glu_quantize", e))?;
+                        matmul(input(t.down.0), 1, t.down.1)?;
+                    }
+                    DevFfn::Moe {
+                        router,
+                        desc,
+                        n_expert,
+                        k,
+                        n_ff,
+                        gate_act,
+                    } => {
+                        let kind_of = |a: ActKind, b: ActKind| router.act == a || *gate_act == b;
+                        norm(
+                            x_dev,
+                            null,
+                            l.ffn_norm,
+                            n,
+                            form(kind_of(ActKind::F32, ActKind::F32), o.hn),
+                            form(kind_of(ActKind::Q8K, ActKind::Q8K), o.hq8k),
+                            form(kind_of(ActKind::Q8_0, ActKind::Q8_0), o.hq80),
+                        )?;
+                        matmul(input(t.first.0), 1, t.first.1)?;
+                        let slots = n * k;
+                        let max_jobs = slots.min(*n_expert);
+                        let acts = match gate_act {
+                            ActKind::F32 => at(o.hn),
+                            ActKind::Q8K => at(o.hq8k),
+                            ActKind::Q8_0 => at(o.hq80),
+                        };
+                        let (n_i, mj_i) = (n as i32, max_jobs as i32);
+                        let ptrs = [
+                            at(o.router_logits),
+                            *desc,
+                            acts,
+                            at(o.gate_out),
+                            at(o.up_out),
+                            at(o.hidden),
+                            at(o.down_out),
+                            at(o.ids),
+                            at(o.wts),
+                            at(o.slot_row),
+                            at(o.gather),
+                            at(o.gu_table),
+                            at(o.glu_table),
+                            at(o.down_table),
+                            at(o.sum_rows),
+                            at(o.sum_w),
+                        ];
+                        let mut b = self.stream.launch_builder(&self.f.moe_route);
+                        b.arg(&ptrs[0]).arg(&n_i);
+                        for p in &ptrs[1..] {
+                            b.arg(p);
+                        }
+                        b.arg(&mj_i);
+                        // SAFETY: moe_route reads n rows of router logits and the layer's
+                        // descriptor (uploaded constants) and writes tables for max_jobs experts
+                        // and n·k slots into the arena, sized for them.
+                        unsafe { b.launch(cfg((1, 1), 256, 0)) }
+                            .map_err(|e| launch_err("moe_route", e))?;
+                        let tiles = slots.div_ceil(TOKENS_PER_TILE) + max_jobs;
+                        let grid = |rows: usize| -> model::Result<u32> {
+                            u32::try_from(rows.div_ceil(ROWS_PER_BLOCK) * tiles)
+                                .map_err(|_| self.error("resident step", "too many blocks"))
+                        };
+                        matmul(at(o.gu_table), 2 * max_jobs, 2 * grid(*n_ff)?)?;
+                        let (glu_at, mj) = (at(o.glu_table), max_jobs as i32);
+                        let mut b = self.stream.launch_builder(&self.f.glu);
+                        b.arg(&glu_at).arg(&mj);
+                        // SAFETY: one block per slot row; the table (written by moe_route) names
+                        // gate/up/hidden rows in the arena.
+                        unsafe { b.launch(cfg((slots as u32, 1), 256, 0)) }
+                            .map_err(|e| launch_err("glu_quantize", e))?;
+                        matmul(at(o.down_table), max_jobs, grid(d)?)?;
+                        let (offs, rows, wts, x_at, acc) =
+                            (input(offs_in), at(o.sum_rows), at(o.sum_w), x_dev, 1i32);
+                        let mut b = self.stream.launch_builder(&self.f.weighted_sum);
+                        b.arg(&offs)
+                            .arg(&rows)
+                            .arg(&wts)
+                            .arg(&d_i)
+                            .arg(&x_at)
+                            .arg(&acc);
+                        // SAFETY: n + 1 offsets over n·k slot rows (down outputs of d floats in
+                        // the arena) and weights; adds n rows of d floats into x.
+                        unsafe { b.launch(cfg((n as u32, 1), 256, 0)) }
+                            .map_err(|e| launch_err("weighted_sum", e))?;
+                    }
+                }
+            }
+            // The head on the rows that need logits.
+            if m_rows > 0 {
+                let out = [&self.output];
+                norm(
+                    x_dev,
+                    input(head_in),
+                    self.output_norm,
+                    m_rows,
+                    form(needs(&out, ActKind::F32), o.hn),
+                    form(needs(&out, ActKind::Q8K), o.hq8k),
+                    form(needs(&out, ActKind::Q8_0), o.hq80),
+                )?;
+                matmul(input(head_table.0), 1, head_table.1)?;
+            }
+            // SAFETY: host_out is page-locked and read only after the synchronize; the arena
+            // holds logits_len floats at o.logits and fresh_len at o.fresh.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(
+                    &mut host_out[..logits_len],
+                    at(o.logits),
+                    cu,
+                )
+                .map_err(|e| self.error("copying logits out", e))?;
+                cudarc::driver::result::memcpy_dtoh_async(
+                    &mut host_out[logits_len..logits_len + fresh_len],
+                    at(o.fresh),
+                    cu,
+                )
+                .map_err(|e| self.error("copying new keys and values out", e))?;
+            }
+            Ok(())
+        };
+        let key = GraphKey {
+            rows: n,
+            logit_rows: m_rows,
+            arena: base,
+            host_in: pin_in as usize,
+            host_out: pin_out as usize,
+            input_len: o.input_len,
+            ctx_cap,
+        };
+        if graphs_enabled() {
+            if state.graph.as_ref().is_none_or(|g| g.key != key) {
+                state.graph = None;
+                self.stream
+                    .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    .map_err(|e| self.error("capturing a step", e))?;
+                let captured = enqueue(host_in, host_out);
+                // The capture ends whatever happened inside it, or the stream stays unusable.
+                let graph = self
+                    .stream
+                    .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+                    .map_err(|e| self.error("instantiating a step's graph", e))?;
+                captured?;
+                let graph =
+                    graph.ok_or_else(|| self.error("capturing a step", "the capture was empty"))?;
+                state.graph = Some(StepGraph { key, graph });
+            }
+            let g = state.graph.as_ref().expect("captured above");
+            g.graph
+                .launch()
+                .map_err(|e| self.error("launching a step's graph", e))?;
+        } else {
+            enqueue(host_in, host_out)?;
         }
         self.stream
             .synchronize()
