@@ -719,7 +719,7 @@ impl Offload for CudaOffload {
                 .arg(&sum_dst)
                 .arg(&write);
             let cfg = LaunchConfig {
-                grid_dim: (tokens, 1, 1),
+                grid_dim: (tokens, (width as u32).div_ceil(256), 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };

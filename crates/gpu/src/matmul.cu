@@ -194,24 +194,19 @@ __device__ __forceinline__ void seg_legacy(const u8* w, int s, const u8* const* 
     }
 }
 
-// Float weights (f32, f16, bf16) against f32 activations; the last segment may be short.
+// Float weights (f32, f16, bf16) against f32 activations: lane l takes columns l, l + 32, ...
+// of the whole row, so a warp's loads of weights and activations are contiguous.
 template <int TYPE>
-__device__ __forceinline__ void seg_float(const u8* w, int s, int cols, const u8* const* arow,
-                                          int nt, float* acc) {
-    const int c0 = 32 * s, c1 = min(c0 + 32, cols);
+__device__ __forceinline__ void row_float(const u8* w, int cols, int lane,
+                                          const u8* const* arow, int nt, float* acc) {
+    for (int c = lane; c < cols; c += 32) {
+        float v;
+        if (TYPE == T_F32) v = ((const float*)w)[c];
+        else if (TYPE == T_F16) v = f16_to_f32(((const u16*)w)[c]);
+        else v = bf16_to_f32(((const u16*)w)[c]);
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
-        if (t < nt) {
-            const float* x = (const float*)arow[t];
-            float sum = 0.f;
-            for (int c = c0; c < c1; c++) {
-                float v;
-                if (TYPE == T_F32) v = ((const float*)w)[c];
-                else if (TYPE == T_F16) v = f16_to_f32(((const u16*)w)[c]);
-                else v = bf16_to_f32(((const u16*)w)[c]);
-                sum += v * x[c];
-            }
-            acc[t] += sum;
+        for (int t = 0; t < TT; t++) {
+            if (t < nt) acc[t] += v * ((const float*)arow[t])[c];
         }
     }
 }
@@ -277,13 +272,13 @@ extern "C" __global__ void matmul_grouped(const u64* __restrict__ table, int n_j
         for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q8_0>(w, s, arow, nt, acc);
         break;
     case T_F32:
-        for (int s = lane; s < n_seg; s += 32) seg_float<T_F32>(w, s, cols, arow, nt, acc);
+        row_float<T_F32>(w, cols, lane, arow, nt, acc);
         break;
     case T_F16:
-        for (int s = lane; s < n_seg; s += 32) seg_float<T_F16>(w, s, cols, arow, nt, acc);
+        row_float<T_F16>(w, cols, lane, arow, nt, acc);
         break;
     case T_BF16:
-        for (int s = lane; s < n_seg; s += 32) seg_float<T_BF16>(w, s, cols, arow, nt, acc);
+        row_float<T_BF16>(w, cols, lane, arow, nt, acc);
         break;
     default:
         break;
@@ -412,7 +407,8 @@ extern "C" __global__ void glu_quantize(const u64* __restrict__ table, int n_job
 }
 
 // Each token's weighted sum of its experts' output rows. offsets[t]..offsets[t + 1] index
-// `rows` (device addresses of f32 rows of `width`) and `weights`. One block per token. With
+// `rows` (device addresses of f32 rows of `width`) and `weights`. Grid (tokens, column
+// chunks): a thread per column of its chunk, so one token's sum is spread over the device. With
 // `accumulate` the sum is added to `out` (the residual stream) instead of written.
 extern "C" __global__ void weighted_sum(const unsigned int* __restrict__ offsets,
                                         const u64* __restrict__ rows,
@@ -420,7 +416,7 @@ extern "C" __global__ void weighted_sum(const unsigned int* __restrict__ offsets
                                         float* __restrict__ out, int accumulate) {
     const int t = blockIdx.x;
     const unsigned int e0 = offsets[t], e1 = offsets[t + 1];
-    for (int c = threadIdx.x; c < width; c += blockDim.x) {
+    for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < width; c += blockDim.x * gridDim.y) {
         float acc = 0.0f;
         for (unsigned int e = e0; e < e1; e++) acc += weights[e] * ((const float*)rows[e])[c];
         float* o = out + (long long)t * width + c;

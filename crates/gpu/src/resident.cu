@@ -245,6 +245,8 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
 // gate / up / down row strides, n_ff, n_embd, gate / up / down ggml types, the down
 // projection's activation type and row bytes, the gate activation row bytes.
 #define DESC_FIELDS 18
+// The most routed experts of a layer (the host refuses more).
+#define MAX_EXPERTS 512
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
                                      const u64* __restrict__ desc, const u8* acts,
                                      u64 gate_out, u64 up_out, u64 hidden, u64 down_out,
@@ -254,10 +256,16 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
                                      u64* __restrict__ glu, u64* __restrict__ down,
                                      u64* __restrict__ sum_rows, float* __restrict__ sum_w,
                                      int max_jobs) {
-    __shared__ unsigned int count[1024];
-    __shared__ unsigned int first[1024];
-    __shared__ int active[1024];
+    __shared__ unsigned int count[MAX_EXPERTS];
+    __shared__ unsigned int first[MAX_EXPERTS];
+    __shared__ int active[MAX_EXPERTS];
     __shared__ int n_active;
+    // Each warp's row of probabilities (lanes read and mark them by expert index).
+    __shared__ float probs[8][MAX_EXPERTS];
+    // Per active expert: its first gate/up and down block.
+    __shared__ unsigned int gu_first[MAX_EXPERTS];
+    __shared__ unsigned int down_first[MAX_EXPERTS];
+    __shared__ unsigned int gu_total, down_total;
     const int n_expert = (int)desc[0], k = (int)desc[1];
     const int norm_topk = (int)desc[2];
     const float w_scale = __uint_as_float((unsigned int)desc[3]);
@@ -270,24 +278,20 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
     const u64 hidden_type = desc[15], hidden_bytes = desc[16], act_bytes = desc[17];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     // A warp per row: lane l holds experts l, l + 32, ...
+    float* p = probs[warp];
     for (int r = warp; r < n; r += warps) {
         const float* lr = logits + (long long)r * n_expert;
-        float p[32];
         float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            const int e = lane + 32 * j;
-            p[j] = e < n_expert ? lr[e] : -INFINITY;
-            mx = fmaxf(mx, p[j]);
+        for (int e = lane; e < n_expert; e += 32) {
+            p[e] = lr[e];
+            mx = fmaxf(mx, p[e]);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            const int e = lane + 32 * j;
-            p[j] = e < n_expert ? expf(p[j] - mx) : 0.0f;
-            s += p[j];
+        for (int e = lane; e < n_expert; e += 32) {
+            p[e] = expf(p[e] - mx);
+            s += p[e];
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -295,11 +299,9 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
         for (int slot = 0; slot < k; slot++) {
             float best = -1.0f;
             int best_e = 0x7fffffff;
-#pragma unroll
-            for (int j = 0; j < 32; j++) {
-                const int e = lane + 32 * j;
-                if (e < n_expert && (p[j] > best || (p[j] == best && e < best_e))) {
-                    best = p[j];
+            for (int e = lane; e < n_expert; e += 32) {
+                if (p[e] > best || (p[e] == best && e < best_e)) {
+                    best = p[e];
                     best_e = e;
                 }
             }
@@ -318,7 +320,8 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
                 wts[r * k + slot] = prob;
             }
             wsum += prob;
-            if ((best_e & 31) == lane) p[best_e >> 5] = -2.0f;
+            if ((best_e & 31) == lane) p[best_e] = -2.0f;
+            __syncwarp();
         }
         if (lane == 0) {
             const float norm = norm_topk ? 1.0f / fmaxf(wsum, 6.1035156e-5f) : 1.0f;
@@ -361,11 +364,24 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
         }
     }
     __syncthreads();
+    const u64 rb_ff = (n_ff + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
+    const u64 rb_d = (n_embd + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
     if (threadIdx.x == 0) {
-        const u64 rb_ff = (n_ff + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
-        const u64 rb_d = (n_embd + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
-        u64 gu_block = 0, down_block = 0;
-        for (int j = 0; j < max_jobs; j++) {
+        unsigned int gu_block = 0, down_block = 0;
+        for (int j = 0; j < n_active; j++) {
+            const unsigned int tiles = (count[active[j]] + TT - 1) / TT;
+            gu_first[j] = gu_block;
+            down_first[j] = down_block;
+            gu_block += 2 * rb_ff * tiles;
+            down_block += rb_d * tiles;
+        }
+        gu_total = gu_block;
+        down_total = down_block;
+    }
+    __syncthreads();
+    // A thread per job writes its records.
+    for (int j = threadIdx.x; j < max_jobs; j += blockDim.x) {
+        {
             u64* g = gu + (2 * j) * JOB_FIELDS;
             u64* u = gu + (2 * j + 1) * JOB_FIELDS;
             u64* dn = down + j * JOB_FIELDS;
@@ -376,17 +392,15 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
                 const u64 tiles = (c + TT - 1) / TT;
                 const u64 gate_fields[JOB_FIELDS] = {gate_w[e], (u64)acts, gate_out + 4 * f * n_ff,
                                                      gate_stride, act_bytes, n_ff, n_embd, c,
-                                                     gate_type, gu_block, (u64)(gather + f), 0};
-                gu_block += rb_ff * tiles;
+                                                     gate_type, gu_first[j], (u64)(gather + f), 0};
                 const u64 up_fields[JOB_FIELDS] = {up_w[e], (u64)acts, up_out + 4 * f * n_ff,
                                                    up_stride, act_bytes, n_ff, n_embd, c, up_type,
-                                                   gu_block, (u64)(gather + f), 0};
-                gu_block += rb_ff * tiles;
+                                                   gu_first[j] + rb_ff * tiles,
+                                                   (u64)(gather + f), 0};
                 const u64 down_fields[JOB_FIELDS] = {down_w[e], hidden + f * hidden_bytes,
                                                      down_out + 4 * f * n_embd, down_stride,
                                                      hidden_bytes, n_embd, n_ff, c, down_type,
-                                                     down_block, 0, 0};
-                down_block += rb_d * tiles;
+                                                     down_first[j], 0, 0};
                 for (int i = 0; i < JOB_FIELDS; i++) {
                     g[i] = gate_fields[i];
                     u[i] = up_fields[i];
@@ -409,13 +423,10 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
                 dn[5] = n_embd;
                 for (int i = 0; i < GLU_FIELDS; i++) gl[i] = 0;
                 gl[5] = slots;
+                // Unused entries start where the used ones end (a job with no tokens returns).
+                g[9] = u[9] = gu_total;
+                dn[9] = down_total;
             }
-        }
-        // Unused entries start where the used ones end (a job with no tokens returns).
-        for (int j = n_active; j < max_jobs; j++) {
-            gu[(2 * j) * JOB_FIELDS + 9] = gu_block;
-            gu[(2 * j + 1) * JOB_FIELDS + 9] = gu_block;
-            down[j * JOB_FIELDS + 9] = down_block;
         }
     }
     for (int i = threadIdx.x; i < slots; i += blockDim.x) {

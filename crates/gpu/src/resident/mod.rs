@@ -17,6 +17,8 @@ use crate::supports;
 
 /// As in resident.cu.
 const DESC_FIELDS: usize = 18;
+/// As in resident.cu: the most routed experts of a layer.
+const MAX_EXPERTS: usize = 512;
 /// Sequences whose caches stay mirrored on the device.
 const MIRRORS: usize = 8;
 
@@ -151,6 +153,54 @@ pub struct ResidentModel {
     _constants: Vec<CudaSlice<u8>>,
     state: Mutex<State>,
     steps: std::sync::atomic::AtomicU64,
+    /// `MOESHARD_GPU_TIMING=1`: where a step's time goes, on stderr.
+    timing: Option<StepTiming>,
+}
+
+/// Host preparation, the device's work (launches to synchronize) and the copy into the host
+/// caches, summed per step shape (prompt steps and single-row steps) and printed every 64
+/// single-row steps and when the model is dropped.
+#[derive(Default)]
+struct StepTiming {
+    sums: Mutex<[(u64, [std::time::Duration; 3]); 2]>,
+}
+
+impl StepTiming {
+    fn record(&self, rows: usize, parts: [std::time::Duration; 3]) {
+        let Ok(mut sums) = self.sums.lock() else {
+            return;
+        };
+        let (count, total) = &mut sums[(rows == 1) as usize];
+        *count += 1;
+        for (t, p) in total.iter_mut().zip(parts) {
+            *t += p;
+        }
+        if rows == 1 && (*count).is_multiple_of(64) {
+            Self::print(&sums);
+        }
+    }
+
+    fn print(sums: &[(u64, [std::time::Duration; 3]); 2]) {
+        for (what, (count, total)) in ["steps of several rows", "one-row steps"].iter().zip(sums) {
+            if *count > 0 {
+                let us = |d: &std::time::Duration| d.as_secs_f64() * 1e6 / *count as f64;
+                eprintln!(
+                    "gpu timing: {count} {what}: host {:.0} µs, device {:.0} µs, caches {:.0} µs a step",
+                    us(&total[0]),
+                    us(&total[1]),
+                    us(&total[2])
+                );
+            }
+        }
+    }
+}
+
+impl Drop for StepTiming {
+    fn drop(&mut self) {
+        if let Ok(sums) = self.sums.lock() {
+            Self::print(&sums);
+        }
+    }
 }
 
 /// Byte offsets of one step's data in the device arena (and, for the input, in the pinned
@@ -343,6 +393,12 @@ impl ResidentModel {
                     let router = mat(router, &name("router"))?;
                     check_input(&router, d, &name("router"))?;
                     let n_expert = experts.len();
+                    if n_expert > MAX_EXPERTS {
+                        return Err(format!(
+                            "{}: {n_expert} routed experts (the GPU's routing takes at most {MAX_EXPERTS})",
+                            name("MoE layer")
+                        ));
+                    }
                     let mut tables: [Vec<u64>; 3] = Default::default();
                     let mut first: Option<[DevMat; 3]> = None;
                     for (e, x) in experts.iter().enumerate() {
@@ -454,6 +510,9 @@ impl ResidentModel {
             _constants: constants,
             state: Mutex::new(State::default()),
             steps: std::sync::atomic::AtomicU64::new(0),
+            timing: std::env::var("MOESHARD_GPU_TIMING")
+                .is_ok_and(|v| v == "1")
+                .then(StepTiming::default),
         })
     }
 

@@ -86,6 +86,7 @@ impl model::LayerDevice for ResidentModel {
             .lock()
             .map_err(|_| self.error("resident state", "poisoned by an earlier panic"))?;
         let state = &mut *guard;
+        let t_start = std::time::Instant::now();
         state.clock += 1;
         let clock = state.clock;
         let ctx_needed = seqs
@@ -344,6 +345,7 @@ impl model::LayerDevice for ResidentModel {
         // In, every layer, the head, out: the same operations on the same addresses for every
         // step of the same shape, so they are captured once into a CUDA graph and replayed
         // (decode would otherwise wait on hundreds of launches a token).
+        let t_prepared = std::time::Instant::now();
         let cu = self.stream.cu_stream();
         let logits_len = m_rows * self.n_vocab;
         let fresh_len = n * n_layers * 2 * kd;
@@ -598,7 +600,7 @@ impl model::LayerDevice for ResidentModel {
                             .arg(&acc);
                         // SAFETY: n + 1 offsets over n·k slot rows (down outputs of d floats in
                         // the arena) and weights; adds n rows of d floats into x.
-                        unsafe { b.launch(cfg((n as u32, 1), 256, 0)) }
+                        unsafe { b.launch(cfg((n as u32, (d as u32).div_ceil(256)), 256, 0)) }
                             .map_err(|e| launch_err("weighted_sum", e))?;
                     }
                 }
@@ -671,6 +673,7 @@ impl model::LayerDevice for ResidentModel {
         self.stream
             .synchronize()
             .map_err(|e| self.error("waiting for the GPU", e))?;
+        let t_done = std::time::Instant::now();
         let logits = host_out[..logits_len].to_vec();
         let fresh = &host_out[logits_len..logits_len + fresh_len];
         let mut row = 0;
@@ -688,6 +691,12 @@ impl model::LayerDevice for ResidentModel {
         }
         self.steps
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = &self.timing {
+            t.record(
+                n,
+                [t_prepared - t_start, t_done - t_prepared, t_done.elapsed()],
+            );
+        }
         Ok(Some(logits))
     }
 }
