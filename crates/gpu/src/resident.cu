@@ -266,6 +266,8 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
     __shared__ unsigned int gu_first[MAX_EXPERTS];
     __shared__ unsigned int down_first[MAX_EXPERTS];
     __shared__ unsigned int gu_total, down_total;
+    // Per warp of a chunk of slots, how many picked each expert.
+    __shared__ unsigned int warp_count[8][MAX_EXPERTS];
     const int n_expert = (int)desc[0], k = (int)desc[1];
     const int norm_topk = (int)desc[2];
     const float w_scale = __uint_as_float((unsigned int)desc[3]);
@@ -334,12 +336,35 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
     }
     __syncthreads();
     const int slots = n * k;
-    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
-        unsigned int c = 0;
-        for (int i = 0; i < slots; i++) c += ids[i] == (unsigned int)e;
-        count[e] = c;
+    // Each expert's count and each slot's rank among its expert's slots (in slot order), by a
+    // counting sort over chunks of one slot per thread: within a warp the lanes that picked the
+    // same expert find each other (match_any), across the chunk's warps and the chunks before
+    // it the counts add up. Ranks go in slot_row for now.
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
+    for (int base = 0; base < slots; base += blockDim.x) {
+        for (int x = threadIdx.x; x < warps * n_expert; x += blockDim.x)
+            warp_count[x / n_expert][x % n_expert] = 0;
+        __syncthreads();
+        const int i = base + threadIdx.x;
+        const bool valid = i < slots;
+        const unsigned int e = valid ? ids[i] : 0xffffffffu;
+        const unsigned int same = __match_any_sync(0xffffffffu, e);
+        const unsigned int before = __popc(same & ((1u << lane) - 1u));
+        if (valid && lane == __ffs(same) - 1) warp_count[warp][e] = __popc(same);
+        __syncthreads();
+        if (valid) {
+            unsigned int r = count[e] + before;
+            for (int w = 0; w < warp; w++) r += warp_count[w][e];
+            slot_row[i] = r;
+        }
+        __syncthreads();
+        for (int x = threadIdx.x; x < n_expert; x += blockDim.x) {
+            unsigned int c = 0;
+            for (int w = 0; w < warps; w++) c += warp_count[w][x];
+            count[x] += c;
+        }
+        __syncthreads();
     }
-    __syncthreads();
     if (threadIdx.x == 0) {
         int a = 0;
         unsigned int off = 0;
@@ -352,16 +377,10 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
     }
     __syncthreads();
     // Each active expert's rows in row order, and where each slot's output row lands.
-    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
-        if (!count[e]) continue;
-        unsigned int at = first[e];
-        for (int i = 0; i < slots; i++) {
-            if (ids[i] == (unsigned int)e) {
-                gather[at] = i / k;
-                slot_row[i] = at;
-                at++;
-            }
-        }
+    for (int i = threadIdx.x; i < slots; i += blockDim.x) {
+        const unsigned int at = first[ids[i]] + slot_row[i];
+        gather[at] = i / k;
+        slot_row[i] = at;
     }
     __syncthreads();
     const u64 rb_ff = (n_ff + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;

@@ -313,6 +313,17 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
             let what = format!("{arch} {file} (CPU/GPU alternating chunks, f16 cache)");
             let (how, _) = check_close(&got, &want, n_vocab, &what, noise);
             eprintln!("{what}: {how}");
+            if file.contains("f32") {
+                // A long prompt in two steps of 330 rows: hundreds of rows per expert (many
+                // token tiles, routing over many chunks of slots), attention over earlier
+                // steps' positions in the mirror.
+                let long: Vec<u32> = tokens.iter().copied().cycle().take(660).collect();
+                let want = common::logits_chunked(&model, &cpu, &long, 330);
+                let got = common::logits_chunked(&model, &on_gpu, &long, 330);
+                let what = format!("{arch} {file} (660 tokens in 2 steps)");
+                let (how, _) = check_close(&got, &want, n_vocab, &what, noise);
+                eprintln!("{what}: {how}");
+            }
             ran += 1;
         }
     }
