@@ -99,14 +99,35 @@ fn prompt(arch: &str) -> Vec<u32> {
     common::ids(&common::json(&fixtures().join(arch).join("prompt_tokens.json"))["tokens"])
 }
 
-#[test]
-fn gpu_logits_and_greedy_tokens_match_the_cpu() {
-    if let Err(e) = gpu::open(0) {
-        // Only a missing device skips; a device whose kernels fail to build fails.
-        assert!(matches!(e, gpu::GpuError::Unavailable(_)), "{e}");
-        eprintln!("skipped (no GPU): {e}");
-        return;
+/// A fixture and the CPU's answers on it.
+struct CpuRun {
+    what: String,
+    model: Arc<Model>,
+    tokens: Vec<u32>,
+    cpu: Compute,
+    want: Vec<f32>,
+    want_tokens: Vec<u32>,
+    /// What quantizing the weights moved the logits (this file's against the F32 file's).
+    noise: f32,
+    n_vocab: usize,
+}
+
+/// Whether a GPU opens; only a missing device skips (a device whose kernels fail to build
+/// fails the test).
+fn gpu_present() -> bool {
+    match gpu::open(0) {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(matches!(e, gpu::GpuError::Unavailable(_)), "{e}");
+            eprintln!("skipped (no GPU): {e}");
+            false
+        }
     }
+}
+
+/// Runs `f` on every fixture model (F32 first, then its quantized files) with the CPU's
+/// prompt logits and greedy tokens; returns how many there were.
+fn for_each_fixture(mut f: impl FnMut(CpuRun)) -> usize {
     let mut ran = 0;
     for arch in [
         "qwen3moe",
@@ -131,22 +152,36 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
             let reference = f32_logits.get_or_insert_with(|| want.clone());
             let noise = max_diff(&want, reference);
             let n_vocab = want.len() / tokens.len();
-            let mut dev = gpu::open(0).unwrap();
-            let report = gpu::upload_model(&mut dev, &model, &whole(&model), u64::MAX).unwrap();
-            let on_gpu = Compute::new(2).with_offload(Arc::new(dev));
-            let (got, got_tokens) = run(&model, &on_gpu, &tokens);
-            let (how, stepped) =
-                check_close(&got, &want, n_vocab, &format!("{arch} {file}"), noise);
-            eprintln!("{arch} {file}: {report}; prompt logits {how}");
-            check_greedy(
-                &got_tokens,
-                &want_tokens,
-                stepped,
-                &format!("{arch} {file}"),
-            );
+            f(CpuRun {
+                what: format!("{arch} {file}"),
+                model,
+                tokens,
+                cpu,
+                want,
+                want_tokens,
+                noise,
+                n_vocab,
+            });
             ran += 1;
         }
     }
+    ran
+}
+
+#[test]
+fn gpu_logits_and_greedy_tokens_match_the_cpu() {
+    if !gpu_present() {
+        return;
+    }
+    let ran = for_each_fixture(|r| {
+        let mut dev = gpu::open(0).unwrap();
+        let report = gpu::upload_model(&mut dev, &r.model, &whole(&r.model), u64::MAX).unwrap();
+        let on_gpu = Compute::new(2).with_offload(Arc::new(dev));
+        let (got, got_tokens) = run(&r.model, &on_gpu, &r.tokens);
+        let (how, stepped) = check_close(&got, &r.want, r.n_vocab, &r.what, r.noise);
+        eprintln!("{}: {report}; prompt logits {how}", r.what);
+        check_greedy(&got_tokens, &r.want_tokens, stepped, &r.what);
+    });
     assert!(ran > 0, "no fixture found under {}", fixtures().display());
 }
 
@@ -154,10 +189,7 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
 /// on the CPU, both in the same step; the same tokens.
 #[test]
 fn hybrid_placement_matches_the_cpu() {
-    if let Err(e) = gpu::open(0) {
-        // Only a missing device skips; a device whose kernels fail to build fails.
-        assert!(matches!(e, gpu::GpuError::Unavailable(_)), "{e}");
-        eprintln!("skipped (no GPU): {e}");
+    if !gpu_present() {
         return;
     }
     let dir = fixtures().join("qwen3moe");
@@ -200,34 +232,12 @@ fn mixed(
     pick: impl Fn(usize) -> usize,
     tokens: &[u32],
 ) -> Vec<f32> {
-    use model::{
-        KvCache, KvType, LogitsWanted, NoHooks, ResidentExperts, SeqInput, StageInput, StageOutput,
-    };
+    use model::{KvCache, KvType};
     let last = model.n_layer() - 1;
     let mut kv = KvCache::new(model.kv_layout(KvType::F16, 0..=last, 1024));
-    let src = ResidentExperts::new(model);
     let mut out = Vec::new();
     let step = |kv: &mut KvCache, cx: &Compute, part: &[u32], out: &mut Vec<f32>| {
-        let mut seqs = [SeqInput {
-            kv,
-            n_tokens: part.len(),
-            logits: LogitsWanted::All,
-        }];
-        match model
-            .forward(
-                cx,
-                &src,
-                0..=last,
-                true,
-                StageInput::Tokens(part),
-                &mut seqs,
-                &mut NoHooks,
-            )
-            .unwrap()
-        {
-            StageOutput::Logits(l) => out.extend(l.data),
-            StageOutput::Hidden(_) => unreachable!(),
-        }
+        out.extend(common::forward_logits(model, cx, kv, part));
     };
     for (i, part) in tokens.chunks(4).enumerate() {
         step(&mut kv, computes[pick(i)], part, &mut out);
@@ -249,83 +259,50 @@ fn mixed(
 /// no whole-layer form must say why.
 #[test]
 fn whole_steps_on_the_gpu_match_the_cpu() {
-    if let Err(e) = gpu::open(0) {
-        // Only a missing device skips; a device whose kernels fail to build fails.
-        assert!(matches!(e, gpu::GpuError::Unavailable(_)), "{e}");
-        eprintln!("skipped (no GPU): {e}");
+    if !gpu_present() {
         return;
     }
     let mut ran = 0;
-    for arch in [
-        "qwen3moe",
-        "mixtral",
-        "llama",
-        "olmoe",
-        "qwen2moe",
-        "gpt-oss",
-        "deepseek2",
-    ] {
-        let dir = fixtures().join(arch);
-        let mut f32_logits: Option<Vec<f32>> = None;
-        for file in ["model-f32.gguf", "model-q8_0.gguf", "model-q4_k.gguf"] {
-            let path = dir.join(file);
-            if !path.exists() {
-                continue;
+    for_each_fixture(|r| {
+        let (what, model, tokens, cpu, noise, n_vocab) =
+            (&r.what, &r.model, &r.tokens, &r.cpu, r.noise, r.n_vocab);
+        let mut dev = gpu::open(0).unwrap();
+        gpu::upload_model(&mut dev, model, &whole(model), u64::MAX).unwrap();
+        let dev = Arc::new(dev);
+        let whole_dev = match gpu::whole_model(dev.clone(), model) {
+            Ok(w) => w,
+            Err(why) => {
+                eprintln!("{what}: not whole on the GPU: {why}");
+                assert!(!why.is_empty());
+                return;
             }
-            let model = Arc::new(Model::load(&path).unwrap());
-            let cpu = Compute::new(2);
-            let tokens = prompt(arch);
-            let (want, want_tokens) = run(&model, &cpu, &tokens);
-            let reference = f32_logits.get_or_insert_with(|| want.clone());
-            let noise = max_diff(&want, reference);
-            let n_vocab = want.len() / tokens.len();
-            let mut dev = gpu::open(0).unwrap();
-            gpu::upload_model(&mut dev, &model, &whole(&model), u64::MAX).unwrap();
-            let dev = Arc::new(dev);
-            let whole_dev = match gpu::whole_model(dev.clone(), &model) {
-                Ok(w) => w,
-                Err(why) => {
-                    eprintln!("{arch} {file}: not whole on the GPU: {why}");
-                    assert!(!why.is_empty());
-                    continue;
-                }
-            };
-            let on_gpu = Compute::new(2)
-                .with_offload(dev.clone())
-                .with_layer_device(whole_dev.clone());
-            let (got, got_tokens) = run(&model, &on_gpu, &tokens);
-            let steps = whole_dev.steps();
-            assert!(
-                steps >= 17,
-                "{arch} {file}: {steps} steps ran whole on the GPU"
-            );
-            let (how, stepped) =
-                check_close(&got, &want, n_vocab, &format!("{arch} {file}"), noise);
-            eprintln!("{arch} {file}: whole steps {steps}; prompt logits {how}");
-            check_greedy(
-                &got_tokens,
-                &want_tokens,
-                stepped,
-                &format!("{arch} {file}"),
-            );
-            let want = mixed(&model, &[&cpu], |_| 0, &tokens);
-            let got = mixed(&model, &[&cpu, &on_gpu], |i| i % 2, &tokens);
-            let what = format!("{arch} {file} (CPU/GPU alternating chunks, f16 cache)");
-            let (how, _) = check_close(&got, &want, n_vocab, &what, noise);
-            eprintln!("{what}: {how}");
-            if file.contains("f32") {
-                // A long prompt in two steps of 330 rows: hundreds of rows per expert (many
-                // token tiles, routing over many chunks of slots), attention over earlier
-                // steps' positions in the mirror.
-                let long: Vec<u32> = tokens.iter().copied().cycle().take(660).collect();
-                let want = common::logits_chunked(&model, &cpu, &long, 330);
-                let got = common::logits_chunked(&model, &on_gpu, &long, 330);
-                let what = format!("{arch} {file} (660 tokens in 2 steps)");
-                let (how, _) = check_close(&got, &want, n_vocab, &what, noise);
-                eprintln!("{what}: {how}");
-            }
-            ran += 1;
+        };
+        let on_gpu = Compute::new(2)
+            .with_offload(dev.clone())
+            .with_layer_device(whole_dev.clone());
+        let (got, got_tokens) = run(model, &on_gpu, tokens);
+        let steps = whole_dev.steps();
+        assert!(steps >= 17, "{what}: {steps} steps ran whole on the GPU");
+        let (how, stepped) = check_close(&got, &r.want, n_vocab, what, noise);
+        eprintln!("{what}: whole steps {steps}; prompt logits {how}");
+        check_greedy(&got_tokens, &r.want_tokens, stepped, what);
+        let want = mixed(model, &[cpu], |_| 0, tokens);
+        let got = mixed(model, &[cpu, &on_gpu], |i| i % 2, tokens);
+        let chunks = format!("{what} (CPU/GPU alternating chunks, f16 cache)");
+        let (how, _) = check_close(&got, &want, n_vocab, &chunks, noise);
+        eprintln!("{chunks}: {how}");
+        if what.contains("f32") {
+            // A long prompt in two steps of 330 rows: hundreds of rows per expert (many
+            // token tiles, routing over many chunks of slots), attention over earlier
+            // steps' positions in the mirror.
+            let long: Vec<u32> = tokens.iter().copied().cycle().take(660).collect();
+            let want = common::logits_chunked(model, cpu, &long, 330);
+            let got = common::logits_chunked(model, &on_gpu, &long, 330);
+            let long_what = format!("{what} (660 tokens in 2 steps)");
+            let (how, _) = check_close(&got, &want, n_vocab, &long_what, noise);
+            eprintln!("{long_what}: {how}");
         }
-    }
+        ran += 1;
+    });
     assert!(ran > 0, "no model ran whole on the GPU");
 }

@@ -147,28 +147,7 @@ fn glm5_next_thread_count_does_not_change_a_bit() {
 
 /// Feeds `tokens` to `kv` (its next positions), returning the logits of every one.
 fn feed(model: &Model, cx: &Compute, kv: &mut KvCache, tokens: &[u32]) -> Vec<f32> {
-    let last = model.n_layer() - 1;
-    let src = ResidentExperts::new(model);
-    let mut seqs = [SeqInput {
-        kv,
-        n_tokens: tokens.len(),
-        logits: LogitsWanted::All,
-    }];
-    match model
-        .forward(
-            cx,
-            &src,
-            0..=last,
-            true,
-            StageInput::Tokens(tokens),
-            &mut seqs,
-            &mut NoHooks,
-        )
-        .unwrap()
-    {
-        StageOutput::Logits(l) => l.data,
-        StageOutput::Hidden(_) => unreachable!(),
-    }
+    common::forward_logits(model, cx, kv, tokens)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+mod common;
+
 use model::{
     Compute, KvCache, KvType, LogitsWanted, Model, NoHooks, ResidentExperts, SeqInput, StageInput,
     StageOutput,
@@ -86,27 +88,7 @@ fn logits(model: &Model, cx: &Compute, tokens: &[u32]) -> Vec<f32> {
 fn logits_kv(model: &Model, cx: &Compute, tokens: &[u32], kv_type: KvType) -> Vec<f32> {
     let last = model.n_layer() - 1;
     let mut kv = KvCache::new(model.kv_layout(kv_type, 0..=last, 512));
-    let src = ResidentExperts::new(model);
-    let mut seqs = [SeqInput {
-        kv: &mut kv,
-        n_tokens: tokens.len(),
-        logits: LogitsWanted::All,
-    }];
-    match model
-        .forward(
-            cx,
-            &src,
-            0..=last,
-            true,
-            StageInput::Tokens(tokens),
-            &mut seqs,
-            &mut NoHooks,
-        )
-        .unwrap()
-    {
-        StageOutput::Logits(l) => l.data,
-        StageOutput::Hidden(_) => unreachable!(),
-    }
+    common::forward_logits(model, cx, &mut kv, tokens)
 }
 
 /// One greedy step: forwards `input` over `kv` and returns the argmax of the last row.

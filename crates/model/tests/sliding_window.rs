@@ -8,6 +8,8 @@
 
 use std::path::PathBuf;
 
+mod common;
+
 use model::{
     Compute, KvCache, KvType, LogitsWanted, Model, NoHooks, ResidentExperts, SeqInput, StageInput,
     StageOutput,
@@ -57,28 +59,7 @@ fn tokens(model: &Model, n: usize, seed: u64) -> Vec<u32> {
 
 /// Logits of every token of `input`, appended to `kv`.
 fn forward_all(model: &Model, cx: &Compute, kv: &mut KvCache, input: &[u32]) -> Vec<f32> {
-    let last = model.n_layer() - 1;
-    let src = ResidentExperts::new(model);
-    let mut seqs = [SeqInput {
-        kv,
-        n_tokens: input.len(),
-        logits: LogitsWanted::All,
-    }];
-    match model
-        .forward(
-            cx,
-            &src,
-            0..=last,
-            true,
-            StageInput::Tokens(input),
-            &mut seqs,
-            &mut NoHooks,
-        )
-        .unwrap()
-    {
-        StageOutput::Logits(l) => l.data,
-        StageOutput::Hidden(_) => unreachable!("the range ends at the head"),
-    }
+    common::forward_logits(model, cx, kv, input)
 }
 
 /// Feeds `toks` in chunks of the given sizes (cycled), then one token at a time, into both

@@ -57,31 +57,37 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
 pub fn logits_chunked(model: &Model, cx: &Compute, tokens: &[u32], chunk: usize) -> Vec<f32> {
     let last = model.n_layer() - 1;
     let mut kv = KvCache::new(model.kv_layout(KvType::F32, 0..=last, 1024));
-    let src = ResidentExperts::new(model);
     let mut out = Vec::new();
     for part in tokens.chunks(chunk) {
-        let mut seqs = [SeqInput {
-            kv: &mut kv,
-            n_tokens: part.len(),
-            logits: LogitsWanted::All,
-        }];
-        match model
-            .forward(
-                cx,
-                &src,
-                0..=last,
-                true,
-                StageInput::Tokens(part),
-                &mut seqs,
-                &mut NoHooks,
-            )
-            .unwrap()
-        {
-            StageOutput::Logits(l) => out.extend(l.data),
-            StageOutput::Hidden(_) => unreachable!(),
-        }
+        out.extend(forward_logits(model, cx, &mut kv, part));
     }
     out
+}
+
+/// One step of the whole model over `part` after what `kv` holds: every position's logits.
+pub fn forward_logits(model: &Model, cx: &Compute, kv: &mut KvCache, part: &[u32]) -> Vec<f32> {
+    let last = model.n_layer() - 1;
+    let src = ResidentExperts::new(model);
+    let mut seqs = [SeqInput {
+        kv,
+        n_tokens: part.len(),
+        logits: LogitsWanted::All,
+    }];
+    match model
+        .forward(
+            cx,
+            &src,
+            0..=last,
+            true,
+            StageInput::Tokens(part),
+            &mut seqs,
+            &mut NoHooks,
+        )
+        .unwrap()
+    {
+        StageOutput::Logits(l) => l.data,
+        StageOutput::Hidden(_) => unreachable!(),
+    }
 }
 
 pub fn argmax(v: &[f32]) -> usize {
