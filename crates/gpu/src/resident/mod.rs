@@ -97,8 +97,10 @@ struct State {
     buffers: Buffers,
     mirrors: Vec<Mirror>,
     clock: u64,
-    /// The launches of the last step shape, replayed while steps keep that shape.
+    /// The launches of the last repeated step shape, replayed while steps keep that shape.
     graph: Option<StepGraph>,
+    /// The previous step's shape.
+    last_key: Option<GraphKey>,
 }
 
 /// What a captured step depends on besides the contents of its input: its shape and the
@@ -112,6 +114,8 @@ struct GraphKey {
     host_out: usize,
     input_len: usize,
     ctx_cap: usize,
+    /// Keys and values rounded to f16 in the mirror (a kernel argument, as the cache's type).
+    round_f16: bool,
 }
 
 struct StepGraph {

@@ -645,9 +645,14 @@ impl model::LayerDevice for ResidentModel {
             host_out: pin_out as usize,
             input_len: o.input_len,
             ctx_cap,
+            round_f16: kv_type == KvType::F16,
         };
-        if graphs_enabled() {
-            if state.graph.as_ref().is_none_or(|g| g.key != key) {
+        // A shape seen in two steps in a row (decode) is captured; a prompt's one-off chunks run
+        // their launches directly instead of paying for a capture they would not replay.
+        let repeated = state.last_key.replace(key) == Some(key);
+        let replay = state.graph.as_ref().is_some_and(|g| g.key == key);
+        if graphs_enabled() && (replay || repeated) {
+            if !replay {
                 state.graph = None;
                 self.stream
                     .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
