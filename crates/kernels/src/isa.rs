@@ -18,6 +18,10 @@ pub enum Isa {
     /// AVX-512 F/BW/VL/DQ with VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later). CPUs with
     /// AVX-512 but without VNNI use the AVX2 kernels.
     Avx512,
+    /// AVX-512 plus the AMX int8 tile unit (Sapphire Rapids and later Xeons), where the OS grants
+    /// the tile state: Q4_K batches on the tiles (`crate::x86::amx`), everything else as
+    /// `Avx512`.
+    Amx,
     /// AArch64 Advanced SIMD, which every AArch64 CPU has.
     Neon,
     /// NEON with FEAT_DotProd (`sdot`: Cortex-A55/A76+, Neoverse N1, Apple M1 and later).
@@ -29,10 +33,11 @@ pub enum Isa {
 impl Isa {
     /// Every level of every architecture, lowest first within each; a CPU supports only those of
     /// its own architecture (and `Scalar`).
-    pub const ALL: [Isa; 6] = [
+    pub const ALL: [Isa; 7] = [
         Isa::Scalar,
         Isa::Avx2,
         Isa::Avx512,
+        Isa::Amx,
         Isa::Neon,
         Isa::NeonDotprod,
         Isa::NeonI8mm,
@@ -43,6 +48,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
             Isa::Neon => "neon",
             Isa::NeonDotprod => "dotprod",
             Isa::NeonI8mm => "i8mm",
@@ -74,13 +80,15 @@ impl Isa {
                     && is_x86_feature_detected!("avx512dq")
                     && is_x86_feature_detected!("avx512vnni")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512.is_supported() && crate::x86::amx::available(),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon | Isa::NeonDotprod | Isa::NeonI8mm => crate::aarch64::is_supported(self),
             _ => false,
         }
     }
 
-    /// The best supported level, or the one named by `MOESHARD_ISA` (`scalar`, `avx2`, `avx512`,
+    /// The best supported level, or the one named by `MOESHARD_ISA` (`scalar`, `avx2`, `avx512`, `amx`,
     /// `neon`, `dotprod`, `i8mm`) when that is supported — useful to compare paths on one machine.
     pub fn detect() -> Isa {
         static CHOSEN: OnceLock<Isa> = OnceLock::new();
@@ -119,6 +127,8 @@ pub fn simd_dot(isa: Isa, dtype: GgmlType) -> Option<DotFn> {
         Isa::Avx2 => crate::x86::avx2::dot(dtype),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => crate::x86::avx512::dot(dtype),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Amx => crate::x86::amx::dot(dtype),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon | Isa::NeonDotprod | Isa::NeonI8mm => crate::aarch64::dot(isa, dtype),
         _ => None,
@@ -146,6 +156,8 @@ pub fn simd_panel(isa: Isa, dtype: GgmlType) -> Option<PanelFn> {
         Isa::Avx2 => crate::x86::avx2::panel(dtype),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => crate::x86::avx512::panel(dtype),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Amx => crate::x86::amx::panel(dtype),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon | Isa::NeonDotprod | Isa::NeonI8mm => crate::aarch64::panel(isa, dtype),
         _ => None,
@@ -164,4 +176,16 @@ pub fn row_kernel(isa: Isa, dtype: GgmlType) -> Option<RowKernel> {
         Some(p) => RowKernel::Panel(p),
         None => RowKernel::Dot(simd_dot(level, dtype)?),
     })
+}
+
+/// The row count that the panel kernel of `dtype` at level `isa` wants its panels cut into
+/// multiples of: the AMX tiles take 16 rows at a time (leftover rows run through the dot);
+/// the register-tiled panels take any count (4 keeps blocks aligned).
+pub fn panel_row_granule(isa: Isa, dtype: GgmlType) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Amx && isa.is_supported() && crate::x86::amx::panel(dtype).is_some() {
+        return crate::x86::amx::TILE;
+    }
+    let _ = (isa, dtype);
+    4
 }

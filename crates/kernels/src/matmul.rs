@@ -354,7 +354,8 @@ impl Kernels {
             .collect();
         let (rows, n) = (w.rows, x.n);
         let out_ptr = SyncPtr(out.as_mut_ptr());
-        let row_chunk = rows_per_task(n, w.row_bytes, rows, pool.n_threads());
+        let granule = crate::isa::panel_row_granule(self.isa, w.dtype);
+        let row_chunk = rows_per_task(n, w.row_bytes, rows, pool.n_threads(), granule);
         if n <= ROWS_ONE_TILE {
             // Decode: each weight row is read once, so there is nothing for a panel to share,
             // and with chunks as short as one superblock the per-call overhead of a panel shows.
@@ -381,14 +382,15 @@ impl Kernels {
         }
         // Batches: an L1-sized block of rows against a block of tokens, chunk by chunk, the
         // chunk sums kept in a small contiguous f64 block (L1) and written out once. A token
-        // block keeps its activations (all chunks) in L2 while the chunks pass.
-        const TOKEN_BLOCK: usize = 32;
+        // block keeps its activations (all chunks) in L2 while the chunks pass. The AMX tiles
+        // repack a panel's weight rows on every call, so they get longer token blocks.
+        let token_block = if granule >= 16 { 128 } else { 32 };
         pool.for_each_chunk(rows, row_chunk, |range| {
             let m = range.len();
-            let mut part = vec![0f32; TOKEN_BLOCK * m];
-            let mut sums = vec![0f64; TOKEN_BLOCK * m];
-            for t0 in (0..n).step_by(TOKEN_BLOCK) {
-                let tn = TOKEN_BLOCK.min(n - t0);
+            let mut part = vec![0f32; token_block * m];
+            let mut sums = vec![0f64; token_block * m];
+            for t0 in (0..n).step_by(token_block) {
+                let tn = token_block.min(n - t0);
                 let sums = &mut sums[..tn * m];
                 sums.fill(0.0);
                 // Each chunk's dots for these rows and tokens, added in chunk order.
@@ -409,7 +411,7 @@ impl Kernels {
                     // SAFETY: the panel covers rows `range` and the columns of this chunk of `w`
                     // (inside `w.data`: `check_rows` above), this chunk of tokens t0..t0 + tn
                     // of `acts` (n rows of `arb` bytes), and `part`, which holds
-                    // TOKEN_BLOCK × m ≥ tn × m values and aliases neither input; the kernel
+                    // token_block × m ≥ tn × m values and aliases neither input; the kernel
                     // comes from `crate::isa` (`row_kernel`).
                     unsafe { kernel.run(w.dtype, &panel) };
                     for (s, &p) in sums.iter_mut().zip(&part[..tn * m]) {
@@ -490,7 +492,8 @@ impl Kernels {
                     ),
                 });
             }
-            let chunk = rows_per_task(job.n, job.w.row_bytes, total_rows, n_threads);
+            let granule = crate::isa::panel_row_granule(self.isa, job.w.dtype);
+            let chunk = rows_per_task(job.n, job.w.row_bytes, total_rows, n_threads, granule);
             prepared.push(Prepared {
                 kernel: self.row_kernel(job.w.dtype)?,
                 dtype: job.w.dtype,
@@ -548,12 +551,23 @@ const ROWS_ONE_TILE: usize = 8;
 /// (`total_rows`) for each thread to get about eight, for balance, each a long contiguous stream.
 /// Larger batches reuse a task's weight rows for every token tile, so a task's rows should stay
 /// in L1 (about 16 KiB of weights next to a tile of activation rows; 8 and 32 KiB measured the
-/// same on Zen 4). Multiples of 4.
-fn rows_per_task(n: usize, row_bytes: usize, total_rows: usize, n_threads: usize) -> usize {
-    let rows = if n <= ROWS_ONE_TILE {
-        (total_rows / (n_threads * 8)).clamp(8, 256)
-    } else {
-        (16 * 1024 / row_bytes.max(1)).clamp(4, 64)
-    };
-    rows.next_multiple_of(4)
+/// same on Zen 4). Multiples of 4, and for batches of the panel's row granule (16 for the AMX
+/// tiles, [`crate::isa::panel_row_granule`]), so that only a matrix's last task has rows the
+/// tiles leave to the dot.
+fn rows_per_task(
+    n: usize,
+    row_bytes: usize,
+    total_rows: usize,
+    n_threads: usize,
+    granule: usize,
+) -> usize {
+    if n <= ROWS_ONE_TILE {
+        return (total_rows / (n_threads * 8))
+            .clamp(8, 256)
+            .next_multiple_of(4);
+    }
+    let granule = granule.max(4);
+    (16 * 1024 / row_bytes.max(1))
+        .clamp(granule, 64.max(granule))
+        .next_multiple_of(granule)
 }

@@ -6,11 +6,15 @@
 //! 32-element formats), `tiles` (the panel loop) and `mxfp4` (the MXFP4 dot and panel, in an
 //! AVX2 form for one level and a VNNI form for the other, with the same bits).
 //!
+//! `amx` adds the matrix unit of Sapphire Rapids and later Xeons for Q4_K batches, on top of the
+//! AVX-512 set.
+//!
 //! Every kernel function carries the `#[target_feature]`s it needs, so the intrinsics without
 //! pointer arguments are safe to call inside it; what stays `unsafe` is reading through raw
 //! pointers (each block says why the bytes are in bounds) and entering a kernel from code
 //! compiled without those features (only after `crate::isa` detected them).
 
+pub mod amx;
 pub mod avx2;
 pub mod avx512;
 mod blocks32;

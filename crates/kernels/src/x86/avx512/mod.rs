@@ -16,6 +16,9 @@ mod kquants;
 mod legacy;
 mod panels;
 
+pub(crate) use kquants::{dot_q4_k_exact, dot_q6_k};
+pub(crate) use panels::{panel_q4_k_exact, panel_q6_k};
+
 use std::arch::x86_64::*;
 
 use gguf::GgmlType;

@@ -25,7 +25,7 @@ use super::kquants::dpwssd;
 use crate::blocks::{BlockIq4Nl, BlockQ4K, BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, QK8_0};
 use crate::formats::iq_grids::KVALUES_IQ4NL;
 use crate::x86::blocks32::f16x8;
-use crate::x86::kq256::K4_MINS;
+use crate::x86::kq256::{K4_MINS, q4k_float_step};
 use crate::x86::scales::unpack_k4;
 use crate::x86::simd256::{
     bcast_f16, hsum_ps, hsums, lanes, load128, load128_of, load256, load256_of,
@@ -34,6 +34,8 @@ use crate::x86::tiles::{dot_tile, panel_kernel};
 
 panel_kernel!(pub panel_q4_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     block = QK_K, batch = q4k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_dots(1));
+panel_kernel!(pub panel_q4_k_exact, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    block = QK_K, batch = q4k_exact_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_exact_dots(1));
 panel_kernel!(pub panel_q6_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     block = QK_K, batch = q6k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q6k_dots(1));
 panel_kernel!(pub panel_iq4_nl, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
@@ -81,11 +83,45 @@ unsafe fn q4k_tile<const R: usize, const T: usize>(
     w: [*const u8; R],
     a: [*const u8; T],
 ) -> [[f32; T]; R] {
+    // SAFETY: the caller's contract.
+    unsafe { q4k_tile_of::<R, T, false>(nb, w, a) }
+}
+
+/// [`q4k_tile`] in the scalar reference's arithmetic (`kq256::q4k_exact_256`, the AMX level's
+/// Q4_K dot): the same integer work; per superblock the T tokens' integer sums are reduced
+/// together and the reference's float step runs with one token per lane.
+///
+/// # Safety
+/// As for [`q4k_tile`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_exact_tile<const R: usize, const T: usize>(
+    nb: usize,
+    w: [*const u8; R],
+    a: [*const u8; T],
+) -> [[f32; T]; R] {
+    // SAFETY: the caller's contract.
+    unsafe { q4k_tile_of::<R, T, true>(nb, w, a) }
+}
+
+/// The Q4_K tile in both arithmetics (`EXACT`: the reference's, else `q4k_256`'s lanes).
+///
+/// # Safety
+/// As for [`q4k_tile`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_tile_of<const R: usize, const T: usize, const EXACT: bool>(
+    nb: usize,
+    w: [*const u8; R],
+    a: [*const u8; T],
+) -> [[f32; T]; R] {
     let w = w.map(|p| p as *const BlockQ4K);
     let a = a.map(|p| p as *const BlockQ8K);
     let m4 = _mm256_set1_epi8(0x0F);
     let zero = _mm256_setzero_si256();
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+    // EXACT: one lane per token.
+    let mut exact = [_mm256_setzero_ps(); R];
     for b in 0..nb {
         // SAFETY: block b < nb of every row is readable (the contract above), so its start is
         // in bounds.
@@ -121,6 +157,20 @@ unsafe fn q4k_tile<const R: usize, const T: usize>(
                 }
             }
         }
+        if EXACT {
+            let dy: [f32; 8] = std::array::from_fn(|t| if t < T { ys[t].d() } else { 0.0 });
+            // SAFETY: the load reads the 8 floats of `dy`.
+            let dy = unsafe { _mm256_loadu_ps(dy.as_ptr()) };
+            for r in 0..R {
+                let mins = _mm256_shuffle_epi8(u[r], load256_of(&K4_MINS));
+                let msum: [__m256i; T] =
+                    std::array::from_fn(|t| _mm256_madd_epi16(mins, load256_of(&ys[t].bsums)));
+                // SAFETY: the first four bytes of block `xs[r]` (readable, above).
+                exact[r] =
+                    unsafe { q4k_float_step(exact[r], dy, xs[r], hsums(&isum[r]), hsums(&msum)) };
+            }
+            continue;
+        }
         for r in 0..R {
             // [d, dmin] (the block's first four bytes) times dy, as in `fma_d_dmin`.
             // SAFETY: the first 4 bytes of block `xs[r]`; `read_unaligned` has no alignment
@@ -144,6 +194,9 @@ unsafe fn q4k_tile<const R: usize, const T: usize>(
                 );
             }
         }
+    }
+    if EXACT {
+        return exact.map(|v| lanes(v));
     }
     acc.map(|row| row.map(|[a0, a1]| hsum_ps(_mm256_add_ps(a0, a1))))
 }
@@ -364,6 +417,14 @@ dot_tile!(
     q4k_dots,
     "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     super::kquants::dot_q4_k_impl,
+    BlockQ4K,
+    BlockQ8K,
+    QK_K
+);
+dot_tile!(
+    q4k_exact_dots,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    super::kquants::dot_q4_k_exact_impl,
     BlockQ4K,
     BlockQ8K,
     QK_K
