@@ -1,5 +1,6 @@
 //! The `moeshard` command line.
 
+mod allocator;
 mod bench;
 mod chat;
 mod cluster_args;
@@ -76,6 +77,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    allocator::keep_freed_buffers();
     let cli = Cli::parse();
     logging::init(cli.log_format);
     let result = match cli.command {
