@@ -634,9 +634,10 @@ thread_local! {
 
 /// Panels of fewer tokens than this run through the AVX-512 register tiles of the same
 /// arithmetic (`small`): packing a block of rows for the tiles costs about as much as one tile
-/// of 16 tokens computes (measured on the 16-core host: at 8 tokens the register tiles were
-/// twice as fast, at 16 even, at 32 the AMX tiles 1.6× faster).
-pub const MIN_TOKENS: usize = 16;
+/// of 16 tokens computes (measured on the 16-core host, one thread: at 8 tokens the register
+/// tiles were twice as fast, at 16 from even to 15 % faster, at 32 the AMX tiles 1.4–1.5×
+/// faster).
+pub const MIN_TOKENS: usize = 24;
 
 /// The AMX Q4_K panel (a `crate::panel::PanelFn`).
 ///
