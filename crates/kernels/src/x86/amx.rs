@@ -1,6 +1,6 @@
 //! The AMX level: Sapphire Rapids and later Xeons multiply 16×64-byte int8 tiles in a matrix
 //! unit (`tdpbssd`: 16 384 multiply-adds an instruction), about sixteen times what AVX-512 VNNI
-//! does per cycle. Used for Q4_K batches (prefill) where the OS grants the tile state.
+//! does per cycle. Used for Q4_K and Q6_K batches (prefill) where the OS grants the tile state.
 //!
 //! **Availability** needs three things: the CPU says so (CPUID leaf 7: AMX-TILE, AMX-INT8), the
 //! OS saves the tile state (XCR0 bits 17 and 18), and, on Linux, the process asked the kernel for
@@ -10,17 +10,18 @@
 //!
 //! **Same bits.** At this level the Q4_K dot is the scalar reference's arithmetic
 //! (`kq256::q4k_exact_256`): per superblock the exact integers Σ scale·q·a and Σ min·bsum, then
-//! the reference's float step, added in order. The tiles reproduce those integers exactly — each
-//! weight is multiplied by its sub-block scale up front (≤ 63·15 = 945, split as 128·hi + lo into
-//! two int8 planes, 0..7 and 0..127), so one tile product over the whole superblock gives
-//! Σ scale·q·a = 128·C_hi + C_lo — and the float step is the same, one token per lane. So a value
-//! is the same whether the AMX tiles, the AVX-512 dot or the scalar reference computed it, and
-//! nothing depends on the batch around a token (as at every other level).
+//! the reference's float step, added in order (Q6_K's AVX-512 dot already worked that way). The
+//! tiles reproduce those integers exactly — each weight is multiplied by its sub-block scale up
+//! front (Q4_K ≤ 63·15 = 945, Q6_K |·| ≤ 128·32), split as 128·hi + lo into two int8 planes,
+//! so one tile product per plane over the whole superblock gives Σ scale·q·a = 128·C_hi + C_lo —
+//! and the float step is the same, one token per lane. So a value is the same whether the AMX
+//! tiles, the AVX-512 dot or the scalar reference computed it, and nothing depends on the batch
+//! around a token (as at every other level).
 //!
 //! The tile arithmetic is written once over [`TileUnit`]: the real unit (inline assembly) and a
 //! plain-Rust emulation with the instructions' semantics, so the packing and the bookkeeping
-//! around the tiles are tested on every machine (`tests/panels.rs`), and the real unit wherever
-//! the CPU has one.
+//! around the tiles are tested on every machine with AVX-512 (this module's tests), and the real
+//! unit wherever the CPU has one (there `tests/panels.rs` covers the level too).
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -111,7 +112,7 @@ fn os_grants_tiles() -> bool {
     false
 }
 
-/// The tile instructions the Q4_K panel uses, on fixed tile registers: `C_LO`, `C_HI`
+/// The tile instructions the panels use, on fixed tile registers: `C_LO`, `C_HI`
 /// (int32 accumulators, 16 rows × 16 columns), `A` (16 rows × 64 int8) and `B_LO`, `B_HI`
 /// (16 rows of 64 int8 in the VNNI layout: row k holds four consecutive K elements of each of
 /// the 16 output columns).
