@@ -19,8 +19,8 @@ pub enum Isa {
     /// AVX-512 but without VNNI use the AVX2 kernels.
     Avx512,
     /// AVX-512 plus the AMX int8 tile unit (Sapphire Rapids and later Xeons), where the OS grants
-    /// the tile state: Q4_K batches on the tiles (`crate::x86::amx`), everything else as
-    /// `Avx512`.
+    /// the tile state: Q4_K and Q6_K batches on the tiles (`crate::x86::amx`), Q4_K in the
+    /// scalar reference's arithmetic, everything else as `Avx512`.
     Amx,
     /// AArch64 Advanced SIMD, which every AArch64 CPU has.
     Neon,
@@ -88,8 +88,9 @@ impl Isa {
         }
     }
 
-    /// The best supported level, or the one named by `MOESHARD_ISA` (`scalar`, `avx2`, `avx512`, `amx`,
-    /// `neon`, `dotprod`, `i8mm`) when that is supported — useful to compare paths on one machine.
+    /// The best supported level, or the one named by `MOESHARD_ISA` (`scalar`, `avx2`, `avx512`,
+    /// `amx`, `neon`, `dotprod`, `i8mm`) when that is supported — useful to compare paths on one
+    /// machine.
     pub fn detect() -> Isa {
         static CHOSEN: OnceLock<Isa> = OnceLock::new();
         *CHOSEN.get_or_init(|| {
@@ -179,8 +180,8 @@ pub fn row_kernel(isa: Isa, dtype: GgmlType) -> Option<RowKernel> {
 }
 
 /// The row count that the panel kernel of `dtype` at level `isa` wants its panels cut into
-/// multiples of: the AMX tiles take 16 rows at a time (leftover rows run through the dot);
-/// the register-tiled panels take any count (4 keeps blocks aligned).
+/// multiples of: the AMX tiles take 16 rows at a time (a partial block is padded with zero
+/// rows, wasted work); the register-tiled panels take any count (4 keeps blocks aligned).
 pub fn panel_row_granule(isa: Isa, dtype: GgmlType) -> usize {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Amx && isa.is_supported() && crate::x86::amx::panel(dtype).is_some() {
