@@ -49,6 +49,10 @@ pub enum ExpertMix {
     /// IQ2_XXS gate/up, IQ3_XXS down: the bulk of DeepSeek-class "dynamic" low-bit files.
     #[value(name = "iq2_xxs")]
     Iq2Xxs,
+    /// IQ2_XXS gate/up, Q2_K down: the other low-bit expert mix of DeepSeek-class files (the
+    /// down projections in a K-quant, which llama-quantize needs no importance matrix for).
+    #[value(name = "iq2_xxs-q2_k")]
+    Iq2XxsQ2K,
 }
 
 impl ExpertMix {
@@ -56,6 +60,7 @@ impl ExpertMix {
         match self {
             ExpertMix::Q4KM => (GgmlType::Q4K, GgmlType::Q6K),
             ExpertMix::Iq2Xxs => (GgmlType::Iq2Xxs, GgmlType::Iq3Xxs),
+            ExpertMix::Iq2XxsQ2K => (GgmlType::Iq2Xxs, GgmlType::Q2K),
         }
     }
 }
@@ -392,7 +397,7 @@ fn write(
     // MOSTLY_MXFP4_MOE (gpt-oss), MOSTLY_IQ2_XXS or MOSTLY_Q4_K_M.
     let file_type = match (a, expert_mix) {
         ("gpt-oss", _) => 38,
-        (_, ExpertMix::Iq2Xxs) => 19,
+        (_, ExpertMix::Iq2Xxs | ExpertMix::Iq2XxsQ2K) => 19,
         (_, ExpertMix::Q4KM) => 15,
     };
     w.add_metadata("general.file_type", Value::U32(file_type))?;
@@ -654,6 +659,11 @@ mod tests {
         assert_eq!(of("blk.0.ffn_gate_exps.weight"), GgmlType::Iq2Xxs);
         assert_eq!(of("blk.0.ffn_up_exps.weight"), GgmlType::Iq2Xxs);
         assert_eq!(of("blk.0.ffn_down_exps.weight"), GgmlType::Iq3Xxs);
+        assert_eq!(of("blk.0.attn_q.weight"), GgmlType::Q4K);
+        let plans = plan(p, ExpertMix::Iq2XxsQ2K);
+        let of = |name: &str| plans.iter().find(|t| t.name == name).unwrap().dtype;
+        assert_eq!(of("blk.0.ffn_gate_exps.weight"), GgmlType::Iq2Xxs);
+        assert_eq!(of("blk.0.ffn_down_exps.weight"), GgmlType::Q2K);
         assert_eq!(of("blk.0.attn_q.weight"), GgmlType::Q4K);
     }
 }
