@@ -124,10 +124,46 @@ pub(crate) unsafe fn fma_d_dmin(
     acc[1] = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(msum), acc[1]);
 }
 
-/// The running sum of a Q4_K/Q5_K single-row dot: each superblock's exact integer sums (as
-/// 8-lane vectors) wait in a batch of eight, which is reduced across lanes at once (`hsums`)
-/// and put through the reference's float step with one superblock per lane; the eight results
-/// are then added to the scalar sum one by one, in superblock order, as the reference does.
+/// The running sum of a Q4_K/Q5_K dot in the AVX2/AVX-512 levels' arithmetic: each
+/// superblock's integer lanes converted and scaled lane by lane (`fma_d_dmin`), the lanes added
+/// at the end.
+pub(crate) struct LaneSums([__m256; 2]);
+
+impl LaneSums {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn new() -> Self {
+        LaneSums([_mm256_setzero_ps(); 2])
+    }
+
+    /// One superblock, as for [`SuperblockSums::push`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn push(
+        &mut self,
+        isum: __m256i,
+        msum: __m256i,
+        dy: f32,
+        d: [u8; 2],
+        dmin: [u8; 2],
+    ) {
+        let dm = [d[0], d[1], dmin[0], dmin[1]];
+        // SAFETY: `dm` is the four bytes [d, dmin], as `fma_d_dmin` reads them from a block.
+        unsafe { fma_d_dmin(&mut self.0, isum, msum, dm.as_ptr(), dy) };
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn finish(self) -> f32 {
+        crate::x86::simd256::hsum_ps(_mm256_add_ps(self.0[0], self.0[1]))
+    }
+}
+
+/// The running sum of a Q4_K/Q5_K dot in the scalar reference's arithmetic: each superblock's
+/// exact integer sums (as 8-lane vectors) wait in a batch of eight, which is reduced across
+/// lanes at once (`hsums`) and put through the reference's float step with one superblock per
+/// lane; the eight results are then added to the scalar sum one by one, in superblock order, as
+/// the reference does.
 /// Reducing each superblock alone measured ~25 % slower on L2-resident weights (Zen 4).
 pub(crate) struct SuperblockSums {
     acc: f32,
@@ -420,39 +456,22 @@ macro_rules! q6k_256 {
 }
 pub(crate) use q6k_256;
 
-/// `q4k_256!(n, w, a, accumulate)`: the whole kernel body; `accumulate(acc, pairs, scale)`.
+/// `q4k_256!(n, w, a, accumulate[, Sums])`: the whole kernel body; `accumulate(acc, pairs,
+/// scale)`; `Sums` ([`LaneSums`] unless named) takes each superblock's integer lanes and makes
+/// the float steps: [`SuperblockSums`] is the scalar reference's arithmetic
+/// (`formats::kquants::dot_q4_k`, bit for bit), which the AMX level uses because its tiles can
+/// reproduce it (the lane layout depends on how the products were grouped; an integer does not).
 macro_rules! q4k_256 {
-    ($n:expr, $w:expr, $a:expr, $acc:path) => {{
+    ($n:expr, $w:expr, $a:expr, $acc:path) => {
+        $crate::x86::kq256::q4k_256!($n, $w, $a, $acc, $crate::x86::kq256::LaneSums)
+    };
+    ($n:expr, $w:expr, $a:expr, $acc:path, $sums:ty) => {{
         use $crate::x86::kq256::prelude::*;
         let nb = $n / QK_K;
         let (w, a): (&[BlockQ4K], &[BlockQ8K]) =
             (bytemuck::cast_slice($w), bytemuck::cast_slice($a));
         let m4 = _mm256_set1_epi8(0x0F);
-        let mut facc = [_mm256_setzero_ps(); 2];
-        for (x, y) in w[..nb].iter().zip(&a[..nb]) {
-            let (isum, msum) =
-                $crate::x86::kq256::q4k_q5k_body!(x, y, m4, $acc, |g, lo, hi| (lo, hi));
-            // SAFETY: d and dmin are the block's first four bytes.
-            unsafe { fma_d_dmin(&mut facc, isum, msum, x as *const _ as *const u8, y.d()) };
-        }
-        hsum_ps(_mm256_add_ps(facc[0], facc[1]))
-    }};
-}
-pub(crate) use q4k_256;
-
-/// `q4k_exact_256!(n, w, a, accumulate)`: the Q4_K dot in the scalar reference's arithmetic
-/// (`formats::kquants::dot_q4_k`): each superblock's two exact integer sums put through the
-/// reference's float step and added in order ([`SuperblockSums`]), so the result equals the
-/// reference's bit for bit. The AMX level uses this form, which its tiles can reproduce (the
-/// lane layout of `q4k_256` depends on how the products were grouped; an integer does not).
-macro_rules! q4k_exact_256 {
-    ($n:expr, $w:expr, $a:expr, $acc:path) => {{
-        use $crate::x86::kq256::prelude::*;
-        let nb = $n / QK_K;
-        let (w, a): (&[BlockQ4K], &[BlockQ8K]) =
-            (bytemuck::cast_slice($w), bytemuck::cast_slice($a));
-        let m4 = _mm256_set1_epi8(0x0F);
-        let mut sums = $crate::x86::kq256::SuperblockSums::new();
+        let mut sums = <$sums>::new();
         for (x, y) in w[..nb].iter().zip(&a[..nb]) {
             let (isum, msum) =
                 $crate::x86::kq256::q4k_q5k_body!(x, y, m4, $acc, |g, lo, hi| (lo, hi));
@@ -461,7 +480,7 @@ macro_rules! q4k_exact_256 {
         sums.finish()
     }};
 }
-pub(crate) use q4k_exact_256;
+pub(crate) use q4k_256;
 
 /// `q5k_256!(n, w, a, accumulate)`: the whole kernel body; `accumulate(acc, pairs, scale)`.
 macro_rules! q5k_256 {
@@ -472,7 +491,7 @@ macro_rules! q5k_256 {
             (bytemuck::cast_slice($w), bytemuck::cast_slice($a));
         let m4 = _mm256_set1_epi8(0x0F);
         let k16 = _mm256_set1_epi8(16);
-        let mut facc = [_mm256_setzero_ps(); 2];
+        let mut sums = $crate::x86::kq256::LaneSums::new();
         for (x, y) in w[..nb].iter().zip(&a[..nb]) {
             // Bit 2g of qh[l] is the fifth bit of the low nibble of group g, bit 2g+1 of the high.
             let mut hbits = load256_of(&x.qh);
@@ -482,10 +501,9 @@ macro_rules! q5k_256 {
                 hbits = _mm256_srli_epi16::<2>(hbits);
                 (_mm256_or_si256(lo, hlo), _mm256_or_si256(hi, hhi))
             });
-            // SAFETY: d and dmin are the block's first four bytes.
-            unsafe { fma_d_dmin(&mut facc, isum, msum, x as *const _ as *const u8, y.d()) };
+            sums.push(isum, msum, y.d(), x.d, x.dmin);
         }
-        hsum_ps(_mm256_add_ps(facc[0], facc[1]))
+        sums.finish()
     }};
 }
 pub(crate) use q5k_256;

@@ -9,7 +9,7 @@
 //! then this level is simply not offered and the AVX-512 kernels run.
 //!
 //! **Same bits.** At this level the Q4_K dot is the scalar reference's arithmetic
-//! (`kq256::q4k_exact_256`): per superblock the exact integers Σ scale·q·a and Σ min·bsum, then
+//! (`kq256::SuperblockSums`): per superblock the exact integers Σ scale·q·a and Σ min·bsum, then
 //! the reference's float step, added in order (Q6_K's AVX-512 dot already worked that way). The
 //! tiles reproduce those integers exactly — each weight is multiplied by its sub-block scale up
 //! front (Q4_K ≤ 63·15 = 945, Q6_K |·| ≤ 128·32), split as 128·hi + lo into two int8 planes,
@@ -18,10 +18,10 @@
 //! tiles, the AVX-512 dot or the scalar reference computed it, and nothing depends on the batch
 //! around a token (as at every other level).
 //!
-//! The tile arithmetic is written once over [`unit::TileUnit`]: the real unit (inline assembly) and a
-//! plain-Rust emulation with the instructions' semantics, so the packing and the bookkeeping
-//! around the tiles are tested on every machine with AVX-512 (this module's tests), and the real
-//! unit wherever the CPU has one (there `tests/panels.rs` covers the level too).
+//! The tile arithmetic is written once over [`unit::TileUnit`]: the real unit (inline
+//! assembly) and a plain-Rust emulation with the instructions' semantics, so the packing and
+//! the bookkeeping around the tiles are tested on every machine with AVX-512 (`tests.rs`), and
+//! the real unit wherever the CPU has one (there `tests/panels.rs` covers the level too).
 
 mod formats;
 mod panel;

@@ -13,7 +13,7 @@ use gguf::GgmlType;
 use super::load512;
 use crate::blocks::*;
 use crate::x86::dot_wrapper;
-use crate::x86::kq256::{q2k_256, q3k_256, q4k_256, q4k_exact_256, q5k_256, q6k_256};
+use crate::x86::kq256::{SuperblockSums, q2k_256, q3k_256, q4k_256, q5k_256, q6k_256};
 
 dot_wrapper!(pub dot_q2_k => dot_q2_k_impl, GgmlType::Q2K, GgmlType::Q8K);
 dot_wrapper!(pub dot_q3_k => dot_q3_k_impl, GgmlType::Q3K, GgmlType::Q8K);
@@ -60,10 +60,10 @@ pub(super) fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q4k_256!(n, w, a, dpwssd)
 }
 
-/// Q4_K in the scalar reference's arithmetic (`kq256::q4k_exact_256`): the AMX level's dot.
+/// Q4_K in the scalar reference's arithmetic (`kq256::SuperblockSums`): the AMX level's dot.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q4_k_exact_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    q4k_exact_256!(n, w, a, dpwssd)
+    q4k_256!(n, w, a, dpwssd, SuperblockSums)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]

@@ -87,7 +87,7 @@ unsafe fn q4k_tile<const R: usize, const T: usize>(
     unsafe { q4k_tile_of::<R, T, false>(nb, w, a) }
 }
 
-/// [`q4k_tile`] in the scalar reference's arithmetic (`kq256::q4k_exact_256`, the AMX level's
+/// [`q4k_tile`] in the scalar reference's arithmetic (`kq256::SuperblockSums`, the AMX level's
 /// Q4_K dot): the same integer work; per superblock the T tokens' integer sums are reduced
 /// together and the reference's float step runs with one token per lane.
 ///
