@@ -392,22 +392,41 @@ enum Fault {
     FlipAt(usize),
 }
 
-/// A TCP proxy in front of `target` that applies `fault` to the downstream direction;
-/// `applied` counts the faults it injected.
+/// A TCP proxy that applies `fault` to the downstream direction; `applied` counts the faults
+/// it injected. Its port is known before the stage behind it starts (the stage advertises it);
+/// the stage's own port, picked by the stage, is set with `forward_to` once it logs it. Fixed
+/// ports chosen in advance raced with every other socket on the host.
 struct Proxy {
     addr: String,
+    target: Arc<std::sync::OnceLock<String>>,
     applied: Arc<AtomicUsize>,
 }
 
-fn proxy(target: String, fault: Fault) -> Proxy {
+impl Proxy {
+    fn forward_to(&self, target: String) {
+        self.target
+            .set(target)
+            .expect("the proxy's target is set once");
+    }
+}
+
+fn proxy(fault: Fault) -> Proxy {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let applied = Arc::new(AtomicUsize::new(0));
+    let target = Arc::new(std::sync::OnceLock::<String>::new());
     let armed = Arc::new(AtomicBool::new(true));
     let count = Arc::clone(&applied);
+    let to = Arc::clone(&target);
     std::thread::spawn(move || {
         for inbound in listener.incoming() {
             let Ok(inbound) = inbound else { break };
+            let target = loop {
+                match to.get() {
+                    Some(t) => break t.clone(),
+                    None => std::thread::sleep(Duration::from_millis(5)),
+                }
+            };
             let Ok(outbound) = TcpStream::connect(&target) else {
                 continue;
             };
@@ -417,7 +436,11 @@ fn proxy(target: String, fault: Fault) -> Proxy {
             std::thread::spawn(move || pump(o2, i2, None));
         }
     });
-    Proxy { addr, applied }
+    Proxy {
+        addr,
+        target,
+        applied,
+    }
 }
 
 fn pump(
@@ -462,14 +485,6 @@ fn pump(
     let _ = to.shutdown(Shutdown::Write);
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn a_proxy_between_stages_that_delays_cuts_or_corrupts() {
     let dir = tempfile::tempdir().unwrap();
@@ -483,10 +498,36 @@ fn a_proxy_between_stages_that_delays_cuts_or_corrupts() {
         Fault::CutAfter(24 * 1024),
         Fault::FlipAt(40 * 1024),
     ] {
-        let coord_port = free_port();
-        let coord_addr = format!("127.0.0.1:{coord_port}");
-        let data = format!("127.0.0.1:{}", free_port());
-        let px = proxy(data.clone(), fault);
+        let px = proxy(fault);
+        // The coordinator first, on a port it picks; the stages learn it from its log.
+        let coord = Proc::spawn(
+            "coordinator",
+            &[
+                "run",
+                "-m",
+                &m,
+                "--layers",
+                "0:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--cluster-key-file",
+                &key,
+                "-p",
+                &prompt,
+                "-n",
+                N,
+                "--temp",
+                "0",
+                "--no-warm",
+                "--threads",
+                "1",
+                "--dist-prefill-chunk",
+                "4",
+                "--route-wait",
+                "60",
+            ],
+        );
+        let coord_addr = format!("127.0.0.1:{}", coord.coordinator_port());
         let worker = |layers: &str, extra: &[&str]| {
             let mut args = vec![
                 "worker",
@@ -509,39 +550,22 @@ fn a_proxy_between_stages_that_delays_cuts_or_corrupts() {
         // address, the proxy passes the stream on (with the fault) to the real one.
         let w2 = worker(
             "4:output",
-            &["--data-listen", &data, "--advertise", &px.addr],
+            &["--data-listen", "127.0.0.1:0", "--advertise", &px.addr],
         );
-        let listen = coord_addr.clone();
-        let coord = Proc::spawn(
-            "coordinator",
-            &[
-                "run",
-                "-m",
-                &m,
-                "--layers",
-                "0:1",
-                "--listen",
-                &listen,
-                "--cluster-key-file",
-                &key,
-                "-p",
-                &prompt,
-                "-n",
-                N,
-                "--temp",
-                "0",
-                "--no-warm",
-                "--threads",
-                "1",
-                "--dist-prefill-chunk",
-                "4",
-                "--route-wait",
-                "60",
-            ],
-        );
+        let line = w2.wait_for_stderr("stage 4:output: data port ", Duration::from_secs(60));
+        let bound = line
+            .rsplit("data port ")
+            .next()
+            .and_then(|rest| rest.split(',').next())
+            .unwrap_or_else(|| panic!("no data port in {line:?}"));
+        px.forward_to(bound.trim().to_string());
         let (ok, out, err) = coord.finish(T);
         let case = format!("{fault:?}");
-        assert!(ok, "{case}: the request must complete:\n{err}");
+        assert!(
+            ok,
+            "{case}: the request must complete:\n{err}\nstage 4:output:\n{}",
+            w2.stderr_text()
+        );
         assert_eq!(out, want, "{case}: tokens vs single node");
         assert!(
             px.applied.load(Ordering::Relaxed) > 0,
