@@ -49,21 +49,7 @@ fn matvec(c: &mut Criterion) {
 }
 
 fn gemm32(c: &mut Criterion) {
-    product(
-        c,
-        "gemm32",
-        32,
-        &[
-            GgmlType::Q4K,
-            GgmlType::Q6K,
-            GgmlType::Q8_0,
-            GgmlType::F32,
-            GgmlType::Iq4Xs,
-            GgmlType::Iq2Xxs,
-            GgmlType::Iq3Xxs,
-            GgmlType::Mxfp4,
-        ],
-    );
+    product(c, "gemm32", 32, &COMPUTE_TYPES);
 }
 
 /// Every row of the matrix against one activation row with the bare dot kernel of each ISA.

@@ -181,11 +181,23 @@ pub fn row_kernel(isa: Isa, dtype: GgmlType) -> Option<RowKernel> {
 
 /// The row count that the panel kernel of `dtype` at level `isa` wants its panels cut into
 /// multiples of: the AMX tiles take 16 rows at a time (a partial block is padded with zero
-/// rows, wasted work); the register-tiled panels take any count (4 keeps blocks aligned).
+/// rows, wasted work); the x86 panels of the 32-element formats transpose each group of tokens
+/// once per panel, which 32 rows amortize; the other register-tiled panels take any count (4
+/// keeps blocks aligned).
 pub fn panel_row_granule(isa: Isa, dtype: GgmlType) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Amx && isa.is_supported() && crate::x86::amx::panel(dtype).is_some() {
-        return crate::x86::amx::TILE;
+    {
+        if isa >= Isa::Amx && isa.is_supported() && crate::x86::amx::panel(dtype).is_some() {
+            return crate::x86::amx::TILE;
+        }
+        use GgmlType as T;
+        let token_lanes = matches!(
+            dtype,
+            T::Q4_0 | T::Q4_1 | T::Q5_0 | T::Q5_1 | T::Q8_0 | T::Iq4Nl
+        );
+        if isa >= Isa::Avx2 && token_lanes {
+            return 32;
+        }
     }
     let _ = (isa, dtype);
     4

@@ -186,7 +186,7 @@ fn quantized_neon_dots_give_the_scalar_bits() {
 
 /// The 256-element IQ and ternary kernels reduce each superblock to one exact integer and repeat
 /// the scalar reference's float steps, so every x86 level gives the scalar bits (IQ4_NL, a
-/// 32-element format, sums blocks in vector lanes like Q4_0: close, not bitwise).
+/// 32-element format, is checked with Q4_0 and the others below).
 #[test]
 fn iq_superblock_dots_give_the_scalar_bits() {
     let mut rng = Rng::new(5);
@@ -210,4 +210,34 @@ fn iq_superblock_dots_give_the_scalar_bits() {
         }
     }
     eprintln!("checked {checked} IQ kernels bitwise");
+}
+
+/// The 32-element formats against Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) take one exact
+/// integer per block and repeat the scalar reference's float steps in block order at every x86
+/// level, so they give its bits, as the NEON kernels do: x86 and ARM nodes agree on them.
+#[test]
+fn legacy_32_element_dots_give_the_scalar_bits() {
+    use GgmlType as T;
+    let mut rng = Rng::new(6);
+    let mut checked = 0;
+    for isa in Isa::supported().into_iter().filter(|&i| i != Isa::Scalar) {
+        for t in [T::Q4_0, T::Q4_1, T::Q5_0, T::Q5_1, T::Q8_0, T::Iq4Nl] {
+            let Some(simd) = simd_dot(isa, t) else {
+                continue;
+            };
+            let f = format(t).unwrap();
+            // Odd block counts leave partial batches of eight blocks.
+            for n in LENGTHS.into_iter().chain([32, 96, 224, 288, 576]) {
+                let w = random_row(&mut rng, t, n);
+                let (a, _) = activations(&mut rng, f.act, n);
+                assert_eq!(
+                    simd(n, &w, &a).to_bits(),
+                    (f.dot_scalar)(n, &w, &a).to_bits(),
+                    "{isa:?} {t} n={n}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    eprintln!("checked {checked} 32-element kernels bitwise");
 }

@@ -353,13 +353,14 @@ fn check_against_llama_cpp(
         "{arch} {q}: max |ours − llama.cpp| = {d:.3}, top-1 agreement {agree}/{rows} \
          ({near_ties} near ties); max |{q} − our F32| = {d32:.3} (llama.cpp's own {llama_d32:.3})"
     );
-    // llama.cpp's logits were computed on x86, whose kernels sum in the same order as
-    // ours there. Elsewhere (aarch64: ours equal the scalar reference bit for bit) the
-    // other order can flip a near-tied expert where routing is that fragile — where
-    // llama.cpp's own quantized run strays more than 1.0 from its F32 run (deepseek2
-    // Q4_K: 0.77 under qemu); the near-tie and F32 checks below still hold there.
-    let fragile_elsewhere = !cfg!(target_arch = "x86_64") && llama_d32 > 1.0;
-    let bound = if fragile_elsewhere { 1.0 } else { 0.1 };
+    // llama.cpp's logits were computed on x86. Our kernels sum in its order there for the
+    // K-quants, but in the scalar reference's order for the 32-element formats (Q8_0, Q5_0,
+    // …, on every architecture) and for everything on aarch64; the other order can flip a
+    // near-tied expert where routing is that fragile — where llama.cpp's own quantized run
+    // strays more than 1.0 from its F32 run (deepseek2 Q4_K, whose file mixes in 32-element
+    // formats: 0.77); the near-tie and F32 checks below still hold there.
+    let fragile = llama_d32 > 1.0;
+    let bound = if fragile { 1.0 } else { 0.1 };
     assert!(d <= bound, "{arch} {q}: differs from llama.cpp by {d}");
     assert_eq!(
         agree + near_ties,

@@ -1,15 +1,25 @@
-//! The loop shared by the AVX2 and AVX-512 kernels of the 32-element formats (Q4_0 … Q8_0;
-//! MXFP4 has its own, `crate::x86::mxfp4`) against Q8_0 activations: one block per 256-bit
-//! register, blocks taken in batches of 8.
+//! What the AVX2 and AVX-512 kernels of the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+//! IQ4_NL; MXFP4 has its own, `crate::x86::mxfp4`) against Q8_0 activations share.
 //!
-//! Per block, the integer work is only 5 to 9 instructions, so the two f16 scales would cost
-//! almost as much again if each were broadcast and converted on its own. A batch gathers its 8
-//! weight scales and 8 activation scales with scalar loads into one register each, converts them
-//! with one `vcvtph2ps` and multiplies them once; each block then takes its product with one or
-//! two shuffles. (Measured on Zen 4: −11% time for Q4_0 with AVX2; gathering the scales with
-//! `vpermt2w` from vector loads was three times slower.)
+//! **Arithmetic.** These kernels give the scalar reference's bits (`crate::formats::legacy`,
+//! `dot_iq4_nl`): per block one exact integer `isum`, then `sum += isum·(dx·dy)` (plus
+//! `m·(Σy·dy)` for Q4_1/Q5_1), in block order, in f32 without fused multiply-adds. So x86 nodes of
+//! either level and ARM nodes (whose kernels equal the reference too) agree bit for bit, and a
+//! panel can run any number of tokens at once with one token per lane: the float steps are
+//! element-wise, so vectorizing them over tokens (panels) or over 8 blocks of one row (the
+//! single-row dot, [`reference_sum`], which then adds the 8 lanes in order) changes nothing.
+//!
+//! **Panels** transpose the activations of a group of tokens once ([`pack_tokens`]): for each
+//! block, register g holds the 4 bytes `4g..4g+4` of every token, one token per 32-bit lane. A
+//! weight row's 4 bytes are broadcast and one `vpdpbusd` (or `vpmaddubsw` + `vpmaddwd`) adds
+//! their products to every token's lane, so eight of them give every token's block integer with
+//! no horizontal reduction, and the weights are unpacked once per row for the whole group.
 
 use std::arch::x86_64::*;
+
+use crate::blocks::BlockQ8_0;
+use crate::panel::Panel;
+use crate::x86::simd256::{load128_of, load256_of};
 
 /// The f16 field `field(b)` of 8 blocks, as 8 lanes of f32.
 #[inline]
@@ -23,75 +33,298 @@ pub(crate) fn f16x8<T>(blocks: &[T], field: impl Fn(&T) -> [u8; 2]) -> __m256 {
     _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
 }
 
-/// Σ over the blocks of one row of `scale · lanes`, where `body(x, y) -> __m256i` gives the
-/// integer lanes of one block and each lane's f32 multiplier alternates between two values
-/// `(p, q)` of the block (`p = q = d·dy` for most formats; `d·dy, m·dy` for Q4_1/Q5_1, whose
-/// `body` interleaves `Σ q·y` and `Σ y` lanes):
-/// - `scales8(xs, ys) -> (__m256, __m256)`: `p` and `q` of 8 blocks, lane k for block k;
-/// - `scales1(x, y) -> __m256`: the multipliers of one leftover block, `[p, q, p, q, ...]`.
-///
-/// A block's `[p, q]` pair is one 64-bit lane of `unpacklo/hi_ps(p, q)`, so it is broadcast with
-/// a single `vpermpd` (LLVM picks cheaper shuffles where `p = q`). Two accumulators alternate
-/// blocks. Expands inside a `#[target_feature]`
-/// function that has `std::arch::x86_64::*` in scope.
-macro_rules! sum_blocks {
-    ($wty:ty, $n:expr, $w:expr, $a:expr,
-     scales8: |$xs:ident, $ys:ident| $scales8:expr,
-     scales1: |$x1:ident, $y1:ident| $scales1:expr,
-     body: |$x:ident, $y:ident| $body:expr $(,)?) => {{
-        let nb = $n / 32;
-        let w: &[$wty] = &bytemuck::cast_slice($w)[..nb];
-        let a: &[$crate::blocks::BlockQ8_0] = &bytemuck::cast_slice($a)[..nb];
-        let mut acc = [_mm256_setzero_ps(); 2];
-        for (xs8, ys8) in w.chunks_exact(8).zip(a.chunks_exact(8)) {
-            let (p, q): (__m256, __m256) = {
-                let ($xs, $ys) = (xs8, ys8);
-                $scales8
+/// `R` rows' dots with one activation row, in the reference's order: `$w` is `[&[B]; R]`,
+/// `$a` the `&[BlockQ8_0]` of the same length; `isum: |x, y|` gives lanes whose sum is the
+/// block's exact integer (`Σ w·y`, or `Σ q·y` where `min: true`), `ysum: |y|` lanes whose sum
+/// is `Σ y` (evaluated only where `min: true`), `d: |x|` and `m: |x|` the block's f16 scale and
+/// min. Eight blocks at a time: each row's integers are reduced together ([`hsums`]), its float
+/// steps run with one block per lane, and the lanes are added to its sum one by one. That last
+/// chain of dependent adds bounds a single row; `R` rows run `R` chains side by side and share
+/// the activations' scales and sums. A macro, not a function taking closures: the closures
+/// were not inlined, and each call then cost more than the block it computed. Expands inside a
+/// `#[target_feature]` function with AVX2, FMA and F16C that has `std::arch::x86_64::*` in
+/// scope; evaluates to `[f32; R]`.
+macro_rules! reference_sums {
+    ($r:expr, $w:expr, $a:expr, min: $min:expr,
+     isum: |$x:ident, $y:ident| $isum:expr,
+     ysum: |$y2:ident| $ysum:expr,
+     d: |$xd:ident| $d:expr,
+     m: |$xm:ident| $m:expr $(,)?) => {{
+        use $crate::x86::blocks32::f16x8;
+        use $crate::x86::simd256::{f16_scalar, hsum_epi32, hsums, lanes};
+        let w: [&[_]; $r] = $w;
+        let a: &[$crate::blocks::BlockQ8_0] = $a;
+        let mut sum = [0f32; $r];
+        let nb = a.len();
+        let main = nb - nb % 8;
+        let mut j0 = 0;
+        while j0 < main {
+            let ys = &a[j0..j0 + 8];
+            let dy = f16x8(ys, |b| b.d);
+            let sydy = if $min {
+                let mut sv = [_mm256_setzero_si256(); 8];
+                for j in 0..8 {
+                    let $y2 = &ys[j];
+                    sv[j] = $ysum;
+                }
+                _mm256_mul_ps(_mm256_cvtepi32_ps(hsums(&sv)), dy)
+            } else {
+                dy
             };
-            // 64-bit lanes: [b0, b1, b4, b5] and [b2, b3, b6, b7].
-            let pairs = [_mm256_unpacklo_ps(p, q), _mm256_unpackhi_ps(p, q)];
-            // Written out so that the lane index is a constant (a loop was not always unrolled).
-            $crate::x86::blocks32::batch_step!(0, xs8, ys8, pairs, acc, |$x, $y| $body);
-            $crate::x86::blocks32::batch_step!(1, xs8, ys8, pairs, acc, |$x, $y| $body);
-            $crate::x86::blocks32::batch_step!(2, xs8, ys8, pairs, acc, |$x, $y| $body);
-            $crate::x86::blocks32::batch_step!(3, xs8, ys8, pairs, acc, |$x, $y| $body);
-            $crate::x86::blocks32::batch_step!(4, xs8, ys8, pairs, acc, |$x, $y| $body);
-            $crate::x86::blocks32::batch_step!(5, xs8, ys8, pairs, acc, |$x, $y| $body);
-            $crate::x86::blocks32::batch_step!(6, xs8, ys8, pairs, acc, |$x, $y| $body);
-            $crate::x86::blocks32::batch_step!(7, xs8, ys8, pairs, acc, |$x, $y| $body);
+            let mut t = [[0f32; 8]; $r];
+            for r in 0..$r {
+                let xs = &w[r][j0..j0 + 8];
+                let mut iv = [_mm256_setzero_si256(); 8];
+                for j in 0..8 {
+                    let ($x, $y) = (&xs[j], &ys[j]);
+                    iv[j] = $isum;
+                }
+                let dxdy = _mm256_mul_ps(f16x8(xs, |$xd| $d), dy);
+                let mut v = _mm256_mul_ps(_mm256_cvtepi32_ps(hsums(&iv)), dxdy);
+                if $min {
+                    v = _mm256_add_ps(v, _mm256_mul_ps(f16x8(xs, |$xm| $m), sydy));
+                }
+                t[r] = lanes::<8>(v);
+            }
+            for j in 0..8 {
+                for r in 0..$r {
+                    sum[r] += t[r][j];
+                }
+            }
+            j0 += 8;
         }
-        for j in nb - nb % 8..nb {
-            let ($x1, $y1) = (&w[j], &a[j]);
-            let d: __m256 = $scales1;
-            let ($x, $y) = (&w[j], &a[j]);
-            let s: __m256i = $body;
-            acc[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[0]);
+        for j in main..nb {
+            let y = &a[j];
+            let dy = f16_scalar(&y.d);
+            let sydy = if $min {
+                let $y2 = y;
+                hsum_epi32($ysum) as f32 * dy
+            } else {
+                0.0
+            };
+            for r in 0..$r {
+                let ($x, $y) = (&w[r][j], y);
+                let mut t = hsum_epi32($isum) as f32
+                    * (f16_scalar(&{
+                        let $xd = $x;
+                        $d
+                    }) * dy);
+                if $min {
+                    t += f16_scalar(&{
+                        let $xm = $x;
+                        $m
+                    }) * sydy;
+                }
+                sum[r] += t;
+            }
         }
-        $crate::x86::simd256::hsum_ps(_mm256_add_ps(acc[0], acc[1]))
+        sum
     }};
 }
-pub(crate) use sum_blocks;
+pub(crate) use reference_sums;
 
-/// Block `$j` (a literal) of a batch in [`sum_blocks`]: its `[p, q]` pair is 64-bit lane
-/// `j % 2 + 2·(j / 4)` of `pairs[(j / 2) % 2]`.
-macro_rules! batch_step {
-    ($j:literal, $xs8:ident, $ys8:ident, $pairs:ident, $acc:ident,
-     |$x:ident, $y:ident| $body:expr) => {{
-        let ($x, $y) = (&$xs8[$j], &$ys8[$j]);
-        let s: __m256i = $body;
-        const LANE: i32 = ($j % 2 + 2 * ($j / 4)) as i32;
-        let idx = _mm256_setr_epi32(
-            2 * LANE,
-            2 * LANE + 1,
-            2 * LANE,
-            2 * LANE + 1,
-            2 * LANE,
-            2 * LANE + 1,
-            2 * LANE,
-            2 * LANE + 1,
-        );
-        let d = _mm256_permutevar8x32_ps($pairs[($j / 2) % 2], idx);
-        $acc[$j % 2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), $acc[$j % 2]);
-    }};
+/// One block of a group of `G` tokens' activations (Q8_0), one token per 32-bit lane: what the
+/// panels' inner loop reads, 64-byte aligned.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(crate) struct TokenBlock<const G: usize> {
+    /// `y[g][t]`: bytes `4g..4g+4` of token t's quants.
+    pub y: [[i32; G]; 8],
+    /// `−k·Σy` of each token, for weights stored as `w + k` (the start of the integer sums).
+    pub start: [i32; G],
+    /// Each token's scale.
+    pub dy: [f32; G],
+    /// `(Σy as f32)·dy` of each token, for the min of Q4_1/Q5_1.
+    pub sydy: [f32; G],
 }
-pub(crate) use batch_step;
+
+impl<const G: usize> TokenBlock<G> {
+    const ZERO: TokenBlock<G> = TokenBlock {
+        y: [[0; G]; 8],
+        start: [0; G],
+        dy: [0.0; G],
+        sydy: [0.0; G],
+    };
+}
+
+/// Tokens that packed nothing (past the panel's last token) read this block: zero quants and
+/// scales, so their lanes stay zero.
+static ZERO_BLOCK: BlockQ8_0 = BlockQ8_0 {
+    d: [0; 2],
+    qs: [0; 32],
+};
+
+/// Packs tokens `t0..t0 + G` (those below `p.n`; the others are zero) of the panel's
+/// activations, all `nb` blocks, into `out`, with `start = −k·Σy`.
+///
+/// # Safety
+/// The panel's activation rows `t0..min(t0 + G, p.n)` hold `nb` readable Q8_0 blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn pack_tokens<const G: usize>(
+    p: &Panel,
+    t0: usize,
+    nb: usize,
+    k: i32,
+    out: &mut Vec<TokenBlock<G>>,
+) {
+    const { assert!(G.is_multiple_of(8)) };
+    out.clear();
+    out.resize(nb, TokenBlock::ZERO);
+    let rows: [&[BlockQ8_0]; G] = std::array::from_fn(|t| {
+        if t0 + t < p.n {
+            // SAFETY: token t0 + t < n has `nb` readable Q8_0 blocks (the contract above); they
+            // are plain bytes of alignment 1 and not written while the panel runs.
+            unsafe { std::slice::from_raw_parts(p.a.add((t0 + t) * p.a_stride).cast(), nb) }
+        } else {
+            std::slice::from_ref(&ZERO_BLOCK)
+        }
+    });
+    let block = |t: usize, j: usize| {
+        let r = rows[t];
+        if r.len() == 1 { &r[0] } else { &r[j] }
+    };
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    let neg_k = _mm256_set1_epi32(-k);
+    for (j, tb) in out.iter_mut().enumerate() {
+        for o in (0..G).step_by(8) {
+            let r: [__m256i; 8] = std::array::from_fn(|i| load256_of(&block(o + i, j).qs));
+            let y = transpose8x8(r);
+            let mut sy = _mm256_setzero_si256();
+            for (g, &yg) in y.iter().enumerate() {
+                // SAFETY: lanes o..o + 8 of row g (o + 8 ≤ G): 32 bytes inside `tb.y`.
+                unsafe { _mm256_storeu_si256(tb.y[g].as_mut_ptr().add(o).cast(), yg) };
+                sy = _mm256_add_epi32(
+                    sy,
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, yg), ones16),
+                );
+            }
+            let dy: [u8; 16] = std::array::from_fn(|b| block(o + b / 2, j).d[b % 2]);
+            let dy = _mm256_cvtph_ps(load128_of(&dy));
+            let start = _mm256_mullo_epi32(sy, neg_k);
+            let sydy = _mm256_mul_ps(_mm256_cvtepi32_ps(sy), dy);
+            // SAFETY: lanes o..o + 8 (o + 8 ≤ G) of `start`, `dy` and `sydy`.
+            unsafe {
+                _mm256_storeu_si256(tb.start.as_mut_ptr().add(o).cast(), start);
+                _mm256_storeu_ps(tb.dy.as_mut_ptr().add(o), dy);
+                _mm256_storeu_ps(tb.sydy.as_mut_ptr().add(o), sydy);
+            }
+        }
+    }
+}
+
+/// Row i of the result is lane i of every input: an 8×8 transpose of 32-bit lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose8x8(r: [__m256i; 8]) -> [__m256i; 8] {
+    let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
+    let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
+    let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    let t4 = _mm256_unpacklo_epi32(r[4], r[5]);
+    let t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    let t6 = _mm256_unpacklo_epi32(r[6], r[7]);
+    let t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    // [column c of rows 0..4 | column c + 4 of rows 0..4], likewise rows 4..8.
+    let u0 = _mm256_unpacklo_epi64(t0, t2);
+    let u1 = _mm256_unpackhi_epi64(t0, t2);
+    let u2 = _mm256_unpacklo_epi64(t1, t3);
+    let u3 = _mm256_unpackhi_epi64(t1, t3);
+    let u4 = _mm256_unpacklo_epi64(t4, t6);
+    let u5 = _mm256_unpackhi_epi64(t4, t6);
+    let u6 = _mm256_unpacklo_epi64(t5, t7);
+    let u7 = _mm256_unpackhi_epi64(t5, t7);
+    [
+        _mm256_permute2x128_si256::<0x20>(u0, u4),
+        _mm256_permute2x128_si256::<0x20>(u1, u5),
+        _mm256_permute2x128_si256::<0x20>(u2, u6),
+        _mm256_permute2x128_si256::<0x20>(u3, u7),
+        _mm256_permute2x128_si256::<0x31>(u0, u4),
+        _mm256_permute2x128_si256::<0x31>(u1, u5),
+        _mm256_permute2x128_si256::<0x31>(u2, u6),
+        _mm256_permute2x128_si256::<0x31>(u3, u7),
+    ]
+}
+
+/// The dwords of a block's 32 weight bytes, for broadcasting one at a time.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn dwords(v: __m256i) -> [i32; 8] {
+    let mut out = [0i32; 8];
+    // SAFETY: the store writes 32 bytes, exactly `out`.
+    unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), v) };
+    out
+}
+
+/// Writes a panel result of one row and a group of tokens (`v[t]` for token `t0 + t`, those
+/// below `p.n`) to the output.
+///
+/// # Safety
+/// Row `r` lies inside the panel.
+#[inline(always)]
+pub(crate) unsafe fn store_tokens<const G: usize>(p: &Panel, r: usize, t0: usize, v: &[f32; G]) {
+    for (t, &x) in v.iter().enumerate().take(p.n.saturating_sub(t0)) {
+        // SAFETY: row r and token t0 + t < n lie inside the panel, whose outputs the caller of
+        // the panel kernel guarantees writable and unaliased.
+        unsafe { *p.out.add((t0 + t) * p.out_stride + r) = x };
+    }
+}
+
+std::thread_local! {
+    static GROUPS8: std::cell::Cell<Vec<TokenBlock<8>>> = const { std::cell::Cell::new(Vec::new()) };
+    static GROUPS16: std::cell::Cell<Vec<TokenBlock<16>>> =
+        const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The thread's buffer of packed blocks for groups of 8 tokens (reused across panel calls; give
+/// it back with [`put_groups8`]).
+pub(crate) fn take_groups8() -> Vec<TokenBlock<8>> {
+    GROUPS8.take()
+}
+
+pub(crate) fn put_groups8(v: Vec<TokenBlock<8>>) {
+    GROUPS8.set(v);
+}
+
+/// As [`take_groups8`], for groups of 16 tokens.
+pub(crate) fn take_groups16() -> Vec<TokenBlock<16>> {
+    GROUPS16.take()
+}
+
+pub(crate) fn put_groups16(v: Vec<TokenBlock<16>>) {
+    GROUPS16.set(v);
+}
+
+/// The panel's values from `dots` (`R` rows' dots with one token, e.g. a level's `dots_q4_0`)
+/// for every token, `R` rows at a time; the last rows repeat the panel's last row to fill a
+/// call, and only the panel's outputs are written.
+///
+/// # Safety
+/// The panel's rows (`w_bytes` each), tokens (`a_bytes` each) and outputs are in bounds, as
+/// for [`crate::panel::PanelFn`].
+#[inline(always)]
+pub(crate) unsafe fn row_dots<const R: usize>(
+    p: &Panel,
+    w_bytes: usize,
+    a_bytes: usize,
+    dots: impl Fn(usize, [&[u8]; R], &[u8]) -> [f32; R],
+) {
+    for t in 0..p.n {
+        // SAFETY: token t < n has `a_bytes` readable bytes (the contract above), not written
+        // while the panel runs.
+        let a = unsafe { std::slice::from_raw_parts(p.a.add(t * p.a_stride), a_bytes) };
+        for r0 in (0..p.rows).step_by(R) {
+            let w: [&[u8]; R] = std::array::from_fn(|i| {
+                let r = (r0 + i).min(p.rows - 1);
+                // SAFETY: row r < rows has `w_bytes` readable bytes, likewise.
+                unsafe { std::slice::from_raw_parts(p.w.add(r * p.w_stride), w_bytes) }
+            });
+            let v = dots(p.k, w, a);
+            for (i, &x) in v.iter().enumerate().take(p.rows - r0) {
+                // SAFETY: output (t, r0 + i) lies inside the panel, writable and unaliased.
+                unsafe { *p.out.add(t * p.out_stride + r0 + i) = x };
+            }
+        }
+    }
+}

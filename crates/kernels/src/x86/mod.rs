@@ -2,8 +2,8 @@
 //! own `#[target_feature]` set and only handed out by `crate::isa` after run-time detection.
 //! Neither imports from the other: what both use lives beside them — `simd256` (loads, f16
 //! scales, horizontal sums), `scales` (K-quant scale unpacking), `kq256` (the K-quant loops),
-//! `iq256` (the 256-element IQ formats' decoders, loops and tiles), `blocks32` (the loop of the
-//! 32-element formats), `tiles` (the panel loop) and `mxfp4` (the MXFP4 dot and panel, in an
+//! `iq256` (the 256-element IQ formats' decoders, loops and tiles), `blocks32` (the 32-element
+//! formats' reference-order sums and token packing), `tiles` (the panel loop) and `mxfp4` (the MXFP4 dot and panel, in an
 //! AVX2 form for one level and a VNNI form for the other, with the same bits).
 //!
 //! `amx` adds the matrix unit of Sapphire Rapids and later Xeons for Q4_K batches, on top of the

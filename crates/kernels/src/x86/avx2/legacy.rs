@@ -1,5 +1,6 @@
 //! 32-element formats (Q4_0 … Q8_0 and IQ4_NL) against Q8_0 activations: one block per 256-bit
-//! register, in the shared loop of `crate::x86::blocks32`.
+//! register, in the scalar reference's arithmetic (`crate::x86::blocks32`: one exact integer per
+//! block, the reference's float steps in block order).
 //!
 //! The 16 bytes of packed nibbles become 32 bytes, low nibbles first: the element order of the
 //! Q8_0 block they pair with. Quants stay unsigned (0..16 or 0..32) for `vpmaddubsw`; the offset
@@ -16,9 +17,9 @@ use gguf::GgmlType;
 use super::mul_sum_i8_pairs;
 use crate::blocks::*;
 use crate::formats::iq_grids::KVALUES_IQ4NL;
-use crate::x86::blocks32::{f16x8, sum_blocks};
+use crate::x86::blocks32::reference_sums;
 use crate::x86::dot_wrapper;
-use crate::x86::simd256::{bcast_f16, load128_of, load256_of};
+use crate::x86::simd256::{load128_of, load256_of};
 
 dot_wrapper!(pub dot_q4_0 => dot_q4_0_impl, GgmlType::Q4_0, GgmlType::Q8_0);
 dot_wrapper!(pub dot_q4_1 => dot_q4_1_impl, GgmlType::Q4_1, GgmlType::Q8_0);
@@ -30,13 +31,13 @@ dot_wrapper!(pub dot_iq4_nl => dot_iq4_nl_impl, GgmlType::Iq4Nl, GgmlType::Q8_0)
 /// 16 bytes of packed nibbles as 32 bytes: the low nibbles, then the high nibbles.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn nibbles(qs: &[u8; 16], m4: __m256i) -> __m256i {
+pub(super) fn nibbles(qs: &[u8; 16], m4: __m256i) -> __m256i {
     let q = load128_of(qs);
     _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), m4)
 }
 
 /// Constants that spread the 32 fifth bits of a Q5 block over 32 bytes.
-struct FifthBits {
+pub(super) struct FifthBits {
     /// `vpshufb` control: byte j takes byte j/8 of the broadcast `qh`.
     spread: __m256i,
     /// Every bit but bit j%8 in byte j.
@@ -48,7 +49,7 @@ struct FifthBits {
 impl FifthBits {
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn new() -> FifthBits {
+    pub(super) fn new() -> FifthBits {
         let spread = _mm256_setr_epi64x(
             0,
             0x0101_0101_0101_0101,
@@ -66,36 +67,12 @@ impl FifthBits {
     /// The quants of a Q5 block, 0..32: `nibbles | 16·(bit j of qh)`.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn quants(&self, qh: &[u8; 4], qs: &[u8; 16], m4: __m256i) -> __m256i {
+    pub(super) fn quants(&self, qh: &[u8; 4], qs: &[u8; 16], m4: __m256i) -> __m256i {
         let h = _mm256_set1_epi32(i32::from_le_bytes(*qh));
         let h = _mm256_or_si256(_mm256_shuffle_epi8(h, self.spread), self.others);
         let h = _mm256_and_si256(_mm256_cmpeq_epi8(h, self.ones), self.k16);
         _mm256_or_si256(nibbles(qs, m4), h)
     }
-}
-
-/// `Σ q·y` (even lanes) and `Σ y` (odd lanes) over one block, for unsigned quants `q`: scaled
-/// by `[d·dy, m·dy, ...]` in one FMA.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn dot_and_sum(q: __m256i, y: __m256i, k1: __m256i, ones: __m256i) -> __m256i {
-    let qy = _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones);
-    let sy = _mm256_madd_epi16(_mm256_maddubs_epi16(k1, y), ones);
-    _mm256_add_epi32(_mm256_unpacklo_epi32(qy, sy), _mm256_unpackhi_epi32(qy, sy))
-}
-
-/// `[d·dy, m·dy]` repeated, from the adjacent f16 pair `d, m` at `dm` and the f16 `dy`.
-///
-/// # Safety
-/// `dm..dm + 4` is readable: the pair, through a pointer to the whole block (not to `d` alone).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn scale_and_min(dm: *const u8, dy: &[u8; 2]) -> __m256 {
-    // SAFETY: the caller's contract; `read_unaligned` has no alignment requirement.
-    let dm = _mm256_cvtph_ps(_mm_set1_epi32(unsafe {
-        (dm as *const i32).read_unaligned()
-    }));
-    _mm256_mul_ps(dm, bcast_f16(dy))
 }
 
 /// `Σ q·y − k·Σy` over one block as 8 lanes, for unsigned quants `q` and `offset = [k; 32]`.
@@ -106,106 +83,157 @@ fn offset_dot(q: __m256i, y: __m256i, offset: __m256i, ones: __m256i) -> __m256i
     _mm256_madd_epi16(p, ones)
 }
 
+/// `n / 32` blocks of weights `B` in each row and of Q8_0 activations.
+fn blocks<'a, B: bytemuck::Pod, const R: usize>(
+    n: usize,
+    w: [&'a [u8]; R],
+    a: &'a [u8],
+) -> ([&'a [B]; R], &'a [BlockQ8_0]) {
+    let nb = n / 32;
+    (
+        w.map(|w| &bytemuck::cast_slice(w)[..nb]),
+        &bytemuck::cast_slice(a)[..nb],
+    )
+}
+
+/// `Σ q·y` over one block as 8 lanes, for unsigned quants `q`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn unsigned_dot(q: __m256i, y: __m256i, ones: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let [s] = dots_q4_0::<1>(n, [w], a);
+    s
+}
+
+/// `R` rows' [`dot_q4_0_impl`] with one activation row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dots_q4_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k8 = _mm256_set1_epi8(8);
     let ones = _mm256_set1_epi16(1);
-    sum_blocks!(BlockQ4_0, n, w, a,
-        scales8: |xs, ys| {
-            let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
-            (d, d)
-        },
-        scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
-        body: |x, y| offset_dot(nibbles(&x.qs, m4), load256_of(&y.qs), k8, ones),
+    let (w, a) = blocks::<BlockQ4_0, R>(n, w, a);
+    reference_sums!(R, w, a, min: false,
+        isum: |x, y| offset_dot(nibbles(&x.qs, m4), load256_of(&y.qs), k8, ones),
+        ysum: |_y| _mm256_setzero_si256(),
+        d: |x| x.d,
+        m: |x| x.d,
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let [s] = dots_q4_1::<1>(n, [w], a);
+    s
+}
+
+/// `R` rows' [`dot_q4_1_impl`] with one activation row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dots_q4_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     let ones = _mm256_set1_epi16(1);
-    sum_blocks!(BlockQ4_1, n, w, a,
-        scales8: |xs, ys| {
-            let dy = f16x8(ys, |b| b.d);
-            (_mm256_mul_ps(f16x8(xs, |b| b.d), dy), _mm256_mul_ps(f16x8(xs, |b| b.m), dy))
-        },
-        // SAFETY: `d` and `m` are the first 4 bytes of the block `x`, reached through a pointer
-        // to the whole block.
-        scales1: |x, y| unsafe { scale_and_min(x as *const BlockQ4_1 as *const u8, &y.d) },
-        body: |x, y| dot_and_sum(nibbles(&x.qs, m4), load256_of(&y.qs), k1, ones),
+    let (w, a) = blocks::<BlockQ4_1, R>(n, w, a);
+    reference_sums!(R, w, a, min: true,
+        isum: |x, y| unsigned_dot(nibbles(&x.qs, m4), load256_of(&y.qs), ones),
+        ysum: |y| unsigned_dot(k1, load256_of(&y.qs), ones),
+        d: |x| x.d,
+        m: |x| x.m,
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let [s] = dots_q5_0::<1>(n, [w], a);
+    s
+}
+
+/// `R` rows' [`dot_q5_0_impl`] with one activation row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dots_q5_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let fifth = FifthBits::new();
-    sum_blocks!(BlockQ5_0, n, w, a,
-        scales8: |xs, ys| {
-            let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
-            (d, d)
-        },
-        scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
-        body: |x, y| {
-            let q = fifth.quants(&x.qh, &x.qs, m4);
-            offset_dot(q, load256_of(&y.qs), fifth.k16, ones)
-        },
+    let (w, a) = blocks::<BlockQ5_0, R>(n, w, a);
+    reference_sums!(R, w, a, min: false,
+        isum: |x, y| {
+        let q = fifth.quants(&x.qh, &x.qs, m4);
+        offset_dot(q, load256_of(&y.qs), fifth.k16, ones)
+    },
+        ysum: |_y| _mm256_setzero_si256(),
+        d: |x| x.d,
+        m: |x| x.d,
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let [s] = dots_q5_1::<1>(n, [w], a);
+    s
+}
+
+/// `R` rows' [`dot_q5_1_impl`] with one activation row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dots_q5_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     let ones = _mm256_set1_epi16(1);
     let fifth = FifthBits::new();
-    sum_blocks!(BlockQ5_1, n, w, a,
-        scales8: |xs, ys| {
-            let dy = f16x8(ys, |b| b.d);
-            (_mm256_mul_ps(f16x8(xs, |b| b.d), dy), _mm256_mul_ps(f16x8(xs, |b| b.m), dy))
-        },
-        // SAFETY: `d` and `m` are the first 4 bytes of the block `x`, reached through a pointer
-        // to the whole block.
-        scales1: |x, y| unsafe { scale_and_min(x as *const BlockQ5_1 as *const u8, &y.d) },
-        body: |x, y| {
-            let q = fifth.quants(&x.qh, &x.qs, m4);
-            dot_and_sum(q, load256_of(&y.qs), k1, ones)
-        },
+    let (w, a) = blocks::<BlockQ5_1, R>(n, w, a);
+    reference_sums!(R, w, a, min: true,
+        isum: |x, y| {
+        unsigned_dot(fifth.quants(&x.qh, &x.qs, m4), load256_of(&y.qs), ones)
+    },
+        ysum: |y| unsigned_dot(k1, load256_of(&y.qs), ones),
+        d: |x| x.d,
+        m: |x| x.m,
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let [s] = dots_q8_0::<1>(n, [w], a);
+    s
+}
+
+/// `R` rows' [`dot_q8_0_impl`] with one activation row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dots_q8_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
     let ones = _mm256_set1_epi16(1);
-    sum_blocks!(BlockQ8_0, n, w, a,
-        scales8: |xs, ys| {
-            let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
-            (d, d)
-        },
-        scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
-        body: |x, y| mul_sum_i8_pairs(load256_of(&x.qs), load256_of(&y.qs), ones),
+    let (w, a) = blocks::<BlockQ8_0, R>(n, w, a);
+    reference_sums!(R, w, a, min: false,
+        isum: |x, y| mul_sum_i8_pairs(load256_of(&x.qs), load256_of(&y.qs), ones),
+        ysum: |_y| _mm256_setzero_si256(),
+        d: |x| x.d,
+        m: |x| x.d,
     )
 }
 
 /// IQ4_NL: Q4_0's nibbles mapped through the 16 levels with one `vpshufb`, then Q8_0's signed
 /// product (levels reach -127, whose magnitude still fits the unsigned operand).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_iq4_nl_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_iq4_nl_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let [s] = dots_iq4_nl::<1>(n, [w], a);
+    s
+}
+
+/// `R` rows' [`dot_iq4_nl_impl`] with one activation row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dots_iq4_nl<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
     let ones = _mm256_set1_epi16(1);
     let m4 = _mm256_set1_epi8(0x0F);
     let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
-    sum_blocks!(BlockIq4Nl, n, w, a,
-        scales8: |xs, ys| {
-            let d = _mm256_mul_ps(f16x8(xs, |b| b.d), f16x8(ys, |b| b.d));
-            (d, d)
-        },
-        scales1: |x, y| _mm256_mul_ps(bcast_f16(&x.d), bcast_f16(&y.d)),
-        body: |x, y| {
-            let v = _mm256_shuffle_epi8(levels, nibbles(&x.qs, m4));
-            mul_sum_i8_pairs(v, load256_of(&y.qs), ones)
-        },
+    let (w, a) = blocks::<BlockIq4Nl, R>(n, w, a);
+    reference_sums!(R, w, a, min: false,
+        isum: |x, y| {
+        let v = _mm256_shuffle_epi8(levels, nibbles(&x.qs, m4));
+        mul_sum_i8_pairs(v, load256_of(&y.qs), ones)
+    },
+        ysum: |_y| _mm256_setzero_si256(),
+        d: |x| x.d,
+        m: |x| x.d,
     )
 }

@@ -1,5 +1,6 @@
-//! Panel kernels (see `crate::panel`) for AVX2: Q4_K and Q6_K against Q8_K, Q8_0 and IQ4_NL
-//! against Q8_0 (the IQ and TQ panels are in `super::iquants`).
+//! Panel kernels (see `crate::panel`) for AVX2: Q4_K and Q6_K against Q8_K; Q4_0, Q4_1, Q5_0,
+//! Q5_1, Q8_0 and IQ4_NL against Q8_0 (one token per lane, `tokens_panel`); the IQ and TQ
+//! panels are in `super::iquants`.
 //! The integer work is the single-row kernels' (`vpmaddubsw`, scales applied with `vpmaddwd`),
 //! so every value equals `super::kquants` / `super::legacy` bit for bit; a tile shares the weight
 //! unpacking and scale shuffles across its tokens and the activation loads across its rows.
@@ -11,21 +12,26 @@
 use std::arch::x86_64::*;
 
 use super::kquants::madd_acc;
-use crate::blocks::{BlockIq4Nl, BlockQ4K, BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, QK8_0};
+use crate::blocks::{
+    BlockIq4Nl, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+    BlockQ8K, QK_K, QK8_0,
+};
 use crate::formats::iq_grids::KVALUES_IQ4NL;
-use crate::x86::blocks32::f16x8;
+use bytemuck::Pod;
+
+use super::legacy;
+use crate::panel::Panel;
+use crate::x86::blocks32::{
+    TokenBlock, dwords, pack_tokens, put_groups8, row_dots, store_tokens, take_groups8,
+};
 use crate::x86::kq256::Q6K_SCALE;
-use crate::x86::simd256::{bcast_f16, hsum_ps, hsums, lanes, load128_of, load256, load256_of};
+use crate::x86::simd256::{bcast_f16, hsums, lanes, load128_of, load256, load256_of};
 use crate::x86::tiles::{dot_tile, panel_kernel, q4k_rows};
 
 panel_kernel!(pub panel_q4_k, "avx2,fma,f16c",
     block = QK_K, batch = q4k_tile(1, [2, 3, 4]), single = q4k_dots(1));
 panel_kernel!(pub panel_q6_k, "avx2,fma,f16c",
     block = QK_K, batch = q6k_tile(1, [2, 3, 4]), single = q6k_dots(1));
-panel_kernel!(pub panel_iq4_nl, "avx2,fma,f16c",
-    block = QK8_0, batch = iq4_nl_tile(2, [2]), single = iq4_nl_tile(1));
-panel_kernel!(pub panel_q8_0, "avx2,fma,f16c",
-    block = QK8_0, batch = q8_0_tile(2, [2]), single = q8_0_tile(1));
 
 q4k_rows!(q4k_tile, "avx2,fma,f16c", madd_acc);
 
@@ -139,124 +145,201 @@ dot_tile!(
     QK_K
 );
 
-/// 32-element blocks whose weights are signed bytes once decoded (`values`; f16 scale `d`)
-/// against Q8_0: the single-row dot's lanes (`mul_sum_i8_pairs`: the weight's sign moved onto
-/// the activation, `vpmaddubsw` then `vpmaddwd` by ones) and float steps (see the AVX-512
-/// `signed_bytes_tile`), with each weight block's magnitudes shared by the tile's tokens.
+/// Below this many tokens a 32-element panel runs the single-row dot per (row, token).
+const TOKENS_MIN: usize = 4;
+
+/// How a 32-element format's weight bytes meet `vpmaddubsw`, whose first operand is unsigned.
+#[derive(Clone, Copy, PartialEq)]
+enum Weights32 {
+    /// Unsigned quants below 32 (Q4/Q5), the weight being `u − k` (`k` in the packed start) or
+    /// `d·u + m` (Q4_1/Q5_1): pair sums of two groups fit in i16.
+    Unsigned,
+    /// Signed bytes (Q8_0, IQ4_NL): the magnitude times the activation with the weight's sign.
+    Signed,
+}
+
+/// The AVX2 form of the AVX-512 `tokens_panel` (see `crate::x86::blocks32`): groups of 8
+/// tokens, one per lane, the block integers from `vpmaddubsw` + `vpmaddwd` on the weights'
+/// broadcast 4-byte groups.
 ///
 /// # Safety
-/// Each `w[r]` points at `nb` readable blocks `B` and each `a[t]` at `nb` Q8_0 blocks.
+/// As for [`crate::panel::PanelFn`]; the CPU has the features of this function.
 #[inline]
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn signed_bytes_tile<B, const R: usize, const T: usize>(
-    nb: usize,
-    w: [*const u8; R],
-    a: [*const u8; T],
-    values: impl Fn(&B) -> __m256i,
+unsafe fn tokens_panel<B: Pod, const MIN: bool>(
+    p: &Panel,
+    kind: Weights32,
+    k: i32,
+    values: impl Fn(&B) -> __m256i + Copy,
     d: impl Fn(&B) -> [u8; 2] + Copy,
-) -> [[f32; T]; R] {
-    let w = w.map(|p| p as *const B);
-    let a = a.map(|p| p as *const BlockQ8_0);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-    // SAFETY: `block` and `act` are only called with j < nb (the loops below), and blocks 0..nb
-    // of every row and token are readable (the contract above); the blocks have alignment 1 and
-    // are plain bytes, so a reference to one is valid.
-    let block = |j: usize, r: usize| unsafe { &*w[r].add(j) };
-    // SAFETY: as for `block`.
-    let act = |j: usize, t: usize| unsafe { &*a[t].add(j) };
-    // The lanes of block j for every (row, token).
-    let lanes = |j: usize| -> [[__m256i; T]; R] {
-        let x: [__m256i; R] = std::array::from_fn(|r| values(block(j, r)));
-        let ax: [__m256i; R] = std::array::from_fn(|r| _mm256_sign_epi8(x[r], x[r]));
-        let mut out = [[_mm256_setzero_si256(); T]; R];
-        for t in 0..T {
-            let y = load256_of(&act(j, t).qs);
-            for r in 0..R {
-                let sy = _mm256_sign_epi8(y, x[r]);
-                out[r][t] = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[r], sy), ones);
+    m: impl Fn(&B) -> [u8; 2] + Copy,
+    dots: impl Fn(usize, [&[u8]; 4], &[u8]) -> [f32; 4],
+) {
+    let nb = p.k / QK8_0;
+    if p.n < TOKENS_MIN {
+        // SAFETY: the panel's contract (above).
+        unsafe { row_dots(p, nb * size_of::<B>(), nb * size_of::<BlockQ8_0>(), dots) };
+        return;
+    }
+    let mut groups = take_groups8();
+    for t0 in (0..p.n).step_by(8) {
+        // SAFETY: tokens t0.. below n hold nb Q8_0 blocks (the contract above).
+        unsafe { pack_tokens::<8>(p, t0, nb, k, &mut groups) };
+        let row = |r: usize| p.w.wrapping_add(r * p.w_stride) as *const B;
+        let mut r0 = 0;
+        while r0 + 2 <= p.rows {
+            // SAFETY: rows r0..r0 + 2 lie inside the panel (nb readable blocks each).
+            unsafe {
+                let v =
+                    tokens_tile::<B, 2, MIN>(&groups, [row(r0), row(r0 + 1)], kind, values, d, m);
+                store_tokens(p, r0, t0, &v[0]);
+                store_tokens(p, r0 + 1, t0, &v[1]);
+            }
+            r0 += 2;
+        }
+        if r0 < p.rows {
+            // SAFETY: as above, for row r0 < rows.
+            unsafe {
+                let [v] = tokens_tile::<B, 1, MIN>(&groups, [row(r0)], kind, values, d, m);
+                store_tokens(p, r0, t0, &v);
             }
         }
-        out
-    };
-    let main = nb - nb % 8;
-    for j0 in (0..main).step_by(8) {
-        let dx: [__m256; R] = std::array::from_fn(|r| {
-            f16x8(
-                // SAFETY: blocks j0..j0 + 8 lie below `main` ≤ nb, readable by the contract
-                // above and not written while the slice lives.
-                unsafe { std::slice::from_raw_parts(w[r].add(j0), 8) },
-                d,
-            )
-        });
-        let dy: [__m256; T] = std::array::from_fn(|t| {
-            f16x8(
-                // SAFETY: as for `dx`.
-                unsafe { std::slice::from_raw_parts(a[t].add(j0), 8) },
-                |b| b.d,
-            )
-        });
-        let d: [[__m256; T]; R] =
-            std::array::from_fn(|r| std::array::from_fn(|t| _mm256_mul_ps(dx[r], dy[t])));
-        for jj in 0..8 {
-            let s = lanes(j0 + jj);
-            let idx = _mm256_set1_epi32(jj as i32);
-            for r in 0..R {
-                for t in 0..T {
-                    let dj = _mm256_permutevar8x32_ps(d[r][t], idx);
-                    acc[r][t][jj % 2] =
-                        _mm256_fmadd_ps(dj, _mm256_cvtepi32_ps(s[r][t]), acc[r][t][jj % 2]);
+    }
+    put_groups8(groups);
+}
+
+/// `R` rows against one packed group of 8 tokens (see [`tokens_panel`]).
+///
+/// # Safety
+/// Each `w[r]` points at `groups.len()` readable blocks `B`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tokens_tile<B: Pod, const R: usize, const MIN: bool>(
+    groups: &[TokenBlock<8>],
+    w: [*const B; R],
+    kind: Weights32,
+    values: impl Fn(&B) -> __m256i,
+    d: impl Fn(&B) -> [u8; 2],
+    m: impl Fn(&B) -> [u8; 2],
+) -> [[f32; 8]; R] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (j, tb) in groups.iter().enumerate() {
+        let y = |g: usize| load256_of(&tb.y[g]);
+        let (start, dy, sydy) = (
+            load256_of(&tb.start),
+            _mm256_castsi256_ps(load256_of(&tb.dy)),
+            _mm256_castsi256_ps(load256_of(&tb.sydy)),
+        );
+        for r in 0..R {
+            // SAFETY: block j < groups.len() of row r is readable (the contract above); blocks
+            // are plain bytes of alignment 1.
+            let x = unsafe { &*w[r].add(j) };
+            let v = values(x);
+            let mut s = start;
+            if kind == Weights32::Unsigned {
+                let u = dwords(v);
+                for g in (0..8).step_by(2) {
+                    let p0 = _mm256_maddubs_epi16(_mm256_set1_epi32(u[g]), y(g));
+                    let p1 = _mm256_maddubs_epi16(_mm256_set1_epi32(u[g + 1]), y(g + 1));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
+                }
+            } else {
+                let (mag, sign) = (dwords(_mm256_sign_epi8(v, v)), dwords(v));
+                for g in 0..8 {
+                    let sy = _mm256_sign_epi8(y(g), _mm256_set1_epi32(sign[g]));
+                    let p = _mm256_maddubs_epi16(_mm256_set1_epi32(mag[g]), sy);
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
                 }
             }
-        }
-    }
-    for j in main..nb {
-        let s = lanes(j);
-        for r in 0..R {
-            let dx = bcast_f16(&d(block(j, r)));
-            for t in 0..T {
-                let dj = _mm256_mul_ps(dx, bcast_f16(&act(j, t).d));
-                acc[r][t][0] = _mm256_fmadd_ps(dj, _mm256_cvtepi32_ps(s[r][t]), acc[r][t][0]);
+            let dxdy = _mm256_mul_ps(bcast_f16(&d(x)), dy);
+            let mut t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), dxdy);
+            if MIN {
+                t = _mm256_add_ps(t, _mm256_mul_ps(bcast_f16(&m(x)), sydy));
             }
+            acc[r] = _mm256_add_ps(acc[r], t);
         }
     }
-    acc.map(|row| row.map(|[a0, a1]| hsum_ps(_mm256_add_ps(a0, a1))))
+    acc.map(|v| lanes(v))
 }
 
-/// Q8_0 × Q8_0 (see [`signed_bytes_tile`]).
+/// Q4_0 × Q8_0 (see [`tokens_panel`]): nibbles, offset 8.
 ///
 /// # Safety
-/// Each `w[r]` and each `a[t]` points at `nb` readable Q8_0 blocks.
-#[inline]
+/// As for [`crate::panel::PanelFn`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_tile<const R: usize, const T: usize>(
-    nb: usize,
-    w: [*const u8; R],
-    a: [*const u8; T],
-) -> [[f32; T]; R] {
-    // SAFETY: the contract above, which is `signed_bytes_tile`'s.
-    unsafe { signed_bytes_tile(nb, w, a, |x: &BlockQ8_0| load256_of(&x.qs), |x| x.d) }
+pub unsafe fn panel_q4_0(p: &Panel) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let values = |x: &BlockQ4_0| legacy::nibbles(&x.qs, m4);
+    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_0::<4>(n, w, a);
+    // SAFETY: the contract above, which is `tokens_panel`'s.
+    unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 8, values, |x| x.d, |x| x.d, dots) }
 }
 
-/// IQ4_NL × Q8_0 (see [`signed_bytes_tile`]): the nibbles mapped through the 16 levels, as in
-/// the single-row dot.
+/// Q4_1 × Q8_0 (see [`tokens_panel`]): nibbles, scale and min.
 ///
 /// # Safety
-/// Each `w[r]` points at `nb` readable IQ4_NL blocks and each `a[t]` at `nb` Q8_0 blocks.
-#[inline]
+/// As for [`crate::panel::PanelFn`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq4_nl_tile<const R: usize, const T: usize>(
-    nb: usize,
-    w: [*const u8; R],
-    a: [*const u8; T],
-) -> [[f32; T]; R] {
+pub unsafe fn panel_q4_1(p: &Panel) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let values = |x: &BlockQ4_1| legacy::nibbles(&x.qs, m4);
+    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_1::<4>(n, w, a);
+    // SAFETY: the contract above, which is `tokens_panel`'s.
+    unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots) }
+}
+
+/// Q5_0 × Q8_0 (see [`tokens_panel`]): five-bit quants, offset 16.
+///
+/// # Safety
+/// As for [`crate::panel::PanelFn`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn panel_q5_0(p: &Panel) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let fifth = legacy::FifthBits::new();
+    let values = |x: &BlockQ5_0| fifth.quants(&x.qh, &x.qs, m4);
+    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_0::<4>(n, w, a);
+    // SAFETY: the contract above, which is `tokens_panel`'s.
+    unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 16, values, |x| x.d, |x| x.d, dots) }
+}
+
+/// Q5_1 × Q8_0 (see [`tokens_panel`]): five-bit quants, scale and min.
+///
+/// # Safety
+/// As for [`crate::panel::PanelFn`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn panel_q5_1(p: &Panel) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let fifth = legacy::FifthBits::new();
+    let values = |x: &BlockQ5_1| fifth.quants(&x.qh, &x.qs, m4);
+    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_1::<4>(n, w, a);
+    // SAFETY: the contract above, which is `tokens_panel`'s.
+    unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots) }
+}
+
+/// Q8_0 × Q8_0 (see [`tokens_panel`]): signed bytes.
+///
+/// # Safety
+/// As for [`crate::panel::PanelFn`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn panel_q8_0(p: &Panel) {
+    let values = |x: &BlockQ8_0| load256_of(&x.qs);
+    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q8_0::<4>(n, w, a);
+    // SAFETY: the contract above, which is `tokens_panel`'s.
+    unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots) }
+}
+
+/// IQ4_NL × Q8_0 (see [`tokens_panel`]): the nibbles mapped through the 16 levels (signed).
+///
+/// # Safety
+/// As for [`crate::panel::PanelFn`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn panel_iq4_nl(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
-    let values = |x: &BlockIq4Nl| {
-        let q = load128_of(&x.qs);
-        let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), m4);
-        _mm256_shuffle_epi8(levels, nib)
-    };
-    // SAFETY: the contract above, which is `signed_bytes_tile`'s.
-    unsafe { signed_bytes_tile(nb, w, a, values, |x| x.d) }
+    let values = |x: &BlockIq4Nl| _mm256_shuffle_epi8(levels, legacy::nibbles(&x.qs, m4));
+    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_iq4_nl::<4>(n, w, a);
+    // SAFETY: the contract above, which is `tokens_panel`'s.
+    unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots) }
 }

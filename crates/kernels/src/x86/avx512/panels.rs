@@ -1,5 +1,6 @@
-//! Panel kernels (see `crate::panel`) for AVX-512 VNNI: Q4_K and Q6_K against Q8_K, Q8_0
-//! and IQ4_NL against Q8_0 (the IQ and TQ panels are in `super::iquants`). A tile keeps R × T
+//! Panel kernels (see `crate::panel`) for AVX-512 VNNI: Q4_K and Q6_K against Q8_K; Q4_0,
+//! Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL against Q8_0 (one token per lane, `tokens_panel`); the IQ
+//! and TQ panels are in `super::iquants`. A tile keeps R × T
 //! accumulators in registers; weights are unpacked once per tile for its T tokens and each
 //! activation load serves its R rows. Every value equals the
 //! single-row dot of `super::kquants` / `super::legacy` bit for bit: the integer lanes are the
@@ -22,13 +23,22 @@
 use std::arch::x86_64::*;
 
 use super::kquants::dpwssd;
-use crate::blocks::{BlockIq4Nl, BlockQ4K, BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, QK8_0};
+use crate::blocks::{
+    BlockIq4Nl, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+    BlockQ8K, QK_K, QK8_0,
+};
 use crate::formats::iq_grids::KVALUES_IQ4NL;
-use crate::x86::blocks32::f16x8;
+use bytemuck::Pod;
+
+use super::legacy;
+use crate::panel::Panel;
+use crate::x86::blocks32::{
+    TokenBlock, dwords, pack_tokens, put_groups16, row_dots, store_tokens, take_groups16,
+};
 use crate::x86::kq256::{K4_MINS, q4k_float_step};
 use crate::x86::scales::unpack_k4;
 use crate::x86::simd256::{
-    bcast_f16, hsum_ps, hsums, lanes, load128, load128_of, load256, load256_of,
+    bcast_f16, f16_scalar, hsum_ps, hsums, lanes, load128, load128_of, load256, load256_of,
 };
 use crate::x86::tiles::{dot_tile, panel_kernel};
 
@@ -38,10 +48,6 @@ panel_kernel!(pub panel_q4_k_exact, "avx512f,avx512bw,avx512vl,avx512dq,avx512vn
     block = QK_K, batch = q4k_exact_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_exact_dots(1));
 panel_kernel!(pub panel_q6_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     block = QK_K, batch = q6k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q6k_dots(1));
-panel_kernel!(pub panel_iq4_nl, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK8_0, batch = iq4_nl_tile(2, [2, 3, 4]), single = iq4_nl_tile(1));
-panel_kernel!(pub panel_q8_0, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK8_0, batch = q8_0_tile(2, [2, 3, 4]), single = q8_0_tile(1));
 
 /// `acc + s_lo·a + s_hi·b` per 32-bit lane, from two `vpdpbusd` results whose lanes fit in i16
 /// and the scale pairs `[s_lo, s_hi]` (low word, high word) of each lane: `b`'s low word moves to
@@ -325,93 +331,6 @@ unsafe fn q6k_tile<const R: usize, const T: usize>(
     acc.map(|v| lanes(v))
 }
 
-/// 32-element blocks whose weights are signed bytes once decoded (`values`; f16 scale `d`:
-/// Q8_0, IQ4_NL) against Q8_0. The single-row dot (`blocks32::sum_blocks`) gives each block's
-/// lanes the sums
-/// of four products and adds `fl(dx·dy)·lanes` to `acc[j % 2]` for the blocks of whole batches
-/// of eight, to `acc[0]` for the rest, and returns `hsum(acc0 + acc1)`. Here the products come
-/// from `vpdpbusd` with the weights made unsigned (`x + 128`, shared by the tile's tokens) and
-/// `128·Σy` removed through the accumulator's start value (shared by its rows).
-///
-/// # Safety
-/// Each `w[r]` points at `nb` readable blocks `B` and each `a[t]` at `nb` Q8_0 blocks.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn signed_bytes_tile<B, const R: usize, const T: usize>(
-    nb: usize,
-    w: [*const u8; R],
-    a: [*const u8; T],
-    values: impl Fn(&B) -> __m256i,
-    d: impl Fn(&B) -> [u8; 2] + Copy,
-) -> [[f32; T]; R] {
-    let w = w.map(|p| p as *const B);
-    let a = a.map(|p| p as *const BlockQ8_0);
-    let k80 = _mm256_set1_epi8(0x80u8 as i8);
-    let zero = _mm256_setzero_si256();
-    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-    // SAFETY: `block` and `act` are only called with j < nb (the loops below), and blocks 0..nb
-    // of every row and token are readable (the contract above); the blocks have alignment 1 and
-    // are plain bytes, so a reference to one is valid.
-    let block = |j: usize, r: usize| unsafe { &*w[r].add(j) };
-    // SAFETY: as for `block`.
-    let act = |j: usize, t: usize| unsafe { &*a[t].add(j) };
-    // The lanes of block j for every (row, token).
-    let lanes = |j: usize| -> [[__m256i; T]; R] {
-        let xu: [__m256i; R] = std::array::from_fn(|r| _mm256_xor_si256(values(block(j, r)), k80));
-        let mut out = [[zero; T]; R];
-        for t in 0..T {
-            let y = load256_of(&act(j, t).qs);
-            let start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, k80, y));
-            for r in 0..R {
-                out[r][t] = _mm256_dpbusd_epi32(start, xu[r], y);
-            }
-        }
-        out
-    };
-    let main = nb - nb % 8;
-    for j0 in (0..main).step_by(8) {
-        let dx: [__m256; R] = std::array::from_fn(|r| {
-            f16x8(
-                // SAFETY: blocks j0..j0 + 8 lie below `main` ≤ nb, readable by the contract
-                // above and not written while the slice lives.
-                unsafe { std::slice::from_raw_parts(w[r].add(j0), 8) },
-                d,
-            )
-        });
-        let dy: [__m256; T] = std::array::from_fn(|t| {
-            f16x8(
-                // SAFETY: as for `dx`.
-                unsafe { std::slice::from_raw_parts(a[t].add(j0), 8) },
-                |b| b.d,
-            )
-        });
-        let d: [[__m256; T]; R] =
-            std::array::from_fn(|r| std::array::from_fn(|t| _mm256_mul_ps(dx[r], dy[t])));
-        for jj in 0..8 {
-            let s = lanes(j0 + jj);
-            let idx = _mm256_set1_epi32(jj as i32);
-            for r in 0..R {
-                for t in 0..T {
-                    let dj = _mm256_permutevar8x32_ps(d[r][t], idx);
-                    acc[r][t][jj % 2] =
-                        _mm256_fmadd_ps(dj, _mm256_cvtepi32_ps(s[r][t]), acc[r][t][jj % 2]);
-                }
-            }
-        }
-    }
-    for j in main..nb {
-        let s = lanes(j);
-        for r in 0..R {
-            let dx = bcast_f16(&d(block(j, r)));
-            for t in 0..T {
-                let dj = _mm256_mul_ps(dx, bcast_f16(&act(j, t).d));
-                acc[r][t][0] = _mm256_fmadd_ps(dj, _mm256_cvtepi32_ps(s[r][t]), acc[r][t][0]);
-            }
-        }
-    }
-    acc.map(|row| row.map(|[a0, a1]| hsum_ps(_mm256_add_ps(a0, a1))))
-}
-
 // Decode: the single-row kernels (see `crate::x86::tiles` for why not multi-row tiles).
 dot_tile!(
     q4k_dots,
@@ -438,40 +357,222 @@ dot_tile!(
     QK_K
 );
 
-/// Q8_0 × Q8_0 (see [`signed_bytes_tile`]).
+/// Below this many tokens a 32-element panel runs the single-row dot per (row, token): a group
+/// of 16 lanes would be mostly padding.
+const TOKENS_MIN: usize = 4;
+
+/// The panel of a 32-element format (see `crate::x86::blocks32`) with its weights made unsigned
+/// bytes `values(x)` (the weight plus `k`; Q4_1/Q5_1: `MIN`, `k` = 0): groups of 16 tokens are
+/// transposed once, then each row's block integers come from eight `vpdpbusd` with the
+/// weights' 4-byte groups broadcast, one token per lane, and the reference's float steps run
+/// on the 16 tokens at once. Below [`TOKENS_MIN`] tokens, `dot` (the level's single-row dot,
+/// the same bits) runs per (row, token).
 ///
 /// # Safety
-/// Each `w[r]` and each `a[t]` points at `nb` readable Q8_0 blocks.
+/// As for [`crate::panel::PanelFn`]: the panel's rows (blocks `B`), tokens (Q8_0) and outputs
+/// are in bounds and the outputs alias no input; the CPU has the features of this function.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8_0_tile<const R: usize, const T: usize>(
-    nb: usize,
-    w: [*const u8; R],
-    a: [*const u8; T],
-) -> [[f32; T]; R] {
-    // SAFETY: the contract above, which is `signed_bytes_tile`'s.
-    unsafe { signed_bytes_tile(nb, w, a, |x: &BlockQ8_0| load256_of(&x.qs), |x| x.d) }
+unsafe fn tokens_panel<B: Pod, const MIN: bool>(
+    p: &Panel,
+    k: i32,
+    values: impl Fn(&B) -> __m256i + Copy,
+    d: impl Fn(&B) -> [u8; 2] + Copy,
+    m: impl Fn(&B) -> [u8; 2] + Copy,
+    dots: impl Fn(usize, [&[u8]; 4], &[u8]) -> [f32; 4],
+) {
+    let nb = p.k / QK8_0;
+    if p.n < TOKENS_MIN {
+        // SAFETY: the panel's contract (above).
+        unsafe { row_dots(p, nb * size_of::<B>(), nb * size_of::<BlockQ8_0>(), dots) };
+        return;
+    }
+    let mut groups = take_groups16();
+    for t0 in (0..p.n).step_by(16) {
+        // SAFETY: tokens t0.. below n hold nb Q8_0 blocks (the contract above).
+        unsafe { pack_tokens::<16>(p, t0, nb, k, &mut groups) };
+        let row = |r: usize| p.w.wrapping_add(r * p.w_stride) as *const B;
+        let mut r0 = 0;
+        while r0 + 4 <= p.rows {
+            // SAFETY: rows r0..r0 + 4 lie inside the panel (nb readable blocks each); the
+            // outputs of those rows are the panel's.
+            unsafe {
+                let v = tokens_tile::<B, 4, MIN>(
+                    &groups,
+                    std::array::from_fn(|i| row(r0 + i)),
+                    values,
+                    d,
+                    m,
+                );
+                for (i, v) in v.iter().enumerate() {
+                    store_tokens(p, r0 + i, t0, v);
+                }
+            }
+            r0 += 4;
+        }
+        while r0 < p.rows {
+            // SAFETY: as above, for row r0 < rows.
+            unsafe {
+                let [v] = tokens_tile::<B, 1, MIN>(&groups, [row(r0)], values, d, m);
+                store_tokens(p, r0, t0, &v);
+            }
+            r0 += 1;
+        }
+    }
+    put_groups16(groups);
 }
 
-/// IQ4_NL × Q8_0 (see [`signed_bytes_tile`]): the nibbles mapped through the 16 levels, as in
-/// the single-row dot.
+/// `R` rows against one packed group of 16 tokens: per block, each row's integer for every
+/// token from eight `vpdpbusd` (two chains per row, so that several are in flight), then
+/// `acc += isum·(dx·dy)` (`+ m·(Σy·dy)`) with one token per lane.
 ///
 /// # Safety
-/// Each `w[r]` points at `nb` readable IQ4_NL blocks and each `a[t]` at `nb` Q8_0 blocks.
+/// Each `w[r]` points at `groups.len()` readable blocks `B`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn iq4_nl_tile<const R: usize, const T: usize>(
-    nb: usize,
-    w: [*const u8; R],
-    a: [*const u8; T],
-) -> [[f32; T]; R] {
-    let m4 = _mm256_set1_epi8(0x0F);
+unsafe fn tokens_tile<B: Pod, const R: usize, const MIN: bool>(
+    groups: &[TokenBlock<16>],
+    w: [*const B; R],
+    values: impl Fn(&B) -> __m256i,
+    d: impl Fn(&B) -> [u8; 2],
+    m: impl Fn(&B) -> [u8; 2],
+) -> [[f32; 16]; R] {
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm512_setzero_ps(); R];
+    for (j, tb) in groups.iter().enumerate() {
+        // SAFETY: `TokenBlock` is 64-byte aligned and its rows are 64 bytes.
+        let y: [__m512i; 8] =
+            std::array::from_fn(|g| unsafe { _mm512_load_si512(tb.y[g].as_ptr().cast()) });
+        // SAFETY: as above (`start`, `dy` and `sydy` are 64-byte rows at 64-byte offsets).
+        let (start, dy, sydy) = unsafe {
+            (
+                _mm512_load_si512(tb.start.as_ptr().cast()),
+                _mm512_load_ps(tb.dy.as_ptr()),
+                _mm512_load_ps(tb.sydy.as_ptr()),
+            )
+        };
+        for r in 0..R {
+            // SAFETY: block j < groups.len() of row r is readable (the contract above); blocks
+            // are plain bytes of alignment 1.
+            let x = unsafe { &*w[r].add(j) };
+            let u = dwords(values(x));
+            let (mut s0, mut s1) = (start, zero);
+            for g in (0..8).step_by(2) {
+                s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(u[g]), y[g]);
+                s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(u[g + 1]), y[g + 1]);
+            }
+            let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            let dxdy = _mm512_mul_ps(_mm512_set1_ps(f16_scalar(&d(x))), dy);
+            let mut t = _mm512_mul_ps(isum, dxdy);
+            if MIN {
+                t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_set1_ps(f16_scalar(&m(x))), sydy));
+            }
+            acc[r] = _mm512_add_ps(acc[r], t);
+        }
+    }
+    acc.map(|v| {
+        let mut out = [0f32; 16];
+        // SAFETY: the store writes 16 f32, exactly `out`.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) };
+        out
+    })
+}
+
+/// 16 bytes of packed nibbles as 32 bytes: the low nibbles, then the high nibbles (the element
+/// order of the Q8_0 block).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+fn nibbles(qs: &[u8; 16]) -> __m256i {
+    let q = _mm256_broadcastsi128_si256(load128_of(qs));
+    // Shift the high 128-bit lane (16-bit lanes 8..16).
+    _mm256_and_si256(
+        _mm256_mask_srli_epi16::<4>(q, 0xFF00, q),
+        _mm256_set1_epi8(0x0F),
+    )
+}
+
+/// A Q5 block's quants, 0..32: the nibbles plus 16 where bit j of `qh` is set.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+fn fifth_bit_quants(qh: &[u8; 4], qs: &[u8; 16]) -> __m256i {
+    let q = nibbles(qs);
+    let high = _cvtu32_mask32(u32::from_le_bytes(*qh));
+    _mm256_mask_add_epi8(q, high, q, _mm256_set1_epi8(16))
+}
+
+/// Q4_0 × Q8_0 (see [`tokens_panel`]): nibbles, offset 8.
+///
+/// # Safety
+/// As for [`crate::panel::PanelFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn panel_q4_0(p: &Panel) {
+    let values = |x: &BlockQ4_0| nibbles(&x.qs);
+    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_0::<4>(n, w, a);
+    // SAFETY: the contract above, which is `tokens_panel`'s.
+    unsafe { tokens_panel::<_, false>(p, 8, values, |x| x.d, |x| x.d, dots) }
+}
+
+/// Q4_1 × Q8_0 (see [`tokens_panel`]): nibbles, scale and min.
+///
+/// # Safety
+/// As for [`crate::panel::PanelFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn panel_q4_1(p: &Panel) {
+    let values = |x: &BlockQ4_1| nibbles(&x.qs);
+    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_1::<4>(n, w, a);
+    // SAFETY: the contract above, which is `tokens_panel`'s.
+    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots) }
+}
+
+/// Q5_0 × Q8_0 (see [`tokens_panel`]): five-bit quants, offset 16.
+///
+/// # Safety
+/// As for [`crate::panel::PanelFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn panel_q5_0(p: &Panel) {
+    let values = |x: &BlockQ5_0| fifth_bit_quants(&x.qh, &x.qs);
+    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_0::<4>(n, w, a);
+    // SAFETY: the contract above, which is `tokens_panel`'s.
+    unsafe { tokens_panel::<_, false>(p, 16, values, |x| x.d, |x| x.d, dots) }
+}
+
+/// Q5_1 × Q8_0 (see [`tokens_panel`]): five-bit quants, scale and min.
+///
+/// # Safety
+/// As for [`crate::panel::PanelFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn panel_q5_1(p: &Panel) {
+    let values = |x: &BlockQ5_1| fifth_bit_quants(&x.qh, &x.qs);
+    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_1::<4>(n, w, a);
+    // SAFETY: the contract above, which is `tokens_panel`'s.
+    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots) }
+}
+
+/// Q8_0 × Q8_0 (see [`tokens_panel`]): the signed bytes made unsigned, offset 128.
+///
+/// # Safety
+/// As for [`crate::panel::PanelFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn panel_q8_0(p: &Panel) {
+    let k80 = _mm256_set1_epi8(0x80u8 as i8);
+    let values = |x: &BlockQ8_0| _mm256_xor_si256(load256_of(&x.qs), k80);
+    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q8_0::<4>(n, w, a);
+    // SAFETY: the contract above, which is `tokens_panel`'s.
+    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots) }
+}
+
+/// IQ4_NL × Q8_0 (see [`tokens_panel`]): the nibbles mapped through the 16 levels, made
+/// unsigned (offset 128).
+///
+/// # Safety
+/// As for [`crate::panel::PanelFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn panel_iq4_nl(p: &Panel) {
     let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
-    let values = |x: &BlockIq4Nl| {
-        let q = load128_of(&x.qs);
-        let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), m4);
-        _mm256_shuffle_epi8(levels, nib)
-    };
-    // SAFETY: the contract above, which is `signed_bytes_tile`'s.
-    unsafe { signed_bytes_tile(nb, w, a, values, |x| x.d) }
+    let k80 = _mm256_set1_epi8(0x80u8 as i8);
+    let values =
+        |x: &BlockIq4Nl| _mm256_xor_si256(_mm256_shuffle_epi8(levels, nibbles(&x.qs)), k80);
+    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_iq4_nl::<4>(n, w, a);
+    // SAFETY: the contract above, which is `tokens_panel`'s.
+    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots) }
 }
