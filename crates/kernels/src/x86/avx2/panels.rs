@@ -174,7 +174,7 @@ unsafe fn tokens_panel<B: Pod, const MIN: bool>(
     values: impl Fn(&B) -> __m256i + Copy,
     d: impl Fn(&B) -> [u8; 2] + Copy,
     m: impl Fn(&B) -> [u8; 2] + Copy,
-    dots: impl Fn(usize, [&[u8]; 4], &[u8]) -> [f32; 4],
+    dots: impl Fn(usize, [&[u8]; 2], &[u8]) -> [f32; 2],
 ) {
     let nb = p.k / QK8_0;
     if p.n < TOKENS_MIN {
@@ -272,7 +272,7 @@ unsafe fn tokens_tile<B: Pod, const R: usize, const MIN: bool>(
 pub unsafe fn panel_q4_0(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let values = |x: &BlockQ4_0| legacy::nibbles(&x.qs, m4);
-    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_0::<4>(n, w, a);
+    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q4_0::<2>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 8, values, |x| x.d, |x| x.d, dots) }
 }
@@ -285,7 +285,7 @@ pub unsafe fn panel_q4_0(p: &Panel) {
 pub unsafe fn panel_q4_1(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let values = |x: &BlockQ4_1| legacy::nibbles(&x.qs, m4);
-    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_1::<4>(n, w, a);
+    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q4_1::<2>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots) }
 }
@@ -299,7 +299,7 @@ pub unsafe fn panel_q5_0(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let fifth = legacy::FifthBits::new();
     let values = |x: &BlockQ5_0| fifth.quants(&x.qh, &x.qs, m4);
-    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_0::<4>(n, w, a);
+    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q5_0::<2>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 16, values, |x| x.d, |x| x.d, dots) }
 }
@@ -313,7 +313,7 @@ pub unsafe fn panel_q5_1(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let fifth = legacy::FifthBits::new();
     let values = |x: &BlockQ5_1| fifth.quants(&x.qh, &x.qs, m4);
-    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_1::<4>(n, w, a);
+    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q5_1::<2>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots) }
 }
@@ -325,7 +325,7 @@ pub unsafe fn panel_q5_1(p: &Panel) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn panel_q8_0(p: &Panel) {
     let values = |x: &BlockQ8_0| load256_of(&x.qs);
-    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q8_0::<4>(n, w, a);
+    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q8_0::<2>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots) }
 }
@@ -339,7 +339,7 @@ pub unsafe fn panel_iq4_nl(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
     let values = |x: &BlockIq4Nl| _mm256_shuffle_epi8(levels, legacy::nibbles(&x.qs, m4));
-    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_iq4_nl::<4>(n, w, a);
+    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_iq4_nl::<2>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots) }
 }

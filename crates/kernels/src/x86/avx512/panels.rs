@@ -365,8 +365,9 @@ const TOKENS_MIN: usize = 4;
 /// bytes `values(x)` (the weight plus `k`; Q4_1/Q5_1: `MIN`, `k` = 0): groups of 16 tokens are
 /// transposed once, then each row's block integers come from eight `vpdpbusd` with the
 /// weights' 4-byte groups broadcast, one token per lane, and the reference's float steps run
-/// on the 16 tokens at once. Below [`TOKENS_MIN`] tokens, `dot` (the level's single-row dot,
-/// the same bits) runs per (row, token).
+/// on the 16 tokens at once. Below [`TOKENS_MIN`] tokens, `dots` (the level's dot of two rows
+/// with one token, the same bits: two rows' serial sums side by side; four measured slower on
+/// streamed weights) runs per token.
 ///
 /// # Safety
 /// As for [`crate::panel::PanelFn`]: the panel's rows (blocks `B`), tokens (Q8_0) and outputs
@@ -379,7 +380,7 @@ unsafe fn tokens_panel<B: Pod, const MIN: bool>(
     values: impl Fn(&B) -> __m256i + Copy,
     d: impl Fn(&B) -> [u8; 2] + Copy,
     m: impl Fn(&B) -> [u8; 2] + Copy,
-    dots: impl Fn(usize, [&[u8]; 4], &[u8]) -> [f32; 4],
+    dots: impl Fn(usize, [&[u8]; 2], &[u8]) -> [f32; 2],
 ) {
     let nb = p.k / QK8_0;
     if p.n < TOKENS_MIN {
@@ -507,7 +508,7 @@ fn fifth_bit_quants(qh: &[u8; 4], qs: &[u8; 16]) -> __m256i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q4_0(p: &Panel) {
     let values = |x: &BlockQ4_0| nibbles(&x.qs);
-    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_0::<4>(n, w, a);
+    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q4_0::<2>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 8, values, |x| x.d, |x| x.d, dots) }
 }
@@ -519,7 +520,7 @@ pub unsafe fn panel_q4_0(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q4_1(p: &Panel) {
     let values = |x: &BlockQ4_1| nibbles(&x.qs);
-    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_1::<4>(n, w, a);
+    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q4_1::<2>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots) }
 }
@@ -531,7 +532,7 @@ pub unsafe fn panel_q4_1(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q5_0(p: &Panel) {
     let values = |x: &BlockQ5_0| fifth_bit_quants(&x.qh, &x.qs);
-    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_0::<4>(n, w, a);
+    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q5_0::<2>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 16, values, |x| x.d, |x| x.d, dots) }
 }
@@ -543,7 +544,7 @@ pub unsafe fn panel_q5_0(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q5_1(p: &Panel) {
     let values = |x: &BlockQ5_1| fifth_bit_quants(&x.qh, &x.qs);
-    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_1::<4>(n, w, a);
+    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q5_1::<2>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots) }
 }
@@ -556,7 +557,7 @@ pub unsafe fn panel_q5_1(p: &Panel) {
 pub unsafe fn panel_q8_0(p: &Panel) {
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let values = |x: &BlockQ8_0| _mm256_xor_si256(load256_of(&x.qs), k80);
-    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q8_0::<4>(n, w, a);
+    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q8_0::<2>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots) }
 }
@@ -572,7 +573,7 @@ pub unsafe fn panel_iq4_nl(p: &Panel) {
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let values =
         |x: &BlockIq4Nl| _mm256_xor_si256(_mm256_shuffle_epi8(levels, nibbles(&x.qs)), k80);
-    let dots = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_iq4_nl::<4>(n, w, a);
+    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_iq4_nl::<2>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots) }
 }
