@@ -190,15 +190,22 @@ pub fn panel_row_granule(isa: Isa, dtype: GgmlType) -> usize {
         if isa >= Isa::Amx && isa.is_supported() && crate::x86::amx::panel(dtype).is_some() {
             return crate::x86::amx::TILE;
         }
-        use GgmlType as T;
-        let token_lanes = matches!(
-            dtype,
-            T::Q4_0 | T::Q4_1 | T::Q5_0 | T::Q5_1 | T::Q8_0 | T::Iq4Nl
-        );
-        if isa >= Isa::Avx2 && token_lanes {
+        if token_lane_panels(isa, dtype) {
             return 32;
         }
     }
     let _ = (isa, dtype);
     4
+}
+
+/// Whether the panel of `dtype` at level `isa` is one of the x86 panels of the 32-element
+/// formats that put one token per lane (`crate::x86::blocks32`).
+fn token_lane_panels(isa: Isa, dtype: GgmlType) -> bool {
+    use GgmlType as T;
+    cfg!(target_arch = "x86_64")
+        && isa >= Isa::Avx2
+        && matches!(
+            dtype,
+            T::Q4_0 | T::Q4_1 | T::Q5_0 | T::Q5_1 | T::Q8_0 | T::Iq4Nl
+        )
 }

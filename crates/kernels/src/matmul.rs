@@ -357,42 +357,25 @@ impl Kernels {
         let granule = crate::isa::panel_row_granule(self.isa, w.dtype);
         let row_chunk = rows_per_task(n, w.row_bytes, rows, pool.n_threads(), granule);
         if n <= ROWS_ONE_TILE {
-            // Decode: each weight row is read once. The panel runs a few rows per call (the
-            // 32-element formats run their serial per-row sums side by side there; the others
-            // their single-row dot per row), each chunk's values added in f64 as below.
-            const ROWS: usize = 4;
+            // Decode: each weight row is read once, so there is nothing for a panel to share,
+            // and with chunks as short as one superblock the per-call overhead of a panel shows
+            // (measured: a third slower decode on deepseek-v2-lite shapes with 4-row panel
+            // calls). The single-row dot gives the same bits; each row is one sequential stream.
+            let dot = self.dot_fn(w.dtype)?;
             pool.for_each_chunk(rows, row_chunk, |range| {
                 for t in 0..n {
-                    for r0 in range.clone().step_by(ROWS) {
-                        let m = ROWS.min(range.end - r0);
-                        let mut acc = [0f64; ROWS];
-                        let mut part = [0f32; ROWS];
+                    let a = &acts[t * arb..(t + 1) * arb];
+                    for r in range.clone() {
+                        let row = w.row(r);
+                        let mut acc = 0f64;
                         for &(wo, ao, len) in &chunks {
-                            let panel = Panel {
-                                k: len,
-                                w: w.data.as_ptr().wrapping_add(r0 * w.row_stride + wo),
-                                w_stride: w.row_stride,
-                                rows: m,
-                                a: acts.as_ptr().wrapping_add(t * arb + ao),
-                                a_stride: arb,
-                                n: 1,
-                                out: part.as_mut_ptr(),
-                                out_stride: ROWS,
-                            };
-                            // SAFETY: rows r0..r0 + m < rows of `w` (checked by `check_rows`)
-                            // hold the chunk's bytes from `wo`; token t < n of `acts` holds the
-                            // chunk's activation bytes from `ao`; `part` holds m ≤ ROWS values
-                            // and aliases neither input; the kernel comes from `crate::isa`.
-                            unsafe { kernel.run(w.dtype, &panel) };
-                            for (a, &p) in acc.iter_mut().zip(&part[..m]) {
-                                *a += p as f64;
-                            }
+                            let wl = w.dtype.row_bytes(len as u64).expect("aligned") as usize;
+                            let al = fmt.act.row_bytes(len);
+                            acc += dot(len, &row[wo..wo + wl], &a[ao..ao + al]) as f64;
                         }
-                        for (i, &v) in acc[..m].iter().enumerate() {
-                            // SAFETY: t < n and r0 + i < rows, inside `out` (n·rows values,
-                            // checked above); these rows belong to this task only.
-                            unsafe { *out_ptr.get().add(t * rows + r0 + i) = v };
-                        }
+                        // SAFETY: t < n and r < rows, inside `out` (n·rows values, checked above);
+                        // row r belongs to this task only.
+                        unsafe { *out_ptr.get().add(t * rows + r) = acc };
                     }
                 }
             });

@@ -216,6 +216,104 @@ macro_rules! q4k_rows {
 }
 pub(crate) use q4k_rows;
 
+/// Defines `unsafe fn $name<R, T>`, a Q5_K × Q8_K tile: [`q4k_rows`] with the fifth bits of
+/// `kq256::q5k_256` (bit 2g of `qh` over group g's low nibbles, bit 2g+1 over its high ones),
+/// unpacked once per row for every token.
+macro_rules! q5k_rows {
+    ($name:ident, $features:literal, $acc:path) => {
+        /// # Safety
+        /// Each `w[r]` points at `nb` readable Q5_K blocks and each `a[t]` at `nb` Q8_K blocks.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize, const T: usize>(
+            nb: usize,
+            w: [*const u8; R],
+            a: [*const u8; T],
+        ) -> [[f32; T]; R] {
+            use $crate::x86::kq256::prelude::*;
+            let w = w.map(|p| p as *const BlockQ5K);
+            let k16 = _mm256_set1_epi8(16);
+            let a = a.map(|p| p as *const BlockQ8K);
+            let m4 = _mm256_set1_epi8(0x0F);
+            let zero = _mm256_setzero_si256();
+            let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+            for b in 0..nb {
+                let xs: [*const u8; R] = std::array::from_fn(|r| {
+                    // SAFETY: block b < nb of every row is readable (the contract above), so its
+                    // start is in bounds.
+                    unsafe { w[r].add(b) as *const u8 }
+                });
+                // SAFETY: block b < nb of every token is readable (the contract above); the
+                // blocks have alignment 1 and are plain bytes, so a reference to one is valid.
+                let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
+                let u: [__m256i; R] = std::array::from_fn(|r| {
+                    // SAFETY: the first 16 of the 176 bytes of block `xs[r]`.
+                    _mm256_broadcastsi128_si256(unpack_k4(unsafe { load128(xs[r]) }))
+                });
+                // Low and high nibbles in separate accumulators, as in the single-row kernel: two
+                // independent chains of multiply-adds.
+                let mut isum = [[[zero; 2]; T]; R];
+                let mut hbits: [__m256i; R] = std::array::from_fn(|r| {
+                    // SAFETY: bytes 16..48 of the 176 in block `xs[r]` (its `qh`).
+                    unsafe { load256(xs[r].add(16)) }
+                });
+                for g in 0..4 {
+                    for r in 0..R {
+                        // SAFETY: bytes 48 + 32g.. + 32 of the 176 in block `xs[r]` (its `qs`;
+                        // g < 4).
+                        let q = unsafe { load256(xs[r].add(48 + 32 * g)) };
+                        let hlo = _mm256_and_si256(_mm256_slli_epi16::<4>(hbits[r]), k16);
+                        let hhi = _mm256_and_si256(_mm256_slli_epi16::<3>(hbits[r]), k16);
+                        hbits[r] = _mm256_srli_epi16::<2>(hbits[r]);
+                        let lo = _mm256_or_si256(_mm256_and_si256(q, m4), hlo);
+                        let hi =
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), hhi);
+                        let slo = _mm256_shuffle_epi8(u[r], load256_of(&K4_SCALE[2 * g]));
+                        let shi = _mm256_shuffle_epi8(u[r], load256_of(&K4_SCALE[2 * g + 1]));
+                        for t in 0..T {
+                            let q8 = ys[t].qs.as_ptr() as *const u8;
+                            // SAFETY: bytes 64g..64g + 32 of the 256 in `ys[t].qs` (g < 4).
+                            let alo = unsafe { load256(q8.add(64 * g)) };
+                            // SAFETY: bytes 64g + 32..64g + 64 of the 256 in `ys[t].qs`.
+                            let ahi = unsafe { load256(q8.add(64 * g + 32)) };
+                            let [s0, s1] = isum[r][t];
+                            isum[r][t] = [
+                                $acc(s0, _mm256_maddubs_epi16(lo, alo), slo),
+                                $acc(s1, _mm256_maddubs_epi16(hi, ahi), shi),
+                            ];
+                        }
+                    }
+                }
+                for r in 0..R {
+                    // SAFETY: the first 4 bytes (d, dmin) of block `xs[r]`; `read_unaligned`
+                    // has no alignment requirement.
+                    let dm = _mm_cvtph_ps(_mm_set1_epi32(unsafe {
+                        (xs[r] as *const i32).read_unaligned()
+                    }));
+                    let mins = _mm256_shuffle_epi8(u[r], load256_of(&K4_MINS));
+                    for t in 0..T {
+                        let msum = _mm256_madd_epi16(mins, load256_of(&ys[t].bsums));
+                        let p = _mm_mul_ps(dm, _mm_set1_ps(ys[t].d()));
+                        let [s0, s1] = isum[r][t];
+                        acc[r][t][0] = _mm256_fmadd_ps(
+                            _mm256_broadcastss_ps(p),
+                            _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)),
+                            acc[r][t][0],
+                        );
+                        acc[r][t][1] = _mm256_fnmadd_ps(
+                            _mm256_broadcastss_ps(_mm_movehdup_ps(p)),
+                            _mm256_cvtepi32_ps(msum),
+                            acc[r][t][1],
+                        );
+                    }
+                }
+            }
+            acc.map(|row| row.map(|[a0, a1]| hsum_ps(_mm256_add_ps(a0, a1))))
+        }
+    };
+}
+pub(crate) use q5k_rows;
+
 /// Defines `unsafe fn $name<R, T>`, a tile that runs the single-row kernel
 /// `$dot(n, weights, activations)` for each of its (row, token) pairs: the decode path where
 /// tiling has nothing to share (see the module notes) and the tuned single-row loop is fastest.
@@ -252,3 +350,96 @@ macro_rules! dot_tile {
     };
 }
 pub(crate) use dot_tile;
+
+/// Defines `unsafe fn $name<R, T>`, a Q2_K × Q8_K tile in the form of the single-row
+/// `kq256::q2k_256` with `$acc(acc, pairs, scale)` applying the sub-block scales: per superblock,
+/// each row's 2-bit quants and scales are unpacked once and used for every token, each
+/// activation load serves every row; the integer sums are exact (their grouping into the dot's
+/// two accumulators does not matter) and the float steps are `fma_d_dmin`'s, per (row, token).
+macro_rules! q2k_rows {
+    ($name:ident, $features:literal, $acc:path) => {
+        /// # Safety
+        /// Each `w[r]` points at `nb` readable Q2_K blocks and each `a[t]` at `nb` Q8_K blocks.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize, const T: usize>(
+            nb: usize,
+            w: [*const u8; R],
+            a: [*const u8; T],
+        ) -> [[f32; T]; R] {
+            use $crate::x86::kq256::prelude::*;
+            let w = w.map(|p| p as *const BlockQ2K);
+            let a = a.map(|p| p as *const BlockQ8K);
+            let m3 = _mm256_set1_epi8(3);
+            let m4 = _mm_set1_epi8(0x0F);
+            let zero = _mm256_setzero_si256();
+            let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+            for b in 0..nb {
+                // SAFETY: block b < nb of every row and token is readable (the contract above);
+                // the blocks have alignment 1 and are plain bytes, so a reference is valid.
+                let xs: [&BlockQ2K; R] = std::array::from_fn(|r| unsafe { &*w[r].add(b) });
+                // SAFETY: as above.
+                let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
+                let raw: [__m128i; R] = std::array::from_fn(|r| load128_of(&xs[r].scales));
+                let sc: [__m256i; R] =
+                    std::array::from_fn(|r| _mm256_broadcastsi128_si256(_mm_and_si128(raw[r], m4)));
+                let mut isum = [[zero; T]; R];
+                for h in 0..2 {
+                    let q: [__m256i; R] = std::array::from_fn(|r| {
+                        // SAFETY: bytes 32h..32h + 32 of the 64 in `qs` (h < 2).
+                        unsafe { load256(xs[r].qs.as_ptr().add(32 * h)) }
+                    });
+                    for s in 0..4 {
+                        let part: [__m256i; R] = std::array::from_fn(|r| {
+                            let shifted = match s {
+                                0 => q[r],
+                                1 => _mm256_srli_epi16::<2>(q[r]),
+                                2 => _mm256_srli_epi16::<4>(q[r]),
+                                _ => _mm256_srli_epi16::<6>(q[r]),
+                            };
+                            _mm256_and_si256(shifted, m3)
+                        });
+                        let scale: [__m256i; R] = std::array::from_fn(|r| {
+                            _mm256_shuffle_epi8(sc[r], load256_of(&Q2K_SCALE[4 * h + s]))
+                        });
+                        for t in 0..T {
+                            let q8 = ys[t].qs.as_ptr() as *const u8;
+                            // SAFETY: bytes 128h + 32s.. + 32 of the 256 in `qs` (h < 2, s < 4).
+                            let a8 = unsafe { load256(q8.add(128 * h + 32 * s)) };
+                            for r in 0..R {
+                                let p = _mm256_maddubs_epi16(part[r], a8);
+                                isum[r][t] = $acc(isum[r][t], p, scale[r]);
+                            }
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw[r]), m4));
+                    // d and dmin are adjacent at offset 80 of the 84-byte block.
+                    // SAFETY: bytes 80..84 of block `xs[r]`; `read_unaligned` has no alignment
+                    // requirement.
+                    let dm = _mm_cvtph_ps(_mm_set1_epi32(unsafe {
+                        ((xs[r] as *const BlockQ2K as *const u8).add(80) as *const i32)
+                            .read_unaligned()
+                    }));
+                    for t in 0..T {
+                        let msum = _mm256_madd_epi16(mins, load256_of(&ys[t].bsums));
+                        let p = _mm_mul_ps(dm, _mm_set1_ps(ys[t].d()));
+                        acc[r][t][0] = _mm256_fmadd_ps(
+                            _mm256_broadcastss_ps(p),
+                            _mm256_cvtepi32_ps(isum[r][t]),
+                            acc[r][t][0],
+                        );
+                        acc[r][t][1] = _mm256_fnmadd_ps(
+                            _mm256_broadcastss_ps(_mm_movehdup_ps(p)),
+                            _mm256_cvtepi32_ps(msum),
+                            acc[r][t][1],
+                        );
+                    }
+                }
+            }
+            acc.map(|row| row.map(|[a0, a1]| hsum_ps(_mm256_add_ps(a0, a1))))
+        }
+    };
+}
+pub(crate) use q2k_rows;

@@ -26,7 +26,7 @@ pub(super) fn madd_acc(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q2_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q2_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q2k_256!(n, w, a, madd_acc)
 }
 
@@ -41,7 +41,7 @@ pub(super) fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q5_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q5_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q5k_256!(n, w, a, madd_acc)
 }
 

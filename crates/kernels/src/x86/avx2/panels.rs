@@ -13,8 +13,8 @@ use std::arch::x86_64::*;
 
 use super::kquants::madd_acc;
 use crate::blocks::{
-    BlockIq4Nl, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
-    BlockQ8K, QK_K, QK8_0,
+    BlockIq4Nl, BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
+    BlockQ8_0, BlockQ8K, QK_K, QK8_0,
 };
 use crate::formats::iq_grids::KVALUES_IQ4NL;
 use bytemuck::Pod;
@@ -26,10 +26,14 @@ use crate::x86::blocks32::{
 };
 use crate::x86::kq256::Q6K_SCALE;
 use crate::x86::simd256::{bcast_f16, hsums, lanes, load128_of, load256, load256_of};
-use crate::x86::tiles::{dot_tile, panel_kernel, q4k_rows};
+use crate::x86::tiles::{dot_tile, panel_kernel, q2k_rows, q4k_rows, q5k_rows};
 
 panel_kernel!(pub panel_q4_k, "avx2,fma,f16c",
     block = QK_K, batch = q4k_tile(1, [2, 3, 4]), single = q4k_dots(1));
+panel_kernel!(pub panel_q2_k, "avx2,fma,f16c",
+    block = QK_K, batch = q2k_tile(1, [2, 3, 4]), single = q2k_dots(1));
+panel_kernel!(pub panel_q5_k, "avx2,fma,f16c",
+    block = QK_K, batch = q5k_tile(1, [2, 3, 4]), single = q5k_dots(1));
 panel_kernel!(pub panel_q6_k, "avx2,fma,f16c",
     block = QK_K, batch = q6k_tile(1, [2, 3, 4]), single = q6k_dots(1));
 
@@ -174,7 +178,7 @@ unsafe fn tokens_panel<B: Pod, const MIN: bool>(
     values: impl Fn(&B) -> __m256i + Copy,
     d: impl Fn(&B) -> [u8; 2] + Copy,
     m: impl Fn(&B) -> [u8; 2] + Copy,
-    dots: impl Fn(usize, [&[u8]; 2], &[u8]) -> [f32; 2],
+    dots: impl Fn(usize, [&[u8]; 1], &[u8]) -> [f32; 1],
 ) {
     let nb = p.k / QK8_0;
     if p.n < TOKENS_MIN {
@@ -272,7 +276,7 @@ unsafe fn tokens_tile<B: Pod, const R: usize, const MIN: bool>(
 pub unsafe fn panel_q4_0(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let values = |x: &BlockQ4_0| legacy::nibbles(&x.qs, m4);
-    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q4_0::<2>(n, w, a);
+    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q4_0::<1>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 8, values, |x| x.d, |x| x.d, dots) }
 }
@@ -285,7 +289,7 @@ pub unsafe fn panel_q4_0(p: &Panel) {
 pub unsafe fn panel_q4_1(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let values = |x: &BlockQ4_1| legacy::nibbles(&x.qs, m4);
-    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q4_1::<2>(n, w, a);
+    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q4_1::<1>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots) }
 }
@@ -299,7 +303,7 @@ pub unsafe fn panel_q5_0(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let fifth = legacy::FifthBits::new();
     let values = |x: &BlockQ5_0| fifth.quants(&x.qh, &x.qs, m4);
-    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q5_0::<2>(n, w, a);
+    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q5_0::<1>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 16, values, |x| x.d, |x| x.d, dots) }
 }
@@ -313,7 +317,7 @@ pub unsafe fn panel_q5_1(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let fifth = legacy::FifthBits::new();
     let values = |x: &BlockQ5_1| fifth.quants(&x.qh, &x.qs, m4);
-    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q5_1::<2>(n, w, a);
+    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q5_1::<1>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots) }
 }
@@ -325,7 +329,7 @@ pub unsafe fn panel_q5_1(p: &Panel) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn panel_q8_0(p: &Panel) {
     let values = |x: &BlockQ8_0| load256_of(&x.qs);
-    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q8_0::<2>(n, w, a);
+    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q8_0::<1>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots) }
 }
@@ -339,7 +343,29 @@ pub unsafe fn panel_iq4_nl(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
     let values = |x: &BlockIq4Nl| _mm256_shuffle_epi8(levels, legacy::nibbles(&x.qs, m4));
-    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_iq4_nl::<2>(n, w, a);
+    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_iq4_nl::<1>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots) }
 }
+
+q2k_rows!(q2k_tile, "avx2,fma,f16c", madd_acc);
+
+dot_tile!(
+    q2k_dots,
+    "avx2,fma,f16c",
+    super::kquants::dot_q2_k_impl,
+    BlockQ2K,
+    BlockQ8K,
+    QK_K
+);
+
+q5k_rows!(q5k_tile, "avx2,fma,f16c", madd_acc);
+
+dot_tile!(
+    q5k_dots,
+    "avx2,fma,f16c",
+    super::kquants::dot_q5_k_impl,
+    BlockQ5K,
+    BlockQ8K,
+    QK_K
+);

@@ -46,7 +46,7 @@ pub(super) fn dpwssd(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-fn dot_q2_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q2_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q2k_256!(n, w, a, dpwssd)
 }
 
@@ -67,7 +67,7 @@ pub(super) fn dot_q4_k_exact_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-fn dot_q5_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q5_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q5k_256!(n, w, a, dpwssd)
 }
 

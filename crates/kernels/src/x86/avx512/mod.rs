@@ -68,7 +68,9 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
     use GgmlType as T;
     Some(match dtype {
         T::F16 => float::panel_f16,
+        T::Q2K => panels::panel_q2_k,
         T::Q4K => panels::panel_q4_k,
+        T::Q5K => panels::panel_q5_k,
         T::Q6K => panels::panel_q6_k,
         T::Q8_0 => panels::panel_q8_0,
         T::Q4_0 => panels::panel_q4_0,

@@ -24,8 +24,8 @@ use std::arch::x86_64::*;
 
 use super::kquants::dpwssd;
 use crate::blocks::{
-    BlockIq4Nl, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
-    BlockQ8K, QK_K, QK8_0,
+    BlockIq4Nl, BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
+    BlockQ8_0, BlockQ8K, QK_K, QK8_0,
 };
 use crate::formats::iq_grids::KVALUES_IQ4NL;
 use bytemuck::Pod;
@@ -40,12 +40,16 @@ use crate::x86::scales::unpack_k4;
 use crate::x86::simd256::{
     bcast_f16, f16_scalar, hsum_ps, hsums, lanes, load128, load128_of, load256, load256_of,
 };
-use crate::x86::tiles::{dot_tile, panel_kernel};
+use crate::x86::tiles::{dot_tile, panel_kernel, q2k_rows, q5k_rows};
 
 panel_kernel!(pub panel_q4_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     block = QK_K, batch = q4k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_dots(1));
 panel_kernel!(pub panel_q4_k_exact, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     block = QK_K, batch = q4k_exact_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_exact_dots(1));
+panel_kernel!(pub panel_q2_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    block = QK_K, batch = q2k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q2k_dots(1));
+panel_kernel!(pub panel_q5_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    block = QK_K, batch = q5k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q5k_dots(1));
 panel_kernel!(pub panel_q6_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     block = QK_K, batch = q6k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q6k_dots(1));
 
@@ -365,9 +369,10 @@ const TOKENS_MIN: usize = 4;
 /// bytes `values(x)` (the weight plus `k`; Q4_1/Q5_1: `MIN`, `k` = 0): groups of 16 tokens are
 /// transposed once, then each row's block integers come from eight `vpdpbusd` with the
 /// weights' 4-byte groups broadcast, one token per lane, and the reference's float steps run
-/// on the 16 tokens at once. Below [`TOKENS_MIN`] tokens, `dots` (the level's dot of two rows
-/// with one token, the same bits: two rows' serial sums side by side; four measured slower on
-/// streamed weights) runs per token.
+/// on the 16 tokens at once. Below [`TOKENS_MIN`] tokens, `dots` (the level's single-row dot,
+/// the same bits) runs per (row, token): two or four rows' serial sums side by side were faster
+/// on L2-resident weights but up to 2.3× slower on expert rows streamed from memory
+/// (deepseek-v2-lite Q8_0 downs), the interleaved streams of `crate::x86::tiles`.
 ///
 /// # Safety
 /// As for [`crate::panel::PanelFn`]: the panel's rows (blocks `B`), tokens (Q8_0) and outputs
@@ -380,7 +385,7 @@ unsafe fn tokens_panel<B: Pod, const MIN: bool>(
     values: impl Fn(&B) -> __m256i + Copy,
     d: impl Fn(&B) -> [u8; 2] + Copy,
     m: impl Fn(&B) -> [u8; 2] + Copy,
-    dots: impl Fn(usize, [&[u8]; 2], &[u8]) -> [f32; 2],
+    dots: impl Fn(usize, [&[u8]; 1], &[u8]) -> [f32; 1],
 ) {
     let nb = p.k / QK8_0;
     if p.n < TOKENS_MIN {
@@ -508,7 +513,7 @@ fn fifth_bit_quants(qh: &[u8; 4], qs: &[u8; 16]) -> __m256i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q4_0(p: &Panel) {
     let values = |x: &BlockQ4_0| nibbles(&x.qs);
-    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q4_0::<2>(n, w, a);
+    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q4_0::<1>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 8, values, |x| x.d, |x| x.d, dots) }
 }
@@ -520,7 +525,7 @@ pub unsafe fn panel_q4_0(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q4_1(p: &Panel) {
     let values = |x: &BlockQ4_1| nibbles(&x.qs);
-    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q4_1::<2>(n, w, a);
+    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q4_1::<1>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots) }
 }
@@ -532,7 +537,7 @@ pub unsafe fn panel_q4_1(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q5_0(p: &Panel) {
     let values = |x: &BlockQ5_0| fifth_bit_quants(&x.qh, &x.qs);
-    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q5_0::<2>(n, w, a);
+    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q5_0::<1>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 16, values, |x| x.d, |x| x.d, dots) }
 }
@@ -544,7 +549,7 @@ pub unsafe fn panel_q5_0(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q5_1(p: &Panel) {
     let values = |x: &BlockQ5_1| fifth_bit_quants(&x.qh, &x.qs);
-    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q5_1::<2>(n, w, a);
+    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q5_1::<1>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots) }
 }
@@ -557,7 +562,7 @@ pub unsafe fn panel_q5_1(p: &Panel) {
 pub unsafe fn panel_q8_0(p: &Panel) {
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let values = |x: &BlockQ8_0| _mm256_xor_si256(load256_of(&x.qs), k80);
-    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_q8_0::<2>(n, w, a);
+    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q8_0::<1>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots) }
 }
@@ -573,7 +578,37 @@ pub unsafe fn panel_iq4_nl(p: &Panel) {
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let values =
         |x: &BlockIq4Nl| _mm256_xor_si256(_mm256_shuffle_epi8(levels, nibbles(&x.qs)), k80);
-    let dots = |n, w: [&[u8]; 2], a: &[u8]| legacy::dots_iq4_nl::<2>(n, w, a);
+    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_iq4_nl::<1>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots) }
 }
+
+q2k_rows!(
+    q2k_tile,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    super::kquants::dpwssd
+);
+
+dot_tile!(
+    q2k_dots,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    super::kquants::dot_q2_k_impl,
+    BlockQ2K,
+    BlockQ8K,
+    QK_K
+);
+
+q5k_rows!(
+    q5k_tile,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    super::kquants::dpwssd
+);
+
+dot_tile!(
+    q5k_dots,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    super::kquants::dot_q5_k_impl,
+    BlockQ5K,
+    BlockQ8K,
+    QK_K
+);
