@@ -200,10 +200,10 @@ pub fn panel_row_granule(isa: Isa, dtype: GgmlType) -> usize {
 
 /// Whether the panel of `dtype` at level `isa` is one of the x86 panels of the 32-element
 /// formats that put one token per lane (`crate::x86::blocks32`).
+#[cfg(target_arch = "x86_64")]
 fn token_lane_panels(isa: Isa, dtype: GgmlType) -> bool {
     use GgmlType as T;
-    cfg!(target_arch = "x86_64")
-        && isa >= Isa::Avx2
+    isa >= Isa::Avx2
         && matches!(
             dtype,
             T::Q4_0 | T::Q4_1 | T::Q5_0 | T::Q5_1 | T::Q8_0 | T::Iq4Nl
