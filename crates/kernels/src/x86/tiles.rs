@@ -443,3 +443,102 @@ macro_rules! q2k_rows {
     };
 }
 pub(crate) use q2k_rows;
+
+/// Defines `unsafe fn $name<R, T>` (T ≤ 8), a Q3_K × Q8_K tile in the form of the single-row
+/// `kq256::q3k_256` with `$acc(acc, pairs, scale)` applying the sub-block scales: per
+/// superblock, each row's 3-bit quants (low bits and `hmask`) and scales are unpacked once for
+/// every token; each (row, token)'s exact integer is reduced with the other tokens' (`hsums`)
+/// and the dot's float step `acc + (d·dy)·isum` runs with one token per lane.
+macro_rules! q3k_rows {
+    ($name:ident, $features:literal, $acc:path) => {
+        /// # Safety
+        /// Each `w[r]` points at `nb` readable Q3_K blocks and each `a[t]` at `nb` Q8_K blocks.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize, const T: usize>(
+            nb: usize,
+            w: [*const u8; R],
+            a: [*const u8; T],
+        ) -> [[f32; T]; R] {
+            use $crate::x86::kq256::prelude::*;
+            use $crate::x86::simd256::{bcast_f16, hsums, lanes};
+            let w = w.map(|p| p as *const BlockQ3K);
+            let a = a.map(|p| p as *const BlockQ8K);
+            let m3 = _mm256_set1_epi8(3);
+            let k4 = _mm256_set1_epi8(4);
+            let zero = _mm256_setzero_si256();
+            // One lane per token.
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..nb {
+                // SAFETY: block b < nb of every row and token is readable (the contract above);
+                // the blocks have alignment 1 and are plain bytes, so a reference is valid.
+                let xs: [&BlockQ3K; R] = std::array::from_fn(|r| unsafe { &*w[r].add(b) });
+                // SAFETY: as above.
+                let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
+                let sc16: [__m256i; R] = std::array::from_fn(|r| {
+                    // SAFETY: bytes 94..110 of the 110-byte block `xs[r]` (the 16 bytes ending
+                    // at its end, scales at 2..14), through a pointer to the whole block.
+                    let tail = unsafe { load128((xs[r] as *const BlockQ3K as *const u8).add(94)) };
+                    _mm256_cvtepi8_epi16(unpack_q3k(tail))
+                });
+                let mut hbits: [__m256i; R] = std::array::from_fn(|r| load256_of(&xs[r].hmask));
+                let mut isum = [[zero; T]; R];
+                for h in 0..2 {
+                    let sc: [__m256i; R] = std::array::from_fn(|r| {
+                        if h == 0 {
+                            _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16[r]))
+                        } else {
+                            _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sc16[r]))
+                        }
+                    });
+                    let q: [__m256i; R] = std::array::from_fn(|r| {
+                        // SAFETY: bytes 32h..32h + 32 of the 64 in `qs` (h < 2).
+                        unsafe { load256(xs[r].qs.as_ptr().add(32 * h)) }
+                    });
+                    for s in 0..4 {
+                        let mut u = [zero; R];
+                        let mut scale = [zero; R];
+                        for r in 0..R {
+                            let part = match s {
+                                0 => q[r],
+                                1 => _mm256_srli_epi16::<2>(q[r]),
+                                2 => _mm256_srli_epi16::<4>(q[r]),
+                                _ => _mm256_srli_epi16::<6>(q[r]),
+                            };
+                            // Bits moved across bytes by the 16-bit shifts never reach bit 2.
+                            let hb = _mm256_and_si256(_mm256_slli_epi16::<2>(hbits[r]), k4);
+                            hbits[r] = _mm256_srli_epi16::<1>(hbits[r]);
+                            u[r] = _mm256_or_si256(_mm256_and_si256(part, m3), hb);
+                            scale[r] = _mm256_shuffle_epi8(sc[r], load256_of(&Q3K_SCALE[s]));
+                        }
+                        for t in 0..T {
+                            let q8 = ys[t].qs.as_ptr() as *const u8;
+                            // SAFETY: bytes 128h + 32s.. + 32 of the 256 in `qs` (h < 2, s < 4).
+                            let a8 = unsafe { load256(q8.add(128 * h + 32 * s)) };
+                            for r in 0..R {
+                                let p = _mm256_maddubs_epi16(u[r], a8);
+                                isum[r][t] = $acc(isum[r][t], p, scale[r]);
+                            }
+                        }
+                    }
+                }
+                let dy: [f32; 8] = std::array::from_fn(|t| if t < T { ys[t].d() } else { 0.0 });
+                // SAFETY: the load reads the 8 floats of `dy`.
+                let dy = unsafe { _mm256_loadu_ps(dy.as_ptr()) };
+                for r in 0..R {
+                    // Quants are stored as `lo + 4·hbit − 4`: subtract 4·Σ scale·(sum of the 16
+                    // activations), as the dot does.
+                    let tot: [__m256i; T] = std::array::from_fn(|t| {
+                        let bias = _mm256_madd_epi16(sc16[r], load256_of(&ys[t].bsums));
+                        _mm256_sub_epi32(isum[r][t], _mm256_slli_epi32::<2>(bias))
+                    });
+                    let tot = _mm256_cvtepi32_ps(hsums(&tot));
+                    let dd = _mm256_mul_ps(bcast_f16(&xs[r].d), dy);
+                    acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dd, tot));
+                }
+            }
+            acc.map(|v| lanes(v))
+        }
+    };
+}
+pub(crate) use q3k_rows;

@@ -55,6 +55,7 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
     use GgmlType as T;
     Some(match dtype {
         T::Q2K => panels::panel_q2_k,
+        T::Q3K => panels::panel_q3_k,
         T::Q4K => panels::panel_q4_k,
         T::Q5K => panels::panel_q5_k,
         T::Q6K => panels::panel_q6_k,

@@ -13,8 +13,8 @@ use std::arch::x86_64::*;
 
 use super::kquants::madd_acc;
 use crate::blocks::{
-    BlockIq4Nl, BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
-    BlockQ8_0, BlockQ8K, QK_K, QK8_0,
+    BlockIq4Nl, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K,
+    BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, QK8_0,
 };
 use crate::formats::iq_grids::KVALUES_IQ4NL;
 use bytemuck::Pod;
@@ -26,12 +26,14 @@ use crate::x86::blocks32::{
 };
 use crate::x86::kq256::Q6K_SCALE;
 use crate::x86::simd256::{bcast_f16, hsums, lanes, load128_of, load256, load256_of};
-use crate::x86::tiles::{dot_tile, panel_kernel, q2k_rows, q4k_rows, q5k_rows};
+use crate::x86::tiles::{dot_tile, panel_kernel, q2k_rows, q3k_rows, q4k_rows, q5k_rows};
 
 panel_kernel!(pub panel_q4_k, "avx2,fma,f16c",
     block = QK_K, batch = q4k_tile(1, [2, 3, 4]), single = q4k_dots(1));
 panel_kernel!(pub panel_q2_k, "avx2,fma,f16c",
     block = QK_K, batch = q2k_tile(1, [2, 3, 4]), single = q2k_dots(1));
+panel_kernel!(pub panel_q3_k, "avx2,fma,f16c",
+    block = QK_K, batch = q3k_tile(1, [2, 3, 4]), single = q3k_dots(1));
 panel_kernel!(pub panel_q5_k, "avx2,fma,f16c",
     block = QK_K, batch = q5k_tile(1, [2, 3, 4]), single = q5k_dots(1));
 panel_kernel!(pub panel_q6_k, "avx2,fma,f16c",
@@ -366,6 +368,17 @@ dot_tile!(
     "avx2,fma,f16c",
     super::kquants::dot_q5_k_impl,
     BlockQ5K,
+    BlockQ8K,
+    QK_K
+);
+
+q3k_rows!(q3k_tile, "avx2,fma,f16c", madd_acc);
+
+dot_tile!(
+    q3k_dots,
+    "avx2,fma,f16c",
+    super::kquants::dot_q3_k_impl,
+    BlockQ3K,
     BlockQ8K,
     QK_K
 );

@@ -51,7 +51,7 @@ pub(super) fn dot_q2_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-fn dot_q3_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) fn dot_q3_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q3k_256!(n, w, a, dpwssd)
 }
 
