@@ -184,17 +184,19 @@ fn row_kernel_picks_the_panel_of_the_dots_level() {
     }
 }
 
-/// No weight format prefills through per-row dots at the AVX-512 level (Q8_K is the K-quants'
+/// No weight format prefills through per-row dots at either x86 level (Q8_K is the K-quants'
 /// activation format; files do not ship it as weights).
 #[test]
-fn every_weight_format_has_an_avx512_panel() {
-    if !Isa::Avx512.is_supported() {
-        eprintln!("skipped: this CPU has no AVX-512");
-        return;
+fn every_weight_format_has_an_x86_panel() {
+    for isa in [Isa::Avx2, Isa::Avx512] {
+        if !isa.is_supported() {
+            eprintln!("skipped {isa:?}: this CPU lacks it");
+            continue;
+        }
+        let missing: Vec<GgmlType> = COMPUTE_TYPES
+            .into_iter()
+            .filter(|&t| t != GgmlType::Q8K && simd_panel(isa, t).is_none())
+            .collect();
+        assert!(missing.is_empty(), "no {isa:?} panel for {missing:?}");
     }
-    let missing: Vec<GgmlType> = COMPUTE_TYPES
-        .into_iter()
-        .filter(|&t| t != GgmlType::Q8K && simd_panel(Isa::Avx512, t).is_none())
-        .collect();
-    assert!(missing.is_empty(), "no AVX-512 panel for {missing:?}");
 }

@@ -54,6 +54,9 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
 pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
     use GgmlType as T;
     Some(match dtype {
+        T::F32 => float::panel_f32,
+        T::F16 => float::panel_f16,
+        T::Bf16 => float::panel_bf16,
         T::Q2K => panels::panel_q2_k,
         T::Q3K => panels::panel_q3_k,
         T::Q4K => panels::panel_q4_k,
