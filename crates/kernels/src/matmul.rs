@@ -362,11 +362,18 @@ impl Kernels {
             // (measured: a third slower decode on deepseek-v2-lite shapes with 4-row panel
             // calls). The single-row dot gives the same bits; each row is one sequential stream.
             let dot = self.dot_fn(w.dtype)?;
+            let distance = crate::prefetch::stream_distance();
             pool.for_each_chunk(rows, row_chunk, |range| {
                 for t in 0..n {
                     let a = &acts[t * arb..(t + 1) * arb];
+                    let first = w.data.as_ptr().wrapping_add(range.start * w.row_stride);
                     for r in range.clone() {
                         let row = w.row(r);
+                        if t == 0 {
+                            // The task's rows are one stream: ask for its bytes ahead.
+                            let (i, stride) = (r - range.start, w.row_stride);
+                            crate::prefetch::rows_ahead(first, i, 1, stride, range.len(), distance);
+                        }
                         let mut acc = 0f64;
                         for &(wo, ao, len) in &chunks {
                             let wl = w.dtype.row_bytes(len as u64).expect("aligned") as usize;

@@ -310,11 +310,18 @@ pub(crate) unsafe fn row_dots<const R: usize>(
     a_bytes: usize,
     dots: impl Fn(usize, [&[u8]; R], &[u8]) -> [f32; R],
 ) {
+    // Decode streams each row once: ask for the bytes ahead (`crate::prefetch`).
+    let ahead = if p.n == 1 {
+        crate::prefetch::stream_distance()
+    } else {
+        0
+    };
     for t in 0..p.n {
         // SAFETY: token t < n has `a_bytes` readable bytes (the contract above), not written
         // while the panel runs.
         let a = unsafe { std::slice::from_raw_parts(p.a.add(t * p.a_stride), a_bytes) };
         for r0 in (0..p.rows).step_by(R) {
+            crate::prefetch::panel_rows_ahead(p, r0, R, ahead);
             let w: [&[u8]; R] = std::array::from_fn(|i| {
                 let r = (r0 + i).min(p.rows - 1);
                 // SAFETY: row r < rows has `w_bytes` readable bytes, likewise.

@@ -264,6 +264,12 @@ macro_rules! mxfp4_level {
         pub(crate) unsafe fn panel(p: &Panel) {
             let nb = p.k / 32;
             let per = prepared_len(nb);
+            // Decode streams each row once: ask for the bytes ahead (`crate::prefetch`).
+            let ahead = if p.n == 1 {
+                crate::prefetch::stream_distance()
+            } else {
+                0
+            };
             with_prepared(per * MAX_T, |buf| {
                 let mut t0 = 0;
                 while t0 < p.n {
@@ -282,6 +288,7 @@ macro_rules! mxfp4_level {
                     let toks: [*const __m256i; MAX_T] =
                         std::array::from_fn(|t| buf[t.min(tn - 1) * per..].as_ptr());
                     for r in 0..p.rows {
+                        crate::prefetch::panel_rows_ahead(p, r, 1, ahead);
                         // SAFETY: row r < rows holds `nb` blocks (the panel contract).
                         let w = [unsafe { p.w.add(r * p.w_stride) } as *const BlockMxfp4];
                         // SAFETY: `w` and the prepared tokens satisfy `tile`'s contract; the outputs

@@ -13,7 +13,8 @@
 //! the activation loads, scale conversions and a joint reduction) were 0–20% slower on
 //! L2-resident weights, and streamed DRAM at a third of the speed (6.8 against 19–23 GB/s for
 //! 256 MiB of Q4_K) because the hardware prefetcher does not follow four interleaved row streams;
-//! software prefetch (0.5–4 KiB ahead) made the one-row stream slower too (16–17 GB/s).
+//! software prefetch (0.5–4 KiB ahead) made the one-row stream slower too on Zen 4 (16–17 GB/s),
+//! while on the Intel host it is what feeds the stream (`crate::prefetch` picks per vendor).
 
 use crate::panel::Panel;
 
@@ -64,6 +65,8 @@ macro_rules! panel_kernel {
             use $crate::x86::tiles::{rows, store};
             const MAX_T: usize = { let mut m = 1; $(if $t > m { m = $t; })+ m };
             let nb = p.k / $block;
+            // Decode streams each row once: ask for the bytes ahead (`crate::prefetch`).
+            let ahead = if p.n == 1 { $crate::prefetch::stream_distance() } else { 0 };
             let mut t0 = 0;
             while t0 < p.n {
                 let tn = (p.n - t0).min(MAX_T);
@@ -77,6 +80,7 @@ macro_rules! panel_kernel {
                     match tn {
                         // SAFETY: see above the `match`; R = $rows1 ≤ left.
                         1 if left >= $rows1 => unsafe {
+                            $crate::prefetch::panel_rows_ahead(p, r0, $rows1, ahead);
                             let v = $tile1::<$rows1, 1>(
                                 nb,
                                 rows(p.w, p.w_stride, r0),
@@ -87,6 +91,7 @@ macro_rules! panel_kernel {
                         },
                         // SAFETY: see above the `match`; R = 1 ≤ left.
                         1 => unsafe {
+                            $crate::prefetch::panel_rows_ahead(p, r0, 1, ahead);
                             let v = $tile1::<1, 1>(
                                 nb,
                                 rows(p.w, p.w_stride, r0),
