@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use gguf::GgmlType;
 
 use crate::formats::{self, DotFn};
-use crate::panel::{PanelFn, RowKernel};
+use crate::panel::{ChunkDotsFn, PanelFn, RowKernel};
 
 /// A SIMD level. Ordered: a higher level is preferred when supported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -161,6 +161,25 @@ pub fn simd_panel(isa: Isa, dtype: GgmlType) -> Option<PanelFn> {
         Isa::Amx => crate::x86::amx::panel(dtype),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon | Isa::NeonDotprod | Isa::NeonI8mm => crate::aarch64::panel(isa, dtype),
+        _ => None,
+    }
+}
+
+/// The chunk-dots kernel of `dtype` for level `isa`: that of the level [`best_dot`] picks, if it
+/// has one (the same bits as that dot per chunk).
+pub fn chunk_dots(isa: Isa, dtype: GgmlType) -> Option<ChunkDotsFn> {
+    let level = Isa::ALL
+        .into_iter()
+        .rev()
+        .filter(|&i| i <= isa)
+        .find(|&i| simd_dot(i, dtype).is_some())?;
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => crate::x86::avx2::chunk_dots(dtype),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => crate::x86::avx512::chunk_dots(dtype),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Amx => crate::x86::amx::chunk_dots(dtype),
         _ => None,
     }
 }

@@ -5,11 +5,13 @@
 
 use std::sync::OnceLock;
 
+use std::ops::Range;
+
 use gguf::GgmlType;
 
 use crate::Isa;
 use crate::formats::{self, ActKind, DotFn};
-use crate::panel::{Panel, RowKernel};
+use crate::panel::{ChunkDots, Panel, RowKernel};
 use crate::pool::ThreadPool;
 
 #[derive(Debug, thiserror::Error)]
@@ -352,6 +354,15 @@ impl Kernels {
                 )
             })
             .collect();
+        // Each chunk's weight and activation byte ranges, computed once: decode calls the dot
+        // once per chunk and row, often a single superblock each.
+        let spans: Vec<(Range<usize>, Range<usize>, usize)> = chunks
+            .iter()
+            .map(|&(wo, ao, len)| {
+                let wl = w.dtype.row_bytes(len as u64).expect("aligned") as usize;
+                (wo..wo + wl, ao..ao + fmt.act.row_bytes(len), len)
+            })
+            .collect();
         let (rows, n) = (w.rows, x.n);
         let out_ptr = SyncPtr(out.as_mut_ptr());
         let granule = crate::isa::panel_row_granule(self.isa, w.dtype);
@@ -361,9 +372,14 @@ impl Kernels {
             // and with chunks as short as one superblock the per-call overhead of a panel shows
             // (measured: a third slower decode on deepseek-v2-lite shapes with 4-row panel
             // calls). The single-row dot gives the same bits; each row is one sequential stream.
+            // Where the format has a chunk-dots kernel, a row's whole chunks are one call.
             let dot = self.dot_fn(w.dtype)?;
             let distance = crate::prefetch::stream_distance();
+            let whole = w.cols / chunk;
+            let chunk_dots = crate::isa::chunk_dots(self.isa, w.dtype).filter(|_| whole > 0);
+            let tail = &spans[if chunk_dots.is_some() { whole } else { 0 }..];
             pool.for_each_chunk(rows, row_chunk, |range| {
+                let mut part = vec![0f32; if chunk_dots.is_some() { whole } else { 0 }];
                 for t in 0..n {
                     let a = &acts[t * arb..(t + 1) * arb];
                     let first = w.data.as_ptr().wrapping_add(range.start * w.row_stride);
@@ -375,10 +391,27 @@ impl Kernels {
                             crate::prefetch::rows_ahead(first, i, 1, stride, range.len(), distance);
                         }
                         let mut acc = 0f64;
-                        for &(wo, ao, len) in &chunks {
-                            let wl = w.dtype.row_bytes(len as u64).expect("aligned") as usize;
-                            let al = fmt.act.row_bytes(len);
-                            acc += dot(len, &row[wo..wo + wl], &a[ao..ao + al]) as f64;
+                        if let Some(kernel) = chunk_dots {
+                            let cd = ChunkDots {
+                                k: chunk,
+                                chunks: whole,
+                                w: row.as_ptr(),
+                                w_bytes: spans[0].0.len(),
+                                a: a.as_ptr(),
+                                a_bytes: spans[0].1.len(),
+                                out: part.as_mut_ptr(),
+                            };
+                            // SAFETY: chunks 0..whole of the row and of the token's activations
+                            // are the first `whole` spans (each `w_bytes` / `a_bytes` long, in
+                            // order, inside `row` and `a`); `part` holds `whole` values and
+                            // aliases neither; the kernel comes from `crate::isa`.
+                            unsafe { kernel(&cd) };
+                            for &v in &part {
+                                acc += v as f64;
+                            }
+                        }
+                        for (wr, ar, len) in tail {
+                            acc += dot(*len, &row[wr.clone()], &a[ar.clone()]) as f64;
                         }
                         // SAFETY: t < n and r < rows, inside `out` (n·rows values, checked above);
                         // row r belongs to this task only.

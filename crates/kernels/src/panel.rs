@@ -44,6 +44,31 @@ pub struct Panel {
 /// kernels handed out by [`crate::isa::simd_panel`]).
 pub type PanelFn = unsafe fn(&Panel);
 
+/// One weight row against one token, chunk by chunk: `out[c]` is the dot of the `k` elements
+/// at `w + c * w_bytes` with those at `a + c * a_bytes`, for `c < chunks` — a decode row of
+/// [`crate::Kernels::matmul_chunked`] in one call instead of one dot call per chunk (chunks are
+/// often a single superblock, where a call's fixed work is as large as its arithmetic).
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkDots {
+    /// Elements per chunk: a multiple of the weight format's and the activation format's blocks.
+    pub k: usize,
+    pub chunks: usize,
+    pub w: *const u8,
+    pub w_bytes: usize,
+    pub a: *const u8,
+    pub a_bytes: usize,
+    pub out: *mut f32,
+}
+
+/// A chunk-dots kernel: every value is the single-row [`crate::DotFn`]'s bits on that chunk.
+///
+/// # Safety
+/// The caller guarantees that every chunk of weights and activations named by the
+/// [`ChunkDots`] is readable, that the `chunks` outputs are writable and alias no input, and
+/// that the CPU supports the kernel's ISA (guaranteed for kernels handed out by
+/// [`crate::isa::chunk_dots`]).
+pub type ChunkDotsFn = unsafe fn(&ChunkDots);
+
 /// How a matrix product computes its values: a panel kernel, or a loop of single-row dots for
 /// formats (or ISA levels) that have none. Both give the same bits per value.
 #[derive(Clone, Copy)]

@@ -53,6 +53,36 @@ pub(crate) unsafe fn store<const R: usize, const T: usize>(
 /// and token they are given, no more.
 macro_rules! panel_kernel {
     ($vis:vis $name:ident, $features:literal, block = $block:expr,
+     batch = $tile:ident($rows:literal, [$($t:literal),+]), single = $tile1:ident($rows1:literal),
+     chunks = $chunks:ident) => {
+        $crate::x86::tiles::panel_kernel!($vis $name, $features, block = $block,
+            batch = $tile($rows, [$($t),+]), single = $tile1($rows1));
+
+        /// A chunk-dots kernel (`crate::panel::ChunkDotsFn`): the single-row tile per chunk,
+        /// inlined, which is the dot's arithmetic.
+        ///
+        /// # Safety
+        /// As for [`crate::panel::ChunkDotsFn`]: the chunks are readable, the outputs writable
+        /// and unaliased, and the CPU has the features this function is compiled for.
+        #[target_feature(enable = $features)]
+        $vis unsafe fn $chunks(c: &$crate::panel::ChunkDots) {
+            let nb = c.k / $block;
+            for i in 0..c.chunks {
+                // SAFETY: chunk i's `nb` blocks of weights and activations are readable and
+                // output i writable (the contract above); the tile is compiled for features
+                // this function has.
+                unsafe {
+                    let v = $tile1::<1, 1>(
+                        nb,
+                        [c.w.add(i * c.w_bytes)],
+                        [c.a.add(i * c.a_bytes)],
+                    );
+                    *c.out.add(i) = v[0][0];
+                }
+            }
+        }
+    };
+    ($vis:vis $name:ident, $features:literal, block = $block:expr,
      batch = $tile:ident($rows:literal, [$($t:literal),+]), single = $tile1:ident($rows1:literal)) => {
         /// A panel kernel (`crate::panel::PanelFn`).
         ///

@@ -54,6 +54,15 @@ pub fn panel(dtype: gguf::GgmlType) -> Option<crate::panel::PanelFn> {
     }
 }
 
+/// The AMX level's chunk-dots kernel for `dtype` (the same condition as [`dot`]).
+pub fn chunk_dots(dtype: gguf::GgmlType) -> Option<crate::panel::ChunkDotsFn> {
+    match dtype {
+        gguf::GgmlType::Q4K => Some(crate::x86::avx512::chunks_q4_k_exact),
+        gguf::GgmlType::Q6K => Some(crate::x86::avx512::chunks_q6_k),
+        _ => None,
+    }
+}
+
 /// Rows and tokens of one tile: a tile product covers 16 weight rows × 16 tokens.
 pub const TILE: usize = 16;
 

@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 use gguf::GgmlType;
 
 use crate::formats::DotFn;
-use crate::panel::PanelFn;
+use crate::panel::{ChunkDotsFn, PanelFn};
 
 /// The AVX2 dot product for `dtype`, if there is one. Only for `crate::isa`, after it checked
 /// that the CPU has AVX2, FMA and F16C: the functions returned run AVX2 code.
@@ -46,6 +46,20 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
         T::Iq1M => iquants::dot_iq1_m,
         T::Tq1_0 => iquants::dot_tq1_0,
         T::Tq2_0 => iquants::dot_tq2_0,
+        _ => return None,
+    })
+}
+
+/// The AVX2 chunk-dots kernel for `dtype`, if there is one (the K-quants; others run a loop
+/// of [`dot`]).
+pub fn chunk_dots(dtype: GgmlType) -> Option<ChunkDotsFn> {
+    use GgmlType as T;
+    Some(match dtype {
+        T::Q2K => panels::chunks_q2_k,
+        T::Q3K => panels::chunks_q3_k,
+        T::Q4K => panels::chunks_q4_k,
+        T::Q5K => panels::chunks_q5_k,
+        T::Q6K => panels::chunks_q6_k,
         _ => return None,
     })
 }

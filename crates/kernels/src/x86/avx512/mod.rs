@@ -17,14 +17,14 @@ mod legacy;
 mod panels;
 
 pub(crate) use kquants::{dot_q4_k_exact, dot_q6_k};
-pub(crate) use panels::{panel_q4_k_exact, panel_q6_k};
+pub(crate) use panels::{chunks_q4_k_exact, chunks_q6_k, panel_q4_k_exact, panel_q6_k};
 
 use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
 use crate::formats::DotFn;
-use crate::panel::PanelFn;
+use crate::panel::{ChunkDotsFn, PanelFn};
 
 /// The AVX-512 dot product for `dtype`, if there is one. Only for `crate::isa`, after it
 /// checked that the CPU has every feature of `Isa::Avx512` (which include AVX2, FMA and F16C):
@@ -59,6 +59,20 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
         T::Iq1M => iquants::dot_iq1_m,
         T::Tq1_0 => iquants::dot_tq1_0,
         T::Tq2_0 => iquants::dot_tq2_0,
+        _ => return None,
+    })
+}
+
+/// The AVX-512 chunk-dots kernel for `dtype`, if there is one (the K-quants; others run a loop
+/// of [`dot`]).
+pub fn chunk_dots(dtype: GgmlType) -> Option<ChunkDotsFn> {
+    use GgmlType as T;
+    Some(match dtype {
+        T::Q2K => panels::chunks_q2_k,
+        T::Q3K => panels::chunks_q3_k,
+        T::Q4K => panels::chunks_q4_k,
+        T::Q5K => panels::chunks_q5_k,
+        T::Q6K => panels::chunks_q6_k,
         _ => return None,
     })
 }

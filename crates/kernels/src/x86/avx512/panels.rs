@@ -43,17 +43,17 @@ use crate::x86::simd256::{
 use crate::x86::tiles::{dot_tile, panel_kernel, q2k_rows, q3k_rows, q5k_rows};
 
 panel_kernel!(pub panel_q4_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q4k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_dots(1));
+    block = QK_K, batch = q4k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_dots(1), chunks = chunks_q4_k);
 panel_kernel!(pub panel_q4_k_exact, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q4k_exact_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_exact_dots(1));
+    block = QK_K, batch = q4k_exact_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_exact_dots(1), chunks = chunks_q4_k_exact);
 panel_kernel!(pub panel_q2_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q2k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q2k_dots(1));
+    block = QK_K, batch = q2k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q2k_dots(1), chunks = chunks_q2_k);
 panel_kernel!(pub panel_q3_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q3k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q3k_dots(1));
+    block = QK_K, batch = q3k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q3k_dots(1), chunks = chunks_q3_k);
 panel_kernel!(pub panel_q5_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q5k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q5k_dots(1));
+    block = QK_K, batch = q5k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q5k_dots(1), chunks = chunks_q5_k);
 panel_kernel!(pub panel_q6_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q6k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q6k_dots(1));
+    block = QK_K, batch = q6k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q6k_dots(1), chunks = chunks_q6_k);
 
 /// `acc + s_lo·a + s_hi·b` per 32-bit lane, from two `vpdpbusd` results whose lanes fit in i16
 /// and the scale pairs `[s_lo, s_hi]` (low word, high word) of each lane: `b`'s low word moves to
