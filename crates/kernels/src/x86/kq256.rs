@@ -217,6 +217,17 @@ impl SuperblockSums {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn flush(&mut self) {
+        let step = self.steps();
+        for &v in &step[..self.len] {
+            self.acc += v;
+        }
+        self.len = 0;
+    }
+
+    /// The reference's float step of each waiting superblock (lanes `0..len`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn steps(&self) -> [f32; 8] {
         // SAFETY: each load reads exactly one of the 8-element arrays (16 or 32 bytes).
         let (dy, d, dmin) = unsafe {
             (
@@ -233,11 +244,7 @@ impl SuperblockSums {
             _mm256_mul_ps(dy, dmin),
             _mm256_cvtepi32_ps(crate::x86::simd256::hsums(&self.msum)),
         );
-        let step: [f32; 8] = crate::x86::simd256::lanes(_mm256_sub_ps(scaled, mins));
-        for &v in &step[..self.len] {
-            self.acc += v;
-        }
-        self.len = 0;
+        crate::x86::simd256::lanes(_mm256_sub_ps(scaled, mins))
     }
 
     /// The dot product: the superblocks still waiting added, then the sum.
@@ -248,6 +255,84 @@ impl SuperblockSums {
             self.flush();
         }
         self.acc
+    }
+}
+
+/// [`SuperblockSums`] over a row cut into chunks of `per_chunk` superblocks: chunk c's value,
+/// written to `out[c]`, is what `SuperblockSums::finish` gives for that chunk alone (its steps
+/// added to 0.0 in order), but the batches of eight run across chunk boundaries, so chunks of
+/// one superblock (a chunked decode) still reduce eight superblocks at a time instead of one.
+pub(crate) struct ChunkSums {
+    sums: SuperblockSums,
+    per_chunk: usize,
+    in_chunk: usize,
+    out: *mut f32,
+    done: usize,
+}
+
+impl ChunkSums {
+    /// # Safety
+    /// `out` is writable for as many values as chunks will be completed.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn new(per_chunk: usize, out: *mut f32) -> Self {
+        ChunkSums {
+            sums: SuperblockSums::new(),
+            per_chunk,
+            in_chunk: 0,
+            out,
+            done: 0,
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn push(
+        &mut self,
+        isum: __m256i,
+        msum: __m256i,
+        dy: f32,
+        d: [u8; 2],
+        dmin: [u8; 2],
+    ) {
+        let s = &mut self.sums;
+        let i = s.len;
+        s.isum[i] = isum;
+        s.msum[i] = msum;
+        s.dy[i] = dy;
+        s.d[i] = d;
+        s.dmin[i] = dmin;
+        s.len += 1;
+        if s.len == 8 {
+            self.flush();
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn flush(&mut self) {
+        let step = self.sums.steps();
+        for &v in &step[..self.sums.len] {
+            self.sums.acc += v;
+            self.in_chunk += 1;
+            if self.in_chunk == self.per_chunk {
+                // SAFETY: chunk `done` is one the caller's contract (`new`) makes writable.
+                unsafe { *self.out.add(self.done) = self.sums.acc };
+                self.done += 1;
+                self.sums.acc = 0.0;
+                self.in_chunk = 0;
+            }
+        }
+        self.sums.len = 0;
+    }
+
+    /// Writes the chunks still waiting.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn finish(mut self) {
+        if self.sums.len > 0 {
+            self.flush();
+        }
     }
 }
 
