@@ -200,3 +200,48 @@ fn every_weight_format_has_an_x86_panel() {
         assert!(missing.is_empty(), "no {isa:?} panel for {missing:?}");
     }
 }
+
+/// Every chunk-dots kernel gives each chunk the bits of the single-row dot on that chunk: chunks
+/// of one to three superblocks, counts on both sides of the eight-chunk reductions.
+#[test]
+fn chunk_dots_are_the_dots_of_each_chunk() {
+    let mut rng = Rng::new(31);
+    for isa in Isa::supported() {
+        for t in COMPUTE_TYPES {
+            let Some(kernel) = kernels::isa::chunk_dots(isa, t) else {
+                continue;
+            };
+            let dot = kernels::best_dot(isa, t).expect("a dot");
+            for per_chunk in 1..=3usize {
+                for chunks in [1usize, 7, 8, 9, 17] {
+                    let k = per_chunk * 256;
+                    let w = random_row(&mut rng, t, k * chunks);
+                    let a = activations(&mut rng, t, k * chunks, 1);
+                    let (wb, ab) = (w.len() / chunks, a.len() / chunks);
+                    let mut out = vec![f32::NAN; chunks];
+                    let cd = kernels::panel::ChunkDots {
+                        k,
+                        chunks,
+                        w: w.as_ptr(),
+                        w_bytes: wb,
+                        a: a.as_ptr(),
+                        a_bytes: ab,
+                        out: out.as_mut_ptr(),
+                    };
+                    // SAFETY: the kernel comes from `kernels::isa` for a supported level; the
+                    // row and activations hold `chunks` contiguous chunks and `out` as many
+                    // values.
+                    unsafe { kernel(&cd) };
+                    for (i, &got) in out.iter().enumerate() {
+                        let want = dot(k, &w[i * wb..(i + 1) * wb], &a[i * ab..(i + 1) * ab]);
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{isa:?} {t} {per_chunk}×{chunks}, chunk {i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

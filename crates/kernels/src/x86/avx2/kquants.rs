@@ -40,6 +40,17 @@ pub(super) fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q4k_256!(n, w, a, madd_acc)
 }
 
+/// The chunk-dots kernel of the Q4_K dot (`crate::panel::ChunkDotsFn`): every chunk that
+/// dot's bits (`kq256::q4k_lane_chunks`).
+///
+/// # Safety
+/// As for [`crate::panel::ChunkDotsFn`]; the chunks are contiguous (chunk c starts at block
+/// c·k/256 of the row and of the activations).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn chunks_q4_k(c: &crate::panel::ChunkDots) {
+    crate::x86::kq256::q4k_lane_chunks!(c, madd_acc)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q5k_256!(n, w, a, madd_acc)

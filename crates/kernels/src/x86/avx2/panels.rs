@@ -29,7 +29,7 @@ use crate::x86::simd256::{bcast_f16, hsums, lanes, load128_of, load256, load256_
 use crate::x86::tiles::{dot_tile, panel_kernel, q2k_rows, q3k_rows, q4k_rows, q5k_rows};
 
 panel_kernel!(pub panel_q4_k, "avx2,fma,f16c",
-    block = QK_K, batch = q4k_tile(1, [2, 3, 4]), single = q4k_dots(1), chunks = chunks_q4_k);
+    block = QK_K, batch = q4k_tile(1, [2, 3, 4]), single = q4k_dots(1));
 panel_kernel!(pub panel_q2_k, "avx2,fma,f16c",
     block = QK_K, batch = q2k_tile(1, [2, 3, 4]), single = q2k_dots(1), chunks = chunks_q2_k);
 panel_kernel!(pub panel_q3_k, "avx2,fma,f16c",

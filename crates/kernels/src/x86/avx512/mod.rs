@@ -70,7 +70,7 @@ pub fn chunk_dots(dtype: GgmlType) -> Option<ChunkDotsFn> {
     Some(match dtype {
         T::Q2K => panels::chunks_q2_k,
         T::Q3K => panels::chunks_q3_k,
-        T::Q4K => panels::chunks_q4_k,
+        T::Q4K => kquants::chunks_q4_k,
         T::Q5K => panels::chunks_q5_k,
         T::Q6K => panels::chunks_q6_k,
         _ => return None,
