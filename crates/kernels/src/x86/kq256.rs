@@ -202,6 +202,15 @@ impl SuperblockSums {
         d: [u8; 2],
         dmin: [u8; 2],
     ) {
+        if self.store(isum, msum, dy, d, dmin) {
+            self.flush();
+        }
+    }
+
+    /// Queues one superblock; whether the batch of eight is full.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn store(&mut self, isum: __m256i, msum: __m256i, dy: f32, d: [u8; 2], dmin: [u8; 2]) -> bool {
         let i = self.len;
         self.isum[i] = isum;
         self.msum[i] = msum;
@@ -209,9 +218,7 @@ impl SuperblockSums {
         self.d[i] = d;
         self.dmin[i] = dmin;
         self.len += 1;
-        if self.len == 8 {
-            self.flush();
-        }
+        self.len == 8
     }
 
     #[inline]
@@ -295,15 +302,7 @@ impl ChunkSums {
         d: [u8; 2],
         dmin: [u8; 2],
     ) {
-        let s = &mut self.sums;
-        let i = s.len;
-        s.isum[i] = isum;
-        s.msum[i] = msum;
-        s.dy[i] = dy;
-        s.d[i] = d;
-        s.dmin[i] = dmin;
-        s.len += 1;
-        if s.len == 8 {
+        if self.sums.store(isum, msum, dy, d, dmin) {
             self.flush();
         }
     }

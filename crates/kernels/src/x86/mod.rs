@@ -18,6 +18,7 @@ pub mod amx;
 pub mod avx2;
 pub mod avx512;
 mod blocks32;
+mod float_kinds;
 mod iq256;
 mod kq256;
 mod mxfp4;

@@ -95,10 +95,7 @@ unsafe fn dot_bf16_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     }
 }
 
-/// The weight formats of the float panels.
-const F32: u8 = 0;
-const F16: u8 = 1;
-const BF16: u8 = 2;
+use crate::x86::float_kinds::{BF16, F16, F32, scalar_w};
 
 /// 16 weights of format `KIND` from element `i` of the row at `w`, as f32 (the dot's loads).
 ///
@@ -117,22 +114,6 @@ unsafe fn load_w<const KIND: u8>(w: *const u8, i: usize) -> __m512 {
             _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
                 _mm256_loadu_si256((w as *const u16).add(i) as *const __m256i),
             ))),
-        }
-    }
-}
-
-/// Weight `i` of format `KIND` of the row at `w`, as f32 (the dot's scalar tail).
-///
-/// # Safety
-/// Element `i` of the row is readable.
-#[inline]
-unsafe fn scalar_w<const KIND: u8>(w: *const u8, i: usize) -> f32 {
-    // SAFETY: the caller's contract; the reads are unaligned.
-    unsafe {
-        match KIND {
-            F32 => (w as *const f32).add(i).read_unaligned(),
-            F16 => half::f16::from_bits((w as *const u16).add(i).read_unaligned()).to_f32(),
-            _ => f32::from_bits(((w as *const u16).add(i).read_unaligned() as u32) << 16),
         }
     }
 }
