@@ -100,6 +100,8 @@ pub(crate) fn rows_ahead(
 }
 
 /// [`rows_ahead`] for a panel kernel's single-token row loop: the panel's rows are one task's.
+/// (The x86 panels call it; the NEON ones do not prefetch.)
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn panel_rows_ahead(p: &crate::panel::Panel, r0: usize, rows: usize, distance: usize) {
     rows_ahead(p.w, r0, rows, p.w_stride, p.rows, distance);
