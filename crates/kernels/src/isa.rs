@@ -165,15 +165,20 @@ pub fn simd_panel(isa: Isa, dtype: GgmlType) -> Option<PanelFn> {
     }
 }
 
-/// The chunk-dots kernel of `dtype` for level `isa`: that of the level [`best_dot`] picks, if it
-/// has one (the same bits as that dot per chunk).
-pub fn chunk_dots(isa: Isa, dtype: GgmlType) -> Option<ChunkDotsFn> {
-    let level = Isa::ALL
+/// The level whose dot [`best_dot`] picks for `dtype` at `isa`: the highest one at or below
+/// `isa` that has a dot; panels and chunk-dots come from that same level (the same bits).
+fn dot_level(isa: Isa, dtype: GgmlType) -> Option<Isa> {
+    Isa::ALL
         .into_iter()
         .rev()
         .filter(|&i| i <= isa)
-        .find(|&i| simd_dot(i, dtype).is_some())?;
-    match level {
+        .find(|&i| simd_dot(i, dtype).is_some())
+}
+
+/// The chunk-dots kernel of `dtype` for level `isa`: that of the level [`best_dot`] picks, if it
+/// has one (the same bits as that dot per chunk).
+pub fn chunk_dots(isa: Isa, dtype: GgmlType) -> Option<ChunkDotsFn> {
+    match dot_level(isa, dtype)? {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => crate::x86::avx2::chunk_dots(dtype),
         #[cfg(target_arch = "x86_64")]
@@ -187,11 +192,7 @@ pub fn chunk_dots(isa: Isa, dtype: GgmlType) -> Option<ChunkDotsFn> {
 /// How matrix products of `dtype` run at level `isa`: the panel kernel of the level that
 /// [`best_dot`] picks, or else a loop of that dot (the same bits either way).
 pub fn row_kernel(isa: Isa, dtype: GgmlType) -> Option<RowKernel> {
-    let level = Isa::ALL
-        .into_iter()
-        .rev()
-        .filter(|&i| i <= isa)
-        .find(|&i| simd_dot(i, dtype).is_some())?;
+    let level = dot_level(isa, dtype)?;
     Some(match simd_panel(level, dtype) {
         Some(p) => RowKernel::Panel(p),
         None => RowKernel::Dot(simd_dot(level, dtype)?),

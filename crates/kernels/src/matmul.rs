@@ -3,9 +3,8 @@
 //! once per matrix input to the form the weight format pairs with, and rows are split over the
 //! thread pool.
 
-use std::sync::OnceLock;
-
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use gguf::GgmlType;
 
@@ -343,23 +342,15 @@ impl Kernels {
         let kernel = self.row_kernel(w.dtype)?;
         let acts = x.quantized(fmt.act, pool);
         let arb = fmt.act.row_bytes(x.k);
-        // (weight byte offset, activation byte offset, elements) of each chunk.
-        let chunks: Vec<(usize, usize, usize)> = (0..w.cols)
+        // Each chunk's weight and activation byte ranges within a row, and its elements,
+        // computed once: decode calls the dot once per chunk and row.
+        let spans: Vec<(Range<usize>, Range<usize>, usize)> = (0..w.cols)
             .step_by(chunk)
             .map(|c0| {
-                (
-                    w.dtype.row_bytes(c0 as u64).expect("aligned") as usize,
-                    fmt.act.row_bytes(c0),
-                    chunk.min(w.cols - c0),
-                )
-            })
-            .collect();
-        // Each chunk's weight and activation byte ranges, computed once: decode calls the dot
-        // once per chunk and row, often a single superblock each.
-        let spans: Vec<(Range<usize>, Range<usize>, usize)> = chunks
-            .iter()
-            .map(|&(wo, ao, len)| {
+                let len = chunk.min(w.cols - c0);
+                let wo = w.dtype.row_bytes(c0 as u64).expect("aligned") as usize;
                 let wl = w.dtype.row_bytes(len as u64).expect("aligned") as usize;
+                let ao = fmt.act.row_bytes(c0);
                 (wo..wo + wl, ao..ao + fmt.act.row_bytes(len), len)
             })
             .collect();
@@ -380,9 +371,9 @@ impl Kernels {
             let tail = &spans[if chunk_dots.is_some() { whole } else { 0 }..];
             pool.for_each_chunk(rows, row_chunk, |range| {
                 let mut part = vec![0f32; if chunk_dots.is_some() { whole } else { 0 }];
+                let first = w.data.as_ptr().wrapping_add(range.start * w.row_stride);
                 for t in 0..n {
                     let a = &acts[t * arb..(t + 1) * arb];
-                    let first = w.data.as_ptr().wrapping_add(range.start * w.row_stride);
                     for r in range.clone() {
                         let row = w.row(r);
                         if t == 0 {
@@ -435,7 +426,8 @@ impl Kernels {
                 let sums = &mut sums[..tn * m];
                 sums.fill(0.0);
                 // Each chunk's dots for these rows and tokens, added in chunk order.
-                for &(wo, ao, len) in &chunks {
+                for (wr, ar, len) in &spans {
+                    let (wo, ao, len) = (wr.start, ar.start, *len);
                     let panel = Panel {
                         k: len,
                         w: w.data

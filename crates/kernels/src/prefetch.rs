@@ -2,11 +2,11 @@
 //!
 //! A decode step reads each weight row once, front to back, so its speed is how fast each
 //! thread streams memory. On the 16-core Intel host (Xeon, family 6 model 207) the hardware
-//! prefetchers leave a thread at 5.6 GB/s and 16 threads at 50 GB/s on a 256 MiB Q4_K matvec;
-//! asking for the bytes 1 KiB ahead raised that to 7.1 and 112 GB/s (docs/perf.md, "Decode at
-//! 16 threads"). On Zen 4 the same prefetch made one thread slower (23.7 → 19.7 GB/s): its
-//! prefetchers already keep up, and the extra instructions cost. So the distance is chosen
-//! per CPU vendor, and `MOESHARD_PREFETCH=BYTES` (0 = off) overrides it.
+//! prefetchers left 16 threads at 92–106 GB/s on a 256 MiB Q4_K matvec; asking for the bytes
+//! 1 KiB ahead raised that to 119–128 GB/s (docs/perf.md, "Decode at 16 threads: software
+//! prefetch"). On Zen 4 the same prefetch made one thread slower (21.5–23.7 → 16.6–20.2
+//! GB/s): its prefetchers already keep up, and the extra instructions cost. So the distance is
+//! chosen per CPU vendor, and `MOESHARD_PREFETCH=BYTES` (0 = off) overrides it.
 
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -40,6 +40,13 @@ fn is_intel() -> bool {
 #[cfg(not(target_arch = "x86_64"))]
 fn is_intel() -> bool {
     false
+}
+
+/// The distance a panel call over `n` tokens prefetches with: only decode (one token) streams
+/// its rows once; batches reuse them from cache.
+#[inline]
+pub(crate) fn decode_distance(n: usize) -> usize {
+    if n == 1 { stream_distance() } else { 0 }
 }
 
 /// Asks for the cache lines of `bytes` bytes from `start` into L1. Addresses need not be

@@ -265,11 +265,7 @@ macro_rules! mxfp4_level {
             let nb = p.k / 32;
             let per = prepared_len(nb);
             // Decode streams each row once: ask for the bytes ahead (`crate::prefetch`).
-            let ahead = if p.n == 1 {
-                crate::prefetch::stream_distance()
-            } else {
-                0
-            };
+            let ahead = crate::prefetch::decode_distance(p.n);
             with_prepared(per * MAX_T, |buf| {
                 let mut t0 = 0;
                 while t0 < p.n {
