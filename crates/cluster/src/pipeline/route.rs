@@ -71,10 +71,15 @@ impl Route {
                 next,
                 act: p.act,
             };
+            // The reset goes first: the stage queues it before it answers the route, so it
+            // lands ahead of any work on the new data link. Sent after the route, it could be
+            // queued between a replay's first chunk and the next ones (a false desync).
+            w.control
+                .send_msg(Kind::Route, 0, &Control::ResetSessions)
+                .map_err(|e| ClusterError::link(&w.name, e))?;
             w.control
                 .send_msg(Kind::Route, p.epoch, &msg)
                 .map_err(|e| ClusterError::link(&w.name, e))?;
-            let _ = w.control.send_msg(Kind::Route, 0, &Control::ResetSessions);
             let reply = w.wait("the route", ROUTE_CONFIRM, |f| {
                 (f.kind == Kind::Route && f.request_id == p.epoch)
                     .then(|| wire::decode::<ControlReply>("control reply", &f.payload))
@@ -166,7 +171,7 @@ impl Route {
                     return Err(Attempt::RouteLost("data link closed".into()));
                 }
             };
-            if let Some(fail) = failure_of(&f) {
+            if let Some(fail) = failure_for(&f, rid) {
                 return Err(fail);
             }
             if f.request_id != rid || f.kind != Kind::WorkResult {
@@ -208,9 +213,16 @@ impl Route {
     }
 }
 
-/// The failure a frame reports, if it is a failure.
-pub(super) fn failure_of(f: &Frame) -> Option<Attempt> {
+/// The failure a frame reports to a coordinator waiting on request `rid`, if it is a failure
+/// that concerns it: one of `rid` or of a later request in flight, or of none (request 0: a
+/// link or a stage lost). Failures of earlier requests are stale: they belong to the rest of an
+/// attempt already given up (the later chunks of a replay that failed at its first), and taking
+/// them would fail the retry too.
+pub(super) fn failure_for(f: &Frame, rid: u64) -> Option<Attempt> {
     if f.kind != Kind::WorkResult || f.flags & FLAG_FAILURE == 0 {
+        return None;
+    }
+    if f.request_id != 0 && f.request_id < rid {
         return None;
     }
     let fail: StageFailure = match unpack("stage failure", &f.payload) {
@@ -229,4 +241,47 @@ pub(super) fn failure_of(f: &Frame) -> Option<Attempt> {
             Attempt::Fatal(ClusterError::peer(format!("stage {stage}"), detail).into())
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::stage_loop::failure;
+    use super::*;
+
+    fn desync(rid: u64) -> Frame {
+        failure(
+            rid,
+            &StageFailure::Desync {
+                stage: "2:3".into(),
+                session: 1,
+            },
+        )
+    }
+
+    #[test]
+    fn failures_of_requests_given_up_do_not_fail_the_retry() {
+        // A replay of chunks 5..=8 failed at 5; the desyncs of 6, 7 and 8 are still queued
+        // when the retry waits on request 9.
+        for stale in [5, 6, 8] {
+            assert!(failure_for(&desync(stale), 9).is_none(), "request {stale}");
+        }
+        assert!(matches!(
+            failure_for(&desync(9), 9),
+            Some(Attempt::Desync(1))
+        ));
+        assert!(matches!(
+            failure_for(&desync(10), 9),
+            Some(Attempt::Desync(1))
+        ));
+        let lost = failure(
+            0,
+            &StageFailure::LinkLost {
+                stage: "2:3".into(),
+                detail: "reset".into(),
+            },
+        );
+        assert!(matches!(failure_for(&lost, 9), Some(Attempt::RouteLost(_))));
+        let result = pack(Kind::WorkResult, 9, &(), &[]);
+        assert!(failure_for(&result, 9).is_none());
+    }
 }

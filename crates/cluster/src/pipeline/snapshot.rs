@@ -10,7 +10,7 @@ use engine::{EngineError, Result};
 
 use super::coordinator::{PipelineExecutor, exec_err};
 use super::protocol::*;
-use super::route::{Attempt, failure_of};
+use super::route::{Attempt, failure_for};
 use crate::error::ClusterError;
 use crate::wire::{Frame, Kind, pack, unpack};
 
@@ -134,7 +134,7 @@ impl PipelineExecutor {
                 .results
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
                 .map_err(|_| exec_err(format!("{what}: no answer from the stages")))?;
-            if let Some(fail) = failure_of(&f) {
+            if let Some(fail) = failure_for(&f, rid) {
                 return Err(match fail {
                     Attempt::Fatal(e) => e,
                     Attempt::RouteLost(why) => exec_err(format!("{what}: route lost ({why})")),
