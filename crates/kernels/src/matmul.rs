@@ -412,6 +412,36 @@ impl Kernels {
             });
             return Ok(());
         }
+        if let Some(kernel) = crate::isa::chunk_panel(self.isa, w.dtype) {
+            // Batches in one call per block of rows, as `matmul_batch` runs them: the panel's
+            // tiles go chunk by chunk with their f64 sums in registers.
+            let whole = w.cols / chunk;
+            let tail_k = w.cols - whole * chunk;
+            pool.for_each_chunk(rows, row_chunk, |range| {
+                let cp = crate::panel::ChunkPanel {
+                    k: chunk,
+                    chunks: whole,
+                    tail_k,
+                    w: w.data.as_ptr().wrapping_add(range.start * w.row_stride),
+                    w_stride: w.row_stride,
+                    w_chunk: spans[0].0.len(),
+                    rows: range.len(),
+                    a: acts.as_ptr(),
+                    a_stride: arb,
+                    a_chunk: spans[0].1.len(),
+                    n,
+                    out: out_ptr.get().wrapping_add(range.start),
+                    out_stride: rows,
+                };
+                // SAFETY: the panel covers rows `range` of `w` (inside `w.data`: `check_rows`
+                // above), whose `whole` chunks and tail are the spans in order, every token of
+                // `acts` (n rows of `arb` bytes, chunked alike), and outputs (t, r) for r in
+                // `range`, inside `out` (n·rows values, checked above) and written by this task
+                // only; the kernel comes from `crate::isa` for this level.
+                unsafe { kernel(&cp) };
+            });
+            return Ok(());
+        }
         // Batches: an L1-sized block of rows against a block of tokens, chunk by chunk, the
         // chunk sums kept in a small contiguous f64 block (L1) and written out once. A token
         // block keeps its activations (all chunks) in L2 while the chunks pass. The AMX tiles

@@ -69,6 +69,40 @@ pub struct ChunkDots {
 /// [`crate::isa::chunk_dots`]).
 pub type ChunkDotsFn = unsafe fn(&ChunkDots);
 
+/// Rows × tokens, chunk by chunk, summed in f64: `out[t * out_stride + r]` is
+/// `Σ_c dot(W[r] chunk c, A[t] chunk c)`, each chunk's dot in f32 (the single-row
+/// [`crate::DotFn`]'s bits), added as f64 in chunk order — a batch of
+/// [`crate::Kernels::matmul_chunked`] in one call, with no f32 partials stored between chunks.
+/// Chunk `c < chunks` of a weight row starts `c * w_chunk` bytes into it and holds `k` elements;
+/// when `tail_k > 0` a last, shorter chunk of `tail_k` elements follows at `chunks * w_chunk`
+/// (likewise for the activations with `a_chunk`).
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkPanel {
+    pub k: usize,
+    pub chunks: usize,
+    pub tail_k: usize,
+    pub w: *const u8,
+    pub w_stride: usize,
+    pub w_chunk: usize,
+    pub rows: usize,
+    pub a: *const u8,
+    pub a_stride: usize,
+    pub a_chunk: usize,
+    pub n: usize,
+    pub out: *mut f64,
+    pub out_stride: usize,
+}
+
+/// A chunk-panel kernel: every value is the f64 sum, in chunk order, of the single-row
+/// [`crate::DotFn`]'s bits on each chunk.
+///
+/// # Safety
+/// The caller guarantees that every chunk of every weight row and token named by the
+/// [`ChunkPanel`] is readable, that its outputs are writable and alias no input, and that the
+/// CPU supports the kernel's ISA (guaranteed for kernels handed out by
+/// [`crate::isa::chunk_panel`]).
+pub type ChunkPanelFn = unsafe fn(&ChunkPanel);
+
 /// How a matrix product computes its values: a panel kernel, or a loop of single-row dots for
 /// formats (or ISA levels) that have none. Both give the same bits per value.
 #[derive(Clone, Copy)]

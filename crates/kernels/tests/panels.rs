@@ -245,3 +245,92 @@ fn chunk_dots_are_the_dots_of_each_chunk() {
         }
     }
 }
+
+/// A chunk panel's value for each (row, token) is the f64 sum, in chunk order, of the dot of
+/// each chunk, bit for bit: whole chunks of one or two superblocks and a shorter last chunk,
+/// token counts around the eight-token tiles, outputs outside the panel untouched.
+#[test]
+fn chunk_panels_are_the_f64_sums_of_each_chunks_dot() {
+    let mut rng = Rng::new(37);
+    let mut checked = 0;
+    for isa in Isa::supported() {
+        for t in COMPUTE_TYPES {
+            let Some(kernel) = kernels::isa::chunk_panel(isa, t) else {
+                continue;
+            };
+            let dot = kernels::best_dot(isa, t).expect("a dot");
+            let act = format(t).unwrap().act;
+            for (per_chunk, chunks, tail) in [(1, 1, 0), (1, 5, 0), (2, 3, 0), (2, 3, 1), (1, 0, 1)]
+            {
+                let (k, tail_k) = (per_chunk * 256, tail * 256);
+                let cols = chunks * k + tail_k;
+                for (rows, n) in [(1, 1), (3, 7), (2, 8), (5, 9), (2, 17)] {
+                    let wb = t.row_bytes(cols as u64).unwrap() as usize;
+                    let w: Vec<u8> = (0..rows)
+                        .flat_map(|_| random_row(&mut rng, t, cols))
+                        .collect();
+                    let a = activations(&mut rng, t, cols, n);
+                    let ab = act.row_bytes(cols);
+                    let (w_chunk, a_chunk) =
+                        (t.row_bytes(k as u64).unwrap() as usize, act.row_bytes(k));
+                    let stride = rows + 2;
+                    let mut out = vec![f64::NAN; n * stride];
+                    let cp = kernels::panel::ChunkPanel {
+                        k,
+                        chunks,
+                        tail_k,
+                        w: w.as_ptr(),
+                        w_stride: wb,
+                        w_chunk,
+                        rows,
+                        a: a.as_ptr(),
+                        a_stride: ab,
+                        a_chunk,
+                        n,
+                        out: out.as_mut_ptr(),
+                        out_stride: stride,
+                    };
+                    // SAFETY: the kernel comes from `kernels::isa` for a supported level; `w`
+                    // holds `rows` rows and `a` `n` tokens of `cols` columns (whole chunks and
+                    // the tail, contiguous), and `out` n × stride values with stride > rows.
+                    unsafe { kernel(&cp) };
+                    for tok in 0..n {
+                        for r in 0..rows {
+                            let (wr, ar) = (&w[r * wb..(r + 1) * wb], &a[tok * ab..(tok + 1) * ab]);
+                            let mut want = 0f64;
+                            for c in 0..chunks {
+                                let (wc, ac) = (
+                                    &wr[c * w_chunk..(c + 1) * w_chunk],
+                                    &ar[c * a_chunk..(c + 1) * a_chunk],
+                                );
+                                want += dot(k, wc, ac) as f64;
+                            }
+                            if tail_k > 0 {
+                                want +=
+                                    dot(tail_k, &wr[chunks * w_chunk..], &ar[chunks * a_chunk..])
+                                        as f64;
+                            }
+                            let got = out[tok * stride + r];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{isa:?} {t} {per_chunk}×{chunks}+{tail} rows={rows} n={n}: row {r} token {tok}"
+                            );
+                        }
+                        assert!(
+                            out[tok * stride + rows..(tok + 1) * stride]
+                                .iter()
+                                .all(|v| v.is_nan()),
+                            "{isa:?} {t}: wrote outside the panel"
+                        );
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    let has_chunk_panels = Isa::supported()
+        .iter()
+        .any(|&i| kernels::isa::chunk_panel(i, GgmlType::Q4K).is_some());
+    assert!(!has_chunk_panels || checked > 0);
+}

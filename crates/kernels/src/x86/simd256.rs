@@ -32,6 +32,13 @@ pub(crate) fn hsum_ps(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(crate) fn hsum8_ps(v: &[__m256; 8]) -> [f32; 8] {
+    lanes(hsum8_vec(v))
+}
+
+/// [`hsum8_ps`] as a vector: lane i is `hsum_ps(v[i])`'s bits.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn hsum8_vec(v: &[__m256; 8]) -> __m256 {
     let halves = |a: __m256, b: __m256| {
         _mm256_add_ps(
             _mm256_permute2f128_ps::<0x20>(a, b),
@@ -53,8 +60,7 @@ pub(crate) fn hsum8_ps(v: &[__m256; 8]) -> [f32; 8] {
         _mm256_shuffle_ps::<0x44>(b0123, b4567),
         _mm256_shuffle_ps::<0xEE>(b0123, b4567),
     );
-    let l: [f32; 8] = lanes(r);
-    [l[0], l[4], l[1], l[5], l[2], l[6], l[3], l[7]]
+    _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
 /// The sum of 8 lanes of i32.

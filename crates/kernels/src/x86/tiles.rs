@@ -54,6 +54,59 @@ pub(crate) unsafe fn store<const R: usize, const T: usize>(
 macro_rules! panel_kernel {
     ($vis:vis $name:ident, $features:literal, block = $block:expr,
      batch = $tile:ident($rows:literal, [$($t:literal),+]), single = $tile1:ident($rows1:literal),
+     chunk_panel = $cp:ident $(, chunks = $chunks:ident)?) => {
+        $crate::x86::tiles::panel_kernel!($vis $name, $features, block = $block,
+            batch = $tile($rows, [$($t),+]), single = $tile1($rows1) $(, chunks = $chunks)?);
+
+        /// A chunk-panel kernel (`crate::panel::ChunkPanelFn`): the panel's tiles, run chunk
+        /// by chunk with each tile's values added into f64 sums held per tile.
+        ///
+        /// # Safety
+        /// As for [`crate::panel::ChunkPanelFn`]: every chunk of the panel's rows and tokens is
+        /// readable, the outputs writable and unaliased, and the CPU has the features this
+        /// function is compiled for.
+        #[target_feature(enable = $features)]
+        $vis unsafe fn $cp(p: &$crate::panel::ChunkPanel) {
+            const MAX_T: usize = { let mut m = 1; $(if $t > m { m = $t; })+ m };
+            let mut t0 = 0;
+            while t0 < p.n {
+                let tn = (p.n - t0).min(MAX_T);
+                let mut r0 = 0;
+                while r0 < p.rows {
+                    let left = p.rows - r0;
+                    // In every arm the tile's rows r0..r0 + R (R ≤ left) and tokens t0..t0 + tn
+                    // lie inside the panel, whose chunks the caller guarantees readable and
+                    // whose outputs writable; the tiles are compiled for features this
+                    // function has.
+                    match tn {
+                        // SAFETY: see above the `match`; R = 1 ≤ left, T = 1.
+                        1 => unsafe {
+                            $crate::x86::tiles::chunk_sums!(p, $block, $tile1::<1, 1>, 1, 1, r0, t0);
+                            r0 += 1;
+                        },
+                        $(
+                            // SAFETY: see above the `match`; R = $rows ≤ left, T = tn.
+                            $t if left >= $rows => unsafe {
+                                $crate::x86::tiles::chunk_sums!(p, $block, $tile::<$rows, $t>,
+                                    $rows, $t, r0, t0);
+                                r0 += $rows;
+                            },
+                            // SAFETY: see above the `match`; R = 1 ≤ left, T = tn.
+                            $t => unsafe {
+                                $crate::x86::tiles::chunk_sums!(p, $block, $tile::<1, $t>,
+                                    1, $t, r0, t0);
+                                r0 += 1;
+                            },
+                        )+
+                        _ => unreachable!("token tile of {tn}"),
+                    }
+                }
+                t0 += tn;
+            }
+        }
+    };
+    ($vis:vis $name:ident, $features:literal, block = $block:expr,
+     batch = $tile:ident($rows:literal, [$($t:literal),+]), single = $tile1:ident($rows1:literal),
      chunks = $chunks:ident) => {
         $crate::x86::tiles::panel_kernel!($vis $name, $features, block = $block,
             batch = $tile($rows, [$($t),+]), single = $tile1($rows1));
@@ -161,6 +214,36 @@ macro_rules! panel_kernel {
     };
 }
 pub(crate) use panel_kernel;
+
+/// Runs the tile `$tile` (R = `$r` rows, T = `$t` tokens at `$r0`, `$t0` of the chunk panel
+/// `$p`) on every chunk, adds its values into f64 sums in chunk order, and stores the sums.
+/// Expands inside an `unsafe` block of a function compiled for the tile's features, whose
+/// caller guarantees the tile's chunks readable and its outputs writable.
+macro_rules! chunk_sums {
+    ($p:ident, $block:expr, $tile:path, $r:expr, $t:expr, $r0:ident, $t0:ident) => {{
+        let (nb, tail_nb) = ($p.k / $block, $p.tail_k / $block);
+        let mut sums = [[0f64; $t]; $r];
+        for c in 0..$p.chunks + usize::from(tail_nb > 0) {
+            let nbc = if c < $p.chunks { nb } else { tail_nb };
+            let v = $tile(
+                nbc,
+                $crate::x86::tiles::rows($p.w.wrapping_add(c * $p.w_chunk), $p.w_stride, $r0),
+                $crate::x86::tiles::rows($p.a.wrapping_add(c * $p.a_chunk), $p.a_stride, $t0),
+            );
+            for (s, v) in sums.iter_mut().zip(&v) {
+                for (s, &v) in s.iter_mut().zip(v) {
+                    *s += v as f64;
+                }
+            }
+        }
+        for (r, row) in sums.iter().enumerate() {
+            for (t, &x) in row.iter().enumerate() {
+                *$p.out.add(($t0 + t) * $p.out_stride + $r0 + r) = x;
+            }
+        }
+    }};
+}
+pub(crate) use chunk_sums;
 
 /// Defines `unsafe fn $name<R, T>`, a Q4_K × Q8_K tile in the form of the single-row
 /// `kq256::q4k_q5k_body` with `$acc(acc, pairs, scale)` applying the sub-block scales: per

@@ -142,3 +142,86 @@ fn hardware_tiles_give_the_reference_bits() {
     check_all(&mut Hardware);
     eprintln!("AMX tiles checked on this CPU");
 }
+
+/// The level's chunk panels (AVX-512 tiles in its arithmetic) give, per (row, token), the f64
+/// sum of the level's dot of each chunk, bit for bit: whole chunks of one and two superblocks,
+/// a shorter last chunk, token counts around the eight-token tiles.
+#[test]
+fn chunk_panels_sum_the_levels_dot_per_chunk() {
+    if !Isa::Avx512.is_supported() {
+        eprintln!("skipped: the level's chunk panels need AVX-512");
+        return;
+    }
+    use crate::panel::{ChunkPanel, ChunkPanelFn};
+    use crate::x86::avx512 as level;
+    let kinds: [(usize, &[usize], ChunkPanelFn, DotFn); 2] = [
+        (
+            size_of::<<Q4K as TileFormat>::Block>(),
+            &[0, 2],
+            level::chunk_panel_q4_k_exact,
+            level::dot_q4_k_exact,
+        ),
+        (
+            size_of::<<Q6K as TileFormat>::Block>(),
+            &[208],
+            level::chunk_panel_q6_k,
+            level::dot_q6_k,
+        ),
+    ];
+    for (block, d_at, kernel, dot) in kinds {
+        for (per, chunks, tail) in [(1usize, 4usize, 0usize), (2, 3, 1), (1, 0, 1)] {
+            let (k, tail_k) = (per * QK_K, tail * QK_K);
+            let cols = chunks * k + tail_k;
+            for (rows, n) in [(3, 8), (2, 19), (1, 5)] {
+                let w = weights((rows * 13 + n + cols) as u64, rows, cols, block, d_at);
+                let a = activations(n, cols);
+                let (wb, ab) = (cols / QK_K * block, ActKind::Q8K.row_bytes(cols));
+                let (w_chunk, a_chunk) = (per * block, ActKind::Q8K.row_bytes(k));
+                let stride = rows + 1;
+                let mut out = vec![f64::NAN; n * stride];
+                let cp = ChunkPanel {
+                    k,
+                    chunks,
+                    tail_k,
+                    w: w.as_ptr(),
+                    w_stride: wb,
+                    w_chunk,
+                    rows,
+                    a: a.as_ptr(),
+                    a_stride: ab,
+                    a_chunk,
+                    n,
+                    out: out.as_mut_ptr(),
+                    out_stride: stride,
+                };
+                // SAFETY: AVX-512 is supported (checked); `w` holds `rows` rows and `a` `n`
+                // tokens of `cols` columns, chunked contiguously; `out` n × stride values.
+                unsafe { kernel(&cp) };
+                for t in 0..n {
+                    for r in 0..rows {
+                        let (wr, ar) = (&w[r * wb..(r + 1) * wb], &a[t * ab..(t + 1) * ab]);
+                        let mut want = 0f64;
+                        for c in 0..chunks {
+                            want += dot(
+                                k,
+                                &wr[c * w_chunk..(c + 1) * w_chunk],
+                                &ar[c * a_chunk..(c + 1) * a_chunk],
+                            ) as f64;
+                        }
+                        if tail_k > 0 {
+                            want += dot(tail_k, &wr[chunks * w_chunk..], &ar[chunks * a_chunk..])
+                                as f64;
+                        }
+                        let got = out[t * stride + r];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "block {block}, {per}×{chunks}+{tail}, {rows}×{n}: row {r} token {t}"
+                        );
+                    }
+                    assert!(out[t * stride + rows].is_nan(), "wrote outside the panel");
+                }
+            }
+        }
+    }
+}

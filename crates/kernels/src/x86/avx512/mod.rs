@@ -17,14 +17,16 @@ mod legacy;
 mod panels;
 
 pub(crate) use kquants::{chunks_q4_k_exact, dot_q4_k_exact, dot_q6_k};
-pub(crate) use panels::{chunks_q6_k, panel_q4_k_exact, panel_q6_k};
+pub(crate) use panels::{
+    chunk_panel_q4_k_exact, chunk_panel_q6_k, chunks_q6_k, panel_q4_k_exact, panel_q6_k,
+};
 
 use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
 use crate::formats::DotFn;
-use crate::panel::{ChunkDotsFn, PanelFn};
+use crate::panel::{ChunkDotsFn, ChunkPanelFn, PanelFn};
 
 /// The AVX-512 dot product for `dtype`, if there is one. Only for `crate::isa`, after it
 /// checked that the CPU has every feature of `Isa::Avx512` (which include AVX2, FMA and F16C):
@@ -73,6 +75,21 @@ pub fn chunk_dots(dtype: GgmlType) -> Option<ChunkDotsFn> {
         T::Q4K => kquants::chunks_q4_k,
         T::Q5K => panels::chunks_q5_k,
         T::Q6K => panels::chunks_q6_k,
+        _ => return None,
+    })
+}
+
+/// The AVX-512 chunk-panel kernel for `dtype` (batches of `crate::Kernels::matmul_chunked`), if
+/// it has one: the K-quants, whose chunks are often a single superblock (where a panel call
+/// per chunk spends as much on its fixed work and reductions as on the arithmetic).
+pub fn chunk_panel(dtype: GgmlType) -> Option<ChunkPanelFn> {
+    use GgmlType as T;
+    Some(match dtype {
+        T::Q2K => panels::chunk_panel_q2_k,
+        T::Q3K => panels::chunk_panel_q3_k,
+        T::Q4K => panels::chunk_panel_q4_k,
+        T::Q5K => panels::chunk_panel_q5_k,
+        T::Q6K => panels::chunk_panel_q6_k,
         _ => return None,
     })
 }

@@ -38,22 +38,29 @@ use crate::x86::blocks32::{
 use crate::x86::kq256::{K4_MINS, q4k_float_step};
 use crate::x86::scales::unpack_k4;
 use crate::x86::simd256::{
-    bcast_f16, f16_scalar, hsum_ps, hsums, lanes, load128, load128_of, load256, load256_of,
+    bcast_f16, f16_scalar, hsum_ps, hsum8_vec, hsums, lanes, load128, load128_of, load256,
+    load256_of,
 };
 use crate::x86::tiles::{dot_tile, panel_kernel, q2k_rows, q3k_rows, q5k_rows};
 
 panel_kernel!(pub panel_q4_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q4k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_dots(1));
+    block = QK_K, batch = q4k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_dots(1),
+    chunk_panel = chunk_panel_q4_k_tiles);
 panel_kernel!(pub panel_q4_k_exact, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q4k_exact_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_exact_dots(1));
+    block = QK_K, batch = q4k_exact_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_exact_dots(1),
+    chunk_panel = chunk_panel_q4_k_exact_tiles);
 panel_kernel!(pub panel_q2_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q2k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q2k_dots(1), chunks = chunks_q2_k);
+    block = QK_K, batch = q2k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q2k_dots(1),
+    chunk_panel = chunk_panel_q2_k, chunks = chunks_q2_k);
 panel_kernel!(pub panel_q3_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q3k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q3k_dots(1), chunks = chunks_q3_k);
+    block = QK_K, batch = q3k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q3k_dots(1),
+    chunk_panel = chunk_panel_q3_k, chunks = chunks_q3_k);
 panel_kernel!(pub panel_q5_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q5k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q5k_dots(1), chunks = chunks_q5_k);
+    block = QK_K, batch = q5k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q5k_dots(1),
+    chunk_panel = chunk_panel_q5_k, chunks = chunks_q5_k);
 panel_kernel!(pub panel_q6_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q6k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q6k_dots(1), chunks = chunks_q6_k);
+    block = QK_K, batch = q6k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q6k_dots(1),
+    chunk_panel = chunk_panel_q6_k, chunks = chunks_q6_k);
 
 /// `acc + s_lo·a + s_hi·b` per 32-bit lane, from two `vpdpbusd` results whose lanes fit in i16
 /// and the scale pairs `[s_lo, s_hi]` (low word, high word) of each lane: `b`'s low word moves to
@@ -96,7 +103,8 @@ unsafe fn q4k_tile<const R: usize, const T: usize>(
     a: [*const u8; T],
 ) -> [[f32; T]; R] {
     // SAFETY: the caller's contract.
-    unsafe { q4k_tile_of::<R, T, false>(nb, w, a) }
+    let (lanes, _) = unsafe { q4k_tile_of::<R, T, false>(nb, w, a, None) };
+    lanes.map(|row| row.map(|v| hsum_ps(v)))
 }
 
 /// [`q4k_tile`] in the scalar reference's arithmetic (`kq256::SuperblockSums`, the AMX level's
@@ -113,10 +121,13 @@ unsafe fn q4k_exact_tile<const R: usize, const T: usize>(
     a: [*const u8; T],
 ) -> [[f32; T]; R] {
     // SAFETY: the caller's contract.
-    unsafe { q4k_tile_of::<R, T, true>(nb, w, a) }
+    let (_, exact) = unsafe { q4k_tile_of::<R, T, true>(nb, w, a, None) };
+    exact.map(|v| lanes(v))
 }
 
-/// The Q4_K tile in both arithmetics (`EXACT`: the reference's, else `q4k_256`'s lanes).
+/// The Q4_K tile in both arithmetics: unless `EXACT`, each (row, token)'s `q4k_256` lanes
+/// before their horizontal sum (`hsum_ps` of them is the dot); if `EXACT`, each row's vector
+/// of the reference's sums, one token per lane.
 ///
 /// # Safety
 /// As for [`q4k_tile`].
@@ -126,7 +137,8 @@ unsafe fn q4k_tile_of<const R: usize, const T: usize, const EXACT: bool>(
     nb: usize,
     w: [*const u8; R],
     a: [*const u8; T],
-) -> [[f32; T]; R] {
+    mut chunks: Option<(usize, &mut [[f64; T]; R])>,
+) -> ([[__m256; T]; R], [__m256; R]) {
     let w = w.map(|p| p as *const BlockQ4K);
     let a = a.map(|p| p as *const BlockQ8K);
     let m4 = _mm256_set1_epi8(0x0F);
@@ -181,6 +193,18 @@ unsafe fn q4k_tile_of<const R: usize, const T: usize, const EXACT: bool>(
                 exact[r] =
                     unsafe { q4k_float_step(exact[r], dy, xs[r], hsums(&isum[r]), hsums(&msum)) };
             }
+            if let Some((per, sums)) = chunks.as_mut()
+                && ((b + 1) % *per == 0 || b + 1 == nb)
+            {
+                // The end of a chunk: each token's lane is its dot (no reduction left).
+                for r in 0..R {
+                    let v: [f32; 8] = lanes(exact[r]);
+                    for t in 0..T {
+                        sums[r][t] += v[t] as f64;
+                    }
+                }
+                exact = [_mm256_setzero_ps(); R];
+            }
             continue;
         }
         for r in 0..R {
@@ -206,11 +230,105 @@ unsafe fn q4k_tile_of<const R: usize, const T: usize, const EXACT: bool>(
                 );
             }
         }
+        if let Some((per, sums)) = chunks.as_mut() {
+            // The end of a chunk (`per` blocks, the last one possibly shorter): its dots, the
+            // lanes' horizontal sums, go into the f64 sums and the lanes start again.
+            if (b + 1) % *per == 0 || b + 1 == nb {
+                for r in 0..R {
+                    let l: [__m256; T] = acc[r].map(|[a0, a1]| _mm256_add_ps(a0, a1));
+                    if T == 8 {
+                        let v = _mm512_cvtps_pd(hsum8_vec(&std::array::from_fn(|t| l[t])));
+                        let at = sums[r].as_mut_ptr();
+                        // SAFETY: `sums[r]` holds T = 8 f64; unaligned load and store.
+                        unsafe { _mm512_storeu_pd(at, _mm512_add_pd(_mm512_loadu_pd(at), v)) };
+                    } else {
+                        for t in 0..T {
+                            sums[r][t] += hsum_ps(l[t]) as f64;
+                        }
+                    }
+                }
+                acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+            }
+        }
     }
-    if EXACT {
-        return exact.map(|v| lanes(v));
+    (
+        acc.map(|row| row.map(|[a0, a1]| _mm256_add_ps(a0, a1))),
+        exact,
+    )
+}
+
+/// The Q4_K chunk panel (`crate::panel::ChunkPanelFn`): tiles of one row × eight tokens run
+/// over all their chunks in one pass, each chunk's lanes reduced together (`hsum8_vec`,
+/// `hsum_ps`'s bits) into f64 sums in one vector; fewer tokens go through the generic tiles
+/// (`chunk_sums!`). The chunks must be contiguous (chunk c at block c·k/256).
+///
+/// # Safety
+/// As for [`crate::panel::ChunkPanelFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn chunk_panel_q4_k(p: &crate::panel::ChunkPanel) {
+    // SAFETY: the caller's contract.
+    unsafe { chunk_panel_q4_k_of::<false>(p) }
+}
+
+/// [`chunk_panel_q4_k`] in the scalar reference's arithmetic (the AMX level's Q4_K dot).
+///
+/// # Safety
+/// As for [`crate::panel::ChunkPanelFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn chunk_panel_q4_k_exact(p: &crate::panel::ChunkPanel) {
+    // SAFETY: the caller's contract.
+    unsafe { chunk_panel_q4_k_of::<true>(p) }
+}
+
+/// The Q4_K chunk panels in both arithmetics (`EXACT` as in [`q4k_tile_of`]).
+///
+/// # Safety
+/// As for [`crate::panel::ChunkPanelFn`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn chunk_panel_q4_k_of<const EXACT: bool>(p: &crate::panel::ChunkPanel) {
+    use crate::x86::tiles::rows;
+    let per = p.k / QK_K;
+    let nb = p.chunks * per + p.tail_k / QK_K;
+    let mut t0 = 0;
+    while t0 + 8 <= p.n {
+        for r0 in 0..p.rows {
+            let mut sums = [[0f64; 8]; 1];
+            // SAFETY: the `nb` blocks of row r0 and of tokens t0..t0 + 8 (its chunks, which
+            // are contiguous) are readable (the contract above; r0 < rows, t0 + 8 <= n).
+            unsafe {
+                q4k_tile_of::<1, 8, EXACT>(
+                    nb,
+                    rows(p.w, p.w_stride, r0),
+                    rows(p.a, p.a_stride, t0),
+                    Some((per, &mut sums)),
+                )
+            };
+            for (t, x) in sums[0].into_iter().enumerate() {
+                // SAFETY: token t0 + t < n and row r0 < rows: an output of the panel, writable
+                // and unaliased (the contract above).
+                unsafe { *p.out.add((t0 + t) * p.out_stride + r0) = x };
+            }
+        }
+        t0 += 8;
     }
-    acc.map(|row| row.map(|[a0, a1]| hsum_ps(_mm256_add_ps(a0, a1))))
+    if t0 < p.n {
+        // The last tokens, fewer than eight, through the panel's generic tiles.
+        let rest = crate::panel::ChunkPanel {
+            a: p.a.wrapping_add(t0 * p.a_stride),
+            n: p.n - t0,
+            out: p.out.wrapping_add(t0 * p.out_stride),
+            ..*p
+        };
+        // SAFETY: a sub-panel of `p` (tokens t0..n), under the same contract.
+        unsafe {
+            if EXACT {
+                chunk_panel_q4_k_exact_tiles(&rest)
+            } else {
+                chunk_panel_q4_k_tiles(&rest)
+            }
+        };
+    }
 }
 
 /// `vpshufb` controls over eight Q6_K scales (16-bit, broadcast to both 128-bit lanes) for the
