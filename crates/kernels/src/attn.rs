@@ -8,6 +8,9 @@
 
 use crate::Isa;
 
+mod heads;
+pub use heads::{scores_heads, weighted_sum_heads};
+
 /// Element type of cached keys and values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvElem {
@@ -204,7 +207,7 @@ mod x86 {
     /// `rows` passed `Rows::check`, `j < rows.n` and `c + 16 <= rows.d`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-    unsafe fn load16(rows: &Rows, j: usize, c: usize) -> __m512 {
+    pub(super) unsafe fn load16(rows: &Rows, j: usize, c: usize) -> __m512 {
         // SAFETY: row j < n starts at j·stride, and its values c..c + 16 end within its
         // d·bytes, inside `data` (checked by `Rows::check`).
         let p = unsafe {
@@ -226,7 +229,7 @@ mod x86 {
     /// `rows` passed `Rows::check`, `j < rows.n` and `c + 8 <= rows.d`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(rows: &Rows, j: usize, c: usize) -> __m256 {
+    pub(super) unsafe fn load8(rows: &Rows, j: usize, c: usize) -> __m256 {
         // SAFETY: row j < n starts at j·stride, and its values c..c + 8 end within its
         // d·bytes, inside `data` (checked by `Rows::check`).
         let p = unsafe {
@@ -502,6 +505,70 @@ mod tests {
                                 "{isa:?} {elem:?} d={d} column {}",
                                 c0 + c
                             );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Several heads at once give each head the bits it gets alone (scores and sums), for
+    /// block sizes and remainders of heads, keys and columns.
+    #[test]
+    fn heads_together_equal_each_head_alone() {
+        for isa in Isa::supported() {
+            for elem in [KvElem::F32, KvElem::F16] {
+                for (d, dv, n) in [
+                    (576usize, 512usize, 37usize),
+                    (72, 72, 5),
+                    (200, 136, 1),
+                    (128, 128, 9),
+                ] {
+                    let data = rows(n, d, elem, 7);
+                    let stride = d * elem.bytes();
+                    let keys = Rows {
+                        data: &data,
+                        stride,
+                        n,
+                        d,
+                        elem,
+                    };
+                    let values = Rows { d: dv, ..keys };
+                    for heads in [1usize, 3, 4, 5, 9] {
+                        let q: Vec<f32> = (0..heads * (d + 3))
+                            .map(|i| ((i * 53 % 211) as f32 - 105.0) / 131.0)
+                            .collect();
+                        let mut together = vec![f32::NAN; heads * (n + 2)];
+                        scores_heads(isa, &q, d + 3, heads, keys, 0.07, &mut together, n + 2);
+                        let p: Vec<f32> = (0..heads * (n + 1))
+                            .map(|i| 1.0 / (i % 13 + 2) as f32)
+                            .collect();
+                        let mut sums = vec![0.25f32; heads * (dv + 1)];
+                        weighted_sum_heads(isa, &p, n + 1, heads, values, &mut sums, dv + 1);
+                        for h in 0..heads {
+                            let mut alone = vec![0f32; n];
+                            scores(isa, &q[h * (d + 3)..], keys, 0.07, &mut alone);
+                            for j in 0..n {
+                                assert_eq!(
+                                    together[h * (n + 2) + j].to_bits(),
+                                    alone[j].to_bits(),
+                                    "{isa:?} {elem:?} d={d} heads={heads}: head {h} key {j}"
+                                );
+                            }
+                            assert!(
+                                together[h * (n + 2) + n].is_nan(),
+                                "wrote past a head's scores"
+                            );
+                            let mut alone = vec![0.25f32; dv];
+                            weighted_sum(isa, &p[h * (n + 1)..], values, &mut alone);
+                            for c in 0..dv {
+                                assert_eq!(
+                                    sums[h * (dv + 1) + c].to_bits(),
+                                    alone[c].to_bits(),
+                                    "{isa:?} {elem:?} dv={dv} heads={heads}: head {h} column {c}"
+                                );
+                            }
+                            assert_eq!(sums[h * (dv + 1) + dv], 0.25, "wrote past a head's sums");
                         }
                     }
                 }
