@@ -197,8 +197,9 @@ pub fn chunk_panel(isa: Isa, dtype: GgmlType) -> Option<ChunkPanelFn> {
         // registers; measured 0.6–0.9×), so that level keeps the latter.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => crate::x86::avx512::chunk_panel(dtype),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Amx => crate::x86::amx::chunk_panel(dtype),
+        // The AMX level keeps its tiles per chunk: on the device host they ran the chunked
+        // Q4_K and Q6_K products at 2.0-2.3x the AVX-512 chunk panels in that level's
+        // arithmetic (7168x16384, 256 tokens; docs/measurements/2026-12-04-run16-*).
         _ => None,
     }
 }

@@ -63,17 +63,6 @@ pub fn chunk_dots(dtype: gguf::GgmlType) -> Option<crate::panel::ChunkDotsFn> {
     }
 }
 
-/// The AMX level's chunk-panel kernel for `dtype` (the same condition as [`dot`]): the AVX-512
-/// tiles in this level's arithmetic, run over every chunk in one pass. The AMX tiles would
-/// repack a chunk's weights on every call, and a chunk is often a single superblock.
-pub fn chunk_panel(dtype: gguf::GgmlType) -> Option<crate::panel::ChunkPanelFn> {
-    match dtype {
-        gguf::GgmlType::Q4K => Some(crate::x86::avx512::chunk_panel_q4_k_exact),
-        gguf::GgmlType::Q6K => Some(crate::x86::avx512::chunk_panel_q6_k),
-        _ => None,
-    }
-}
-
 /// Rows and tokens of one tile: a tile product covers 16 weight rows × 16 tokens.
 pub const TILE: usize = 16;
 

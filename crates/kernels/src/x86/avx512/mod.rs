@@ -17,9 +17,7 @@ mod legacy;
 mod panels;
 
 pub(crate) use kquants::{chunks_q4_k_exact, dot_q4_k_exact, dot_q6_k};
-pub(crate) use panels::{
-    chunk_panel_q4_k_exact, chunk_panel_q6_k, chunks_q6_k, panel_q4_k_exact, panel_q6_k,
-};
+pub(crate) use panels::{chunks_q6_k, panel_q4_k_exact, panel_q6_k};
 
 use std::arch::x86_64::*;
 

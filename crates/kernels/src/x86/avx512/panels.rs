@@ -47,8 +47,7 @@ panel_kernel!(pub panel_q4_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx
     block = QK_K, batch = q4k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_dots(1),
     chunk_panel = chunk_panel_q4_k_tiles);
 panel_kernel!(pub panel_q4_k_exact, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q4k_exact_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_exact_dots(1),
-    chunk_panel = chunk_panel_q4_k_exact_tiles);
+    block = QK_K, batch = q4k_exact_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_exact_dots(1));
 panel_kernel!(pub panel_q2_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     block = QK_K, batch = q2k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q2k_dots(1),
     chunk_panel = chunk_panel_q2_k, chunks = chunks_q2_k);
@@ -193,18 +192,6 @@ unsafe fn q4k_tile_of<const R: usize, const T: usize, const EXACT: bool>(
                 exact[r] =
                     unsafe { q4k_float_step(exact[r], dy, xs[r], hsums(&isum[r]), hsums(&msum)) };
             }
-            if let Some((per, sums)) = chunks.as_mut()
-                && ((b + 1) % *per == 0 || b + 1 == nb)
-            {
-                // The end of a chunk: each token's lane is its dot (no reduction left).
-                for r in 0..R {
-                    let v: [f32; 8] = lanes(exact[r]);
-                    for t in 0..T {
-                        sums[r][t] += v[t] as f64;
-                    }
-                }
-                exact = [_mm256_setzero_ps(); R];
-            }
             continue;
         }
         for r in 0..R {
@@ -266,27 +253,6 @@ unsafe fn q4k_tile_of<const R: usize, const T: usize, const EXACT: bool>(
 /// As for [`crate::panel::ChunkPanelFn`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn chunk_panel_q4_k(p: &crate::panel::ChunkPanel) {
-    // SAFETY: the caller's contract.
-    unsafe { chunk_panel_q4_k_of::<false>(p) }
-}
-
-/// [`chunk_panel_q4_k`] in the scalar reference's arithmetic (the AMX level's Q4_K dot).
-///
-/// # Safety
-/// As for [`crate::panel::ChunkPanelFn`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn chunk_panel_q4_k_exact(p: &crate::panel::ChunkPanel) {
-    // SAFETY: the caller's contract.
-    unsafe { chunk_panel_q4_k_of::<true>(p) }
-}
-
-/// The Q4_K chunk panels in both arithmetics (`EXACT` as in [`q4k_tile_of`]).
-///
-/// # Safety
-/// As for [`crate::panel::ChunkPanelFn`].
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn chunk_panel_q4_k_of<const EXACT: bool>(p: &crate::panel::ChunkPanel) {
     use crate::x86::tiles::rows;
     let per = p.k / QK_K;
     let nb = p.chunks * per + p.tail_k / QK_K;
@@ -297,7 +263,7 @@ unsafe fn chunk_panel_q4_k_of<const EXACT: bool>(p: &crate::panel::ChunkPanel) {
             // SAFETY: the `nb` blocks of row r0 and of tokens t0..t0 + 8 (its chunks, which
             // are contiguous) are readable (the contract above; r0 < rows, t0 + 8 <= n).
             unsafe {
-                q4k_tile_of::<1, 8, EXACT>(
+                q4k_tile_of::<1, 8, false>(
                     nb,
                     rows(p.w, p.w_stride, r0),
                     rows(p.a, p.a_stride, t0),
@@ -321,13 +287,7 @@ unsafe fn chunk_panel_q4_k_of<const EXACT: bool>(p: &crate::panel::ChunkPanel) {
             ..*p
         };
         // SAFETY: a sub-panel of `p` (tokens t0..n), under the same contract.
-        unsafe {
-            if EXACT {
-                chunk_panel_q4_k_exact_tiles(&rest)
-            } else {
-                chunk_panel_q4_k_tiles(&rest)
-            }
-        };
+        unsafe { chunk_panel_q4_k_tiles(&rest) };
     }
 }
 
