@@ -64,7 +64,7 @@ fn mla(hp: &Hparams) -> &MlaParams {
 /// in one parallel dispatch.
 pub(crate) fn project_each(
     cx: &Compute,
-    inputs: &[Vec<f32>],
+    inputs: &[&[f32]],
     n: usize,
     mats: &[Weights],
 ) -> Result<Vec<Vec<f32>>> {
@@ -90,14 +90,34 @@ pub(crate) fn project_each(
     Ok(outs)
 }
 
-/// Rows `t` of head `j` of an `n × n_heads × dim` buffer, gathered into `n × dim`.
-pub(crate) fn head_rows(x: &[f32], n: usize, n_heads: usize, dim: usize, j: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(n * dim);
-    for t in 0..n {
-        let at = (t * n_heads + j) * dim;
-        out.extend_from_slice(&x[at..at + dim]);
-    }
+/// Every head's rows of an `n × n_heads × dim` buffer, gathered (in parallel, heads apart) into
+/// one `n_heads × n × dim` buffer: the inputs of per-head matrices ([`head_slices`]). A serial
+/// gather of 128 heads' queries was a large part of latent attention's time on many threads.
+pub(crate) fn split_heads(
+    cx: &Compute,
+    x: &[f32],
+    n: usize,
+    n_heads: usize,
+    dim: usize,
+) -> Vec<f32> {
+    let mut out = vec![0f32; n_heads * n * dim];
+    cx.par_rows(&mut out, n * dim, |first, heads| {
+        for (i, head) in heads.chunks_exact_mut(n * dim).enumerate() {
+            let j = first + i;
+            for (t, row) in head.chunks_exact_mut(dim).enumerate() {
+                let at = (t * n_heads + j) * dim;
+                row.copy_from_slice(&x[at..at + dim]);
+            }
+        }
+    });
     out
+}
+
+/// The `n_heads` per-head parts (`n × dim` each) of a [`split_heads`] buffer.
+pub(crate) fn head_slices(split: &[f32], n: usize, n_heads: usize, dim: usize) -> Vec<&[f32]> {
+    (0..n_heads)
+        .map(|j| &split[j * n * dim..(j + 1) * n * dim])
+        .collect()
 }
 
 /// Queries of `heads` and the cache rows for `h` (`n × n_embd`, attention-normed), and the
@@ -214,24 +234,24 @@ fn absorb_queries(
 ) -> Result<Vec<f32>> {
     let m = mla(hp);
     let (n, nh, n_rot, r) = (p.n, heads.len(), hp.rope.n_rot, m.kv_lora_rank);
-    let inputs: Vec<Vec<f32>> = (0..nh)
-        .map(|j| head_rows(&p.q_nope, n, nh, m.qk_nope, j))
-        .collect();
+    let split = split_heads(cx, &p.q_nope, n, nh, m.qk_nope);
     let k_b: Vec<Weights> = heads
         .clone()
         .map(|h| w.k_b.expert(h).weights(files))
         .collect();
-    let q_latent = project_each(cx, &inputs, n, &k_b)?;
+    let q_latent = project_each(cx, &head_slices(&split, n, nh, m.qk_nope), n, &k_b)?;
     let dk = r + n_rot;
     let mut q = vec![0f32; n * nh * dk];
-    for t in 0..n {
-        for (j, ql) in q_latent.iter().enumerate() {
-            let at = (t * nh + j) * dk;
-            q[at..at + r].copy_from_slice(&ql[t * r..(t + 1) * r]);
-            let rp = (t * nh + j) * n_rot;
-            q[at + r..at + dk].copy_from_slice(&p.q_rope[rp..rp + n_rot]);
+    cx.par_rows(&mut q, nh * dk, |first, rows| {
+        for (i, row) in rows.chunks_exact_mut(nh * dk).enumerate() {
+            let t = first + i;
+            for (j, (ql, qh)) in q_latent.iter().zip(row.chunks_exact_mut(dk)).enumerate() {
+                qh[..r].copy_from_slice(&ql[t * r..(t + 1) * r]);
+                let rp = (t * nh + j) * n_rot;
+                qh[r..].copy_from_slice(&p.q_rope[rp..rp + n_rot]);
+            }
         }
-    }
+    });
     Ok(q)
 }
 
@@ -248,15 +268,13 @@ fn lift_values(
 ) -> Result<Vec<f32>> {
     let m = mla(hp);
     let (nh, r) = (heads.len(), m.kv_lora_rank);
-    let inputs: Vec<Vec<f32>> = (0..nh)
-        .map(|j| head_rows(latent_out, n, nh, r, j))
-        .collect();
+    let split = split_heads(cx, latent_out, n, nh, r);
     let v_b: Vec<Weights> = heads
         .clone()
         .map(|h| w.v_b.expert(h).weights(files))
         .collect();
-    let outs = project_each(cx, &inputs, n, &v_b)?;
-    Ok(interleave_heads(&outs, n, m.v_head_dim))
+    let outs = project_each(cx, &head_slices(&split, n, nh, r), n, &v_b)?;
+    Ok(interleave_heads(cx, &outs, n, m.v_head_dim))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -371,14 +389,18 @@ pub fn attend_selected(
     lift_values(cx, files, hp, w, heads, n, &latent_out)
 }
 
-/// `outs[j]` is `n × dim` for head `j`; the result is `n × heads × dim`.
-pub(crate) fn interleave_heads(outs: &[Vec<f32>], n: usize, dim: usize) -> Vec<f32> {
-    let mut att = Vec::with_capacity(n * outs.len() * dim);
-    for t in 0..n {
-        for o in outs {
-            att.extend_from_slice(&o[t * dim..(t + 1) * dim]);
+/// `outs[j]` is `n × dim` for head `j`; the result is `n × heads × dim` (tokens in parallel).
+pub(crate) fn interleave_heads(cx: &Compute, outs: &[Vec<f32>], n: usize, dim: usize) -> Vec<f32> {
+    let width = outs.len() * dim;
+    let mut att = vec![0f32; n * width];
+    cx.par_rows(&mut att, width, |first, rows| {
+        for (i, row) in rows.chunks_exact_mut(width).enumerate() {
+            let t = first + i;
+            for (o, dst) in outs.iter().zip(row.chunks_exact_mut(dim)) {
+                dst.copy_from_slice(&o[t * dim..(t + 1) * dim]);
+            }
         }
-    }
+    });
     att
 }
 
@@ -446,7 +468,7 @@ fn decompressed(
             .chunks_exact(r + n_rot)
             .flat_map(|row| row[..r].iter().copied())
             .collect();
-        let inputs = vec![latent; 2 * nh];
+        let inputs = vec![&latent[..]; 2 * nh];
         let kv = project_each(cx, &inputs, n_pos, &decompress)?;
         let (k_nope, v) = kv.split_at(nh);
         let mut cache = KvCache::new(KvLayout {
