@@ -101,7 +101,7 @@ pub(crate) fn split_heads(
     dim: usize,
 ) -> Vec<f32> {
     let mut out = vec![0f32; n_heads * n * dim];
-    cx.par_rows(&mut out, n * dim, |first, heads| {
+    let gather = |first: usize, heads: &mut [f32]| {
         for (i, head) in heads.chunks_exact_mut(n * dim).enumerate() {
             let j = first + i;
             for (t, row) in head.chunks_exact_mut(dim).enumerate() {
@@ -109,9 +109,20 @@ pub(crate) fn split_heads(
                 row.copy_from_slice(&x[at..at + dim]);
             }
         }
-    });
+    };
+    if out.len() < PARALLEL_COPY_MIN {
+        if n * dim > 0 {
+            gather(0, &mut out);
+        }
+    } else {
+        cx.par_rows(&mut out, n * dim, gather);
+    }
     out
 }
+
+/// Values below which a gather runs on the calling thread: a decode step's 128 heads of 128
+/// values copy faster than the pool starts.
+const PARALLEL_COPY_MIN: usize = 1 << 16;
 
 /// The `n_heads` per-head parts (`n × dim` each) of a [`split_heads`] buffer.
 pub(crate) fn head_slices(split: &[f32], n: usize, n_heads: usize, dim: usize) -> Vec<&[f32]> {
