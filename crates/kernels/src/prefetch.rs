@@ -43,7 +43,8 @@ fn is_intel() -> bool {
 }
 
 /// The distance a panel call over `n` tokens prefetches with: only decode (one token) streams
-/// its rows once; batches reuse them from cache.
+/// its rows once; batches reuse them from cache. (Only the x86 panels prefetch.)
+#[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn decode_distance(n: usize) -> usize {
     if n == 1 { stream_distance() } else { 0 }
