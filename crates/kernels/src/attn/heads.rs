@@ -108,348 +108,244 @@ mod x86 {
 
     /// Heads per block: each loaded key or value vector serves this many heads.
     const HEADS: usize = 4;
-    /// Keys (scores) or column vectors (sums) per step of a block, each with its own
-    /// accumulator per head: HEADS × this many accumulators stay in registers.
-    const KEYS_512: usize = 4;
-    const KEYS_256: usize = 2;
 
-    /// Calls `$f::<H>` on heads `h0..h0 + H` for blocks of [`HEADS`], then the rest.
-    macro_rules! by_head_blocks {
-        ($heads:expr, |$h0:ident, $h:ident| $body:expr) => {{
-            let mut $h0 = 0;
-            while $h0 < $heads {
-                let $h = HEADS.min($heads - $h0);
-                $body;
-                $h0 += $h;
-            }
-        }};
-    }
-
-    /// [`super::scores_heads`] with AVX-512.
-    ///
-    /// # Safety
-    /// `keys` passed `Rows::check`, the queries and outputs of every head are in bounds (the
-    /// assert of `scores_heads`), and the CPU has the features this function is compiled for.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-    pub unsafe fn scores_heads_avx512(
-        q: &[f32],
-        q_stride: usize,
-        heads: usize,
-        keys: Rows,
-        scale: f32,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        by_head_blocks!(heads, |h0, h| {
-            // SAFETY: heads h0..h0 + h are in bounds (the contract above).
-            unsafe {
-                match h {
-                    4 => scores_block_512::<4>(q, q_stride, h0, keys, scale, out, out_stride),
-                    3 => scores_block_512::<3>(q, q_stride, h0, keys, scale, out, out_stride),
-                    2 => scores_block_512::<2>(q, q_stride, h0, keys, scale, out, out_stride),
-                    _ => scores_block_512::<1>(q, q_stride, h0, keys, scale, out, out_stride),
-                }
-            }
-        });
-    }
-
-    /// Heads `h0..h0 + H` of [`scores_heads_avx512`]: per key, `super::super::x86::scores_avx512`'s
-    /// accumulator (16 lanes over the columns in order, `_mm512_reduce_add_ps`, the columns
-    /// past the last 16 added one by one, times `scale`).
-    ///
-    /// # Safety
-    /// As for [`scores_heads_avx512`], for these heads.
-    #[allow(clippy::too_many_arguments)]
+    /// `scores_avx512`'s reduction of one key's accumulator.
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-    unsafe fn scores_block_512<const H: usize>(
-        q: &[f32],
-        q_stride: usize,
-        h0: usize,
-        keys: Rows,
-        scale: f32,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        let d16 = keys.d / 16 * 16;
-        let qs: [&[f32]; H] = std::array::from_fn(|h| &q[(h0 + h) * q_stride..]);
-        let mut j = 0;
-        while j < keys.n {
-            let m = KEYS_512.min(keys.n - j);
-            let mut acc = [[_mm512_setzero_ps(); KEYS_512]; H];
-            for c in (0..d16).step_by(16) {
-                // SAFETY: j + u < n and c + 16 <= d (keys passed `Rows::check`).
-                let k: [__m512; KEYS_512] =
-                    std::array::from_fn(|u| unsafe { load16(&keys, j + u.min(m - 1), c) });
-                for h in 0..H {
-                    // SAFETY: c + 16 <= d <= the query's length (the contract above).
-                    let qc = unsafe { _mm512_loadu_ps(qs[h].as_ptr().add(c)) };
-                    for u in 0..m {
-                        acc[h][u] = _mm512_fmadd_ps(qc, k[u], acc[h][u]);
-                    }
-                }
-            }
-            for h in 0..H {
-                for u in 0..m {
-                    let mut s = _mm512_reduce_add_ps(acc[h][u]);
-                    for c in d16..keys.d {
-                        s += qs[h][c] * keys.value(j + u, c);
-                    }
-                    out[(h0 + h) * out_stride + j + u] = s * scale;
-                }
-            }
-            j += m;
-        }
+    fn reduce_512(a: __m512) -> f32 {
+        _mm512_reduce_add_ps(a)
     }
 
-    /// [`super::scores_heads`] with AVX2.
-    ///
-    /// # Safety
-    /// As for [`scores_heads_avx512`], with AVX2, FMA and F16C.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn scores_heads_avx2(
-        q: &[f32],
-        q_stride: usize,
-        heads: usize,
-        keys: Rows,
-        scale: f32,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        by_head_blocks!(heads, |h0, h| {
-            // SAFETY: heads h0..h0 + h are in bounds (the contract above).
-            unsafe {
-                match h {
-                    4 => scores_block_256::<4>(q, q_stride, h0, keys, scale, out, out_stride),
-                    3 => scores_block_256::<3>(q, q_stride, h0, keys, scale, out, out_stride),
-                    2 => scores_block_256::<2>(q, q_stride, h0, keys, scale, out, out_stride),
-                    _ => scores_block_256::<1>(q, q_stride, h0, keys, scale, out, out_stride),
-                }
-            }
-        });
-    }
-
-    /// Heads `h0..h0 + H` of [`scores_heads_avx2`], per key `scores_avx2`'s accumulator and
-    /// reduction.
-    ///
-    /// # Safety
-    /// As for [`scores_heads_avx2`], for these heads.
-    #[allow(clippy::too_many_arguments)]
+    /// `scores_avx2`'s reduction of one key's accumulator.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scores_block_256<const H: usize>(
-        q: &[f32],
-        q_stride: usize,
-        h0: usize,
-        keys: Rows,
-        scale: f32,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        let d8 = keys.d / 8 * 8;
-        let qs: [&[f32]; H] = std::array::from_fn(|h| &q[(h0 + h) * q_stride..]);
-        let mut j = 0;
-        while j < keys.n {
-            let m = KEYS_256.min(keys.n - j);
-            let mut acc = [[_mm256_setzero_ps(); KEYS_256]; H];
-            for c in (0..d8).step_by(8) {
-                // SAFETY: j + u < n and c + 8 <= d (keys passed `Rows::check`).
-                let k: [__m256; KEYS_256] =
-                    std::array::from_fn(|u| unsafe { load8(&keys, j + u.min(m - 1), c) });
+    fn reduce_256(a: __m256) -> f32 {
+        let x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)))
+    }
+
+    /// Defines the multi-head kernels of one vector width: `$scores` and `$sums` (the public
+    /// entry points, [`super::scores_heads`] and [`super::weighted_sum_heads`]) run blocks of
+    /// [`HEADS`] heads through `$scores_block::<H>` and `$sums_block::<H>`, which keep `$keys`
+    /// keys (or column vectors) × H heads of accumulators in registers. Per (head, key) and
+    /// (head, column) the operations are the one-head kernel's of that width, in its order.
+    macro_rules! width {
+        ($features:literal, $v:ty, $lanes:literal, $keys:literal, $zero:ident, $loadu:ident,
+         $storeu:ident, $fmadd:ident, $set1:ident, $load_row:ident, $reduce:ident,
+         $scores:ident, $scores_block:ident, $sums:ident, $sums_block:ident) => {
+            /// The multi-head scores at this width.
+            ///
+            /// # Safety
+            /// `keys` passed `Rows::check`, the queries and outputs of every head are in
+            /// bounds (the assert of `scores_heads`), and the CPU has the features this
+            /// function is compiled for.
+            #[allow(clippy::too_many_arguments)]
+            #[target_feature(enable = $features)]
+            pub unsafe fn $scores(
+                q: &[f32],
+                q_stride: usize,
+                heads: usize,
+                keys: Rows,
+                scale: f32,
+                out: &mut [f32],
+                out_stride: usize,
+            ) {
+                let mut h0 = 0;
+                while h0 < heads {
+                    let h = HEADS.min(heads - h0);
+                    // SAFETY: heads h0..h0 + h are in bounds (the contract above).
+                    unsafe {
+                        match h {
+                            4 => $scores_block::<4>(q, q_stride, h0, keys, scale, out, out_stride),
+                            3 => $scores_block::<3>(q, q_stride, h0, keys, scale, out, out_stride),
+                            2 => $scores_block::<2>(q, q_stride, h0, keys, scale, out, out_stride),
+                            _ => $scores_block::<1>(q, q_stride, h0, keys, scale, out, out_stride),
+                        }
+                    }
+                    h0 += h;
+                }
+            }
+
+            /// Heads `h0..h0 + H` of the scores: per key, the one-head kernel's accumulator
+            /// (lanes over the columns in order, its reduction, the columns past the last
+            /// whole vector added one by one, times `scale`).
+            ///
+            /// # Safety
+            /// As for the entry point, for these heads.
+            #[allow(clippy::too_many_arguments)]
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn $scores_block<const H: usize>(
+                q: &[f32],
+                q_stride: usize,
+                h0: usize,
+                keys: Rows,
+                scale: f32,
+                out: &mut [f32],
+                out_stride: usize,
+            ) {
+                let whole = keys.d / $lanes * $lanes;
+                let qs: [&[f32]; H] = std::array::from_fn(|h| &q[(h0 + h) * q_stride..]);
+                let mut j = 0;
+                while j < keys.n {
+                    let m = $keys.min(keys.n - j);
+                    let mut acc = [[$zero(); $keys]; H];
+                    for c in (0..whole).step_by($lanes) {
+                        // SAFETY: row j + min(u, m - 1) < n and c + lanes <= d (keys passed
+                        // `Rows::check`).
+                        let k: [$v; $keys] = std::array::from_fn(|u| unsafe {
+                            $load_row(&keys, j + u.min(m - 1), c)
+                        });
+                        for h in 0..H {
+                            // SAFETY: c + lanes <= d <= the query's length (the contract).
+                            let qc = unsafe { $loadu(qs[h].as_ptr().add(c)) };
+                            for u in 0..m {
+                                acc[h][u] = $fmadd(qc, k[u], acc[h][u]);
+                            }
+                        }
+                    }
+                    for h in 0..H {
+                        for u in 0..m {
+                            let mut s = $reduce(acc[h][u]);
+                            for c in whole..keys.d {
+                                s += qs[h][c] * keys.value(j + u, c);
+                            }
+                            out[(h0 + h) * out_stride + j + u] = s * scale;
+                        }
+                    }
+                    j += m;
+                }
+            }
+
+            /// The multi-head weighted sums at this width.
+            ///
+            /// # Safety
+            /// `values` passed `Rows::check`, the weights and outputs of every head are in
+            /// bounds (the assert of `weighted_sum_heads`), and the CPU has the features this
+            /// function is compiled for.
+            #[target_feature(enable = $features)]
+            pub unsafe fn $sums(
+                p: &[f32],
+                p_stride: usize,
+                heads: usize,
+                values: Rows,
+                out: &mut [f32],
+                out_stride: usize,
+            ) {
+                let mut h0 = 0;
+                while h0 < heads {
+                    let h = HEADS.min(heads - h0);
+                    // SAFETY: heads h0..h0 + h are in bounds (the contract above).
+                    unsafe {
+                        match h {
+                            4 => $sums_block::<4>(p, p_stride, h0, values, out, out_stride),
+                            3 => $sums_block::<3>(p, p_stride, h0, values, out, out_stride),
+                            2 => $sums_block::<2>(p, p_stride, h0, values, out, out_stride),
+                            _ => $sums_block::<1>(p, p_stride, h0, values, out, out_stride),
+                        }
+                    }
+                    h0 += h;
+                }
+            }
+
+            /// Heads `h0..h0 + H` of the weighted sums: per column, the one-head kernel's
+            /// chain (from the output's value, one FMA per row in order; columns past the
+            /// last whole vector one by one).
+            ///
+            /// # Safety
+            /// As for the entry point, for these heads.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn $sums_block<const H: usize>(
+                p: &[f32],
+                p_stride: usize,
+                h0: usize,
+                values: Rows,
+                out: &mut [f32],
+                out_stride: usize,
+            ) {
+                let whole = values.d / $lanes * $lanes;
+                let ps: [&[f32]; H] = std::array::from_fn(|h| &p[(h0 + h) * p_stride..]);
+                let o: [*mut f32; H] =
+                    std::array::from_fn(|h| out[(h0 + h) * out_stride..].as_mut_ptr());
+                let mut c0 = 0;
+                while c0 < whole {
+                    let m = $keys.min((whole - c0) / $lanes);
+                    let mut acc = [[$zero(); $keys]; H];
+                    for h in 0..H {
+                        for u in 0..m {
+                            // SAFETY: c0 + lanes·(u + 1) <= whole <= d, inside head h's output.
+                            acc[h][u] = unsafe { $loadu(o[h].add(c0 + $lanes * u)) };
+                        }
+                    }
+                    for j in 0..values.n {
+                        // SAFETY: j < n, the columns are inside d, `values` passed the check.
+                        let v: [$v; $keys] = std::array::from_fn(|u| unsafe {
+                            $load_row(&values, j, c0 + $lanes * u.min(m - 1))
+                        });
+                        for h in 0..H {
+                            let pv = $set1(ps[h][j]);
+                            for u in 0..m {
+                                acc[h][u] = $fmadd(pv, v[u], acc[h][u]);
+                            }
+                        }
+                    }
+                    for h in 0..H {
+                        for u in 0..m {
+                            // SAFETY: as for the loads of `acc`.
+                            unsafe { $storeu(o[h].add(c0 + $lanes * u), acc[h][u]) };
+                        }
+                    }
+                    c0 += $lanes * m;
+                }
                 for h in 0..H {
-                    // SAFETY: c + 8 <= d <= the query's length (the contract above).
-                    let qc = unsafe { _mm256_loadu_ps(qs[h].as_ptr().add(c)) };
-                    for u in 0..m {
-                        acc[h][u] = _mm256_fmadd_ps(qc, k[u], acc[h][u]);
+                    for c in whole..values.d {
+                        let mut x = out[(h0 + h) * out_stride + c];
+                        for (j, &pj) in ps[h].iter().enumerate().take(values.n) {
+                            x += pj * values.value(j, c);
+                        }
+                        out[(h0 + h) * out_stride + c] = x;
                     }
                 }
             }
-            for h in 0..H {
-                for u in 0..m {
-                    let a = acc[h][u];
-                    let x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-                    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-                    let mut s = _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-                    for c in d8..keys.d {
-                        s += qs[h][c] * keys.value(j + u, c);
-                    }
-                    out[(h0 + h) * out_stride + j + u] = s * scale;
-                }
-            }
-            j += m;
-        }
+        };
     }
 
-    /// [`super::weighted_sum_heads`] with AVX-512.
-    ///
-    /// # Safety
-    /// `values` passed `Rows::check`, the weights and outputs of every head are in bounds (the
-    /// assert of `weighted_sum_heads`), and the CPU has the features this function is compiled
-    /// for.
-    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-    pub unsafe fn weighted_sum_heads_avx512(
-        p: &[f32],
-        p_stride: usize,
-        heads: usize,
-        values: Rows,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        by_head_blocks!(heads, |h0, h| {
-            // SAFETY: heads h0..h0 + h are in bounds (the contract above).
-            unsafe {
-                match h {
-                    4 => sums_block_512::<4>(p, p_stride, h0, values, out, out_stride),
-                    3 => sums_block_512::<3>(p, p_stride, h0, values, out, out_stride),
-                    2 => sums_block_512::<2>(p, p_stride, h0, values, out, out_stride),
-                    _ => sums_block_512::<1>(p, p_stride, h0, values, out, out_stride),
-                }
-            }
-        });
-    }
-
-    /// Heads `h0..h0 + H` of [`weighted_sum_heads_avx512`]: per column, `weighted_sum_avx512`'s
-    /// chain (from the output's value, one FMA per row in order; columns past the last 16
-    /// one by one).
-    ///
-    /// # Safety
-    /// As for [`weighted_sum_heads_avx512`], for these heads.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-    unsafe fn sums_block_512<const H: usize>(
-        p: &[f32],
-        p_stride: usize,
-        h0: usize,
-        values: Rows,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        let d16 = values.d / 16 * 16;
-        let ps: [&[f32]; H] = std::array::from_fn(|h| &p[(h0 + h) * p_stride..]);
-        let o: [*mut f32; H] = std::array::from_fn(|h| out[(h0 + h) * out_stride..].as_mut_ptr());
-        let mut c0 = 0;
-        while c0 < d16 {
-            let m = KEYS_512.min((d16 - c0) / 16);
-            let mut acc = [[_mm512_setzero_ps(); KEYS_512]; H];
-            for h in 0..H {
-                for u in 0..m {
-                    // SAFETY: c0 + 16u + 16 <= d16 <= d, inside head h's output (the contract).
-                    acc[h][u] = unsafe { _mm512_loadu_ps(o[h].add(c0 + 16 * u)) };
-                }
-            }
-            for j in 0..values.n {
-                // SAFETY: j < n, c0 + 16u + 16 <= d, and `values` passed `Rows::check`.
-                let v: [__m512; KEYS_512] =
-                    std::array::from_fn(|u| unsafe { load16(&values, j, c0 + 16 * u.min(m - 1)) });
-                for h in 0..H {
-                    let pv = _mm512_set1_ps(ps[h][j]);
-                    for u in 0..m {
-                        acc[h][u] = _mm512_fmadd_ps(pv, v[u], acc[h][u]);
-                    }
-                }
-            }
-            for h in 0..H {
-                for u in 0..m {
-                    // SAFETY: as for the loads of `acc`.
-                    unsafe { _mm512_storeu_ps(o[h].add(c0 + 16 * u), acc[h][u]) };
-                }
-            }
-            c0 += 16 * m;
-        }
-        for h in 0..H {
-            for c in d16..values.d {
-                let mut x = out[(h0 + h) * out_stride + c];
-                for (j, &pj) in ps[h].iter().enumerate().take(values.n) {
-                    x += pj * values.value(j, c);
-                }
-                out[(h0 + h) * out_stride + c] = x;
-            }
-        }
-    }
-
-    /// [`super::weighted_sum_heads`] with AVX2.
-    ///
-    /// # Safety
-    /// As for [`weighted_sum_heads_avx512`], with AVX2, FMA and F16C.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn weighted_sum_heads_avx2(
-        p: &[f32],
-        p_stride: usize,
-        heads: usize,
-        values: Rows,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        by_head_blocks!(heads, |h0, h| {
-            // SAFETY: heads h0..h0 + h are in bounds (the contract above).
-            unsafe {
-                match h {
-                    4 => sums_block_256::<4>(p, p_stride, h0, values, out, out_stride),
-                    3 => sums_block_256::<3>(p, p_stride, h0, values, out, out_stride),
-                    2 => sums_block_256::<2>(p, p_stride, h0, values, out, out_stride),
-                    _ => sums_block_256::<1>(p, p_stride, h0, values, out, out_stride),
-                }
-            }
-        });
-    }
-
-    /// Heads `h0..h0 + H` of [`weighted_sum_heads_avx2`], per column `weighted_sum_avx2`'s
-    /// chain.
-    ///
-    /// # Safety
-    /// As for [`weighted_sum_heads_avx2`], for these heads.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sums_block_256<const H: usize>(
-        p: &[f32],
-        p_stride: usize,
-        h0: usize,
-        values: Rows,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
-        let d8 = values.d / 8 * 8;
-        let ps: [&[f32]; H] = std::array::from_fn(|h| &p[(h0 + h) * p_stride..]);
-        let o: [*mut f32; H] = std::array::from_fn(|h| out[(h0 + h) * out_stride..].as_mut_ptr());
-        let mut c0 = 0;
-        while c0 < d8 {
-            let m = KEYS_256.min((d8 - c0) / 8);
-            let mut acc = [[_mm256_setzero_ps(); KEYS_256]; H];
-            for h in 0..H {
-                for u in 0..m {
-                    // SAFETY: c0 + 8u + 8 <= d8 <= d, inside head h's output (the contract).
-                    acc[h][u] = unsafe { _mm256_loadu_ps(o[h].add(c0 + 8 * u)) };
-                }
-            }
-            for j in 0..values.n {
-                // SAFETY: j < n, c0 + 8u + 8 <= d, and `values` passed `Rows::check`.
-                let v: [__m256; KEYS_256] =
-                    std::array::from_fn(|u| unsafe { load8(&values, j, c0 + 8 * u.min(m - 1)) });
-                for h in 0..H {
-                    let pv = _mm256_set1_ps(ps[h][j]);
-                    for u in 0..m {
-                        acc[h][u] = _mm256_fmadd_ps(pv, v[u], acc[h][u]);
-                    }
-                }
-            }
-            for h in 0..H {
-                for u in 0..m {
-                    // SAFETY: as for the loads of `acc`.
-                    unsafe { _mm256_storeu_ps(o[h].add(c0 + 8 * u), acc[h][u]) };
-                }
-            }
-            c0 += 8 * m;
-        }
-        for h in 0..H {
-            for c in d8..values.d {
-                let mut x = out[(h0 + h) * out_stride + c];
-                for (j, &pj) in ps[h].iter().enumerate().take(values.n) {
-                    x += pj * values.value(j, c);
-                }
-                out[(h0 + h) * out_stride + c] = x;
-            }
-        }
-    }
+    // 32 registers: 4 heads × 4 keys of accumulators, 4 key vectors and a query.
+    width!(
+        "avx512f,avx512vl,avx2,fma,f16c",
+        __m512,
+        16,
+        4,
+        _mm512_setzero_ps,
+        _mm512_loadu_ps,
+        _mm512_storeu_ps,
+        _mm512_fmadd_ps,
+        _mm512_set1_ps,
+        load16,
+        reduce_512,
+        scores_heads_avx512,
+        scores_block_512,
+        weighted_sum_heads_avx512,
+        sums_block_512
+    );
+    // 16 registers: 4 heads × 2 keys of accumulators, 2 key vectors and a query.
+    width!(
+        "avx2,fma,f16c",
+        __m256,
+        8,
+        2,
+        _mm256_setzero_ps,
+        _mm256_loadu_ps,
+        _mm256_storeu_ps,
+        _mm256_fmadd_ps,
+        _mm256_set1_ps,
+        load8,
+        reduce_256,
+        scores_heads_avx2,
+        scores_block_256,
+        weighted_sum_heads_avx2,
+        sums_block_256
+    );
 }
