@@ -9,7 +9,7 @@
 use crate::Isa;
 
 mod heads;
-pub use heads::{scores_heads, weighted_sum_heads};
+pub use heads::{attend_heads, scores_heads, weighted_sum_heads};
 
 /// Element type of cached keys and values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -571,6 +571,63 @@ mod tests {
                             assert_eq!(sums[h * (dv + 1) + dv], 0.25, "wrote past a head's sums");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// A block of heads attended together gives each head the bits of its own scores,
+    /// softmax (with its sink) and weighted sum, for head counts around the block size.
+    #[test]
+    fn attend_heads_equals_each_head_alone() {
+        for isa in Isa::supported() {
+            let (d, dv, n) = (72usize, 64usize, 11usize);
+            let data = rows(n, d, KvElem::F16, 9);
+            let keys = Rows {
+                data: &data,
+                stride: d * 2,
+                n,
+                d,
+                elem: KvElem::F16,
+            };
+            let values = Rows { d: dv, ..keys };
+            for heads in [1usize, 4, 6] {
+                let q: Vec<f32> = (0..heads * d)
+                    .map(|i| ((i * 29 % 97) as f32 - 48.0) / 61.0)
+                    .collect();
+                let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 0.3 - 0.5).collect();
+                let mut scratch = Vec::new();
+                let mut out = vec![f32::NAN; heads * (dv + 1)];
+                attend_heads(
+                    isa,
+                    &q,
+                    d,
+                    heads,
+                    keys,
+                    values,
+                    0.11,
+                    Some(&sinks),
+                    &mut scratch,
+                    &mut out,
+                    dv + 1,
+                );
+                for h in 0..heads {
+                    let mut p = vec![0f32; n];
+                    scores(isa, &q[h * d..], keys, 0.11, &mut p);
+                    softmax_with_sink(isa, &mut p, Some(sinks[h]));
+                    let mut want = vec![0f32; dv];
+                    weighted_sum(isa, &p, values, &mut want);
+                    for c in 0..dv {
+                        assert_eq!(
+                            out[h * (dv + 1) + c].to_bits(),
+                            want[c].to_bits(),
+                            "{isa:?} heads={heads}: head {h} column {c}"
+                        );
+                    }
+                    assert!(
+                        out[h * (dv + 1) + dv].is_nan(),
+                        "wrote past a head's output"
+                    );
                 }
             }
         }

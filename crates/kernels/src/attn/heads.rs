@@ -6,8 +6,61 @@
 //! does not depend on which others share its block (tensor-parallel ranks split heads
 //! differently from one node).
 
-use super::{Rows, scores, weighted_sum};
+use super::{Rows, scores, softmax_with_sink, weighted_sum};
 use crate::Isa;
+
+/// Heads computed together by [`attend_heads`]: its scratch holds this many rows of scores.
+const ATTEND_BLOCK: usize = 4;
+
+/// Attention of `heads` queries over the same keys and values: head `h`'s output
+/// `out[h * out_stride..][..values.d]` is `Σ_j p_h[j] · v_j` with `p_h` the softmax of its
+/// scores (and of `sinks[h]`, when given), each head's bits those of [`scores`],
+/// [`softmax_with_sink`] and [`weighted_sum`] alone. `scratch` holds the scores between the
+/// steps (any vector; it is resized).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_heads(
+    isa: Isa,
+    q: &[f32],
+    q_stride: usize,
+    heads: usize,
+    keys: Rows,
+    values: Rows,
+    scale: f32,
+    sinks: Option<&[f32]>,
+    scratch: &mut Vec<f32>,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let n = keys.n;
+    scratch.resize(ATTEND_BLOCK * n, 0.0);
+    let mut h0 = 0;
+    while h0 < heads {
+        let hb = ATTEND_BLOCK.min(heads - h0);
+        scores_heads(
+            isa,
+            &q[h0 * q_stride..],
+            q_stride,
+            hb,
+            keys,
+            scale,
+            scratch,
+            n,
+        );
+        for i in 0..hb {
+            softmax_with_sink(
+                isa,
+                &mut scratch[i * n..(i + 1) * n],
+                sinks.map(|s| s[h0 + i]),
+            );
+        }
+        let o = &mut out[h0 * out_stride..];
+        for i in 0..hb {
+            o[i * out_stride..i * out_stride + values.d].fill(0.0);
+        }
+        weighted_sum_heads(isa, scratch, n, hb, values, o, out_stride);
+        h0 += hb;
+    }
+}
 
 /// `out[h * out_stride + j] = scale · (q_h · k_j)` for `h < heads`, where query `h` is
 /// `q[h * q_stride..][..keys.d]`.

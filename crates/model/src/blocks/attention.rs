@@ -165,40 +165,34 @@ pub fn attend(
                     d: dv,
                     elem,
                 };
-                scores.resize(HEAD_BLOCK * n_pos, 0.0);
                 let h_first = g * group + part * per_part;
                 let h_last = (h_first + per_part).min((g + 1) * group);
-                // Blocks of heads share each key and value row's load (every head's bits are
-                // its own: `attn::scores_heads`).
-                let mut h0 = h_first;
-                while h0 < h_last {
-                    let hb = HEAD_BLOCK.min(h_last - h0);
-                    let at = row * n_head + h0;
-                    let qb = &q[at * dk..(at + hb) * dk];
-                    attn::scores_heads(isa, qb, dk, hb, krows, shape.scale, scores, n_pos);
-                    for (i, s) in scores.chunks_exact_mut(n_pos).take(hb).enumerate() {
-                        attn::softmax_with_sink(isa, s, shape.sinks.map(|s| s[h0 + i]));
-                    }
-                    // SAFETY: row < end and h0 + hb <= n_head, so the slice lies inside `out`
-                    // (checked above); heads h0..h0 + hb of this row belong to this task's
-                    // (token, kv head) pair only, and the spans' rows are disjoint, so no other
-                    // reference to them exists.
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.get().add(at * dv), hb * dv)
-                    };
-                    o.fill(0.0);
-                    attn::weighted_sum_heads(isa, scores, n_pos, hb, vrows, o, dv);
-                    h0 += hb;
-                }
+                let at = row * n_head + h_first;
+                let hb = h_last - h_first;
+                // SAFETY: row < end and h_last <= n_head, so the slice lies inside `out`
+                // (checked above); heads h_first..h_last of this row belong to this task's
+                // (token, kv head, part) only, and the spans' rows are disjoint, so no other
+                // reference to them exists.
+                let o =
+                    unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(at * dv), hb * dv) };
+                attn::attend_heads(
+                    isa,
+                    &q[at * dk..(at + hb) * dk],
+                    dk,
+                    hb,
+                    krows,
+                    vrows,
+                    shape.scale,
+                    shape.sinks.map(|s| &s[h_first..h_last]),
+                    scores,
+                    o,
+                    dv,
+                );
             }
         })
     });
     Ok(())
 }
-
-/// Query heads whose scores and sums are computed together (each key and value row loaded once
-/// for all of them).
-const HEAD_BLOCK: usize = 4;
 
 /// Into how many equal groups to split `n_heads` so that `n_rows` queries give every thread
 /// work: the largest divisor of `n_heads` up to threads per query (1 once rows fill the pool).

@@ -385,20 +385,21 @@ pub fn attend_selected(
                 };
                 // Values are the latent part of each row.
                 let values = Rows { d: r, ..rows };
-                // Blocks of heads share each selected row's load (each head's bits its own).
-                const HEAD_BLOCK: usize = 4;
-                scores.resize(HEAD_BLOCK * n_keys, 0.0);
-                for (b, o) in out_part.chunks_mut(HEAD_BLOCK * r).enumerate() {
-                    let hb = o.len() / r;
-                    let hh = part * per_part + b * HEAD_BLOCK;
-                    let qb = &q[(bt * nh + hh) * dk..(bt * nh + hh + hb) * dk];
-                    attn::scores_heads(isa, qb, dk, hb, rows, scale, &mut scores, n_keys);
-                    for s in scores.chunks_exact_mut(n_keys.max(1)).take(hb) {
-                        attn::softmax(isa, s);
-                    }
-                    o.fill(0.0);
-                    attn::weighted_sum_heads(isa, &scores, n_keys, hb, values, o, r);
-                }
+                let h0 = part * per_part;
+                let qb = &q[(bt * nh + h0) * dk..(bt * nh + h0 + per_part) * dk];
+                attn::attend_heads(
+                    isa,
+                    qb,
+                    dk,
+                    per_part,
+                    rows,
+                    values,
+                    scale,
+                    None,
+                    &mut scores,
+                    out_part,
+                    r,
+                );
             }
         });
     }
