@@ -217,8 +217,9 @@ pub fn row_kernel(isa: Isa, dtype: GgmlType) -> Option<RowKernel> {
 /// The row count that the panel kernel of `dtype` at level `isa` wants its panels cut into
 /// multiples of: the AMX tiles take 16 rows at a time (a partial block is padded with zero
 /// rows, wasted work); the x86 panels of the 32-element formats transpose each group of tokens
-/// once per panel, which 32 rows amortize; the other register-tiled panels take any count (4
-/// keeps blocks aligned).
+/// once per panel, which 32 rows amortize; the AVX-512 Q6_K panel packs blocks of 16 rows
+/// for its row lanes (`crate::x86::avx512::packs_row_blocks`); the other register-tiled panels
+/// take any count (4 keeps blocks aligned).
 pub fn panel_row_granule(isa: Isa, dtype: GgmlType) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
@@ -227,6 +228,11 @@ pub fn panel_row_granule(isa: Isa, dtype: GgmlType) -> usize {
         }
         if token_lane_panels(isa, dtype) {
             return 32;
+        }
+        if dot_level(isa, dtype) == Some(Isa::Avx512)
+            && let Some(rows) = crate::x86::avx512::packs_row_blocks(dtype)
+        {
+            return rows;
         }
     }
     let _ = (isa, dtype);

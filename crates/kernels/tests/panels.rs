@@ -96,6 +96,29 @@ fn panels_equal_the_single_row_dot_bitwise() {
     eprintln!("checked {checked} panel kernels");
 }
 
+/// Panels that pack blocks of rows for large batches (the AMX tiles, the AVX-512 Q6_K row
+/// lanes): several blocks, partial ones, and token counts around their thresholds.
+#[test]
+fn panels_of_many_rows_and_tokens_equal_the_single_row_dot() {
+    let mut rng = Rng::new(29);
+    for isa in Isa::supported() {
+        for t in panel_types(isa) {
+            for k in [256usize, 768] {
+                if !k.is_multiple_of(t.block_size()) {
+                    continue;
+                }
+                for rows in [16, 33] {
+                    let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, t, k)).collect();
+                    for n in [15, 16, 23, 40] {
+                        let a = activations(&mut rng, t, k, n);
+                        check(isa, t, k, rows, n, &w, &a);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Quant bytes at their extremes against activations at ±127: no i16 saturation, no lost sign.
 #[test]
 fn panels_survive_extreme_quants() {
@@ -111,8 +134,9 @@ fn panels_survive_extreme_quants() {
                     fill_quants(t, &mut row, fill);
                     w.extend(row);
                 }
-                for sign in [1.0f32, -1.0] {
-                    let n = 3;
+                // 3 tokens for the register tiles, 17 for the panels that pack rows for
+                // batches (the AMX tiles, the AVX-512 Q6_K row lanes).
+                for (sign, n) in [(1.0f32, 3), (-1.0, 3), (1.0, 17), (-1.0, 17)] {
                     let x: Vec<f32> = (0..n * k)
                         .map(|i| {
                             if i % 3 == 0 {
@@ -264,7 +288,7 @@ fn chunk_panels_are_the_f64_sums_of_each_chunks_dot() {
             {
                 let (k, tail_k) = (per_chunk * 256, tail * 256);
                 let cols = chunks * k + tail_k;
-                for (rows, n) in [(1, 1), (3, 7), (2, 8), (5, 9), (2, 17)] {
+                for (rows, n) in [(1, 1), (3, 7), (2, 8), (5, 9), (2, 17), (19, 25)] {
                     let wb = t.row_bytes(cols as u64).unwrap() as usize;
                     let w: Vec<u8> = (0..rows)
                         .flat_map(|_| random_row(&mut rng, t, cols))

@@ -9,46 +9,7 @@ use super::formats::{Q4K, Q6K, TileFormat};
 use super::unit::{A, B_HI, B_LO, C_HI, C_HI2, C_LO, C_LO2, Hardware, TileUnit};
 use crate::blocks::{BlockQ8K, QK_K};
 use crate::panel::{Panel, PanelFn};
-
-/// The transpose of a 16×16 matrix of dwords (`r[m]` holds row m): `out[k]` holds column k.
-/// This turns one plane chunk of 16 weight rows (64 bytes each) into the VNNI layout of a B
-/// tile (row k: four consecutive K bytes of each of the 16 rows).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-fn transpose16(r: &[__m512i; TILE]) -> [__m512i; TILE] {
-    // Within each 128-bit lane L: pairs of rows interleaved, then quads, so that u[4j + q]'s
-    // lane L holds rows 4j..4j + 4 at column 4L + q.
-    let t: [__m512i; TILE] = std::array::from_fn(|i| {
-        if i % 2 == 0 {
-            _mm512_unpacklo_epi32(r[i], r[i + 1])
-        } else {
-            _mm512_unpackhi_epi32(r[i - 1], r[i])
-        }
-    });
-    let u: [__m512i; TILE] = std::array::from_fn(|i| {
-        let (j, q) = (i / 4, i % 4);
-        let (a, b) = (t[4 * j + q / 2], t[4 * j + 2 + q / 2]);
-        if q % 2 == 0 {
-            _mm512_unpacklo_epi64(a, b)
-        } else {
-            _mm512_unpackhi_epi64(a, b)
-        }
-    });
-    // Then a 4×4 transpose of 128-bit lanes across u[q], u[4 + q], u[8 + q], u[12 + q].
-    let mut out = [_mm512_setzero_si512(); TILE];
-    for q in 0..4 {
-        let (a, b, c, d) = (u[q], u[4 + q], u[8 + q], u[12 + q]);
-        let x0 = _mm512_shuffle_i32x4::<0b01_00_01_00>(a, b);
-        let x1 = _mm512_shuffle_i32x4::<0b11_10_11_10>(a, b);
-        let y0 = _mm512_shuffle_i32x4::<0b01_00_01_00>(c, d);
-        let y1 = _mm512_shuffle_i32x4::<0b11_10_11_10>(c, d);
-        out[q] = _mm512_shuffle_i32x4::<0b10_00_10_00>(x0, y0);
-        out[4 + q] = _mm512_shuffle_i32x4::<0b11_01_11_01>(x0, y0);
-        out[8 + q] = _mm512_shuffle_i32x4::<0b10_00_10_00>(x1, y1);
-        out[12 + q] = _mm512_shuffle_i32x4::<0b11_01_11_01>(x1, y1);
-    }
-    out
-}
+use crate::x86::avx512::transpose16;
 
 /// Bytes of one plane of one superblock: four B tiles of 16 rows × 64 bytes.
 const PLANE_BYTES: usize = 4 * TILE * 64;

@@ -15,6 +15,7 @@ mod iquants;
 mod kquants;
 mod legacy;
 mod panels;
+mod row_lanes;
 
 pub(crate) use kquants::{chunks_q4_k_exact, dot_q4_k_exact, dot_q6_k};
 pub(crate) use panels::{chunks_q6_k, panel_q4_k_exact, panel_q6_k};
@@ -87,7 +88,7 @@ pub fn chunk_panel(dtype: GgmlType) -> Option<ChunkPanelFn> {
         T::Q3K => panels::chunk_panel_q3_k,
         T::Q4K => panels::chunk_panel_q4_k,
         T::Q5K => panels::chunk_panel_q5_k,
-        T::Q6K => panels::chunk_panel_q6_k,
+        T::Q6K => row_lanes::chunk_panel_q6_k,
         _ => return None,
     })
 }
@@ -103,7 +104,7 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
         T::Q3K => panels::panel_q3_k,
         T::Q4K => panels::panel_q4_k,
         T::Q5K => panels::panel_q5_k,
-        T::Q6K => panels::panel_q6_k,
+        T::Q6K => row_lanes::panel_q6_k,
         T::Q8_0 => panels::panel_q8_0,
         T::Q4_0 => panels::panel_q4_0,
         T::Q4_1 => panels::panel_q4_1,
@@ -125,6 +126,12 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
     })
 }
 
+/// Whether the panel of `dtype` at this level packs blocks of [`row_lanes::ROWS`] weight rows
+/// for batches (so panels should come in multiples of that many rows).
+pub fn packs_row_blocks(dtype: GgmlType) -> Option<usize> {
+    (dtype == GgmlType::Q6K).then_some(row_lanes::ROWS)
+}
+
 /// 64 bytes from `p` (any alignment).
 ///
 /// # Safety
@@ -134,4 +141,44 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
 unsafe fn load512(p: *const u8) -> __m512i {
     // SAFETY: the caller's contract.
     unsafe { _mm512_loadu_si512(p as *const __m512i) }
+}
+
+/// The transpose of a 16×16 matrix of dwords (`r[m]` holds row m): `out[k]` holds column k.
+/// This turns one plane chunk of 16 weight rows (64 bytes each) into the VNNI layout of a B
+/// tile, or of [`row_lanes`] (row k: four consecutive K bytes of each of the 16 rows).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
+    // Within each 128-bit lane L: pairs of rows interleaved, then quads, so that u[4j + q]'s
+    // lane L holds rows 4j..4j + 4 at column 4L + q.
+    let t: [__m512i; 16] = std::array::from_fn(|i| {
+        if i % 2 == 0 {
+            _mm512_unpacklo_epi32(r[i], r[i + 1])
+        } else {
+            _mm512_unpackhi_epi32(r[i - 1], r[i])
+        }
+    });
+    let u: [__m512i; 16] = std::array::from_fn(|i| {
+        let (j, q) = (i / 4, i % 4);
+        let (a, b) = (t[4 * j + q / 2], t[4 * j + 2 + q / 2]);
+        if q % 2 == 0 {
+            _mm512_unpacklo_epi64(a, b)
+        } else {
+            _mm512_unpackhi_epi64(a, b)
+        }
+    });
+    // Then a 4×4 transpose of 128-bit lanes across u[q], u[4 + q], u[8 + q], u[12 + q].
+    let mut out = [_mm512_setzero_si512(); 16];
+    for q in 0..4 {
+        let (a, b, c, d) = (u[q], u[4 + q], u[8 + q], u[12 + q]);
+        let x0 = _mm512_shuffle_i32x4::<0b01_00_01_00>(a, b);
+        let x1 = _mm512_shuffle_i32x4::<0b11_10_11_10>(a, b);
+        let y0 = _mm512_shuffle_i32x4::<0b01_00_01_00>(c, d);
+        let y1 = _mm512_shuffle_i32x4::<0b11_10_11_10>(c, d);
+        out[q] = _mm512_shuffle_i32x4::<0b10_00_10_00>(x0, y0);
+        out[4 + q] = _mm512_shuffle_i32x4::<0b11_01_11_01>(x0, y0);
+        out[8 + q] = _mm512_shuffle_i32x4::<0b10_00_10_00>(x1, y1);
+        out[12 + q] = _mm512_shuffle_i32x4::<0b11_01_11_01>(x1, y1);
+    }
+    out
 }

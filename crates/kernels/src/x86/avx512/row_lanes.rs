@@ -1,0 +1,386 @@
+//! Q6_K panels with one weight row per 32-bit lane, for batches of many tokens. A block of 16
+//! weight rows is unpacked once per panel call into bytes in the VNNI layout (for each four
+//! columns, the 16 rows' four bytes: one register), and each token's four activation bytes are
+//! broadcast against it: one 512-bit `vpdpbusd` does 64 multiply-adds for 16 rows, and nothing
+//! is reduced across lanes. The register tiles of `super::panels` instead keep a token's sum
+//! spread over lanes and spend about a third of their multiplies on sub-block scales and the
+//! final reductions (measured 92–122 GFLOP/s a thread on Zen 4, where llama.cpp's tiled Q6_K
+//! kernel, built the same way as this one, runs deepseek-v3-4l's dense down projections about
+//! three times as fast).
+//!
+//! **Same bits** as the AVX-512 Q6_K dot, whose arithmetic is the scalar reference's: per
+//! superblock the exact integer Σ scale·(q − 32)·a (here Σ_s scale_s·Σ q·a over each sub-block,
+//! less 32·Σ_s scale_s·bsum_s, both exact in i32), then the float step `acc + (d·dy)·isum`, one
+//! row per lane, superblocks in order. Chunked products add each chunk's value (its steps from
+//! 0.0) to f64 sums in chunk order, as `crate::panel::ChunkPanel` asks.
+//!
+//! Packing a block of rows costs about what two tokens' products cost, so fewer tokens than
+//! [`MIN_TOKENS`] run through the register tiles instead.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+use super::transpose16;
+use crate::blocks::{BlockQ6K, BlockQ8K, QK_K};
+use crate::panel::{ChunkPanel, Panel};
+
+/// Weight rows per packed block: one per 32-bit lane of a 512-bit register.
+pub const ROWS: usize = 16;
+
+/// Tokens whose sums stay in registers together: each packed weight register loaded serves
+/// this many tokens.
+const TOKENS: usize = 8;
+
+/// Panels of fewer tokens than this run through the register tiles of `super::panels`.
+pub const MIN_TOKENS: usize = 16;
+
+/// 64 bytes, aligned for whole-register loads.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+impl Line {
+    const ZERO: Line = Line([0; 64]);
+}
+
+/// A block of up to 16 Q6_K rows, unpacked (rows past the block's end are zeros). Per
+/// superblock: 64 lines of quants `q` (0..63, the stored 6 bits) in the VNNI layout, 16 lines of
+/// sub-block scales (one i32 per row), 8 lines of scale pairs `(scale_2p, scale_2p+1)` as two
+/// i16 per row, and a line of each row's `d` as f32.
+#[derive(Default)]
+struct PackedQ6K {
+    quants: Vec<Line>,
+    scales: Vec<Line>,
+    scale_pairs: Vec<Line>,
+    d: Vec<Line>,
+}
+
+impl PackedQ6K {
+    /// Packs rows `w[0..rows]` (rows ≤ 16), `nb` superblocks each.
+    ///
+    /// # Safety
+    /// Each `w[m]`, m < rows, points at `nb` readable blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn pack(&mut self, nb: usize, w: &[*const BlockQ6K; ROWS], rows: usize) {
+        self.quants.resize(nb * 64, Line::ZERO);
+        self.scales.resize(nb * 16, Line::ZERO);
+        self.scale_pairs.resize(nb * 8, Line::ZERO);
+        self.d.resize(nb, Line::ZERO);
+        for b in 0..nb {
+            // Called for rows m < rows only.
+            let block = |m: usize| {
+                // SAFETY: block b < nb of row m < rows is readable (the contract above); the
+                // blocks are plain bytes of alignment 1.
+                unsafe { &*w[m].add(b) }
+            };
+            let scales16 = |m: usize| {
+                // SAFETY: the 16 bytes of the block's `scales`.
+                unsafe { _mm_loadu_si128(block(m).scales.as_ptr() as *const __m128i) }
+            };
+            // Row m's sixteen scales as i32, and as eight i16 pairs (upper half zero); the
+            // transposes turn them into one line per sub-block (pair) with a lane per row.
+            let (by_row, pairs_by_row): ([__m512i; ROWS], [__m512i; ROWS]) = (
+                std::array::from_fn(|m| {
+                    if m < rows {
+                        _mm512_cvtepi8_epi32(scales16(m))
+                    } else {
+                        _mm512_setzero_si512()
+                    }
+                }),
+                std::array::from_fn(|m| {
+                    if m < rows {
+                        _mm512_castsi256_si512(_mm256_cvtepi8_epi16(scales16(m)))
+                    } else {
+                        _mm512_setzero_si512()
+                    }
+                }),
+            );
+            let lines = [
+                (transpose16(&by_row), &mut self.scales[b * 16..b * 16 + 16]),
+                (
+                    transpose16(&pairs_by_row),
+                    &mut self.scale_pairs[b * 8..b * 8 + 8],
+                ),
+            ];
+            for (columns, dst) in lines {
+                for (line, v) in dst.iter_mut().zip(columns) {
+                    // SAFETY: a 64-byte store into a 64-byte-aligned `Line`.
+                    unsafe { _mm512_store_si512(line.0.as_mut_ptr() as *mut __m512i, v) };
+                }
+            }
+            let d: [f32; ROWS] = std::array::from_fn(|m| {
+                if m < rows {
+                    half::f16::from_le_bytes(block(m).d).to_f32()
+                } else {
+                    0.0
+                }
+            });
+            self.d[b] = Line(bytemuck::cast(d));
+            for c in 0..4 {
+                let rows_c: [__m512i; ROWS] = std::array::from_fn(|m| {
+                    if m < rows {
+                        // SAFETY: as above; the CPU has this function's features.
+                        unsafe { quants_q6k(&*w[m].add(b), c) }
+                    } else {
+                        _mm512_setzero_si512()
+                    }
+                });
+                for (j, v) in transpose16(&rows_c).into_iter().enumerate() {
+                    let line = &mut self.quants[b * 64 + 16 * c + j];
+                    // SAFETY: a 64-byte store into a 64-byte-aligned `Line`.
+                    unsafe { _mm512_store_si512(line.0.as_mut_ptr() as *mut __m512i, v) };
+                }
+            }
+        }
+    }
+}
+
+/// Elements 64c..64c + 64 of a Q6_K superblock as bytes `q` (0..63): quarter pair
+/// (2(c % 2), 2(c % 2) + 1) of half c / 2, as in `formats::kquants::q6_values` (element
+/// l + 32k of a half: low bits from `ql[l]` (k = 0, 2) or `ql[l + 32]` (k = 1, 3), the low
+/// nibble for k < 2, and bits 2k, 2k + 1 of `qh[l]`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+fn quants_q6k(x: &BlockQ6K, c: usize) -> __m512i {
+    let (h, upper) = (c / 2, c % 2 == 1);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    // SAFETY: bytes 64h..64h + 64 of the 128 in `ql` and 32h..32h + 32 of the 64 in `qh` (h < 2).
+    let (ql0, ql1, qh) = unsafe {
+        (
+            _mm256_loadu_si256(x.ql.as_ptr().add(64 * h) as *const __m256i),
+            _mm256_loadu_si256(x.ql.as_ptr().add(64 * h + 32) as *const __m256i),
+            _mm256_loadu_si256(x.qh.as_ptr().add(32 * h) as *const __m256i),
+        )
+    };
+    let (low0, low1, hb0, hb1) = if upper {
+        (
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3),
+            _mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3),
+        )
+    } else {
+        (
+            _mm256_and_si256(ql0, m4),
+            _mm256_and_si256(ql1, m4),
+            _mm256_and_si256(qh, m3),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3),
+        )
+    };
+    let first = _mm256_or_si256(low0, _mm256_slli_epi16::<4>(hb0));
+    let second = _mm256_or_si256(low1, _mm256_slli_epi16::<4>(hb1));
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
+}
+
+thread_local! {
+    static PACKED: RefCell<PackedQ6K> = RefCell::new(PackedQ6K::default());
+}
+
+/// `T` tokens against a packed block of rows, superblock by superblock; at the end of every
+/// chunk of `per` superblocks (and of the row) `emit(chunk, sums)` gets each token's 16 rows'
+/// values of that chunk, and the sums start again from 0.0.
+///
+/// # Safety
+/// `pk` holds `nb` packed superblocks and each `a[t]` points at `nb` readable Q8_K blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6k_tokens<const T: usize>(
+    pk: &PackedQ6K,
+    nb: usize,
+    per: usize,
+    a: [*const BlockQ8K; T],
+    mut emit: impl FnMut(usize, &[__m512; T]),
+) {
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm512_setzero_ps(); T];
+    let mut chunk = 0;
+    for b in 0..nb {
+        // SAFETY: block b < nb of every token is readable (the contract above); alignment 1.
+        let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
+        let quants = &pk.quants[b * 64..b * 64 + 64];
+        let mut isum = [zero; T];
+        for s in 0..16 {
+            let mut raw = [zero; T];
+            for j in 0..4 {
+                let kq = 4 * s + j;
+                // SAFETY: an aligned 64-byte line.
+                let wq = unsafe { _mm512_load_si512(quants[kq].0.as_ptr() as *const __m512i) };
+                for t in 0..T {
+                    // SAFETY: bytes 4kq..4kq + 4 of the 256 in `qs` (kq < 64).
+                    let x =
+                        unsafe { (ys[t].qs.as_ptr().add(4 * kq) as *const i32).read_unaligned() };
+                    raw[t] = _mm512_dpbusd_epi32(raw[t], wq, _mm512_set1_epi32(x));
+                }
+            }
+            // SAFETY: an aligned 64-byte line.
+            let sc = unsafe { _mm512_load_si512(pk.scales[b * 16 + s].0.as_ptr() as *const _) };
+            for t in 0..T {
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(raw[t], sc));
+            }
+        }
+        // The quants are stored with +32: Σ_s scale_s·bsum_s, by pairs of sub-blocks.
+        let mut offset = [zero; T];
+        for p in 0..8 {
+            // SAFETY: an aligned 64-byte line.
+            let sp = unsafe { _mm512_load_si512(pk.scale_pairs[b * 8 + p].0.as_ptr() as *const _) };
+            for t in 0..T {
+                // SAFETY: bytes 4p..4p + 4 of the 32 in `bsums`: (bsum_2p, bsum_2p+1) (p < 8).
+                let pair =
+                    unsafe { (ys[t].bsums.as_ptr().add(4 * p) as *const i32).read_unaligned() };
+                offset[t] = _mm512_dpwssd_epi32(offset[t], sp, _mm512_set1_epi32(pair));
+            }
+        }
+        // SAFETY: an aligned 64-byte line.
+        let d = unsafe { _mm512_load_ps(pk.d[b].0.as_ptr() as *const f32) };
+        for t in 0..T {
+            let exact = _mm512_sub_epi32(isum[t], _mm512_slli_epi32::<5>(offset[t]));
+            let scale = _mm512_mul_ps(d, _mm512_set1_ps(ys[t].d()));
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(exact)));
+        }
+        if (b + 1) % per == 0 || b + 1 == nb {
+            emit(chunk, &acc);
+            chunk += 1;
+            acc = [_mm512_setzero_ps(); T];
+        }
+    }
+}
+
+/// Runs `f::<T>` for each run of up to [`TOKENS`] tokens `t0..t0 + T` of `n`.
+macro_rules! token_runs {
+    ($n:expr, |$t0:ident, $T:ident| $body:expr) => {{
+        let mut $t0 = 0;
+        while $t0 < $n {
+            let left = ($n - $t0).min(TOKENS);
+            match left {
+                8 => {
+                    const $T: usize = 8;
+                    $body
+                }
+                7 => {
+                    const $T: usize = 7;
+                    $body
+                }
+                6 => {
+                    const $T: usize = 6;
+                    $body
+                }
+                5 => {
+                    const $T: usize = 5;
+                    $body
+                }
+                4 => {
+                    const $T: usize = 4;
+                    $body
+                }
+                3 => {
+                    const $T: usize = 3;
+                    $body
+                }
+                2 => {
+                    const $T: usize = 2;
+                    $body
+                }
+                _ => {
+                    const $T: usize = 1;
+                    $body
+                }
+            }
+            $t0 += left;
+        }
+    }};
+}
+
+/// The weight rows `r0..r0 + ROWS` (or fewer at the end) of a panel, as block pointers.
+fn row_block(w: *const u8, w_stride: usize, r0: usize, rows: usize) -> [*const BlockQ6K; ROWS] {
+    std::array::from_fn(|m| w.wrapping_add((r0 + m.min(rows - 1)) * w_stride) as *const BlockQ6K)
+}
+
+/// The Q6_K panel of the AVX-512 level (`crate::panel::PanelFn`): row lanes for batches of at
+/// least [`MIN_TOKENS`] tokens, the register tiles below that.
+///
+/// # Safety
+/// As for `crate::panel::PanelFn`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn panel_q6_k(p: &Panel) {
+    if p.n < MIN_TOKENS {
+        // SAFETY: the caller's contract.
+        return unsafe { super::panels::panel_q6_k(p) };
+    }
+    let nb = p.k / QK_K;
+    PACKED.with_borrow_mut(|pk| {
+        for r0 in (0..p.rows).step_by(ROWS) {
+            let rows = (p.rows - r0).min(ROWS);
+            // SAFETY: rows r0..r0 + rows < p.rows of the panel, `nb` blocks each, are readable
+            // (the caller's contract).
+            unsafe { pk.pack(nb, &row_block(p.w, p.w_stride, r0, rows), rows) };
+            let mask = ((1u32 << rows) - 1) as u16;
+            token_runs!(p.n, |t0, T| {
+                let a: [*const BlockQ8K; T] =
+                    std::array::from_fn(|t| p.a.wrapping_add((t0 + t) * p.a_stride) as *const _);
+                let emit = |_, sums: &[__m512; T]| {
+                    for (t, v) in sums.iter().enumerate() {
+                        let at = p.out.wrapping_add((t0 + t) * p.out_stride + r0);
+                        // SAFETY: outputs (t0 + t, r0 + m) for the lanes m < rows of `mask`,
+                        // inside the panel: writable and unaliased (the caller's contract).
+                        unsafe { _mm512_mask_storeu_ps(at, mask, *v) };
+                    }
+                };
+                // SAFETY: `pk` holds the `nb` superblocks just packed; tokens t0..t0 + T < n
+                // each have `nb` readable blocks (the caller's contract).
+                unsafe { q6k_tokens::<T>(pk, nb, nb, a, emit) };
+            });
+        }
+    });
+}
+
+/// The Q6_K chunk panel of the AVX-512 level (`crate::panel::ChunkPanelFn`): row lanes for
+/// batches of at least [`MIN_TOKENS`] tokens, `super::panels`' tiles below that. The chunks
+/// must be contiguous (chunk c at block c·k/256), as `Kernels::matmul_chunked` lays them out.
+///
+/// # Safety
+/// As for `crate::panel::ChunkPanelFn`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn chunk_panel_q6_k(p: &ChunkPanel) {
+    if p.n < MIN_TOKENS {
+        // SAFETY: the caller's contract.
+        return unsafe { super::panels::chunk_panel_q6_k(p) };
+    }
+    let per = p.k / QK_K;
+    let nb = p.chunks * per + p.tail_k / QK_K;
+    PACKED.with_borrow_mut(|pk| {
+        for r0 in (0..p.rows).step_by(ROWS) {
+            let rows = (p.rows - r0).min(ROWS);
+            // SAFETY: as in `panel_q6_k`; the chunks of a row are contiguous blocks.
+            unsafe { pk.pack(nb, &row_block(p.w, p.w_stride, r0, rows), rows) };
+            let mask = ((1u32 << rows) - 1) as u16;
+            let (lo, hi) = (mask as u8, (mask >> 8) as u8);
+            token_runs!(p.n, |t0, T| {
+                let a: [*const BlockQ8K; T] =
+                    std::array::from_fn(|t| p.a.wrapping_add((t0 + t) * p.a_stride) as *const _);
+                // The f64 sums of 16 rows per token, in whole registers until the tokens are
+                // done (masked stores and loads at the outputs after each chunk stalled on
+                // store forwarding).
+                let mut sums = [[_mm512_setzero_pd(); 2]; T];
+                let emit = |_, values: &[__m512; T]| {
+                    for (sum, v) in sums.iter_mut().zip(values) {
+                        sum[0] = _mm512_add_pd(sum[0], _mm512_cvtps_pd(_mm512_castps512_ps256(*v)));
+                        sum[1] =
+                            _mm512_add_pd(sum[1], _mm512_cvtps_pd(_mm512_extractf32x8_ps::<1>(*v)));
+                    }
+                };
+                // SAFETY: as in `panel_q6_k`.
+                unsafe { q6k_tokens::<T>(pk, nb, per, a, emit) };
+                for (t, sum) in sums.iter().enumerate() {
+                    let at = p.out.wrapping_add((t0 + t) * p.out_stride + r0);
+                    // SAFETY: outputs (t0 + t, r0 + m) for the lanes m < rows of the mask,
+                    // inside the panel: writable and unaliased (the caller's contract).
+                    unsafe {
+                        _mm512_mask_storeu_pd(at, lo, sum[0]);
+                        _mm512_mask_storeu_pd(at.wrapping_add(8), hi, sum[1]);
+                    }
+                }
+            });
+        }
+    });
+}
