@@ -124,7 +124,8 @@ pub(crate) unsafe fn fma_d_dmin(
     acc[1] = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(msum), acc[1]);
 }
 
-/// The running sum of a Q4_K/Q5_K dot in the AVX2/AVX-512 levels' arithmetic: each
+/// The running sum of a Q5_K dot in the AVX2/AVX-512 levels' arithmetic (Q4_K's is
+/// `crate::x86::q4k_octets`): each
 /// superblock's integer lanes converted and scaled lane by lane (`fma_d_dmin`), the lanes added
 /// at the end.
 pub(crate) struct LaneSums([__m256; 2]);
@@ -565,48 +566,6 @@ macro_rules! q4k_256 {
     }};
 }
 pub(crate) use q4k_256;
-
-/// `q4k_lane_chunks!(c, accumulate)`: the body of a Q4_K chunk-dots kernel
-/// (`crate::panel::ChunkDotsFn`, `c: &ChunkDots`) in [`LaneSums`]' arithmetic: each chunk's
-/// superblocks scaled into its own pair of lane accumulators, as `q4k_256!` does for a dot of
-/// that chunk, and eight chunks' lanes reduced together (`hsum8_ps`, `hsum_ps`'s bits).
-/// The chunks must be contiguous (chunk c starts at block c·k/256).
-macro_rules! q4k_lane_chunks {
-    ($c:expr, $acc:path) => {{
-        use $crate::x86::kq256::prelude::*;
-        let c: &$crate::panel::ChunkDots = $c;
-        let per = c.k / QK_K;
-        let (w, a) = (c.w as *const BlockQ4K, c.a as *const BlockQ8K);
-        let m4 = _mm256_set1_epi8(0x0F);
-        let mut pending = [_mm256_setzero_ps(); 8];
-        let mut waiting = 0;
-        for ch in 0..c.chunks {
-            let mut acc = [_mm256_setzero_ps(); 2];
-            for b in ch * per..(ch + 1) * per {
-                // SAFETY: block b of the row and of the activations is readable (the chunks
-                // are contiguous and readable by the kernel's contract); the blocks are plain
-                // bytes of alignment 1.
-                let (x, y) = unsafe { (&*w.add(b), &*a.add(b)) };
-                let (isum, msum) =
-                    $crate::x86::kq256::q4k_q5k_body!(x, y, m4, $acc, |g, lo, hi| (lo, hi));
-                // SAFETY: the block's first four bytes are [d, dmin].
-                unsafe { fma_d_dmin(&mut acc, isum, msum, x as *const _ as *const u8, y.d()) };
-            }
-            pending[waiting] = _mm256_add_ps(acc[0], acc[1]);
-            waiting += 1;
-            if waiting == 8 || ch + 1 == c.chunks {
-                let sums = $crate::x86::simd256::hsum8_ps(&pending);
-                let first = ch + 1 - waiting;
-                for (i, &v) in sums[..waiting].iter().enumerate() {
-                    // SAFETY: chunk first + i < chunks; the outputs are writable (contract).
-                    unsafe { *c.out.add(first + i) = v };
-                }
-                waiting = 0;
-            }
-        }
-    }};
-}
-pub(crate) use q4k_lane_chunks;
 
 /// `q5k_256!(n, w, a, accumulate)`: the whole kernel body; `accumulate(acc, pairs, scale)`.
 macro_rules! q5k_256 {

@@ -22,6 +22,7 @@ mod float_kinds;
 mod iq256;
 mod kq256;
 mod mxfp4;
+mod q4k_octets;
 mod scales;
 mod simd256;
 mod tiles;

@@ -26,43 +26,6 @@ pub(crate) fn hsum_ps(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// [`hsum_ps`] of each of `v[0..8]`, bit for bit, reduced together: the same pairs added in
-/// the same tree (lane i + lane i+4, then those of lanes 0/2 and 1/3, then the two), with
-/// transposes between the levels instead of one vector at a time.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(crate) fn hsum8_ps(v: &[__m256; 8]) -> [f32; 8] {
-    lanes(hsum8_vec(v))
-}
-
-/// [`hsum8_ps`] as a vector: lane i is `hsum_ps(v[i])`'s bits.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(crate) fn hsum8_vec(v: &[__m256; 8]) -> __m256 {
-    let halves = |a: __m256, b: __m256| {
-        _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x20>(a, b),
-            _mm256_permute2f128_ps::<0x31>(a, b),
-        )
-    };
-    // [s(v0) | s(v1)] with s(v)_i = v_i + v_{i+4}, likewise the other pairs.
-    let (a01, a23, a45, a67) = (
-        halves(v[0], v[1]),
-        halves(v[2], v[3]),
-        halves(v[4], v[5]),
-        halves(v[6], v[7]),
-    );
-    // t(v)_j = s(v)_j + s(v)_{j+2}: [t(v0)0, t(v2)0, t(v0)1, t(v2)1 | the same for v1, v3].
-    let b0123 = _mm256_add_ps(_mm256_unpacklo_ps(a01, a23), _mm256_unpackhi_ps(a01, a23));
-    let b4567 = _mm256_add_ps(_mm256_unpacklo_ps(a45, a67), _mm256_unpackhi_ps(a45, a67));
-    // t(v)_0 + t(v)_1: [v0, v2, v4, v6 | v1, v3, v5, v7].
-    let r = _mm256_add_ps(
-        _mm256_shuffle_ps::<0x44>(b0123, b4567),
-        _mm256_shuffle_ps::<0xEE>(b0123, b4567),
-    );
-    _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
-}
-
 /// The sum of 8 lanes of i32.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -157,35 +120,4 @@ pub(crate) unsafe fn load256(p: *const u8) -> __m256i {
 pub(crate) unsafe fn load128(p: *const u8) -> __m128i {
     // SAFETY: the caller's contract; SSE2 is part of the x86-64 baseline.
     unsafe { _mm_loadu_si128(p as *const __m128i) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The transposed reduction adds the same pairs as `hsum_ps`, so it gives its bits.
-    #[test]
-    fn hsum8_is_hsum_of_each_vector_bit_for_bit() {
-        if !is_x86_feature_detected!("avx2") {
-            return;
-        }
-        let mut seed = 0x2545_f491_u32;
-        let mut f = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            // Mixed magnitudes and signs, so that the order of additions shows in the bits.
-            let m = (seed % 1000) as f32 / 7.0 - 70.0;
-            m * 10f32.powi((seed >> 20) as i32 % 7 - 3)
-        };
-        for _ in 0..200 {
-            let vals: Vec<[f32; 8]> = (0..8).map(|_| std::array::from_fn(|_| f())).collect();
-            // SAFETY: AVX2 is present (checked above); each load reads one 8-float array.
-            let (got, want) = unsafe {
-                let v: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(vals[i].as_ptr()));
-                (hsum8_ps(&v), v.map(|x| hsum_ps(x)))
-            };
-            assert_eq!(got.map(f32::to_bits), want.map(f32::to_bits), "{vals:?}");
-        }
-    }
 }

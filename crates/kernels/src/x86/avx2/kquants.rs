@@ -8,7 +8,7 @@ use gguf::GgmlType;
 use super::mul_sum_i8_pairs;
 use crate::blocks::*;
 use crate::x86::dot_wrapper;
-use crate::x86::kq256::{q2k_256, q3k_256, q4k_256, q5k_256, q6k_256};
+use crate::x86::kq256::{q2k_256, q3k_256, q5k_256, q6k_256};
 use crate::x86::simd256::{hsum_ps, load256};
 
 dot_wrapper!(pub dot_q2_k => dot_q2_k_impl, GgmlType::Q2K, GgmlType::Q8K);
@@ -35,21 +35,9 @@ pub(super) fn dot_q3_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q3k_256!(n, w, a, madd_acc)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    q4k_256!(n, w, a, madd_acc)
-}
-
-/// The chunk-dots kernel of the Q4_K dot (`crate::panel::ChunkDotsFn`): every chunk that
-/// dot's bits (`kq256::q4k_lane_chunks`).
-///
-/// # Safety
-/// As for [`crate::panel::ChunkDotsFn`]; the chunks are contiguous (chunk c starts at block
-/// c·k/256 of the row and of the activations).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn chunks_q4_k(c: &crate::panel::ChunkDots) {
-    crate::x86::kq256::q4k_lane_chunks!(c, madd_acc)
-}
+// Q4_K in the octet arithmetic (`crate::x86::q4k_octets`), as at the AVX-512 level: the same
+// bits there and here.
+crate::x86::q4k_octets::q4k_octet_kernels!("avx2,fma,f16c", madd_acc);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {

@@ -26,10 +26,10 @@ use crate::x86::blocks32::{
 };
 use crate::x86::kq256::Q6K_SCALE;
 use crate::x86::simd256::{bcast_f16, hsums, lanes, load128_of, load256, load256_of};
-use crate::x86::tiles::{dot_tile, panel_kernel, q2k_rows, q3k_rows, q4k_rows, q5k_rows};
+use crate::x86::tiles::{dot_tile, panel_kernel, q2k_rows, q3k_rows, q5k_rows};
 
 panel_kernel!(pub panel_q4_k, "avx2,fma,f16c",
-    block = QK_K, batch = q4k_tile(1, [2, 3, 4]), single = q4k_dots(1));
+    block = QK_K, batch = q4k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_dots(1));
 panel_kernel!(pub panel_q2_k, "avx2,fma,f16c",
     block = QK_K, batch = q2k_tile(1, [2, 3, 4]), single = q2k_dots(1), chunks = chunks_q2_k);
 panel_kernel!(pub panel_q3_k, "avx2,fma,f16c",
@@ -39,7 +39,7 @@ panel_kernel!(pub panel_q5_k, "avx2,fma,f16c",
 panel_kernel!(pub panel_q6_k, "avx2,fma,f16c",
     block = QK_K, batch = q6k_tile(1, [2, 3, 4]), single = q6k_dots(1), chunks = chunks_q6_k);
 
-q4k_rows!(q4k_tile, "avx2,fma,f16c", madd_acc);
+crate::x86::q4k_octets::q4k_octet_tile!(q4k_tile, "avx2,fma,f16c", madd_acc);
 
 /// Q6_K × Q8_K: `kq256::q6k_256`'s integer work with each row's quants unpacked once for T
 /// tokens; each superblock's integers of the T tokens are reduced together (`hsums`) and the

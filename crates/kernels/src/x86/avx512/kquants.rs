@@ -17,7 +17,7 @@ use crate::x86::kq256::{ChunkSums, SuperblockSums, q2k_256, q3k_256, q4k_256, q5
 
 dot_wrapper!(pub dot_q2_k => dot_q2_k_impl, GgmlType::Q2K, GgmlType::Q8K);
 dot_wrapper!(pub dot_q3_k => dot_q3_k_impl, GgmlType::Q3K, GgmlType::Q8K);
-dot_wrapper!(pub dot_q4_k => dot_q4_k_impl, GgmlType::Q4K, GgmlType::Q8K);
+dot_wrapper!(pub dot_q4_k => super::q4k_octets::dot_q4_k_impl, GgmlType::Q4K, GgmlType::Q8K);
 dot_wrapper!(pub dot_q4_k_exact => dot_q4_k_exact_impl, GgmlType::Q4K, GgmlType::Q8K);
 dot_wrapper!(pub dot_q5_k => dot_q5_k_impl, GgmlType::Q5K, GgmlType::Q8K);
 dot_wrapper!(pub dot_q6_k => dot_q6_k_impl, GgmlType::Q6K, GgmlType::Q8K);
@@ -55,11 +55,6 @@ pub(super) fn dot_q3_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q3k_256!(n, w, a, dpwssd)
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q4_k_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    q4k_256!(n, w, a, dpwssd)
-}
-
 /// Q4_K in the scalar reference's arithmetic (`kq256::SuperblockSums`): the AMX level's dot.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q4_k_exact_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
@@ -91,17 +86,6 @@ pub(crate) unsafe fn chunks_q4_k_exact(c: &crate::panel::ChunkDots) {
         sums.push(isum, msum, y.d(), x.d, x.dmin);
     }
     sums.finish();
-}
-
-/// The chunk-dots kernel of the Q4_K dot (`crate::panel::ChunkDotsFn`): every chunk that
-/// dot's bits (`kq256::q4k_lane_chunks`).
-///
-/// # Safety
-/// As for [`crate::panel::ChunkDotsFn`]; the chunks are contiguous (chunk c starts at block
-/// c·k/256 of the row and of the activations).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn chunks_q4_k(c: &crate::panel::ChunkDots) {
-    crate::x86::kq256::q4k_lane_chunks!(c, dpwssd)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]

@@ -15,6 +15,7 @@ mod iquants;
 mod kquants;
 mod legacy;
 mod panels;
+mod q4k_octets;
 mod row_lanes;
 
 pub(crate) use kquants::{chunks_q4_k_exact, dot_q4_k_exact, dot_q6_k};
@@ -71,7 +72,7 @@ pub fn chunk_dots(dtype: GgmlType) -> Option<ChunkDotsFn> {
     Some(match dtype {
         T::Q2K => panels::chunks_q2_k,
         T::Q3K => panels::chunks_q3_k,
-        T::Q4K => kquants::chunks_q4_k,
+        T::Q4K => q4k_octets::chunks_q4_k,
         T::Q5K => panels::chunks_q5_k,
         T::Q6K => panels::chunks_q6_k,
         _ => return None,
@@ -86,7 +87,7 @@ pub fn chunk_panel(dtype: GgmlType) -> Option<ChunkPanelFn> {
     Some(match dtype {
         T::Q2K => panels::chunk_panel_q2_k,
         T::Q3K => panels::chunk_panel_q3_k,
-        T::Q4K => panels::chunk_panel_q4_k,
+        T::Q4K => row_lanes::chunk_panel_q4_k,
         T::Q5K => panels::chunk_panel_q5_k,
         T::Q6K => row_lanes::chunk_panel_q6_k,
         _ => return None,
@@ -102,7 +103,7 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
         T::Bf16 => float::panel_bf16,
         T::Q2K => panels::panel_q2_k,
         T::Q3K => panels::panel_q3_k,
-        T::Q4K => panels::panel_q4_k,
+        T::Q4K => row_lanes::panel_q4_k,
         T::Q5K => panels::panel_q5_k,
         T::Q6K => row_lanes::panel_q6_k,
         T::Q8_0 => panels::panel_q8_0,
@@ -129,7 +130,7 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
 /// Whether the panel of `dtype` at this level packs blocks of [`row_lanes::ROWS`] weight rows
 /// for batches (so panels should come in multiples of that many rows).
 pub fn packs_row_blocks(dtype: GgmlType) -> Option<usize> {
-    (dtype == GgmlType::Q6K).then_some(row_lanes::ROWS)
+    matches!(dtype, GgmlType::Q4K | GgmlType::Q6K).then_some(row_lanes::ROWS)
 }
 
 /// 64 bytes from `p` (any alignment).

@@ -1,6 +1,8 @@
-//! Panel kernels (see `crate::panel`) for AVX-512 VNNI: Q4_K and Q6_K against Q8_K; Q4_0,
-//! Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL against Q8_0 (one token per lane, `tokens_panel`); the IQ
-//! and TQ panels are in `super::iquants`. A tile keeps R × T
+//! Register-tile panel kernels (see `crate::panel`) for AVX-512 VNNI: the K-quants against Q8_K
+//! (Q4_K in the reference's arithmetic for the AMX level here; the level's own Q4_K tiles are in
+//! `super::q4k_octets`, and batches of 16+ tokens of Q4_K and Q6_K go to `super::row_lanes`);
+//! Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL against Q8_0 (one token per lane, `tokens_panel`);
+//! the IQ and TQ panels are in `super::iquants`. A tile keeps R × T
 //! accumulators in registers; weights are unpacked once per tile for its T tokens and each
 //! activation load serves its R rows. Every value equals the
 //! single-row dot of `super::kquants` / `super::legacy` bit for bit: the integer lanes are the
@@ -38,14 +40,10 @@ use crate::x86::blocks32::{
 use crate::x86::kq256::{K4_MINS, q4k_float_step};
 use crate::x86::scales::unpack_k4;
 use crate::x86::simd256::{
-    bcast_f16, f16_scalar, hsum_ps, hsum8_vec, hsums, lanes, load128, load128_of, load256,
-    load256_of,
+    bcast_f16, f16_scalar, hsums, lanes, load128, load128_of, load256, load256_of,
 };
 use crate::x86::tiles::{dot_tile, panel_kernel, q2k_rows, q3k_rows, q5k_rows};
 
-panel_kernel!(pub panel_q4_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    block = QK_K, batch = q4k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_dots(1),
-    chunk_panel = chunk_panel_q4_k_tiles);
 panel_kernel!(pub panel_q4_k_exact, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     block = QK_K, batch = q4k_exact_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_exact_dots(1));
 panel_kernel!(pub panel_q2_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
@@ -66,14 +64,14 @@ panel_kernel!(pub panel_q6_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx
 /// the high word of the lane and one `vpdpwssd` applies both scales.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-fn dpwssd_pair(acc: __m256i, a: __m256i, b: __m256i, scales: __m256i) -> __m256i {
+pub(super) fn dpwssd_pair(acc: __m256i, a: __m256i, b: __m256i, scales: __m256i) -> __m256i {
     let pair = _mm256_blend_epi16::<0b1010_1010>(a, _mm256_slli_epi32::<16>(b));
     dpwssd(acc, pair, scales)
 }
 
 /// `vpshufb` controls over Q4_K's unpacked scales: sub-block 2g's scale in the low word and
 /// 2g+1's in the high word of every 32-bit lane.
-static K4_SCALE_PAIR: [[u8; 32]; 4] = {
+pub(super) static K4_SCALE_PAIR: [[u8; 32]; 4] = {
     let mut t = [[0x80u8; 32]; 4];
     let mut g = 0;
     while g < 4 {
@@ -88,30 +86,13 @@ static K4_SCALE_PAIR: [[u8; 32]; 4] = {
     t
 };
 
-/// Q4_K × Q8_K. Per superblock and (row, token): the lanes of `kq256::q4k_q5k_body` (lane l =
-/// Σ_j scale_j · Σ of elements 4l..4l+4 of sub-block j) and its mins lanes, then the two FMAs of
-/// `kq256::fma_d_dmin`; the result is `hsum(acc0 + acc1)` as there.
+/// Q4_K × Q8_K in the scalar reference's arithmetic (`kq256::SuperblockSums`, the AMX level's
+/// dot): each row's weight blocks unpacked once for the T tokens; per superblock the T tokens'
+/// integer sums are reduced together and the reference's float step runs with one token per
+/// lane.
 ///
 /// # Safety
 /// Each `w[r]` points at `nb` readable Q4_K blocks and each `a[t]` at `nb` Q8_K blocks.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4k_tile<const R: usize, const T: usize>(
-    nb: usize,
-    w: [*const u8; R],
-    a: [*const u8; T],
-) -> [[f32; T]; R] {
-    // SAFETY: the caller's contract.
-    let (lanes, _) = unsafe { q4k_tile_of::<R, T, false>(nb, w, a, None) };
-    lanes.map(|row| row.map(|v| hsum_ps(v)))
-}
-
-/// [`q4k_tile`] in the scalar reference's arithmetic (`kq256::SuperblockSums`, the AMX level's
-/// Q4_K dot): the same integer work; per superblock the T tokens' integer sums are reduced
-/// together and the reference's float step runs with one token per lane.
-///
-/// # Safety
-/// As for [`q4k_tile`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4k_exact_tile<const R: usize, const T: usize>(
@@ -119,31 +100,11 @@ unsafe fn q4k_exact_tile<const R: usize, const T: usize>(
     w: [*const u8; R],
     a: [*const u8; T],
 ) -> [[f32; T]; R] {
-    // SAFETY: the caller's contract.
-    let (_, exact) = unsafe { q4k_tile_of::<R, T, true>(nb, w, a, None) };
-    exact.map(|v| lanes(v))
-}
-
-/// The Q4_K tile in both arithmetics: unless `EXACT`, each (row, token)'s `q4k_256` lanes
-/// before their horizontal sum (`hsum_ps` of them is the dot); if `EXACT`, each row's vector
-/// of the reference's sums, one token per lane.
-///
-/// # Safety
-/// As for [`q4k_tile`].
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4k_tile_of<const R: usize, const T: usize, const EXACT: bool>(
-    nb: usize,
-    w: [*const u8; R],
-    a: [*const u8; T],
-    mut chunks: Option<(usize, &mut [[f64; T]; R])>,
-) -> ([[__m256; T]; R], [__m256; R]) {
     let w = w.map(|p| p as *const BlockQ4K);
     let a = a.map(|p| p as *const BlockQ8K);
     let m4 = _mm256_set1_epi8(0x0F);
     let zero = _mm256_setzero_si256();
-    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-    // EXACT: one lane per token.
+    // One lane per token.
     let mut exact = [_mm256_setzero_ps(); R];
     for b in 0..nb {
         // SAFETY: block b < nb of every row is readable (the contract above), so its start is
@@ -180,115 +141,19 @@ unsafe fn q4k_tile_of<const R: usize, const T: usize, const EXACT: bool>(
                 }
             }
         }
-        if EXACT {
-            let dy: [f32; 8] = std::array::from_fn(|t| if t < T { ys[t].d() } else { 0.0 });
-            // SAFETY: the load reads the 8 floats of `dy`.
-            let dy = unsafe { _mm256_loadu_ps(dy.as_ptr()) };
-            for r in 0..R {
-                let mins = _mm256_shuffle_epi8(u[r], load256_of(&K4_MINS));
-                let msum: [__m256i; T] =
-                    std::array::from_fn(|t| _mm256_madd_epi16(mins, load256_of(&ys[t].bsums)));
-                // SAFETY: the first four bytes of block `xs[r]` (readable, above).
-                exact[r] =
-                    unsafe { q4k_float_step(exact[r], dy, xs[r], hsums(&isum[r]), hsums(&msum)) };
-            }
-            continue;
-        }
+        let dy: [f32; 8] = std::array::from_fn(|t| if t < T { ys[t].d() } else { 0.0 });
+        // SAFETY: the load reads the 8 floats of `dy`.
+        let dy = unsafe { _mm256_loadu_ps(dy.as_ptr()) };
         for r in 0..R {
-            // [d, dmin] (the block's first four bytes) times dy, as in `fma_d_dmin`.
-            // SAFETY: the first 4 bytes of block `xs[r]`; `read_unaligned` has no alignment
-            // requirement.
-            let dm = _mm_cvtph_ps(_mm_set1_epi32(unsafe {
-                (xs[r] as *const i32).read_unaligned()
-            }));
             let mins = _mm256_shuffle_epi8(u[r], load256_of(&K4_MINS));
-            for t in 0..T {
-                let msum = _mm256_madd_epi16(mins, load256_of(&ys[t].bsums));
-                let p = _mm_mul_ps(dm, _mm_set1_ps(ys[t].d()));
-                acc[r][t][0] = _mm256_fmadd_ps(
-                    _mm256_broadcastss_ps(p),
-                    _mm256_cvtepi32_ps(isum[r][t]),
-                    acc[r][t][0],
-                );
-                acc[r][t][1] = _mm256_fnmadd_ps(
-                    _mm256_broadcastss_ps(_mm_movehdup_ps(p)),
-                    _mm256_cvtepi32_ps(msum),
-                    acc[r][t][1],
-                );
-            }
-        }
-        if let Some((per, sums)) = chunks.as_mut() {
-            // The end of a chunk (`per` blocks, the last one possibly shorter): its dots, the
-            // lanes' horizontal sums, go into the f64 sums and the lanes start again.
-            if (b + 1) % *per == 0 || b + 1 == nb {
-                for r in 0..R {
-                    let l: [__m256; T] = acc[r].map(|[a0, a1]| _mm256_add_ps(a0, a1));
-                    if T == 8 {
-                        let v = _mm512_cvtps_pd(hsum8_vec(&std::array::from_fn(|t| l[t])));
-                        let at = sums[r].as_mut_ptr();
-                        // SAFETY: `sums[r]` holds T = 8 f64; unaligned load and store.
-                        unsafe { _mm512_storeu_pd(at, _mm512_add_pd(_mm512_loadu_pd(at), v)) };
-                    } else {
-                        for t in 0..T {
-                            sums[r][t] += hsum_ps(l[t]) as f64;
-                        }
-                    }
-                }
-                acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-            }
+            let msum: [__m256i; T] =
+                std::array::from_fn(|t| _mm256_madd_epi16(mins, load256_of(&ys[t].bsums)));
+            // SAFETY: the first four bytes of block `xs[r]` (readable, above).
+            exact[r] =
+                unsafe { q4k_float_step(exact[r], dy, xs[r], hsums(&isum[r]), hsums(&msum)) };
         }
     }
-    (
-        acc.map(|row| row.map(|[a0, a1]| _mm256_add_ps(a0, a1))),
-        exact,
-    )
-}
-
-/// The Q4_K chunk panel (`crate::panel::ChunkPanelFn`): tiles of one row × eight tokens run
-/// over all their chunks in one pass, each chunk's lanes reduced together (`hsum8_vec`,
-/// `hsum_ps`'s bits) into f64 sums in one vector; fewer tokens go through the generic tiles
-/// (`chunk_sums!`). The chunks must be contiguous (chunk c at block c·k/256).
-///
-/// # Safety
-/// As for [`crate::panel::ChunkPanelFn`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn chunk_panel_q4_k(p: &crate::panel::ChunkPanel) {
-    use crate::x86::tiles::rows;
-    let per = p.k / QK_K;
-    let nb = p.chunks * per + p.tail_k / QK_K;
-    let mut t0 = 0;
-    while t0 + 8 <= p.n {
-        for r0 in 0..p.rows {
-            let mut sums = [[0f64; 8]; 1];
-            // SAFETY: the `nb` blocks of row r0 and of tokens t0..t0 + 8 (its chunks, which
-            // are contiguous) are readable (the contract above; r0 < rows, t0 + 8 <= n).
-            unsafe {
-                q4k_tile_of::<1, 8, false>(
-                    nb,
-                    rows(p.w, p.w_stride, r0),
-                    rows(p.a, p.a_stride, t0),
-                    Some((per, &mut sums)),
-                )
-            };
-            for (t, x) in sums[0].into_iter().enumerate() {
-                // SAFETY: token t0 + t < n and row r0 < rows: an output of the panel, writable
-                // and unaliased (the contract above).
-                unsafe { *p.out.add((t0 + t) * p.out_stride + r0) = x };
-            }
-        }
-        t0 += 8;
-    }
-    if t0 < p.n {
-        // The last tokens, fewer than eight, through the panel's generic tiles.
-        let rest = crate::panel::ChunkPanel {
-            a: p.a.wrapping_add(t0 * p.a_stride),
-            n: p.n - t0,
-            out: p.out.wrapping_add(t0 * p.out_stride),
-            ..*p
-        };
-        // SAFETY: a sub-panel of `p` (tokens t0..n), under the same contract.
-        unsafe { chunk_panel_q4_k_tiles(&rest) };
-    }
+    exact.map(|v| lanes(v))
 }
 
 /// `vpshufb` controls over eight Q6_K scales (16-bit, broadcast to both 128-bit lanes) for the
@@ -416,14 +281,6 @@ unsafe fn q6k_tile<const R: usize, const T: usize>(
 }
 
 // Decode: the single-row kernels (see `crate::x86::tiles` for why not multi-row tiles).
-dot_tile!(
-    q4k_dots,
-    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    super::kquants::dot_q4_k_impl,
-    BlockQ4K,
-    BlockQ8K,
-    QK_K
-);
 dot_tile!(
     q4k_exact_dots,
     "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",

@@ -1,0 +1,116 @@
+//! Q4_K at the AVX-512 level in the octet arithmetic (`crate::x86::q4k_octets`): the dot and
+//! chunk-dots kernels, and register tiles for batches of up to eight tokens.
+
+// Tiles index several per-row and per-token arrays with the same loop variable.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::kquants::dpwssd;
+use crate::blocks::{BlockQ4K, BlockQ8K, QK_K};
+use crate::x86::q4k_octets::{q4k_octet_kernels, steps, tree};
+
+q4k_octet_kernels!(
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    dpwssd
+);
+
+crate::x86::tiles::panel_kernel!(pub panel_q4_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    block = QK_K, batch = tile(1, [2, 3, 4, 5, 6, 7, 8]), single = dots(1),
+    chunk_panel = chunk_panel_tiles);
+
+crate::x86::tiles::dot_tile!(
+    dots,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    dot_q4_k_impl,
+    BlockQ4K,
+    BlockQ8K,
+    QK_K
+);
+
+/// R rows × T tokens of Q4_K in the octet arithmetic: each weight block unpacked once for the
+/// T tokens; per superblock and row the tokens' integer sums are reduced together (one token
+/// per lane) and the reference's float step goes into the row's sums for that superblock's
+/// lane (b mod 8), which hold the T tokens side by side; at the end `tree` gives each dot.
+///
+/// # Safety
+/// Each `w[r]` points at `nb` readable Q4_K blocks and each `a[t]` at `nb` Q8_K blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile<const R: usize, const T: usize>(
+    nb: usize,
+    w: [*const u8; R],
+    a: [*const u8; T],
+) -> [[f32; T]; R] {
+    use super::panels::{K4_SCALE_PAIR, dpwssd_pair};
+    use crate::x86::kq256::K4_MINS;
+    use crate::x86::scales::unpack_k4;
+    use crate::x86::simd256::{lanes, load128, load256, load256_of};
+    const { assert!(T <= 8) };
+    let w = w.map(|p| p as *const BlockQ4K);
+    let a = a.map(|p| p as *const BlockQ8K);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let zero = _mm256_setzero_si256();
+    let mut sums = [[_mm256_setzero_ps(); 8]; R];
+    for b in 0..nb {
+        // SAFETY: block b < nb of every row is readable (the contract above).
+        let xs: [*const u8; R] = std::array::from_fn(|r| unsafe { w[r].add(b) } as *const u8);
+        // SAFETY: block b < nb of every token is readable (the contract above); the blocks
+        // have alignment 1 and are plain bytes, so a reference to one is valid.
+        let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
+        let u: [__m256i; R] = std::array::from_fn(|r| {
+            // SAFETY: the first 16 of the 144 bytes of block `xs[r]`.
+            _mm256_broadcastsi128_si256(unpack_k4(unsafe { load128(xs[r]) }))
+        });
+        let mut isum = [[zero; 8]; R];
+        for g in 0..4 {
+            let mut lo = [zero; R];
+            let mut hi = [zero; R];
+            let mut sc = [zero; R];
+            for r in 0..R {
+                // SAFETY: bytes 16 + 32g.. + 32 of the 144 in block `xs[r]` (its `qs`; g < 4).
+                let q = unsafe { load256(xs[r].add(16 + 32 * g)) };
+                lo[r] = _mm256_and_si256(q, m4);
+                hi[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                sc[r] = _mm256_shuffle_epi8(u[r], load256_of(&K4_SCALE_PAIR[g]));
+            }
+            for t in 0..T {
+                let q8 = ys[t].qs.as_ptr() as *const u8;
+                // SAFETY: bytes 64g..64g + 64 of the 256 in `ys[t].qs` (g < 4).
+                let (alo, ahi) = unsafe { (load256(q8.add(64 * g)), load256(q8.add(64 * g + 32))) };
+                for r in 0..R {
+                    let plo = _mm256_dpbusd_epi32(zero, lo[r], alo);
+                    let phi = _mm256_dpbusd_epi32(zero, hi[r], ahi);
+                    isum[r][t] = dpwssd_pair(isum[r][t], plo, phi, sc[r]);
+                }
+            }
+        }
+        let dy: [f32; 8] = std::array::from_fn(|t| if t < T { ys[t].d() } else { 0.0 });
+        // SAFETY: the load reads the 8 floats of `dy`.
+        let dy = unsafe { _mm256_loadu_ps(dy.as_ptr()) };
+        for r in 0..R {
+            let mins = _mm256_shuffle_epi8(u[r], load256_of(&K4_MINS));
+            let mut msum = [zero; 8];
+            for t in 0..T {
+                msum[t] = _mm256_madd_epi16(mins, load256_of(&ys[t].bsums));
+            }
+            // SAFETY: the first 4 bytes of block `xs[r]`: [d, dmin], the same for every token.
+            let [d0, d1, m0, m1] = unsafe { (xs[r] as *const [u8; 4]).read_unaligned() };
+            let (d, dmin) = (
+                [u16::from_le_bytes([d0, d1]); 8],
+                [u16::from_le_bytes([m0, m1]); 8],
+            );
+            let j = b % 8;
+            sums[r][j] = _mm256_add_ps(sums[r][j], steps(&isum[r], &msum, dy, &d, &dmin));
+        }
+    }
+    std::array::from_fn(|r| lanes(tree(&sums[r])))
+}
+
+/// [`tree`] for sixteen lanes (one row per lane, `super::row_lanes`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(super) fn tree512(s: &[__m512; 8]) -> __m512 {
+    let a = |i: usize| _mm512_add_ps(s[i], s[i + 4]);
+    _mm512_add_ps(_mm512_add_ps(a(0), a(2)), _mm512_add_ps(a(1), a(3)))
+}
