@@ -216,9 +216,11 @@ macro_rules! q4k_octet_kernels {
 pub(crate) use q4k_octet_kernels;
 
 /// `q4k_octet_tile!(name, features, accumulate)`: a register tile (`crate::x86::tiles`) of R
-/// rows × T ≤ 8 tokens in the octet arithmetic whose integer sums come from the dot's body per
-/// (row, token) — the weights are unpacked again for each token, so this is for levels without
-/// a tile of their own (AVX2); the tokens' float steps run together, one token per lane.
+/// rows × T ≤ 8 tokens in the octet arithmetic with `vpmaddubsw` byte products and
+/// `accumulate(acc, pairs, scales)` (for levels without VNNI: AVX2): each row's quants and
+/// scales unpacked once per superblock for the T tokens; per superblock and row the tokens'
+/// integer sums are reduced together (one token per lane) and their float steps go into the
+/// row's sums for lane b mod 8.
 macro_rules! q4k_octet_tile {
     ($name:ident, $features:literal, $acc:path) => {
         /// # Safety
@@ -230,6 +232,9 @@ macro_rules! q4k_octet_tile {
             w: [*const u8; R],
             a: [*const u8; T],
         ) -> [[f32; T]; R] {
+            use $crate::x86::kq256::{K4_MINS, K4_SCALE};
+            use $crate::x86::scales::unpack_k4;
+            use $crate::x86::simd256::{load128, load256, load256_of};
             const { assert!(T <= 8) };
             let w = w.map(|p| p as *const BlockQ4K);
             let a = a.map(|p| p as *const BlockQ8K);
@@ -237,25 +242,55 @@ macro_rules! q4k_octet_tile {
             let zero = _mm256_setzero_si256();
             let mut sums = [[_mm256_setzero_ps(); 8]; R];
             for b in 0..nb {
+                // SAFETY: block b < nb of every row is readable (the contract above).
+                let xs: [&BlockQ4K; R] = std::array::from_fn(|r| unsafe { &*w[r].add(b) });
                 // SAFETY: block b < nb of every token is readable (the contract above); plain
                 // bytes of alignment 1.
                 let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
+                let u: [__m256i; R] = std::array::from_fn(|r| {
+                    // SAFETY: the first 16 of the 144 bytes of block `xs[r]`.
+                    let raw = unsafe { load128(xs[r] as *const BlockQ4K as *const u8) };
+                    _mm256_broadcastsi128_si256(unpack_k4(raw))
+                });
+                let mut isum = [[zero; 8]; R];
+                for g in 0..4 {
+                    let mut lo = [zero; R];
+                    let mut hi = [zero; R];
+                    let mut slo = [zero; R];
+                    let mut shi = [zero; R];
+                    for r in 0..R {
+                        // SAFETY: bytes 32g..32g + 32 of the 128 in `qs` (g < 4).
+                        let q = unsafe { load256(xs[r].qs.as_ptr().add(32 * g)) };
+                        lo[r] = _mm256_and_si256(q, m4);
+                        hi[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                        slo[r] = _mm256_shuffle_epi8(u[r], load256_of(&K4_SCALE[2 * g]));
+                        shi[r] = _mm256_shuffle_epi8(u[r], load256_of(&K4_SCALE[2 * g + 1]));
+                    }
+                    for t in 0..T {
+                        let q8 = ys[t].qs.as_ptr() as *const u8;
+                        // SAFETY: bytes 64g..64g + 64 of the 256 in `ys[t].qs` (g < 4).
+                        let alo = unsafe { load256(q8.add(64 * g)) };
+                        // SAFETY: as above.
+                        let ahi = unsafe { load256(q8.add(64 * g + 32)) };
+                        for r in 0..R {
+                            let plo = _mm256_maddubs_epi16(lo[r], alo);
+                            let phi = _mm256_maddubs_epi16(hi[r], ahi);
+                            isum[r][t] = $acc($acc(isum[r][t], plo, slo[r]), phi, shi[r]);
+                        }
+                    }
+                }
                 let dy: [f32; 8] = std::array::from_fn(|t| if t < T { ys[t].d() } else { 0.0 });
                 // SAFETY: the load reads the 8 floats of `dy`.
                 let dy = unsafe { _mm256_loadu_ps(dy.as_ptr()) };
                 for r in 0..R {
-                    // SAFETY: block b < nb of row r is readable (the contract above).
-                    let x = unsafe { &*w[r].add(b) };
-                    let mut isum = [zero; 8];
+                    let mins = _mm256_shuffle_epi8(u[r], load256_of(&K4_MINS));
                     let mut msum = [zero; 8];
                     for t in 0..T {
-                        let y = ys[t];
-                        (isum[t], msum[t]) =
-                            $crate::x86::kq256::q4k_q5k_body!(x, y, m4, $acc, |g, lo, hi| (lo, hi));
+                        msum[t] = _mm256_madd_epi16(mins, load256_of(&ys[t].bsums));
                     }
-                    let d = [u16::from_le_bytes(x.d); 8];
-                    let dmin = [u16::from_le_bytes(x.dmin); 8];
-                    let s = $crate::x86::q4k_octets::steps(&isum, &msum, dy, &d, &dmin);
+                    let d = [u16::from_le_bytes(xs[r].d); 8];
+                    let dmin = [u16::from_le_bytes(xs[r].dmin); 8];
+                    let s = $crate::x86::q4k_octets::steps(&isum[r], &msum, dy, &d, &dmin);
                     sums[r][b % 8] = _mm256_add_ps(sums[r][b % 8], s);
                 }
             }
