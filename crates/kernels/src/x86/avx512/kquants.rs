@@ -17,7 +17,6 @@ use crate::x86::kq256::{ChunkSums, SuperblockSums, q2k_256, q3k_256, q4k_256, q5
 
 dot_wrapper!(pub dot_q2_k => dot_q2_k_impl, GgmlType::Q2K, GgmlType::Q8K);
 dot_wrapper!(pub dot_q3_k => dot_q3_k_impl, GgmlType::Q3K, GgmlType::Q8K);
-dot_wrapper!(pub dot_q4_k => super::q4k_octets::dot_q4_k_impl, GgmlType::Q4K, GgmlType::Q8K);
 dot_wrapper!(pub dot_q4_k_exact => dot_q4_k_exact_impl, GgmlType::Q4K, GgmlType::Q8K);
 dot_wrapper!(pub dot_q5_k => dot_q5_k_impl, GgmlType::Q5K, GgmlType::Q8K);
 dot_wrapper!(pub dot_q6_k => dot_q6_k_impl, GgmlType::Q6K, GgmlType::Q8K);

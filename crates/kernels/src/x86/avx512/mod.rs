@@ -46,7 +46,7 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
         T::Mxfp4 => crate::x86::mxfp4::dot_vnni_checked,
         T::Q2K => kquants::dot_q2_k,
         T::Q3K => kquants::dot_q3_k,
-        T::Q4K => kquants::dot_q4_k,
+        T::Q4K => q4k_octets::dot_q4_k,
         T::Q5K => kquants::dot_q5_k,
         T::Q6K => kquants::dot_q6_k,
         T::Q8K => kquants::dot_q8_k,

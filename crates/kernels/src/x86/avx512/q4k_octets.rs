@@ -14,6 +14,7 @@ q4k_octet_kernels!(
     "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     dpwssd
 );
+crate::x86::dot_wrapper!(pub dot_q4_k => dot_q4_k_impl, gguf::GgmlType::Q4K, gguf::GgmlType::Q8K);
 
 crate::x86::tiles::panel_kernel!(pub panel_q4_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
     block = QK_K, batch = tile(1, [2, 3, 4, 5, 6, 7, 8]), single = dots(1),
