@@ -119,42 +119,12 @@ impl TileFormat for Q6K {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
     unsafe fn planes(x: &BlockQ6K, c: usize, u: &Unpacked) -> (__m512i, __m512i) {
-        // Chunk c is quarter-pair (2(c % 2), 2(c % 2) + 1) of half c / 2: element l + 32k of the
-        // half takes its low bits from ql[l] (k = 0, 2) or ql[l + 32] (k = 1, 3), low nibble for
-        // k < 2, and bits 2k, 2k + 1 of qh[l]; scale 2k + l / 16 of the half's eight.
+        // Chunk c is quarter pair (2(c % 2), 2(c % 2) + 1) of half c / 2; quarter k's 32
+        // elements take scales 2k (first 16) and 2k + 1 of the half's eight.
         let (h, k0) = (c / 2, 2 * (c % 2));
-        let m4 = _mm256_set1_epi8(0x0F);
-        let m3 = _mm256_set1_epi8(3);
-        // SAFETY: bytes 64h..64h + 64 of the 128 in `ql` and 32h..32h + 32 of the 64 in `qh`.
-        let (ql0, ql1, qh) = unsafe {
-            (
-                _mm256_loadu_si256(x.ql.as_ptr().add(64 * h) as *const __m256i),
-                _mm256_loadu_si256(x.ql.as_ptr().add(64 * h + 32) as *const __m256i),
-                _mm256_loadu_si256(x.qh.as_ptr().add(32 * h) as *const __m256i),
-            )
-        };
-        let (low0, low1) = if k0 == 0 {
-            (_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4))
-        } else {
-            (
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-            )
-        };
-        let (hb0, hb1) = if k0 == 0 {
-            (
-                _mm256_and_si256(qh, m3),
-                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3),
-            )
-        } else {
-            (
-                _mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3),
-                _mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3),
-            )
-        };
+        let (first, second) = crate::x86::avx512::q6k_quants(x, c);
         let k32 = _mm512_set1_epi16(32);
-        let value = |low: __m256i, high: __m256i, k: usize| {
-            let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
+        let value = |q: __m256i, k: usize| {
             let q = _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), k32);
             let s = |j: usize| u.scales[8 * h + 2 * k + j];
             let scale = _mm512_inserti64x4::<1>(
@@ -163,7 +133,7 @@ impl TileFormat for Q6K {
             );
             _mm512_mullo_epi16(q, scale)
         };
-        split_planes(value(low0, hb0, k0), value(low1, hb1, k0 + 1))
+        split_planes(value(first, k0), value(second, k0 + 1))
     }
 
     unsafe fn unpack(x: &BlockQ6K) -> Unpacked {

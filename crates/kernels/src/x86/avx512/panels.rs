@@ -64,14 +64,14 @@ panel_kernel!(pub panel_q6_k, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx
 /// the high word of the lane and one `vpdpwssd` applies both scales.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dpwssd_pair(acc: __m256i, a: __m256i, b: __m256i, scales: __m256i) -> __m256i {
+fn dpwssd_pair(acc: __m256i, a: __m256i, b: __m256i, scales: __m256i) -> __m256i {
     let pair = _mm256_blend_epi16::<0b1010_1010>(a, _mm256_slli_epi32::<16>(b));
     dpwssd(acc, pair, scales)
 }
 
 /// `vpshufb` controls over Q4_K's unpacked scales: sub-block 2g's scale in the low word and
 /// 2g+1's in the high word of every 32-bit lane.
-pub(super) static K4_SCALE_PAIR: [[u8; 32]; 4] = {
+static K4_SCALE_PAIR: [[u8; 32]; 4] = {
     let mut t = [[0x80u8; 32]; 4];
     let mut g = 0;
     while g < 4 {
@@ -85,6 +85,61 @@ pub(super) static K4_SCALE_PAIR: [[u8; 32]; 4] = {
     }
     t
 };
+
+/// The integer work of one Q4_K superblock for R rows × T ≤ 8 tokens, shared by the tiles of
+/// both arithmetics (the reference's here, the octets' in `super::q4k_octets`): each row's
+/// quants and scales unpacked once for the T tokens; per (row, token) the lanes of Σ scale·q·a
+/// (`vpdpbusd` pairs, `dpwssd_pair`) and of Σ min·bsum, whose horizontal sums are exact. Tokens
+/// past T have zero lanes.
+///
+/// # Safety
+/// Each `xs[r]` points at a readable Q4_K block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn q4k_superblock<const R: usize, const T: usize>(
+    xs: &[*const u8; R],
+    ys: &[&BlockQ8K; T],
+) -> ([[__m256i; 8]; R], [[__m256i; 8]; R]) {
+    const { assert!(T <= 8) };
+    let m4 = _mm256_set1_epi8(0x0F);
+    let zero = _mm256_setzero_si256();
+    // Scales (bytes 0..8) and mins (8..16) in both 128-bit lanes.
+    let u: [__m256i; R] = std::array::from_fn(|r| {
+        // SAFETY: the first 16 of the 144 bytes of block `xs[r]`.
+        _mm256_broadcastsi128_si256(unpack_k4(unsafe { load128(xs[r]) }))
+    });
+    let mut isum = [[zero; 8]; R];
+    for g in 0..4 {
+        let mut lo = [zero; R];
+        let mut hi = [zero; R];
+        let mut sc = [zero; R];
+        for r in 0..R {
+            // SAFETY: bytes 16 + 32g.. + 32 of the 144 in block `xs[r]` (its `qs`; g < 4).
+            let q = unsafe { load256(xs[r].add(16 + 32 * g)) };
+            lo[r] = _mm256_and_si256(q, m4);
+            hi[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            sc[r] = _mm256_shuffle_epi8(u[r], load256_of(&K4_SCALE_PAIR[g]));
+        }
+        for t in 0..T {
+            let q8 = ys[t].qs.as_ptr() as *const u8;
+            // SAFETY: bytes 64g..64g + 64 of the 256 in `ys[t].qs` (g < 4).
+            let (alo, ahi) = unsafe { (load256(q8.add(64 * g)), load256(q8.add(64 * g + 32))) };
+            for r in 0..R {
+                let plo = _mm256_dpbusd_epi32(zero, lo[r], alo);
+                let phi = _mm256_dpbusd_epi32(zero, hi[r], ahi);
+                isum[r][t] = dpwssd_pair(isum[r][t], plo, phi, sc[r]);
+            }
+        }
+    }
+    let mut msum = [[zero; 8]; R];
+    for r in 0..R {
+        let mins = _mm256_shuffle_epi8(u[r], load256_of(&K4_MINS));
+        for t in 0..T {
+            msum[r][t] = _mm256_madd_epi16(mins, load256_of(&ys[t].bsums));
+        }
+    }
+    (isum, msum)
+}
 
 /// Q4_K × Q8_K in the scalar reference's arithmetic (`kq256::SuperblockSums`, the AMX level's
 /// dot): each row's weight blocks unpacked once for the T tokens; per superblock the T tokens'
@@ -102,8 +157,6 @@ unsafe fn q4k_exact_tile<const R: usize, const T: usize>(
 ) -> [[f32; T]; R] {
     let w = w.map(|p| p as *const BlockQ4K);
     let a = a.map(|p| p as *const BlockQ8K);
-    let m4 = _mm256_set1_epi8(0x0F);
-    let zero = _mm256_setzero_si256();
     // One lane per token.
     let mut exact = [_mm256_setzero_ps(); R];
     for b in 0..nb {
@@ -113,44 +166,15 @@ unsafe fn q4k_exact_tile<const R: usize, const T: usize>(
         // SAFETY: block b < nb of every token is readable (the contract above); the blocks have
         // alignment 1 and are plain bytes, so a reference to one is valid.
         let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
-        // Scales (bytes 0..8) and mins (8..16) in both 128-bit lanes.
-        let u: [__m256i; R] = std::array::from_fn(|r| {
-            // SAFETY: the first 16 of the 144 bytes of block `xs[r]`.
-            _mm256_broadcastsi128_si256(unpack_k4(unsafe { load128(xs[r]) }))
-        });
-        let mut isum = [[zero; T]; R];
-        for g in 0..4 {
-            let mut lo = [zero; R];
-            let mut hi = [zero; R];
-            let mut sc = [zero; R];
-            for r in 0..R {
-                // SAFETY: bytes 16 + 32g.. + 32 of the 144 in block `xs[r]` (its `qs`; g < 4).
-                let q = unsafe { load256(xs[r].add(16 + 32 * g)) };
-                lo[r] = _mm256_and_si256(q, m4);
-                hi[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-                sc[r] = _mm256_shuffle_epi8(u[r], load256_of(&K4_SCALE_PAIR[g]));
-            }
-            for t in 0..T {
-                let q8 = ys[t].qs.as_ptr() as *const u8;
-                // SAFETY: bytes 64g..64g + 64 of the 256 in `ys[t].qs` (g < 4).
-                let (alo, ahi) = unsafe { (load256(q8.add(64 * g)), load256(q8.add(64 * g + 32))) };
-                for r in 0..R {
-                    let plo = _mm256_dpbusd_epi32(zero, lo[r], alo);
-                    let phi = _mm256_dpbusd_epi32(zero, hi[r], ahi);
-                    isum[r][t] = dpwssd_pair(isum[r][t], plo, phi, sc[r]);
-                }
-            }
-        }
+        // SAFETY: the blocks of this superblock (readable, above).
+        let (isum, msum) = unsafe { q4k_superblock(&xs, &ys) };
         let dy: [f32; 8] = std::array::from_fn(|t| if t < T { ys[t].d() } else { 0.0 });
         // SAFETY: the load reads the 8 floats of `dy`.
         let dy = unsafe { _mm256_loadu_ps(dy.as_ptr()) };
         for r in 0..R {
-            let mins = _mm256_shuffle_epi8(u[r], load256_of(&K4_MINS));
-            let msum: [__m256i; T] =
-                std::array::from_fn(|t| _mm256_madd_epi16(mins, load256_of(&ys[t].bsums)));
             // SAFETY: the first four bytes of block `xs[r]` (readable, above).
             exact[r] =
-                unsafe { q4k_float_step(exact[r], dy, xs[r], hsums(&isum[r]), hsums(&msum)) };
+                unsafe { q4k_float_step(exact[r], dy, xs[r], hsums(&isum[r]), hsums(&msum[r])) };
         }
     }
     exact.map(|v| lanes(v))

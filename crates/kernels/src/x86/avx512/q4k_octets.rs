@@ -43,15 +43,9 @@ unsafe fn tile<const R: usize, const T: usize>(
     w: [*const u8; R],
     a: [*const u8; T],
 ) -> [[f32; T]; R] {
-    use super::panels::{K4_SCALE_PAIR, dpwssd_pair};
-    use crate::x86::kq256::K4_MINS;
-    use crate::x86::scales::unpack_k4;
-    use crate::x86::simd256::{lanes, load128, load256, load256_of};
-    const { assert!(T <= 8) };
+    use crate::x86::simd256::lanes;
     let w = w.map(|p| p as *const BlockQ4K);
     let a = a.map(|p| p as *const BlockQ8K);
-    let m4 = _mm256_set1_epi8(0x0F);
-    let zero = _mm256_setzero_si256();
     let mut sums = [[_mm256_setzero_ps(); 8]; R];
     for b in 0..nb {
         // SAFETY: block b < nb of every row is readable (the contract above).
@@ -59,42 +53,12 @@ unsafe fn tile<const R: usize, const T: usize>(
         // SAFETY: block b < nb of every token is readable (the contract above); the blocks
         // have alignment 1 and are plain bytes, so a reference to one is valid.
         let ys: [&BlockQ8K; T] = std::array::from_fn(|t| unsafe { &*a[t].add(b) });
-        let u: [__m256i; R] = std::array::from_fn(|r| {
-            // SAFETY: the first 16 of the 144 bytes of block `xs[r]`.
-            _mm256_broadcastsi128_si256(unpack_k4(unsafe { load128(xs[r]) }))
-        });
-        let mut isum = [[zero; 8]; R];
-        for g in 0..4 {
-            let mut lo = [zero; R];
-            let mut hi = [zero; R];
-            let mut sc = [zero; R];
-            for r in 0..R {
-                // SAFETY: bytes 16 + 32g.. + 32 of the 144 in block `xs[r]` (its `qs`; g < 4).
-                let q = unsafe { load256(xs[r].add(16 + 32 * g)) };
-                lo[r] = _mm256_and_si256(q, m4);
-                hi[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-                sc[r] = _mm256_shuffle_epi8(u[r], load256_of(&K4_SCALE_PAIR[g]));
-            }
-            for t in 0..T {
-                let q8 = ys[t].qs.as_ptr() as *const u8;
-                // SAFETY: bytes 64g..64g + 64 of the 256 in `ys[t].qs` (g < 4).
-                let (alo, ahi) = unsafe { (load256(q8.add(64 * g)), load256(q8.add(64 * g + 32))) };
-                for r in 0..R {
-                    let plo = _mm256_dpbusd_epi32(zero, lo[r], alo);
-                    let phi = _mm256_dpbusd_epi32(zero, hi[r], ahi);
-                    isum[r][t] = dpwssd_pair(isum[r][t], plo, phi, sc[r]);
-                }
-            }
-        }
+        // SAFETY: the blocks of this superblock (readable, above).
+        let (isum, msum) = unsafe { super::panels::q4k_superblock(&xs, &ys) };
         let dy: [f32; 8] = std::array::from_fn(|t| if t < T { ys[t].d() } else { 0.0 });
         // SAFETY: the load reads the 8 floats of `dy`.
         let dy = unsafe { _mm256_loadu_ps(dy.as_ptr()) };
         for r in 0..R {
-            let mins = _mm256_shuffle_epi8(u[r], load256_of(&K4_MINS));
-            let mut msum = [zero; 8];
-            for t in 0..T {
-                msum[t] = _mm256_madd_epi16(mins, load256_of(&ys[t].bsums));
-            }
             // SAFETY: the first 4 bytes of block `xs[r]`: [d, dmin], the same for every token.
             let [d0, d1, m0, m1] = unsafe { (xs[r] as *const [u8; 4]).read_unaligned() };
             let (d, dmin) = (
@@ -102,7 +66,7 @@ unsafe fn tile<const R: usize, const T: usize>(
                 [u16::from_le_bytes([m0, m1]); 8],
             );
             let j = b % 8;
-            sums[r][j] = _mm256_add_ps(sums[r][j], steps(&isum[r], &msum, dy, &d, &dmin));
+            sums[r][j] = _mm256_add_ps(sums[r][j], steps(&isum[r], &msum[r], dy, &d, &dmin));
         }
     }
     std::array::from_fn(|r| lanes(tree(&sums[r])))

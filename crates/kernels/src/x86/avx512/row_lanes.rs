@@ -124,8 +124,9 @@ impl PackedQ6K {
             for c in 0..4 {
                 let rows_c: [__m512i; ROWS] = std::array::from_fn(|m| {
                     if m < rows {
-                        // SAFETY: as above; the CPU has this function's features.
-                        unsafe { quants_q6k(&*w[m].add(b), c) }
+                        // SAFETY: as above.
+                        let (first, second) = q6k_quants(unsafe { &*w[m].add(b) }, c);
+                        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
                     } else {
                         _mm512_setzero_si512()
                     }
@@ -140,13 +141,13 @@ impl PackedQ6K {
     }
 }
 
-/// Elements 64c..64c + 64 of a Q6_K superblock as bytes `q` (0..63): quarter pair
-/// (2(c % 2), 2(c % 2) + 1) of half c / 2, as in `formats::kquants::q6_values` (element
-/// l + 32k of a half: low bits from `ql[l]` (k = 0, 2) or `ql[l + 32]` (k = 1, 3), the low
-/// nibble for k < 2, and bits 2k, 2k + 1 of `qh[l]`).
+/// Elements 64c..64c + 64 of a Q6_K superblock as bytes `q` (0..63), in two registers of 32:
+/// quarter pair (2(c % 2), 2(c % 2) + 1) of half c / 2, as in `formats::kquants::q6_values`
+/// (element l + 32k of a half: low bits from `ql[l]` (k = 0, 2) or `ql[l + 32]` (k = 1, 3), the
+/// low nibble for k < 2, and bits 2k, 2k + 1 of `qh[l]`). Also the AMX planes' unpack.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-fn quants_q6k(x: &BlockQ6K, c: usize) -> __m512i {
+pub(crate) fn q6k_quants(x: &BlockQ6K, c: usize) -> (__m256i, __m256i) {
     let (h, upper) = (c / 2, c % 2 == 1);
     let m4 = _mm256_set1_epi8(0x0F);
     let m3 = _mm256_set1_epi8(3);
@@ -173,9 +174,10 @@ fn quants_q6k(x: &BlockQ6K, c: usize) -> __m512i {
             _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3),
         )
     };
-    let first = _mm256_or_si256(low0, _mm256_slli_epi16::<4>(hb0));
-    let second = _mm256_or_si256(low1, _mm256_slli_epi16::<4>(hb1));
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
+    (
+        _mm256_or_si256(low0, _mm256_slli_epi16::<4>(hb0)),
+        _mm256_or_si256(low1, _mm256_slli_epi16::<4>(hb1)),
+    )
 }
 
 thread_local! {
