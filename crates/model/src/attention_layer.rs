@@ -161,7 +161,7 @@ impl Model {
             window: hp.window(il),
             sinks: a.sinks.as_ref().map(|s| &s[heads.clone()]),
         };
-        let mut att = vec![0f32; n * nh * dv];
+        let mut att = cx.zeroed::<f32>(n * nh * dv);
         timed(Phase::Attention, || {
             attend(&cx.pool, &cx.kernels, il, &shape, &spans, &q, &mut att)
         })?;
@@ -352,14 +352,11 @@ impl Model {
         }
         let spans = seq_spans(seqs, pos0);
         let att = match &hp.dsa {
-            None => timed(Phase::Attention, || {
-                mla::attend_latent(cx, files, hp, w, &heads, il, &spans, &p, self.mla_form)
-            })?,
+            // Both time their own parts (queries absorbed, attention, outputs lifted).
+            None => mla::attend_latent(cx, files, hp, w, &heads, il, &spans, &p, self.mla_form)?,
             Some(_) => {
                 let chosen = indexer::reused(selection.as_ref(), il, n)?;
-                timed(Phase::Attention, || {
-                    mla::attend_selected(cx, files, hp, w, &heads, il, &spans, &p, chosen)
-                })?
+                mla::attend_selected(cx, files, hp, w, &heads, il, &spans, &p, chosen)?
             }
         };
         hooks.observe(Some(il), "kqv_out", &att);

@@ -16,6 +16,10 @@ pub enum Phase {
     /// RoPE, biases and q/k norms of the projected rows, and their KV append.
     AttnPrepare,
     Attention,
+    /// Latent attention's queries through each head's `W_kb` (the absorbed form).
+    LatentAbsorb,
+    /// Latent attention's outputs through each head's `W_vb` (the absorbed form).
+    LatentLift,
     AttnOutput,
     Router,
     /// Routing decisions from router logits (softmax/sigmoid, groups, top-k).
@@ -45,12 +49,14 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 21] = [
+    pub const ALL: [Phase; 23] = [
         Phase::Embed,
         Phase::Norm,
         Phase::AttnProject,
         Phase::AttnPrepare,
         Phase::Attention,
+        Phase::LatentAbsorb,
+        Phase::LatentLift,
         Phase::AttnOutput,
         Phase::Router,
         Phase::Route,
@@ -76,6 +82,8 @@ impl Phase {
             Phase::AttnProject => "attn q/k/v projection",
             Phase::AttnPrepare => "attn rope, bias, kv append",
             Phase::Attention => "attention",
+            Phase::LatentAbsorb => "latent attn: queries through W_kb",
+            Phase::LatentLift => "latent attn: outputs through W_vb",
             Phase::AttnOutput => "attn output projection",
             Phase::Router => "router matmul",
             Phase::Route => "routing (top-k)",

@@ -46,7 +46,7 @@ pub fn glu_ffn(
         }
     });
     let h = Input::new(&act, x.n(), gate.rows)?;
-    let mut out = vec![0f64; x.n() * down.rows];
+    let mut out = cx.zeroed::<f64>(x.n() * down.rows);
     cx.matmul_chunked(&down, &h, chunk, &mut out)?;
     Ok(out)
 }

@@ -30,6 +30,7 @@ use super::rope::RopeTable;
 use crate::error::Result;
 use crate::hparams::{Hparams, MlaParams};
 use crate::kv::{KvCache, KvLayout, KvType};
+use crate::profile::{Phase, span, timed};
 use crate::weights::MlaAttention;
 
 /// Which form computes attention over the latent cache.
@@ -62,7 +63,7 @@ fn mla(hp: &Hparams) -> &MlaParams {
 
 /// Several matrices, each applied to its own input rows (`inputs[i]` is `n × mats[i].cols`),
 /// in one parallel dispatch.
-pub(crate) fn project_each(
+fn project_each(
     cx: &Compute,
     inputs: &[&[f32]],
     n: usize,
@@ -90,32 +91,113 @@ pub(crate) fn project_each(
     Ok(outs)
 }
 
-/// Every head's rows of an `n × n_heads × dim` buffer, gathered (in parallel, heads apart) into
-/// one `n_heads × n × dim` buffer: the inputs of per-head matrices ([`head_slices`]). A serial
-/// gather of 128 heads' queries was a large part of latent attention's time on many threads.
-pub(crate) fn split_heads(
+/// Each head's matrix applied to that head's rows: `x` is `n × heads × cols` (token-major, as
+/// projections leave it), `mats[h]` is head h's `rows × cols` (one shape and format for all,
+/// the slices of one per-head tensor); the result is `heads × n × rows` (head-major, each
+/// head's block as its matrix wrote it).
+///
+/// Every (token, head) row is quantized straight into its head's block in one parallel pass,
+/// and every head's product runs in one dispatch. Quantizing each head's gathered rows on its
+/// own cost a pool dispatch per head (128 for DeepSeek V3), and copied the f32 rows first:
+/// on 16 threads that kept the two per-head products of V3's latent attention at a tenth of
+/// the GEMM rate.
+pub(crate) fn project_heads(
     cx: &Compute,
     x: &[f32],
+    n: usize,
+    mats: &[Weights],
+) -> Result<Vec<f32>> {
+    let Some(first) = mats.first() else {
+        return Ok(Vec::new());
+    };
+    let (dtype, rows, cols) = (first.dtype, first.rows, first.cols);
+    if let Some(odd) = mats
+        .iter()
+        .find(|w| (w.dtype, w.rows, w.cols) != (dtype, rows, cols))
+    {
+        return Err(kernels::MatmulError::Shape {
+            what: "per-head matrices",
+            detail: format!(
+                "head 0 is {rows}×{cols} {dtype:?}, another {}×{} {:?}",
+                odd.rows, odd.cols, odd.dtype
+            ),
+        }
+        .into());
+    }
+    let nh = mats.len();
+    if x.len() != n * nh * cols {
+        return Err(kernels::MatmulError::Shape {
+            what: "per-head input",
+            detail: format!(
+                "{n} tokens × {nh} heads × {cols} need {} values, got {}",
+                n * nh * cols,
+                x.len()
+            ),
+        }
+        .into());
+    }
+    let act = kernels::format(dtype)
+        .ok_or(kernels::MatmulError::UnsupportedType(dtype))?
+        .act;
+    let rb = act.row_bytes(cols);
+    let mut acts = cx.zeroed::<u8>(nh * n * rb);
+    // Row i of `acts` is head i / n's token i % n.
+    let quantize = |first: usize, block: &mut [u8]| {
+        for (i, dst) in block.chunks_exact_mut(rb).enumerate() {
+            let (h, t) = ((first + i) / n, (first + i) % n);
+            let at = (t * nh + h) * cols;
+            act.quantize_row(&x[at..at + cols], dst);
+        }
+    };
+    if x.len() < PARALLEL_COPY_MIN {
+        if rb > 0 {
+            quantize(0, &mut acts);
+        }
+    } else {
+        cx.par_rows(&mut acts, rb, quantize);
+    }
+    let mut out = cx.zeroed::<f32>(nh * n * rows);
+    let mut jobs: Vec<MatmulJob> = mats
+        .iter()
+        .zip(acts.chunks_exact(n * rb))
+        .zip(out.chunks_exact_mut(n * rows))
+        .map(|((w, acts), out)| MatmulJob {
+            w: *w,
+            acts,
+            n,
+            out,
+        })
+        .collect();
+    cx.matmul_batch(&mut jobs)?;
+    Ok(out)
+}
+
+/// A head-major buffer (`heads × n × dim`, as [`project_heads`] returns) in token-major order
+/// (`n × heads × dim`), tokens in parallel.
+pub(crate) fn heads_to_tokens(
+    cx: &Compute,
+    by_head: &[f32],
     n: usize,
     n_heads: usize,
     dim: usize,
 ) -> Vec<f32> {
-    let mut out = vec![0f32; n_heads * n * dim];
-    let gather = |first: usize, heads: &mut [f32]| {
-        for (i, head) in heads.chunks_exact_mut(n * dim).enumerate() {
-            let j = first + i;
-            for (t, row) in head.chunks_exact_mut(dim).enumerate() {
-                let at = (t * n_heads + j) * dim;
-                row.copy_from_slice(&x[at..at + dim]);
+    let width = n_heads * dim;
+    let mut out = cx.zeroed::<f32>(n * width);
+    let scatter = |first: usize, rows: &mut [f32]| {
+        for (i, row) in rows.chunks_exact_mut(width).enumerate() {
+            let t = first + i;
+            for (h, dst) in row.chunks_exact_mut(dim).enumerate() {
+                let at = (h * n + t) * dim;
+                dst.copy_from_slice(&by_head[at..at + dim]);
             }
         }
     };
     if out.len() < PARALLEL_COPY_MIN {
-        if n * dim > 0 {
-            gather(0, &mut out);
+        if width > 0 {
+            scatter(0, &mut out);
         }
     } else {
-        cx.par_rows(&mut out, n * dim, gather);
+        cx.par_rows(&mut out, width, scatter);
     }
     out
 }
@@ -123,13 +205,6 @@ pub(crate) fn split_heads(
 /// Values below which a gather runs on the calling thread: a decode step's 128 heads of 128
 /// values copy faster than the pool starts.
 const PARALLEL_COPY_MIN: usize = 1 << 16;
-
-/// The `n_heads` per-head parts (`n × dim` each) of a [`split_heads`] buffer.
-pub(crate) fn head_slices(split: &[f32], n: usize, n_heads: usize, dim: usize) -> Vec<&[f32]> {
-    (0..n_heads)
-        .map(|j| &split[j * n * dim..(j + 1) * n * dim])
-        .collect()
-}
 
 /// Queries of `heads` and the cache rows for `h` (`n × n_embd`, attention-normed), and the
 /// products of `extra_input` with `h` and of `extra_latent` with the query latent.
@@ -229,7 +304,9 @@ pub fn attend_latent(
 ) -> Result<Vec<f32>> {
     match form {
         MlaForm::Absorbed => absorbed(cx, files, hp, w, heads, layer, spans, p),
-        MlaForm::Decompressed => decompressed(cx, files, hp, w, heads, layer, spans, p),
+        MlaForm::Decompressed => timed(Phase::Attention, || {
+            decompressed(cx, files, hp, w, heads, layer, spans, p)
+        }),
     }
 }
 
@@ -245,19 +322,20 @@ fn absorb_queries(
 ) -> Result<Vec<f32>> {
     let m = mla(hp);
     let (n, nh, n_rot, r) = (p.n, heads.len(), hp.rope.n_rot, m.kv_lora_rank);
-    let split = split_heads(cx, &p.q_nope, n, nh, m.qk_nope);
     let k_b: Vec<Weights> = heads
         .clone()
         .map(|h| w.k_b.expert(h).weights(files))
         .collect();
-    let q_latent = project_each(cx, &head_slices(&split, n, nh, m.qk_nope), n, &k_b)?;
+    // heads × n × r
+    let q_latent = project_heads(cx, &p.q_nope, n, &k_b)?;
     let dk = r + n_rot;
-    let mut q = vec![0f32; n * nh * dk];
+    let mut q = cx.zeroed::<f32>(n * nh * dk);
     cx.par_rows(&mut q, nh * dk, |first, rows| {
         for (i, row) in rows.chunks_exact_mut(nh * dk).enumerate() {
             let t = first + i;
-            for (j, (ql, qh)) in q_latent.iter().zip(row.chunks_exact_mut(dk)).enumerate() {
-                qh[..r].copy_from_slice(&ql[t * r..(t + 1) * r]);
+            for (j, qh) in row.chunks_exact_mut(dk).enumerate() {
+                let at = (j * n + t) * r;
+                qh[..r].copy_from_slice(&q_latent[at..at + r]);
                 let rp = (t * nh + j) * n_rot;
                 qh[r..].copy_from_slice(&p.q_rope[rp..rp + n_rot]);
             }
@@ -278,14 +356,13 @@ fn lift_values(
     latent_out: &[f32],
 ) -> Result<Vec<f32>> {
     let m = mla(hp);
-    let (nh, r) = (heads.len(), m.kv_lora_rank);
-    let split = split_heads(cx, latent_out, n, nh, r);
+    let nh = heads.len();
     let v_b: Vec<Weights> = heads
         .clone()
         .map(|h| w.v_b.expert(h).weights(files))
         .collect();
-    let outs = project_each(cx, &head_slices(&split, n, nh, r), n, &v_b)?;
-    Ok(interleave_heads(cx, &outs, n, m.v_head_dim))
+    let outs = project_heads(cx, latent_out, n, &v_b)?;
+    Ok(heads_to_tokens(cx, &outs, n, nh, m.v_head_dim))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -301,7 +378,9 @@ fn absorbed(
 ) -> Result<Vec<f32>> {
     let m = mla(hp);
     let (n, nh, n_rot, r) = (p.n, heads.len(), hp.rope.n_rot, m.kv_lora_rank);
-    let q = absorb_queries(cx, files, hp, w, heads, p)?;
+    let q = timed(Phase::LatentAbsorb, || {
+        absorb_queries(cx, files, hp, w, heads, p)
+    })?;
     let shape = AttentionShape {
         n_head: nh,
         n_kv_head: 1,
@@ -312,17 +391,21 @@ fn absorbed(
         window: None,
         sinks: None,
     };
-    let mut latent_out = vec![0f32; n * nh * r];
-    attend(
-        &cx.pool,
-        &cx.kernels,
-        layer,
-        &shape,
-        spans,
-        &q,
-        &mut latent_out,
-    )?;
-    lift_values(cx, files, hp, w, heads, n, &latent_out)
+    let mut latent_out = cx.zeroed::<f32>(n * nh * r);
+    timed(Phase::Attention, || {
+        attend(
+            &cx.pool,
+            &cx.kernels,
+            layer,
+            &shape,
+            spans,
+            &q,
+            &mut latent_out,
+        )
+    })?;
+    timed(Phase::LatentLift, || {
+        lift_values(cx, files, hp, w, heads, n, &latent_out)
+    })
 }
 
 /// Sparse attention in the absorbed form: each query attends to the cached positions its
@@ -342,10 +425,13 @@ pub fn attend_selected(
     let m = mla(hp);
     let (n, nh, n_rot, r) = (p.n, heads.len(), hp.rope.n_rot, m.kv_lora_rank);
     let dk = r + n_rot;
-    let q = absorb_queries(cx, files, hp, w, heads, p)?;
+    let q = timed(Phase::LatentAbsorb, || {
+        absorb_queries(cx, files, hp, w, heads, p)
+    })?;
     let scale = hp.attn_scale();
     let isa = cx.kernels.isa;
-    let mut latent_out = vec![0f32; n * nh * r];
+    let mut latent_out = cx.zeroed::<f32>(n * nh * r);
+    let attending = span(Phase::Attention);
     for s in spans {
         let keys = s.kv.keys(layer)?;
         let elem = match s.kv.layout().kv_type {
@@ -403,22 +489,10 @@ pub fn attend_selected(
             }
         });
     }
-    lift_values(cx, files, hp, w, heads, n, &latent_out)
-}
-
-/// `outs[j]` is `n × dim` for head `j`; the result is `n × heads × dim` (tokens in parallel).
-pub(crate) fn interleave_heads(cx: &Compute, outs: &[Vec<f32>], n: usize, dim: usize) -> Vec<f32> {
-    let width = outs.len() * dim;
-    let mut att = vec![0f32; n * width];
-    cx.par_rows(&mut att, width, |first, rows| {
-        for (i, row) in rows.chunks_exact_mut(width).enumerate() {
-            let t = first + i;
-            for (o, dst) in outs.iter().zip(row.chunks_exact_mut(dim)) {
-                dst.copy_from_slice(&o[t * dim..(t + 1) * dim]);
-            }
-        }
-    });
-    att
+    drop(attending);
+    timed(Phase::LatentLift, || {
+        lift_values(cx, files, hp, w, heads, n, &latent_out)
+    })
 }
 
 /// A cache's rows (positions `0..len`) as f32.

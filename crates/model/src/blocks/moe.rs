@@ -242,7 +242,7 @@ pub fn moe_ffn(
         }
     }
     // Per slot output (n_embd each), filled as experts arrive, summed in slot order at the end.
-    let mut slot_out = vec![0f32; routing.experts.len() * n_embd];
+    let mut slot_out = cx.zeroed::<f32>(routing.experts.len() * n_embd);
     let mut done = vec![false; routing.experts.len()];
     // Experts an offload device ran come back summed per token (their slots stay zero).
     let mut device_sum: Option<Vec<f32>> = None;

@@ -13,7 +13,7 @@ use crate::Model;
 use crate::blocks::Compute;
 use crate::blocks::attention::head_groups;
 use crate::blocks::indexer::f32_bytes;
-use crate::blocks::mla::{head_slices, interleave_heads, project_each, split_heads};
+use crate::blocks::mla::{heads_to_tokens, project_heads};
 use crate::blocks::norm::rms_norm_rows_inplace;
 use crate::error::{ModelError, Result};
 use crate::hparams::Glm5LayerKind;
@@ -129,13 +129,11 @@ impl Model {
         })?;
         // Each head's query taken into latent space: W_kb[h] is kv_lora_rank × qk_nope.
         // Every head's query into the latent space, all heads in one dispatch.
-        let q_heads = split_heads(cx, &q, n, nh, nope);
         let k_b: Vec<_> = heads
             .clone()
             .map(|hh| w.k_b.expert(hh).weights(files))
             .collect();
-        let q_heads = head_slices(&q_heads, n, nh, nope);
-        let q_lat = interleave_heads(cx, &project_each(cx, &q_heads, n, &k_b)?, n, r);
+        let q_lat = heads_to_tokens(cx, &project_heads(cx, &q, n, &k_b)?, n, nh, r);
         let attention = span(Phase::Attention);
         let scale = hp.attn_scale();
         let isa = cx.kernels.isa;
@@ -202,13 +200,11 @@ impl Model {
         }
         drop(attention);
         // Each head's latent output up to its value space: W_vb[h] is v_head_dim × kv_lora_rank.
-        let lat_heads = split_heads(cx, &lat_out, n, nh, r);
         let v_b: Vec<_> = heads
             .clone()
             .map(|hh| w.v_b.expert(hh).weights(files))
             .collect();
-        let lat_heads = head_slices(&lat_heads, n, nh, r);
-        let att = interleave_heads(cx, &project_each(cx, &lat_heads, n, &v_b)?, n, dv);
+        let att = heads_to_tokens(cx, &project_heads(cx, &lat_out, n, &v_b)?, n, nh, dv);
         hooks.observe(Some(il), "kqv_out", &att);
         let ain = Input::new(&att, n, nh * dv)?;
         let o_w = w.o.weights(files);
