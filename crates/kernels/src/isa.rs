@@ -193,8 +193,8 @@ pub fn chunk_dots(isa: Isa, dtype: GgmlType) -> Option<ChunkDotsFn> {
 /// it has one (the same bits as that dot per chunk).
 pub fn chunk_panel(isa: Isa, dtype: GgmlType) -> Option<ChunkPanelFn> {
     match dot_level(isa, dtype)? {
-        // At AVX2 the tiles run per chunk were slower than the panel per chunk (sixteen
-        // registers; measured 0.6–0.9×), so that level keeps the latter.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => crate::x86::avx2::chunk_panel(dtype),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => crate::x86::avx512::chunk_panel(dtype),
         // The AMX level keeps its tiles per chunk: on the device host they ran the chunked
@@ -217,8 +217,9 @@ pub fn row_kernel(isa: Isa, dtype: GgmlType) -> Option<RowKernel> {
 /// The row count that the panel kernel of `dtype` at level `isa` wants its panels cut into
 /// multiples of: the AMX tiles take 16 rows at a time (a partial block is padded with zero
 /// rows, wasted work); the x86 panels of the 32-element formats transpose each group of tokens
-/// once per panel, which 32 rows amortize; the AVX-512 Q6_K panel packs blocks of 16 rows
-/// for its row lanes (`crate::x86::avx512::packs_row_blocks`); the other register-tiled panels
+/// once per panel, which 32 rows amortize; the AVX-512 Q4_K and Q6_K panels pack blocks of 16
+/// rows for their row lanes (`crate::x86::avx512::packs_row_blocks`), the AVX2 Q4_K panel
+/// blocks of 8 (`crate::x86::avx2::packs_row_blocks`); the other register-tiled panels
 /// take any count (4 keeps blocks aligned).
 pub fn panel_row_granule(isa: Isa, dtype: GgmlType) -> usize {
     #[cfg(target_arch = "x86_64")]
@@ -231,6 +232,11 @@ pub fn panel_row_granule(isa: Isa, dtype: GgmlType) -> usize {
         }
         if dot_level(isa, dtype) == Some(Isa::Avx512)
             && let Some(rows) = crate::x86::avx512::packs_row_blocks(dtype)
+        {
+            return rows;
+        }
+        if dot_level(isa, dtype) == Some(Isa::Avx2)
+            && let Some(rows) = crate::x86::avx2::packs_row_blocks(dtype)
         {
             return rows;
         }

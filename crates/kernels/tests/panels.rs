@@ -135,7 +135,7 @@ fn panels_survive_extreme_quants() {
                     w.extend(row);
                 }
                 // 3 tokens for the register tiles, 17 for the panels that pack rows for
-                // batches (the AMX tiles, the AVX-512 Q6_K row lanes).
+                // batches (the AMX tiles, the row lanes of Q4_K and Q6_K).
                 for (sign, n) in [(1.0f32, 3), (-1.0, 3), (1.0, 17), (-1.0, 17)] {
                     let x: Vec<f32> = (0..n * k)
                         .map(|i| {

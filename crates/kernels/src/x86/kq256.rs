@@ -18,6 +18,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::blocks::BlockQ6K;
 use crate::x86::simd256::bcast_f16;
 
 /// What the kernel macros below use, imported at the start of each expansion.
@@ -629,3 +630,43 @@ macro_rules! q4k_q5k_body {
     }};
 }
 pub(crate) use q4k_q5k_body;
+
+/// Elements 64c..64c + 64 of a Q6_K superblock as bytes `q` (0..63), in two registers of 32:
+/// quarter pair (2(c % 2), 2(c % 2) + 1) of half c / 2, as in `formats::kquants::q6_values`
+/// (element l + 32k of a half: low bits from `ql[l]` (k = 0, 2) or `ql[l + 32]` (k = 1, 3), the
+/// low nibble for k < 2, and bits 2k, 2k + 1 of `qh[l]`): the unpack of the row lanes (AVX2 and
+/// AVX-512) and of the AMX planes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn q6k_quants(x: &BlockQ6K, c: usize) -> (__m256i, __m256i) {
+    let (h, upper) = (c / 2, c % 2 == 1);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    // SAFETY: bytes 64h..64h + 64 of the 128 in `ql` and 32h..32h + 32 of the 64 in `qh` (h < 2).
+    let (ql0, ql1, qh) = unsafe {
+        (
+            _mm256_loadu_si256(x.ql.as_ptr().add(64 * h) as *const __m256i),
+            _mm256_loadu_si256(x.ql.as_ptr().add(64 * h + 32) as *const __m256i),
+            _mm256_loadu_si256(x.qh.as_ptr().add(32 * h) as *const __m256i),
+        )
+    };
+    let (low0, low1, hb0, hb1) = if upper {
+        (
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3),
+            _mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3),
+        )
+    } else {
+        (
+            _mm256_and_si256(ql0, m4),
+            _mm256_and_si256(ql1, m4),
+            _mm256_and_si256(qh, m3),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3),
+        )
+    };
+    (
+        _mm256_or_si256(low0, _mm256_slli_epi16::<4>(hb0)),
+        _mm256_or_si256(low1, _mm256_slli_epi16::<4>(hb1)),
+    )
+}

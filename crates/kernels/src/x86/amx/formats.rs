@@ -122,7 +122,7 @@ impl TileFormat for Q6K {
         // Chunk c is quarter pair (2(c % 2), 2(c % 2) + 1) of half c / 2; quarter k's 32
         // elements take scales 2k (first 16) and 2k + 1 of the half's eight.
         let (h, k0) = (c / 2, 2 * (c % 2));
-        let (first, second) = crate::x86::avx512::q6k_quants(x, c);
+        let (first, second) = crate::x86::kq256::q6k_quants(x, c);
         let k32 = _mm512_set1_epi16(32);
         let value = |q: __m256i, k: usize| {
             let q = _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), k32);

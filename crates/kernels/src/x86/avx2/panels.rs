@@ -28,7 +28,7 @@ use crate::x86::kq256::Q6K_SCALE;
 use crate::x86::simd256::{bcast_f16, hsums, lanes, load128_of, load256, load256_of};
 use crate::x86::tiles::{dot_tile, panel_kernel, q2k_rows, q3k_rows, q5k_rows};
 
-panel_kernel!(pub panel_q4_k, "avx2,fma,f16c",
+panel_kernel!(pub panel_q4_k_tiles, "avx2,fma,f16c",
     block = QK_K, batch = q4k_tile(1, [2, 3, 4, 5, 6, 7, 8]), single = q4k_dots(1));
 panel_kernel!(pub panel_q2_k, "avx2,fma,f16c",
     block = QK_K, batch = q2k_tile(1, [2, 3, 4]), single = q2k_dots(1), chunks = chunks_q2_k);
@@ -36,7 +36,7 @@ panel_kernel!(pub panel_q3_k, "avx2,fma,f16c",
     block = QK_K, batch = q3k_tile(1, [2, 3, 4]), single = q3k_dots(1), chunks = chunks_q3_k);
 panel_kernel!(pub panel_q5_k, "avx2,fma,f16c",
     block = QK_K, batch = q5k_tile(1, [2, 3, 4]), single = q5k_dots(1), chunks = chunks_q5_k);
-panel_kernel!(pub panel_q6_k, "avx2,fma,f16c",
+panel_kernel!(pub panel_q6_k_tiles, "avx2,fma,f16c",
     block = QK_K, batch = q6k_tile(1, [2, 3, 4]), single = q6k_dots(1), chunks = chunks_q6_k);
 
 crate::x86::q4k_octets::q4k_octet_tile!(q4k_tile, "avx2,fma,f16c", madd_acc);

@@ -20,7 +20,6 @@ mod row_lanes;
 
 pub(crate) use kquants::{chunks_q4_k_exact, dot_q4_k_exact, dot_q6_k};
 pub(crate) use panels::{chunks_q6_k, panel_q4_k_exact, panel_q6_k};
-pub(crate) use row_lanes::q6k_quants;
 
 use std::arch::x86_64::*;
 

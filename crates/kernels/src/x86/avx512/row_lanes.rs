@@ -28,6 +28,7 @@ use std::cell::RefCell;
 use super::transpose16;
 use crate::blocks::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
 use crate::panel::{ChunkPanel, Panel};
+use crate::x86::kq256::q6k_quants;
 
 /// Weight rows per packed block: one per 32-bit lane of a 512-bit register.
 pub const ROWS: usize = 16;
@@ -139,45 +140,6 @@ impl PackedQ6K {
             }
         }
     }
-}
-
-/// Elements 64c..64c + 64 of a Q6_K superblock as bytes `q` (0..63), in two registers of 32:
-/// quarter pair (2(c % 2), 2(c % 2) + 1) of half c / 2, as in `formats::kquants::q6_values`
-/// (element l + 32k of a half: low bits from `ql[l]` (k = 0, 2) or `ql[l + 32]` (k = 1, 3), the
-/// low nibble for k < 2, and bits 2k, 2k + 1 of `qh[l]`). Also the AMX planes' unpack.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn q6k_quants(x: &BlockQ6K, c: usize) -> (__m256i, __m256i) {
-    let (h, upper) = (c / 2, c % 2 == 1);
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m3 = _mm256_set1_epi8(3);
-    // SAFETY: bytes 64h..64h + 64 of the 128 in `ql` and 32h..32h + 32 of the 64 in `qh` (h < 2).
-    let (ql0, ql1, qh) = unsafe {
-        (
-            _mm256_loadu_si256(x.ql.as_ptr().add(64 * h) as *const __m256i),
-            _mm256_loadu_si256(x.ql.as_ptr().add(64 * h + 32) as *const __m256i),
-            _mm256_loadu_si256(x.qh.as_ptr().add(32 * h) as *const __m256i),
-        )
-    };
-    let (low0, low1, hb0, hb1) = if upper {
-        (
-            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3),
-            _mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3),
-        )
-    } else {
-        (
-            _mm256_and_si256(ql0, m4),
-            _mm256_and_si256(ql1, m4),
-            _mm256_and_si256(qh, m3),
-            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3),
-        )
-    };
-    (
-        _mm256_or_si256(low0, _mm256_slli_epi16::<4>(hb0)),
-        _mm256_or_si256(low1, _mm256_slli_epi16::<4>(hb1)),
-    )
 }
 
 thread_local! {
