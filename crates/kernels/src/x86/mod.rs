@@ -51,6 +51,33 @@ macro_rules! dot_wrapper {
 }
 pub(crate) use dot_wrapper;
 
+/// `token_runs!(n, [k, …], |t0, T| body)`: runs `body` with `T` a constant for each run of up
+/// to `TOKENS` (a constant where it is used) tokens `t0..t0 + T` of `n`; `[k, …]` are the run
+/// lengths above 1 that can occur (those up to `TOKENS`), each its own instantiation. The row
+/// lanes of both levels keep a run's sums in registers.
+macro_rules! token_runs {
+    ($n:expr, [$($k:literal),*], |$t0:ident, $T:ident| $body:expr) => {{
+        let mut $t0 = 0;
+        while $t0 < $n {
+            let left = ($n - $t0).min(TOKENS);
+            match left {
+                $(
+                    $k => {
+                        const $T: usize = $k;
+                        $body
+                    }
+                )*
+                _ => {
+                    const $T: usize = 1;
+                    $body
+                }
+            }
+            $t0 += left;
+        }
+    }};
+}
+pub(crate) use token_runs;
+
 /// `2^(e-128)` for every E8M0 exponent byte: half the MXFP4 block scale, as
 /// [`crate::blocks::e8m0_to_f32_half`] computes it (the table stores doubled E2M1 values). A
 /// table lookup is one load, where the bit manipulation needs a branch for the subnormal cases.

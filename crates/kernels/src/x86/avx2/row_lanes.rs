@@ -26,6 +26,7 @@ use std::cell::RefCell;
 
 use crate::blocks::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
 use crate::panel::{ChunkPanel, Panel, PanelFn};
+use crate::x86::token_runs;
 
 /// Weight rows per packed block: one per 32-bit lane of a 256-bit register.
 pub const ROWS: usize = 8;
@@ -403,36 +404,6 @@ unsafe fn q6k_tokens<const T: usize>(
     }
 }
 
-/// Runs `$body` with `$T` a constant for each run of up to [`TOKENS`] tokens `$t0..$t0 + $T`
-/// of `$n`.
-macro_rules! token_runs {
-    ($n:expr, |$t0:ident, $T:ident| $body:expr) => {{
-        let mut $t0 = 0;
-        while $t0 < $n {
-            let left = ($n - $t0).min(TOKENS);
-            match left {
-                4 => {
-                    const $T: usize = 4;
-                    $body
-                }
-                3 => {
-                    const $T: usize = 3;
-                    $body
-                }
-                2 => {
-                    const $T: usize = 2;
-                    $body
-                }
-                _ => {
-                    const $T: usize = 1;
-                    $body
-                }
-            }
-            $t0 += left;
-        }
-    }};
-}
-
 /// The weight rows `r0..r0 + ROWS` (or fewer at the end) of a panel, as block pointers.
 fn row_block<B>(w: *const u8, w_stride: usize, r0: usize, rows: usize) -> [*const B; ROWS] {
     std::array::from_fn(|m| w.wrapping_add((r0 + m.min(rows - 1)) * w_stride) as *const B)
@@ -471,7 +442,7 @@ macro_rules! row_lane_panels {
                     // (the caller's contract).
                     unsafe { pk.pack(nb, &row_block(p.w, p.w_stride, r0, rows), rows) };
                     let mask = first_lanes(rows);
-                    token_runs!(p.n, |t0, T| {
+                    token_runs!(p.n, [4, 3, 2], |t0, T| {
                         let a: [*const BlockQ8K; T] = std::array::from_fn(|t| {
                             p.a.wrapping_add((t0 + t) * p.a_stride) as *const _
                         });
@@ -513,7 +484,7 @@ macro_rules! row_lane_panels {
                     // SAFETY: as in the panel; the chunks of a row are contiguous blocks.
                     unsafe { pk.pack(nb, &row_block(p.w, p.w_stride, r0, rows), rows) };
                     let (lo, hi) = (first_lanes(2 * rows.min(4)), first_lanes(2 * rows.saturating_sub(4)));
-                    token_runs!(p.n, |t0, T| {
+                    token_runs!(p.n, [4, 3, 2], |t0, T| {
                         let a: [*const BlockQ8K; T] = std::array::from_fn(|t| {
                             p.a.wrapping_add((t0 + t) * p.a_stride) as *const _
                         });

@@ -29,6 +29,7 @@ use super::transpose16;
 use crate::blocks::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
 use crate::panel::{ChunkPanel, Panel};
 use crate::x86::kq256::q6k_quants;
+use crate::x86::token_runs;
 
 /// Weight rows per packed block: one per 32-bit lane of a 512-bit register.
 pub const ROWS: usize = 16;
@@ -215,51 +216,6 @@ unsafe fn q6k_tokens<const T: usize>(
     }
 }
 
-/// Runs `f::<T>` for each run of up to [`TOKENS`] tokens `t0..t0 + T` of `n`.
-macro_rules! token_runs {
-    ($n:expr, |$t0:ident, $T:ident| $body:expr) => {{
-        let mut $t0 = 0;
-        while $t0 < $n {
-            let left = ($n - $t0).min(TOKENS);
-            match left {
-                8 => {
-                    const $T: usize = 8;
-                    $body
-                }
-                7 => {
-                    const $T: usize = 7;
-                    $body
-                }
-                6 => {
-                    const $T: usize = 6;
-                    $body
-                }
-                5 => {
-                    const $T: usize = 5;
-                    $body
-                }
-                4 => {
-                    const $T: usize = 4;
-                    $body
-                }
-                3 => {
-                    const $T: usize = 3;
-                    $body
-                }
-                2 => {
-                    const $T: usize = 2;
-                    $body
-                }
-                _ => {
-                    const $T: usize = 1;
-                    $body
-                }
-            }
-            $t0 += left;
-        }
-    }};
-}
-
 /// The weight rows `r0..r0 + ROWS` (or fewer at the end) of a panel, as block pointers.
 fn row_block<B>(w: *const u8, w_stride: usize, r0: usize, rows: usize) -> [*const B; ROWS] {
     std::array::from_fn(|m| w.wrapping_add((r0 + m.min(rows - 1)) * w_stride) as *const B)
@@ -291,7 +247,7 @@ macro_rules! row_lane_panels {
                     // readable (the caller's contract).
                     unsafe { pk.pack(nb, &row_block(p.w, p.w_stride, r0, rows), rows) };
                     let mask = ((1u32 << rows) - 1) as u16;
-                    token_runs!(p.n, |t0, T| {
+                    token_runs!(p.n, [8, 7, 6, 5, 4, 3, 2], |t0, T| {
                         let a: [*const BlockQ8K; T] = std::array::from_fn(|t| {
                             p.a.wrapping_add((t0 + t) * p.a_stride) as *const _
                         });
@@ -333,7 +289,7 @@ macro_rules! row_lane_panels {
                     unsafe { pk.pack(nb, &row_block(p.w, p.w_stride, r0, rows), rows) };
                     let mask = ((1u32 << rows) - 1) as u16;
                     let (lo, hi) = (mask as u8, (mask >> 8) as u8);
-                    token_runs!(p.n, |t0, T| {
+                    token_runs!(p.n, [8, 7, 6, 5, 4, 3, 2], |t0, T| {
                         let a: [*const BlockQ8K; T] = std::array::from_fn(|t| {
                             p.a.wrapping_add((t0 + t) * p.a_stride) as *const _
                         });
