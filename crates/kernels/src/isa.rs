@@ -197,9 +197,13 @@ pub fn chunk_panel(isa: Isa, dtype: GgmlType) -> Option<ChunkPanelFn> {
         Isa::Avx2 => crate::x86::avx2::chunk_panel(dtype),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => crate::x86::avx512::chunk_panel(dtype),
-        // The AMX level keeps its tiles per chunk: on the device host they ran the chunked
-        // Q4_K and Q6_K products at 2.0-2.3x the AVX-512 chunk panels in that level's
-        // arithmetic (7168x16384, 256 tokens; docs/measurements/2026-12-04-run16-*).
+        // Q6_K has the same arithmetic at the AMX level, and the AVX-512 row lanes beat the
+        // tiles per chunk there by 31-39 % (7168x16384 at 64 and 256 tokens, 16 threads;
+        // docs/measurements/2026-12-04-run24-*). Q4_K keeps its tiles per chunk: that level's
+        // Q4_K arithmetic is the reference's, not the row lanes' octets, and its tiles per
+        // chunk ran 2.0-2.3x the AVX-512 chunk panels in it (run 16).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Amx if dtype == GgmlType::Q6K => crate::x86::avx512::chunk_panel(dtype),
         _ => None,
     }
 }

@@ -122,9 +122,19 @@ pub unsafe fn panel_q4_k(p: &Panel) {
 /// As for [`panel_q4_k`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q6_k(p: &Panel) {
+    if p.n < Q6K_ROW_LANES_BELOW {
+        // SAFETY: the caller's contract; the AVX-512 panel runs on this CPU (it has AMX).
+        return unsafe { crate::x86::avx512::panel_q6_k(p) };
+    }
     // SAFETY: as in `panel_q4_k`.
     unsafe { panel_on::<Q6K, _>(&mut Hardware, p, crate::x86::avx512::panel_q6_k) }
 }
+
+/// Q6_K batches of fewer tokens than this run through the AVX-512 level's panel — its row lanes
+/// from 16 tokens, which compute in the same arithmetic (the same bits): on the 16-core host
+/// at 16 threads they beat the tiles at 32 tokens (1829 against 1274 GFLOP/s, 7168 × 2048) and
+/// lost at 64 (1888 against 2184; docs/measurements/2026-12-04-run24-*).
+const Q6K_ROW_LANES_BELOW: usize = 48;
 
 /// A panel of format `F` over any [`TileUnit`] (the tests' emulated one too): 16-row × 16-token
 /// tiles, the last row block padded with zero rows and the last token tile with zero tokens
