@@ -107,7 +107,7 @@ pub(crate) fn project_heads(
     n: usize,
     mats: &[Weights],
 ) -> Result<Vec<f32>> {
-    let Some(first) = mats.first() else {
+    let Some(first) = mats.first().filter(|_| n > 0) else {
         return Ok(Vec::new());
     };
     let (dtype, rows, cols) = (first.dtype, first.rows, first.cols);
