@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 use gguf::GgmlType;
 
 use crate::formats::DotFn;
-use crate::panel::{ChunkDotsFn, ChunkPanel, ChunkPanelFn, Panel, PanelFn};
+use crate::panel::{ChunkDotsFn, ChunkPanelFn, PanelFn};
 
 /// The AVX2 dot product for `dtype`, if there is one. Only for `crate::isa`, after it checked
 /// that the CPU has AVX2, FMA and F16C: the functions returned run AVX2 code.
@@ -74,9 +74,9 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
         T::Bf16 => float::panel_bf16,
         T::Q2K => panels::panel_q2_k,
         T::Q3K => panels::panel_q3_k,
-        T::Q4K => panel_q4_k,
+        T::Q4K => row_lanes::panel_q4_k,
         T::Q5K => panels::panel_q5_k,
-        T::Q6K => panel_q6_k,
+        T::Q6K => row_lanes::panel_q6_k,
         T::Q8_0 => panels::panel_q8_0,
         T::Q4_0 => panels::panel_q4_0,
         T::Q4_1 => panels::panel_q4_1,
@@ -103,8 +103,8 @@ pub fn panel(dtype: GgmlType) -> Option<PanelFn> {
 /// registers, measured 0.6–0.9×), so the other formats have none.
 pub fn chunk_panel(dtype: GgmlType) -> Option<ChunkPanelFn> {
     match dtype {
-        GgmlType::Q4K => Some(chunk_panel_q4_k),
-        GgmlType::Q6K => Some(chunk_panel_q6_k),
+        GgmlType::Q4K => Some(row_lanes::chunk_panel_q4_k),
+        GgmlType::Q6K => Some(row_lanes::chunk_panel_q6_k),
         _ => None,
     }
 }
@@ -112,46 +112,6 @@ pub fn chunk_panel(dtype: GgmlType) -> Option<ChunkPanelFn> {
 /// Rows per block that the panel of `dtype` packs (its row granule), if it packs any.
 pub fn packs_row_blocks(dtype: GgmlType) -> Option<usize> {
     matches!(dtype, GgmlType::Q4K | GgmlType::Q6K).then_some(row_lanes::ROWS)
-}
-
-/// The Q4_K panel: row lanes for batches of many tokens, the register tiles for fewer.
-///
-/// # Safety
-/// As for [`PanelFn`].
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panel_q4_k(p: &Panel) {
-    // SAFETY: the caller's contract; the tiles are an AVX2 Q4_K panel.
-    unsafe { row_lanes::panel_q4_k(p, panels::panel_q4_k_tiles) }
-}
-
-/// The Q4_K chunk panel: row lanes for batches of many tokens, a tile panel per chunk for fewer.
-///
-/// # Safety
-/// As for [`ChunkPanelFn`].
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn chunk_panel_q4_k(p: &ChunkPanel) {
-    // SAFETY: the caller's contract; the tiles are an AVX2 Q4_K panel.
-    unsafe { row_lanes::chunk_panel_q4_k(p, panels::panel_q4_k_tiles) }
-}
-
-/// The Q6_K panel: row lanes for batches of many tokens, the register tiles for fewer.
-///
-/// # Safety
-/// As for [`PanelFn`].
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panel_q6_k(p: &Panel) {
-    // SAFETY: the caller's contract; the tiles are an AVX2 Q6_K panel.
-    unsafe { row_lanes::panel_q6_k(p, panels::panel_q6_k_tiles) }
-}
-
-/// The Q6_K chunk panel: row lanes for batches of many tokens, a tile panel per chunk for fewer.
-///
-/// # Safety
-/// As for [`ChunkPanelFn`].
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn chunk_panel_q6_k(p: &ChunkPanel) {
-    // SAFETY: the caller's contract; the tiles are an AVX2 Q6_K panel.
-    unsafe { row_lanes::chunk_panel_q6_k(p, panels::panel_q6_k_tiles) }
 }
 
 /// 32 signed bytes times 32 signed bytes, summed in pairs of pairs: 8 lanes of i32. `x` may hold

@@ -95,6 +95,19 @@ fn transpose8(r: &[__m256i; 8]) -> [__m256i; 8] {
     })
 }
 
+/// Columns 64c..64c + 64 of the block's rows (two registers of 32 bytes per row) as the 16
+/// lines of column groups: line 8h + j holds bytes 4j..4j + 4 of every row's register h.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store_columns(lines: &mut [Line], halves: [&[__m256i; ROWS]; 2]) {
+    for (h, half) in halves.into_iter().enumerate() {
+        for (line, v) in lines[8 * h..8 * h + 8].iter_mut().zip(transpose8(half)) {
+            // SAFETY: a 32-byte store into a 32-byte-aligned `Line`.
+            unsafe { _mm256_store_si256(line.0.as_mut_ptr() as *mut __m256i, v) };
+        }
+    }
+}
+
 impl PackedQ4K {
     /// Packs rows `w[0..rows]` (rows ≤ 8), `nb` superblocks each.
     ///
@@ -157,13 +170,7 @@ impl PackedQ4K {
                     lo[m] = _mm256_and_si256(q, m4);
                     hi[m] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
                 }
-                for (h, half) in [lo, hi].iter().enumerate() {
-                    for (j, v) in transpose8(half).into_iter().enumerate() {
-                        let line = &mut self.quants[b * 64 + 16 * c + 8 * h + j];
-                        // SAFETY: a 32-byte store into a 32-byte-aligned `Line`.
-                        unsafe { _mm256_store_si256(line.0.as_mut_ptr() as *mut __m256i, v) };
-                    }
-                }
+                store_columns(&mut self.quants[b * 64 + 16 * c..][..16], [&lo, &hi]);
             }
         }
     }
@@ -316,13 +323,7 @@ impl PackedQ6K {
                     // SAFETY: as above.
                     (first[m], second[m]) = q6k_quants(unsafe { &*w[m].add(b) }, c);
                 }
-                for (h, half) in [first, second].iter().enumerate() {
-                    for (j, v) in transpose8(half).into_iter().enumerate() {
-                        let line = &mut self.quants[b * 64 + 16 * c + 8 * h + j];
-                        // SAFETY: a 32-byte store into a 32-byte-aligned `Line`.
-                        unsafe { _mm256_store_si256(line.0.as_mut_ptr() as *mut __m256i, v) };
-                    }
-                }
+                store_columns(&mut self.quants[b * 64 + 16 * c..][..16], [&first, &second]);
             }
         }
     }
@@ -418,21 +419,22 @@ fn first_lanes(n: usize) -> __m256i {
     _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), idx)
 }
 
-/// `row_lane_panels!(panel, chunk_panel, packed, tokens, "format")`: the panel and chunk-panel
-/// kernels of one format: blocks of 8 rows packed into the thread's `packed` and run against
-/// runs of up to four tokens by `tokens`.
+/// `row_lane_panels!(panel, chunk_panel, packed, tokens, small, "format")`: the panel and
+/// chunk-panel kernels of one format: blocks of 8 rows packed into the thread's `packed` and run
+/// against runs of up to four tokens by `tokens`, batches of fewer than [`MIN_TOKENS`] tokens
+/// through the register tiles `small` (per chunk, for the chunk panel).
 macro_rules! row_lane_panels {
-    ($panel:ident, $chunk_panel:ident, $packed:ident, $tokens:ident, $fmt:literal) => {
+    ($panel:ident, $chunk_panel:ident, $packed:ident, $tokens:ident, $small:path, $fmt:literal) => {
         #[doc = concat!("The ", $fmt, " panel of the AVX2 level (`crate::panel::PanelFn`): row lanes")]
-        /// for batches of at least [`MIN_TOKENS`] tokens, the register tiles (`small`) below that.
+        /// for batches of at least [`MIN_TOKENS`] tokens, the register tiles below that.
         ///
         /// # Safety
-        /// As for `crate::panel::PanelFn`; `small` is an AVX2 panel of the same format.
+        /// As for `crate::panel::PanelFn`.
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) unsafe fn $panel(p: &Panel, small: PanelFn) {
+        pub(super) unsafe fn $panel(p: &Panel) {
             if p.n < MIN_TOKENS {
                 // SAFETY: the caller's contract.
-                return unsafe { small(p) };
+                return unsafe { $small(p) };
             }
             let nb = p.k / QK_K;
             $packed.with_borrow_mut(|pk| {
@@ -469,12 +471,12 @@ macro_rules! row_lane_panels {
         /// as `Kernels::matmul_chunked` lays them out.
         ///
         /// # Safety
-        /// As for `crate::panel::ChunkPanelFn`; `small` is an AVX2 panel of the same format.
+        /// As for `crate::panel::ChunkPanelFn`.
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) unsafe fn $chunk_panel(p: &ChunkPanel, small: PanelFn) {
+        pub(super) unsafe fn $chunk_panel(p: &ChunkPanel) {
             if p.n < MIN_TOKENS {
                 // SAFETY: the caller's contract.
-                return unsafe { chunk_panel_by_panels(p, small) };
+                return unsafe { chunk_panel_by_panels(p, $small) };
             }
             let per = p.k / QK_K;
             let nb = p.chunks * per + p.tail_k / QK_K;
@@ -514,8 +516,22 @@ macro_rules! row_lane_panels {
     };
 }
 
-row_lane_panels!(panel_q4_k, chunk_panel_q4_k, PACKED_Q4K, q4k_tokens, "Q4_K");
-row_lane_panels!(panel_q6_k, chunk_panel_q6_k, PACKED_Q6K, q6k_tokens, "Q6_K");
+row_lane_panels!(
+    panel_q4_k,
+    chunk_panel_q4_k,
+    PACKED_Q4K,
+    q4k_tokens,
+    super::panels::panel_q4_k_tiles,
+    "Q4_K"
+);
+row_lane_panels!(
+    panel_q6_k,
+    chunk_panel_q6_k,
+    PACKED_Q6K,
+    q6k_tokens,
+    super::panels::panel_q6_k_tiles,
+    "Q6_K"
+);
 
 /// A chunk panel run as one `panel` call per chunk (and the tail) on the whole block of rows
 /// and tokens, each value added to its f64 sum in chunk order: for batches too small to repay
