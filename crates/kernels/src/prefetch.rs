@@ -249,38 +249,33 @@ mod tests {
             distance,
             max_block: usize::MAX,
         };
-        // Q4_K rows of 2048 columns, 128 rows, 1 KiB ahead.
-        assert_eq!(
-            ranges_ahead(0, 1, 1152, 128, ahead(1024)),
-            [0..1024, 1024..2176]
-        );
-        assert_eq!(
-            ranges_ahead(5, 1, 1152, 128, ahead(1024)),
-            [0..0, 6784..7936]
-        );
-        // The last rows: nothing beyond row 128 (which ends at byte 147456).
-        assert_eq!(
-            ranges_ahead(126, 1, 1152, 128, ahead(1024)),
-            [0..0, 146176..147328]
-        );
-        assert_eq!(
-            ranges_ahead(127, 1, 1152, 128, ahead(1024)),
-            [0..0, 147328..147456]
-        );
-        assert_eq!(
-            ranges_ahead(127, 4, 1152, 128, ahead(1024)),
-            [0..0, 147328..147456]
-        );
-        // A block shorter than the distance.
-        assert_eq!(ranges_ahead(0, 1, 288, 2, ahead(1024)), [0..576, 576..576]);
-        // A block longer than streams are prefetched in: nothing (147456 > 147455).
         let short = StreamPrefetch {
             distance: 1024,
             max_block: 147455,
         };
-        assert_eq!(ranges_ahead(0, 1, 1152, 128, short), [0..0, 0..0]);
-        assert_eq!(ranges_ahead(0, 1, 1152, 127, short)[1], 1024..2176);
-        // Off.
-        assert_eq!(ranges_ahead(3, 1, 1152, 128, ahead(0)), [0..0, 0..0]);
+        // (first row, rows, row bytes, block rows, prefetch) → [head of the block, ahead].
+        // Q4_K rows of 2048 columns (1152 B), 128 rows (the block ends at byte 147456).
+        let cases = [
+            ((0, 1, 1152, 128, ahead(1024)), [0..1024, 1024..2176]),
+            ((5, 1, 1152, 128, ahead(1024)), [0..0, 6784..7936]),
+            // The last rows: nothing beyond the block.
+            ((126, 1, 1152, 128, ahead(1024)), [0..0, 146176..147328]),
+            ((127, 1, 1152, 128, ahead(1024)), [0..0, 147328..147456]),
+            ((127, 4, 1152, 128, ahead(1024)), [0..0, 147328..147456]),
+            // A block shorter than the distance.
+            ((0, 1, 288, 2, ahead(1024)), [0..576, 576..576]),
+            // A block longer than streams are prefetched in, and one row shorter.
+            ((0, 1, 1152, 128, short), [0..0, 0..0]),
+            ((0, 1, 1152, 127, short), [0..1024, 1024..2176]),
+            // Off.
+            ((3, 1, 1152, 128, ahead(0)), [0..0, 0..0]),
+        ];
+        for ((r0, rows, stride, total, p), want) in cases {
+            assert_eq!(
+                ranges_ahead(r0, rows, stride, total, p),
+                want,
+                "row {r0} of {total}"
+            );
+        }
     }
 }
