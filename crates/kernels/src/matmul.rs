@@ -365,7 +365,7 @@ impl Kernels {
             // calls). The single-row dot gives the same bits; each row is one sequential stream.
             // Where the format has a chunk-dots kernel, a row's whole chunks are one call.
             let dot = self.dot_fn(w.dtype)?;
-            let distance = crate::prefetch::stream_distance();
+            let ahead = crate::prefetch::stream_prefetch();
             let whole = w.cols / chunk;
             let chunk_dots = crate::isa::chunk_dots(self.isa, w.dtype).filter(|_| whole > 0);
             let tail = &spans[if chunk_dots.is_some() { whole } else { 0 }..];
@@ -379,7 +379,7 @@ impl Kernels {
                         if t == 0 {
                             // The task's rows are one stream: ask for its bytes ahead.
                             let (i, stride) = (r - range.start, w.row_stride);
-                            crate::prefetch::rows_ahead(first, i, 1, stride, range.len(), distance);
+                            crate::prefetch::rows_ahead(first, i, 1, stride, range.len(), ahead);
                         }
                         let mut acc = 0f64;
                         if let Some(kernel) = chunk_dots {

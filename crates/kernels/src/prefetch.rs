@@ -57,11 +57,6 @@ pub fn stream_prefetch() -> StreamPrefetch {
     })
 }
 
-/// Bytes ahead of the row being computed that a decode stream prefetches; 0 means none.
-pub fn stream_distance() -> usize {
-    stream_prefetch().distance
-}
-
 /// Who made this CPU, and its family and model as CPUID reports them (extended fields added).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct CpuId {
@@ -115,12 +110,12 @@ fn cpu_id() -> Option<CpuId> {
     None
 }
 
-/// The distance a panel call over `n` tokens prefetches with: only decode (one token) streams
-/// its rows once; batches reuse them from cache. (Only the x86 panels prefetch.)
+/// How a panel call over `n` tokens prefetches: only decode (one token) streams its rows once;
+/// batches reuse them from cache. (Only the x86 panels prefetch.)
 #[cfg(target_arch = "x86_64")]
 #[inline]
-pub(crate) fn decode_distance(n: usize) -> usize {
-    if n == 1 { stream_distance() } else { 0 }
+pub(crate) fn decode_prefetch(n: usize) -> StreamPrefetch {
+    if n == 1 { stream_prefetch() } else { OFF }
 }
 
 /// Asks for the cache lines of `bytes` bytes from `start` into L1. Addresses need not be
@@ -171,15 +166,11 @@ pub(crate) fn rows_ahead(
     rows: usize,
     stride: usize,
     total_rows: usize,
-    distance: usize,
+    p: StreamPrefetch,
 ) {
-    if distance == 0 {
+    if p.distance == 0 {
         return;
     }
-    let p = StreamPrefetch {
-        distance,
-        max_block: stream_prefetch().max_block,
-    };
     for r in ranges_ahead(r0, rows, stride, total_rows, p) {
         prefetch(base.wrapping_add(r.start), r.len());
     }
@@ -189,8 +180,13 @@ pub(crate) fn rows_ahead(
 /// (The x86 panels call it; the NEON ones do not prefetch.)
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) fn panel_rows_ahead(p: &crate::panel::Panel, r0: usize, rows: usize, distance: usize) {
-    rows_ahead(p.w, r0, rows, p.w_stride, p.rows, distance);
+pub(crate) fn panel_rows_ahead(
+    p: &crate::panel::Panel,
+    r0: usize,
+    rows: usize,
+    ahead: StreamPrefetch,
+) {
+    rows_ahead(p.w, r0, rows, p.w_stride, p.rows, ahead);
 }
 
 #[cfg(test)]

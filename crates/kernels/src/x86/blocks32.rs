@@ -311,7 +311,7 @@ pub(crate) unsafe fn row_dots<const R: usize>(
     dots: impl Fn(usize, [&[u8]; R], &[u8]) -> [f32; R],
 ) {
     // Decode streams each row once: ask for the bytes ahead (`crate::prefetch`).
-    let ahead = crate::prefetch::decode_distance(p.n);
+    let ahead = crate::prefetch::decode_prefetch(p.n);
     for t in 0..p.n {
         // SAFETY: token t < n has `a_bytes` readable bytes (the contract above), not written
         // while the panel runs.

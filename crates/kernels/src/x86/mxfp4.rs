@@ -265,7 +265,7 @@ macro_rules! mxfp4_level {
             let nb = p.k / 32;
             let per = prepared_len(nb);
             // Decode streams each row once: ask for the bytes ahead (`crate::prefetch`).
-            let ahead = crate::prefetch::decode_distance(p.n);
+            let ahead = crate::prefetch::decode_prefetch(p.n);
             with_prepared(per * MAX_T, |buf| {
                 let mut t0 = 0;
                 while t0 < p.n {

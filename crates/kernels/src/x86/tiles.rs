@@ -149,7 +149,7 @@ macro_rules! panel_kernel {
             const MAX_T: usize = { let mut m = 1; $(if $t > m { m = $t; })+ m };
             let nb = p.k / $block;
             // Decode streams each row once: ask for the bytes ahead (`crate::prefetch`).
-            let ahead = $crate::prefetch::decode_distance(p.n);
+            let ahead = $crate::prefetch::decode_prefetch(p.n);
             let mut t0 = 0;
             while t0 < p.n {
                 let tn = (p.n - t0).min(MAX_T);
