@@ -101,6 +101,33 @@ fn logit_rows(seqs: &[SeqInput]) -> Vec<usize> {
     rows
 }
 
+/// Keeps only batch rows `rows` (ascending) of `x`'s `width`-wide rows, in place.
+pub(crate) fn keep_rows(x: &mut Vec<f32>, rows: &[usize], width: usize) {
+    for (i, &r) in rows.iter().enumerate() {
+        debug_assert!(i <= r, "rows ascend");
+        if i != r {
+            x.copy_within(r * width..(r + 1) * width, i * width);
+        }
+    }
+    x.truncate(rows.len() * width);
+}
+
+/// The model's final layer, when the batch rows after its attention can be cut down to those
+/// that need logits: only when this stage computes the head and some row needs none. The
+/// attention still runs on every row (each row's keys and values enter the cache), but the rest
+/// of that layer feeds nothing but the head, so a prefill chunk skips the final layer's FFN for
+/// every row but its last (llama.cpp does the same with its output ids).
+pub(crate) fn final_rows<'r>(
+    head: bool,
+    layers: &RangeInclusive<usize>,
+    n_layer: usize,
+    n_rows: usize,
+    rows: &'r [usize],
+) -> Option<(usize, &'r [usize])> {
+    let runs_final = *layers.end() == n_layer - 1;
+    (head && runs_final && rows.len() < n_rows).then_some((n_layer - 1, rows))
+}
+
 /// Each sequence's rows of the batch and its cache.
 pub(crate) fn seq_spans<'a>(seqs: &'a [SeqInput], pos0: &[usize]) -> Vec<SeqSpan<'a>> {
     let mut spans = Vec::with_capacity(seqs.len());
@@ -289,24 +316,35 @@ impl Model {
             .zip(pos0)
             .flat_map(|(s, &p)| p..p + s.n_tokens)
             .collect();
+        let wide = self.hp.stream_width();
+        let rows = logit_rows(seqs);
+        let trim = final_rows(head, &layers, self.hp.n_layer, positions.len(), &rows);
         if self.hp.glm5next.is_some() {
             let carried = selection.take().map(|s| s.to_lists());
             let handed_on =
-                self.glm5next_layers(cx, layers, x, seqs, pos0, experts, carried, hooks)?;
+                self.glm5next_layers(cx, layers, x, seqs, pos0, experts, carried, trim, hooks)?;
             selection = handed_on
                 .map(|l| Selection::from_lists(&l, self.hp.carried_width()))
                 .transpose()?;
         } else if self.hp.dsv4.is_some() {
             let ropes = crate::dsv4::Dsv4Ropes::new(&self.hp, &positions);
             for il in layers {
-                self.dsv4_layer(cx, il, x, tokens, seqs, pos0, &ropes, experts, hooks)?;
+                let keep = trim.filter(|&(last, _)| il == last).map(|(_, kept)| kept);
+                self.dsv4_layer(cx, il, x, tokens, keep, seqs, pos0, &ropes, experts, hooks)?;
                 hooks.observe(Some(il), "l_out", x);
             }
         } else {
             let rope = RopeTable::new(&self.hp.rope, self.rope_freqs.as_deref(), &positions);
             for il in layers {
                 self.attention_layer(cx, il, x, seqs, pos0, &rope, &mut selection, hooks)?;
-                self.ffn_layer(cx, il, x, experts, hooks)?;
+                if let Some((last, kept)) = trim
+                    && il == last
+                {
+                    keep_rows(x, kept, wide);
+                }
+                if !x.is_empty() {
+                    self.ffn_layer(cx, il, x, experts, hooks)?;
+                }
                 hooks.observe(Some(il), "l_out", x);
             }
         }
@@ -323,12 +361,15 @@ impl Model {
             )));
         }
         let d = self.hp.n_embd;
-        let rows = logit_rows(seqs);
-        let wide = self.hp.stream_width();
-        let mut h = Vec::with_capacity(rows.len() * wide);
-        for &r in &rows {
-            h.extend_from_slice(&x[r * wide..(r + 1) * wide]);
-        }
+        let mut h = if trim.is_some() {
+            std::mem::take(x)
+        } else {
+            let mut h = Vec::with_capacity(rows.len() * wide);
+            for &r in &rows {
+                h.extend_from_slice(&x[r * wide..(r + 1) * wide]);
+            }
+            h
+        };
         let head_span = span(Phase::Head);
         if let Some(p) = &self.hp.glm5next {
             h = crate::glm5next::mean_of_streams(&h, p.hc, d);

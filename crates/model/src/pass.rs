@@ -70,6 +70,8 @@ pub enum ReducePoint {
 /// Observation and collective hooks. The defaults do nothing (a single node).
 pub trait Hooks {
     /// A named intermediate activation (`layer` is `None` for the embedding and the head).
+    /// When the stage computes the head, the final layer's activations after its attention
+    /// hold only the rows that need logits (`forward::final_rows`).
     fn observe(&mut self, _layer: Option<usize>, _name: &'static str, _data: &[f32]) {}
 
     /// Whether [`Hooks::observe`] looks at what it is given. A device that runs whole layers

@@ -27,6 +27,7 @@ use crate::blocks::moe::{ExpertFfn, Routing, moe_ffn, route_tokens, softplus};
 use crate::blocks::rope::RopeTable;
 use crate::error::{ModelError, Result};
 use crate::experts::ExpertSource;
+use crate::forward::keep_rows;
 use crate::hparams::Hparams;
 use crate::pass::{Hooks, ReducePoint, SeqInput};
 use crate::profile::{Phase, span, timed};
@@ -99,14 +100,16 @@ impl Model {
         }
     }
 
-    /// One DeepSeek V4 layer over the streams `x` (`n × hc·n_embd`).
+    /// One DeepSeek V4 layer over the streams `x` (`n × hc·n_embd`); with `keep`, only those
+    /// batch rows go on past the attention (see `forward::final_rows`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn dsv4_layer(
         &self,
         cx: &Compute,
         il: usize,
-        x: &mut [f32],
+        x: &mut Vec<f32>,
         tokens: Option<&[u32]>,
+        keep: Option<&[usize]>,
         seqs: &mut [SeqInput],
         pos0: &[usize],
         ropes: &Dsv4Ropes,
@@ -134,6 +137,17 @@ impl Model {
         let point = ReducePoint::AttentionOutput;
         self.hc_merge_block(cx, il, x, &mut att, &mix, p.hc, point, split, hooks)?;
         hooks.observe(Some(il), "hc_attn_post", x);
+        let kept_tokens: Option<Vec<u32>>;
+        let mut tokens = tokens;
+        if let Some(rows) = keep {
+            keep_rows(x, rows, p.hc * d);
+            h.truncate(rows.len() * d);
+            kept_tokens = tokens.map(|t| rows.iter().map(|&r| t[r]).collect());
+            tokens = kept_tokens.as_deref();
+            if rows.is_empty() {
+                return Ok(());
+            }
+        }
 
         let mix = timed(Phase::HyperMix, || {
             hc_pre(cx, self, x, &a.hc_ffn, p.into(), hp.rms_eps)

@@ -23,6 +23,7 @@ use crate::blocks::moe::{ExpertFfn, moe_ffn, route_tokens};
 use crate::dsv4::hyper::{HcShape, hc_pre};
 use crate::error::{ModelError, Result};
 use crate::experts::ExpertSource;
+use crate::forward::keep_rows;
 use crate::hparams::{Glm5LayerKind, Glm5NextParams};
 use crate::kv::{HybridLayers, LayerMemory};
 use crate::pass::{Hooks, ReducePoint, SeqInput};
@@ -147,11 +148,12 @@ impl Model {
         &self,
         cx: &Compute,
         layers: RangeInclusive<usize>,
-        x: &mut [f32],
+        x: &mut Vec<f32>,
         seqs: &mut [SeqInput],
         pos0: &[usize],
         experts: &dyn ExpertSource,
         carried: Option<Selection>,
+        trim: Option<(usize, &[usize])>,
         hooks: &mut dyn Hooks,
     ) -> Result<Option<Selection>> {
         let (first, last) = (*layers.start(), *layers.end());
@@ -163,7 +165,8 @@ impl Model {
             }
         }
         for il in layers {
-            self.glm5next_layer(cx, il, x, seqs, pos0, &mut selection, experts, hooks)?;
+            let keep = trim.filter(|&(last, _)| il == last).map(|(_, kept)| kept);
+            self.glm5next_layer(cx, il, x, keep, seqs, pos0, &mut selection, experts, hooks)?;
             hooks.observe(Some(il), "l_out", x);
         }
         let hands_on = last + 1 < self.hp.n_layer && self.reuses_selection_from(last + 1);
@@ -175,7 +178,8 @@ impl Model {
         &self,
         cx: &Compute,
         il: usize,
-        x: &mut [f32],
+        x: &mut Vec<f32>,
+        keep: Option<&[usize]>,
         seqs: &mut [SeqInput],
         pos0: &[usize],
         selection: &mut Option<Selection>,
@@ -216,6 +220,13 @@ impl Model {
         let point = ReducePoint::AttentionOutput;
         self.hc_merge_block(cx, il, x, &mut att, &mix, p.hc, point, split, hooks)?;
         hooks.observe(Some(il), "hc_attn_post", x);
+        if let Some(rows) = keep {
+            keep_rows(x, rows, p.hc * d);
+            h.truncate(rows.len() * d);
+            if rows.is_empty() {
+                return Ok(());
+            }
+        }
 
         let mix = timed(Phase::HyperMix, || {
             hc_pre(cx, self, x, &a.hc_ffn, p.into(), hp.rms_eps)
