@@ -431,6 +431,44 @@ fn concurrent_greedy_streams_match_solo_glm_dsa() {
     concurrent_matches_solo(&fixture("glm-dsa", "model-f32.gguf"), 24);
 }
 
+/// GLM-5.3 Flash: batched sessions, each with its own recurrent KDA memory, give the solo texts;
+/// and a prompt that shares a long beginning with the cached one (a system prompt) resumes from
+/// the recurrent memory at the latest chunk start inside it, with a cold evaluation's text.
+#[test]
+fn glm5_next_batches_and_reuses_a_shared_prefix_from_a_checkpoint() {
+    let model = fixture("glm5-next", "model-f32.gguf");
+    concurrent_matches_solo(&model, 24);
+    let server = Server::start(&model, &["--parallel", "1", "--prefill-chunk", "32"]);
+    let system = "You are a careful assistant. Answer in one short sentence, name your sources, \
+                  and say so plainly when you do not know the answer to a question. ";
+    let ask = |question: &str, cache: bool| {
+        server.post_json(
+            "/v1/completions",
+            &json!({"prompt": format!("{system}{question}"), "max_tokens": 8,
+                    "temperature": 0, "ignore_eos": true, "cache_prompt": cache}),
+        )
+    };
+    let first = ask("Where is the tallest mountain?", true);
+    let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    let second = ask("Which river is the longest?", true);
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let cold = ask("Which river is the longest?", false);
+    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let shared = cold["usage"]["prompt_tokens"]
+        .as_u64()
+        .unwrap()
+        .min(first_prompt);
+    assert!(
+        cached > 0 && cached % 32 == 0 && cached < shared,
+        "{cached} tokens reused of a shared beginning of at most {shared}: {}",
+        second["usage"]
+    );
+    assert_eq!(second["choices"][0]["text"], cold["choices"][0]["text"]);
+    server.terminate();
+}
+
 /// The demo model, a small real model whose greedy text repeats enough for drafts to be kept.
 fn demo_model() -> std::path::PathBuf {
     repo().join("models/shakespeare-moe.gguf")

@@ -113,6 +113,11 @@ pub trait Executor: Send {
     /// Keeps the first `n` cached positions of `session` (rewind).
     fn truncate(&mut self, session: SessionId, n: usize) -> Result<()>;
 
+    /// The most positions, at most `n`, that [`Executor::truncate`] can keep of `session`:
+    /// `n` where the cache rewinds anywhere, less where sliding-window or recurrent layers
+    /// reach only some positions (a recurrent layer's checkpoints), 0 at worst.
+    fn rewind_point(&self, session: SessionId, n: usize) -> usize;
+
     /// Cached positions of `session` (0 when unknown).
     fn session_len(&self, session: SessionId) -> usize;
 

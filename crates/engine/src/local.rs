@@ -156,6 +156,10 @@ impl Executor for LocalExecutor {
         self.runner.truncate(session, n)
     }
 
+    fn rewind_point(&self, session: SessionId, n: usize) -> usize {
+        self.runner.rewind_point(session, n)
+    }
+
     fn session_len(&self, session: SessionId) -> usize {
         self.runner.session_len(session)
     }

@@ -219,6 +219,19 @@ impl Runner {
             .is_none_or(|s| n >= s.tokens.len() || s.kv.can_rewind(n))
     }
 
+    /// The latest position at most `n` that [`Runner::truncate`] can keep (see
+    /// [`KvCache::rewind_point`]); as [`Runner::can_rewind`], every stage and rank answers the
+    /// same.
+    pub fn rewind_point(&self, session: SessionId, n: usize) -> usize {
+        self.sessions.get(&session).map_or(n, |s| {
+            if n >= s.tokens.len() {
+                n
+            } else {
+                s.kv.rewind_point(n)
+            }
+        })
+    }
+
     fn new_session(&self) -> RunnerSession {
         let layout = self
             .model

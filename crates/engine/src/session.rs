@@ -179,6 +179,8 @@ impl Engine {
         if keep == tokens.len() && keep == s.tokens.len() && !s.last_logits.is_empty() {
             return Ok(0);
         }
+        // A recurrent cache keeps its memory at some positions only.
+        keep = self.exec.rewind_point(s.id, keep);
         match self.exec.truncate(s.id, keep) {
             Ok(()) => {}
             // The sliding-window layers dropped what the kept prefix needs: a cache miss.

@@ -80,3 +80,31 @@ fn glm5_next_snapshot_restores_and_rewinds_exactly() {
     }
     assert_eq!(a.session_len(1), 345);
 }
+
+/// A new prompt that shares the beginning of a cached conversation (a system prompt, an
+/// earlier turn) reuses the recurrent memory at the latest chunk start inside the shared part
+/// instead of evaluating from the start, and ends with a fresh session's bits.
+#[test]
+fn glm5_next_shared_prefix_resumes_from_a_chunk_checkpoint() {
+    let path = fixture().join("model-f32.gguf");
+    let model = Arc::new(Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())));
+    let prompt = prompt();
+    let engine = |model: &Arc<Model>| {
+        let mut e = engine::Engine::new(Box::new(executor(model)));
+        e.prefill_chunk = 64;
+        e
+    };
+    let mut e = engine(&model);
+    let mut s = e.new_session();
+    assert_eq!(e.sync(&mut s, &prompt).unwrap(), prompt.len());
+    // Shares 300 tokens; the chunk starts were 64, 128, ..., 448.
+    let mut other = prompt[..300].to_vec();
+    other.extend(prompt[..40].iter().rev());
+    assert_eq!(e.executor().rewind_point(s.id, 300), 256);
+    assert_eq!(e.sync(&mut s, &other).unwrap(), other.len() - 256);
+    let mut fresh = engine(&model);
+    let mut f = fresh.new_session();
+    fresh.sync(&mut f, &other).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&s.last_logits), bits(&f.last_logits));
+}

@@ -155,8 +155,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// The recurrent layers rewind to any of the latest `KEPT_REWINDS` positions (replaying the
-/// kept step inputs: a re-evaluated last token, a rejected speculative draft) and to the start
-/// of the last chunk; re-running from there gives the original bits. A rewind further back is
+/// kept step inputs: a re-evaluated last token, a rejected speculative draft) and to where
+/// longer chunks started; re-running from there gives the original bits. A rewind further back is
 /// refused and changes nothing.
 #[test]
 fn glm5_next_rewinds_to_its_checkpoints_and_refuses_others() {
@@ -208,6 +208,52 @@ fn glm5_next_rewinds_to_its_checkpoints_and_refuses_others() {
         bits(&fresh),
         bits(&feed(&model, &cx, &mut other, &prompt[..8]))
     );
+}
+
+/// A prompt prefilled in chunks keeps the recurrent memory where its chunks started (a bounded
+/// number, spread over the history): a prefix shared with another prompt ends at the latest of
+/// them at most, and continuing from there gives the bits of the first run.
+#[test]
+fn glm5_next_shared_prefixes_rewind_to_chunk_checkpoints() {
+    let (_, model, prompt) = load();
+    let cx = Compute::new(2);
+    let v = model.hp.n_vocab;
+    let last = model.n_layer() - 1;
+    let mut kv = KvCache::new(model.kv_layout(KvType::F32, 0..=last, 1024));
+    let chunk = 40;
+    let mut first = Vec::new();
+    for part in prompt.chunks(chunk) {
+        first.extend(feed(&model, &cx, &mut kv, part));
+    }
+    let n = prompt.len();
+    let starts: Vec<usize> = (chunk..n).step_by(chunk).collect();
+    // Every chunk start but the latest falls outside the replayable positions; more than
+    // `KEPT_CHECKPOINTS` of them, so some were let go.
+    assert!(starts.len() > model::kv::KEPT_CHECKPOINTS + 1);
+    let points: Vec<usize> = (1..n)
+        .filter(|&p| kv.can_rewind(p) && p < n - model::kv::KEPT_REWINDS)
+        .collect();
+    assert_eq!(points.len(), model::kv::KEPT_CHECKPOINTS, "{points:?}");
+    assert!(points.iter().all(|p| starts.contains(p)), "{points:?}");
+    assert_eq!(kv.rewind_point(n - 1), n - 1);
+    assert_eq!(kv.rewind_point(points[0] - 1), 0);
+    for (shared, i) in [(points[5] + 7, 5), (points[2], 2), (points[0] + 1, 0)] {
+        let at = kv.rewind_point(shared);
+        assert_eq!(at, points[i], "rewind point of {shared}");
+        kv.truncate(at).unwrap();
+        let again = feed(&model, &cx, &mut kv, &prompt[at..at + 30]);
+        assert_eq!(
+            bits(&again),
+            bits(&first[at * v..(at + 30) * v]),
+            "from {at}"
+        );
+        // The later checkpoints are gone, the earlier ones kept, and the chunk just fed
+        // started at a checkpoint again.
+        let reachable: Vec<usize> = (1..kv.len() - model::kv::KEPT_REWINDS)
+            .filter(|&p| kv.can_rewind(p))
+            .collect();
+        assert_eq!(reachable, points[..=i], "after the rewind to {at}");
+    }
 }
 
 /// A session exported mid-conversation (at the current position and at a replayed position

@@ -288,6 +288,9 @@ impl Scheduler {
             prompt_len,
             common,
         );
+        // A recurrent cache (GLM-5.3 Flash) keeps its memory at some positions only: the kept
+        // prefix ends at the latest of them.
+        let keep = self.engine.executor().rewind_point(session.id, keep);
         if keep < session.tokens.len() {
             self.save_to_disk(&session);
             if let Err(e) = self.engine.executor_mut().truncate(session.id, keep) {

@@ -73,6 +73,9 @@ impl Executor for Scripted {
         self.history.entry(session).or_default().truncate(n);
         Ok(())
     }
+    fn rewind_point(&self, session: u64, n: usize) -> usize {
+        self.inner.rewind_point(session, n)
+    }
     fn session_len(&self, session: u64) -> usize {
         self.inner.session_len(session)
     }

@@ -124,6 +124,9 @@ impl Executor for PanicOnEval {
     fn truncate(&mut self, session: u64, n: usize) -> engine::Result<()> {
         self.0.truncate(session, n)
     }
+    fn rewind_point(&self, session: u64, n: usize) -> usize {
+        self.0.rewind_point(session, n)
+    }
     fn session_len(&self, session: u64) -> usize {
         self.0.session_len(session)
     }

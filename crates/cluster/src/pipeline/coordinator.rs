@@ -381,12 +381,20 @@ impl Executor for PipelineExecutor {
             return Err(EngineError::CannotRewind {
                 session,
                 n,
-                why: "the sliding-window layers no longer hold the positions it attends to".into(),
+                why: "the sliding-window or recurrent layers no longer reach that position".into(),
             });
         }
         self.sessions.truncate(session, n);
         // Stages rewind when the next work item names an earlier position.
         Ok(())
+    }
+
+    fn rewind_point(&self, session: SessionId, n: usize) -> usize {
+        if self.sessions.is_synced(session) {
+            self.local.rewind_point(session, n)
+        } else {
+            n
+        }
     }
 
     fn session_len(&self, session: SessionId) -> usize {

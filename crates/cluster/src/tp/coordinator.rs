@@ -444,11 +444,18 @@ impl Executor for TpExecutor {
             return Err(EngineError::CannotRewind {
                 session,
                 n,
-                why: "the sliding-window layers no longer hold the positions it attends to".into(),
+                why: "the sliding-window or recurrent layers no longer reach that position".into(),
             });
         }
         self.sessions.truncate(session, n);
         Ok(())
+    }
+
+    fn rewind_point(&self, session: SessionId, n: usize) -> usize {
+        match &self.group {
+            Some(g) if self.sessions.is_synced(session) => g.own.runner.rewind_point(session, n),
+            _ => n,
+        }
     }
 
     fn session_len(&self, session: SessionId) -> usize {

@@ -20,8 +20,8 @@ pub use compressed::{CompressedLayer, Compression, Pool};
 pub use index_keys::IndexKeys;
 use recurrent::HybridState;
 pub use recurrent::{
-    HybridLayers, KEPT_REWINDS, LayerMemory, PooledKeys, RecurrentState, delta_rule_step,
-    merge_recurrent_shares, split_recurrent_share,
+    HybridLayers, KEPT_CHECKPOINTS, KEPT_REWINDS, LayerMemory, PooledKeys, RecurrentState,
+    delta_rule_step, merge_recurrent_shares, split_recurrent_share,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -154,9 +154,9 @@ pub struct KvCache {
     /// Per local layer: GLM-5.3 Flash's indexer keys or recurrent state.
     hybrid: Vec<HybridState>,
     /// GLM-5.3 Flash's recurrent layers rewind to any position from here on (replaying their
-    /// kept step inputs), and to `chunk_start`.
+    /// kept step inputs), and to the `checkpoints` (ascending; see `recurrent::add_checkpoint`).
     rewind_from: usize,
-    chunk_start: Option<usize>,
+    checkpoints: Vec<usize>,
     /// Unique per cache, and bumped by every change to rows already stored (see
     /// [`KvCache::content_version`]).
     id: u64,
@@ -182,7 +182,7 @@ impl KvCache {
             ix: vec![Vec::new(); n],
             hybrid,
             rewind_from: 0,
-            chunk_start: None,
+            checkpoints: Vec::new(),
             id: NEXT_CACHE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             generation: 0,
         }
@@ -244,6 +244,16 @@ impl KvCache {
                     .max_ratio()
                     .is_none_or(|m| comp_needed(n, m) >= self.comp_from)
                 && self.hybrid_can_rewind(n))
+    }
+
+    /// The latest position at most `n` that [`KvCache::truncate`] can rewind to (0 at worst):
+    /// where a prefix shared with a new prompt ends between a recurrent cache's rewind points,
+    /// the kept prefix stops at the checkpoint before it.
+    pub fn rewind_point(&self, n: usize) -> usize {
+        std::iter::once(n)
+            .chain(self.checkpoints.iter().rev().copied().filter(|&p| p < n))
+            .find(|&m| self.can_rewind(m))
+            .unwrap_or(0)
     }
 
     fn max_ratio(&self) -> Option<usize> {

@@ -8,9 +8,12 @@
 //! A recurrent state cannot be rewound by slicing, so a KDA layer keeps its memory at a base
 //! position plus the inputs of every step since, which a rewind replays: the latest
 //! [`KEPT_REWINDS`] positions are reachable (the engine's re-evaluation of a last token, a
-//! rejected speculative draft), and where a longer chunk started (the rewind the forward path
-//! does on error). The points depend only on the positions stored, not on the layers a cache
-//! holds, so every stage of a pipeline answers [`KvCache::can_rewind`] the same way.
+//! rejected speculative draft). It also keeps its memory where longer chunks started, up to
+//! [`KEPT_CHECKPOINTS`] of them spread over the history: the rewind the forward path does on
+//! error, and the prefix cache's reuse of a shared beginning (a system prompt, an earlier turn),
+//! for which a linear-attention layer's entry is a state at a position, not a slice of rows. The
+//! points depend only on the positions stored, not on the layers a cache holds, so every stage
+//! of a pipeline answers [`KvCache::can_rewind`] the same way.
 
 use super::{KvCache, KvLayout};
 use crate::error::{ModelError, Result};
@@ -18,6 +21,30 @@ use crate::error::{ModelError, Result};
 /// Positions back from the end that a rewind can reach: the speculative decoder's default
 /// eight drafts with room to spare, at `6·width + heads` values per position and KDA layer.
 pub const KEPT_REWINDS: usize = 16;
+
+/// Chunk starts whose memory a KDA layer keeps (each a `head_dim²` matrix per head, 4 MiB a
+/// layer at GLM-5.3 Flash's 64 heads of 128), as llama.cpp's server keeps 8 context
+/// checkpoints per slot.
+pub const KEPT_CHECKPOINTS: usize = 8;
+
+/// Adds a checkpoint at `at(&item)` (later than every one in `list`); past
+/// [`KEPT_CHECKPOINTS`], drops the one whose loss leaves the shortest gap between neighbours
+/// (the older on a tie), so the points stay spread over the history. The latest is always
+/// kept. Both the cache's list of positions and each layer's list of memories follow this one
+/// rule, so they agree.
+pub(super) fn add_checkpoint<T>(list: &mut Vec<T>, item: T, at: impl Fn(&T) -> usize) {
+    debug_assert!(list.last().is_none_or(|l| at(l) < at(&item)));
+    list.push(item);
+    if list.len() <= KEPT_CHECKPOINTS {
+        return;
+    }
+    let pos: Vec<usize> = list.iter().map(&at).collect();
+    let merged_gap = |i: usize| pos[i + 1] - if i == 0 { 0 } else { pos[i - 1] };
+    let drop = (0..pos.len() - 1)
+        .min_by_key(|&i| (merged_gap(i), i))
+        .expect("more than one checkpoint");
+    list.remove(drop);
+}
 
 /// What each layer of a GLM-5.3 Flash cache remembers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,7 +175,7 @@ pub fn delta_rule_step(s: &mut [f32], k: &[f32], v: &[f32], decay: &[f32], beta:
 /// `base_at` and, for every position since, the inputs of its step
 /// ([`RecurrentState::step_len`] values: the pre-convolution q/k/v rows, the normalized k and v,
 /// the decay factors, the per-head β), which it replays up to the rewind point; and the memory
-/// where the last stored chunk started when that is before `base_at`.
+/// where stored chunks started before `base_at` ([`add_checkpoint`]).
 #[derive(Clone, Debug, Default)]
 pub struct RecurrentState {
     pub n_head: usize,
@@ -163,7 +190,15 @@ pub struct RecurrentState {
     base_conv: Vec<f32>,
     base_state: Vec<f32>,
     steps: Vec<f32>,
-    chunk_start: Option<(usize, Vec<f32>, Vec<f32>)>,
+    checkpoints: Vec<Checkpoint>,
+}
+
+/// A layer's memory (convolution history, state) after `at` positions.
+#[derive(Clone, Debug)]
+struct Checkpoint {
+    at: usize,
+    conv: Vec<f32>,
+    state: Vec<f32>,
 }
 
 /// Where a layer's replayable span starts once positions up to `end` are stored: it keeps
@@ -201,7 +236,7 @@ impl RecurrentState {
         self.state = vec![0.0; self.n_head * self.head_dim * self.head_dim];
         self.at = at;
         self.rebase();
-        self.chunk_start = None;
+        self.checkpoints.clear();
     }
 
     /// The current memory becomes the base, with nothing to replay.
@@ -253,9 +288,15 @@ impl RecurrentState {
             self.base_conv = b_conv;
             self.base_state = b_state;
         }
-        // An earlier chunk start, still before `p0`, stays a rewind point.
-        if p0 < self.base_at {
-            self.chunk_start = Some((p0, at_p0.0, at_p0.1));
+        // A chunk start the replayable span has left behind stays a rewind point.
+        if p0 > 0 && p0 < self.base_at {
+            let (conv, state) = at_p0;
+            let c = Checkpoint {
+                at: p0,
+                conv,
+                state,
+            };
+            add_checkpoint(&mut self.checkpoints, c, |c| c.at);
         }
         self.conv = conv;
         self.state = state;
@@ -296,10 +337,10 @@ impl RecurrentState {
         if (self.base_at..self.at).contains(&n) {
             return Some(self.replay(n));
         }
-        self.chunk_start
-            .as_ref()
-            .filter(|c| c.0 == n)
-            .map(|c| (c.1.clone(), c.2.clone()))
+        self.checkpoints
+            .iter()
+            .find(|c| c.at == n)
+            .map(|c| (c.conv.clone(), c.state.clone()))
     }
 
     /// Back to the memory after `n` positions; false when it cannot be had.
@@ -319,32 +360,30 @@ impl RecurrentState {
             self.at = n;
             return true;
         }
-        match self.chunk_start.take() {
-            Some((at, conv, state)) if at == n => {
-                self.conv = conv;
-                self.state = state;
-                self.at = n;
-                self.rebase();
-                true
-            }
-            other => {
-                self.chunk_start = other;
-                false
-            }
-        }
+        let Some(i) = self.checkpoints.iter().position(|c| c.at == n) else {
+            return false;
+        };
+        // Later checkpoints hold positions the rewind forgets.
+        let c = self.checkpoints.drain(i..).next().expect("checkpoint i");
+        self.conv = c.conv;
+        self.state = c.state;
+        self.at = n;
+        self.rebase();
+        true
     }
 
     fn bytes(&self) -> usize {
-        let chunk_start = self
-            .chunk_start
-            .as_ref()
-            .map_or(0, |c| c.1.len() + c.2.len());
+        let checkpoints: usize = self
+            .checkpoints
+            .iter()
+            .map(|c| c.conv.len() + c.state.len())
+            .sum();
         4 * (self.conv.len()
             + self.state.len()
             + self.base_conv.len()
             + self.base_state.len()
             + self.steps.len()
-            + chunk_start)
+            + checkpoints)
     }
 }
 
@@ -456,15 +495,13 @@ impl KvCache {
         !self.is_hybrid()
             || n == 0
             || n >= self.rewind_from.min(self.len)
-            || self.chunk_start == Some(n)
+            || self.checkpoints.contains(&n)
     }
 
     /// The positions a rewind can reach, for messages.
     pub(super) fn rewind_points(&self) -> String {
-        let start = self
-            .chunk_start
-            .map_or(String::new(), |p| format!("{p} and "));
-        format!("0, {start}{}..={}", self.rewind_from, self.len)
+        let points: String = self.checkpoints.iter().map(|p| format!("{p}, ")).collect();
+        format!("0, {points}{}..={}", self.rewind_from, self.len)
     }
 
     /// After a rewind to `self.len`.
@@ -480,24 +517,25 @@ impl KvCache {
                 }
             }
         }
-        // As each recurrent layer's `rewind`: back at 0 or at the chunk start, that is the base.
-        if n == 0 || self.chunk_start == Some(n) {
+        // As each recurrent layer's `rewind`: back at 0 or at a checkpoint, that is the base
+        // and later checkpoints are gone.
+        if n == 0 || self.checkpoints.contains(&n) {
             self.rewind_from = n;
-            self.chunk_start = None;
+            self.checkpoints.retain(|&p| p < n);
         }
     }
 
     /// Before positions `pos0..end` are stored (after the rewind to `pos0`): the rewinds the
     /// recurrent layers will answer, reckoned as each layer's [`RecurrentState::commit`] does (the
-    /// latest [`KEPT_REWINDS`] positions replayable, and `pos0` itself), so that a cache holding
-    /// no recurrent layer answers [`KvCache::can_rewind`] as one holding them.
+    /// latest [`KEPT_REWINDS`] positions replayable, and `pos0` itself as a checkpoint), so that
+    /// a cache holding no recurrent layer answers [`KvCache::can_rewind`] as one holding them.
     pub(super) fn reserve_hybrid(&mut self, pos0: usize, end: usize) {
         if !self.is_hybrid() {
             return;
         }
         self.rewind_from = base_after(self.rewind_from, end);
-        if pos0 < self.rewind_from {
-            self.chunk_start = Some(pos0);
+        if pos0 > 0 && pos0 < self.rewind_from {
+            add_checkpoint(&mut self.checkpoints, pos0, |&p| p);
         }
     }
 
@@ -549,7 +587,7 @@ impl KvCache {
             }
         }
         self.rewind_from = n;
-        self.chunk_start = None;
+        self.checkpoints.clear();
     }
 
     /// Restores what [`KvCache::export_hybrid`] wrote for `layer` of `n` positions; false for
@@ -667,4 +705,44 @@ pub fn split_recurrent_share(
         &conv,
         &state[heads.start * hd2..heads.end * hd2],
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_checkpoints(starts: impl IntoIterator<Item = usize>) -> Vec<usize> {
+        let mut list = Vec::new();
+        for p in starts {
+            add_checkpoint(&mut list, p, |&p| p);
+        }
+        list
+    }
+
+    #[test]
+    fn checkpoints_stay_spread_and_keep_the_latest() {
+        // Up to the limit every chunk start stays.
+        assert_eq!(
+            with_checkpoints((1..=8).map(|i| 64 * i)),
+            (1..=8).map(|i| 64 * i).collect::<Vec<_>>()
+        );
+        // Evenly spaced starts past it: each new one drops the oldest of the closest pair,
+        // and the list keeps its last entry and stays within the limit.
+        let list = with_checkpoints((1..=40).map(|i| 64 * i));
+        assert_eq!(list.len(), KEPT_CHECKPOINTS);
+        assert_eq!(list.last(), Some(&(64 * 40)));
+        let gaps: Vec<usize> = std::iter::once(list[0])
+            .chain(list.windows(2).map(|w| w[1] - w[0]))
+            .collect();
+        assert!(
+            gaps.iter().all(|&g| g <= 4 * 64 * 40 / KEPT_CHECKPOINTS),
+            "spread over the history: {list:?}"
+        );
+        // A close pair loses its older member first.
+        let list = with_checkpoints([100, 200, 300, 400, 500, 600, 700, 800, 810]);
+        assert_eq!(list, [100, 200, 300, 400, 500, 600, 700, 810]);
+        // Nearly adjacent starts early on go before the spread ones later.
+        let list = with_checkpoints([10, 12, 1000, 2000, 3000, 4000, 5000, 6000, 7000]);
+        assert_eq!(list, [12, 1000, 2000, 3000, 4000, 5000, 6000, 7000]);
+    }
 }
