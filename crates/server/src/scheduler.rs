@@ -288,9 +288,21 @@ impl Scheduler {
             prompt_len,
             common,
         );
-        // A recurrent cache (GLM-5.3 Flash) keeps its memory at some positions only: the kept
-        // prefix ends at the latest of them.
-        let keep = self.engine.executor().rewind_point(session.id, keep);
+        // Sliding-window layers keep only the latest positions and recurrent ones (GLM-5.3
+        // Flash) their memory at some positions: the kept prefix ends at the latest reachable.
+        let reachable = self.engine.executor().rewind_point(session.id, keep);
+        if reachable < keep {
+            let from = match reachable {
+                0 => "evaluating the prompt afresh".to_string(),
+                p => format!("evaluating from position {p}"),
+            };
+            tracing::info!(
+                "request {}: cannot rewind session {} to the {keep} shared positions; {from}",
+                job.id,
+                session.id
+            );
+        }
+        let keep = reachable;
         if keep < session.tokens.len() {
             self.save_to_disk(&session);
             if let Err(e) = self.engine.executor_mut().truncate(session.id, keep) {
