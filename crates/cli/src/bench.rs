@@ -54,7 +54,7 @@ pub struct BenchArgs {
     pub json: bool,
     /// After each test, where its time went: wall-clock seconds per phase of the forward passes
     /// run in this process (all of them for a single node; the first stage or rank 0 of a
-    /// cluster), summed over the repetitions.
+    /// cluster), summed over the repetitions; in a sweep, of each depth's decode.
     #[arg(long)]
     pub profile: bool,
     /// A text prompt instead of random tokens: the prompt-processing test evaluates it (instead
@@ -465,11 +465,17 @@ fn sweep(
         let prefill_secs = t0.elapsed().as_secs_f64();
         let prefill_tokens = new.len();
         have = target;
+        model::profile::reset();
+        model::profile::set_enabled(args.profile);
         let t1 = Instant::now();
         for t in &all[have..have + args.sweep_gen] {
             eval(engine, s.id, std::slice::from_ref(t), LogitsWanted::Last)?;
         }
         let gen_secs = t1.elapsed().as_secs_f64();
+        model::profile::set_enabled(false);
+        if args.profile {
+            print_profile(&format!("tg{} at depth {have}", args.sweep_gen), gen_secs);
+        }
         let per_pos = engine.info().n_layer;
         let kv_bytes = kv_bytes_estimate(engine, have, per_pos);
         let at = have;
