@@ -24,10 +24,12 @@ fn l2_normalize(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
-/// One head's recurrence over a sequence's tokens.
-struct HeadRun {
+/// One head's recurrence over a sequence's tokens, on the cache's memory in place.
+struct HeadRun<'m> {
     /// `head_dim × head_dim`, key-major.
-    state: Vec<f32>,
+    state: &'m mut [f32],
+    /// The head's base state, which the pass brings forward by the cache's pending steps.
+    base: &'m mut [f32],
     /// `n × head_dim`.
     out: Vec<f32>,
     /// The state at the cache's capture point, when it falls in this chunk.
@@ -121,7 +123,9 @@ impl Model {
                 )));
             }
             let end = p0 + nt;
-            let capture = mem.capture_point(end);
+            let mv = mem.base_move(end);
+            let capture = mv.capture;
+            let before = mv.checkpoint.then(|| (mem.conv.clone(), mem.state.clone()));
             // The inputs each token's convolution reads: the kept history, then this chunk.
             let mut history: Vec<Vec<f32>> = Vec::with_capacity(3);
             for (j, pre_j) in pre.iter().enumerate() {
@@ -152,9 +156,14 @@ impl Model {
                 history.push(hist);
             }
             let q_scale = 1.0 / (hd as f32).sqrt();
-            let mut runs: Vec<HeadRun> = (0..nh)
-                .map(|hh| HeadRun {
-                    state: mem.state[hh * hd * hd..(hh + 1) * hd * hd].to_vec(),
+            let (state, base, stored) = mem.heads_mut();
+            let pending = &stored[..mv.replay * (6 * width + nh)];
+            let mut runs: Vec<HeadRun> = state
+                .chunks_exact_mut(hd * hd)
+                .zip(base.chunks_exact_mut(hd * hd))
+                .map(|(state, base)| HeadRun {
+                    state,
+                    base,
                     out: vec![0f32; nt * hd],
                     captured: None,
                 })
@@ -162,14 +171,17 @@ impl Model {
             let (cq, ck, cv) = (&conv_out[0], &conv_out[1], &conv_out[2]);
             let (decay, beta) = (&f, &beta);
             cx.pool.for_each_mut(&mut runs, |hh, run| {
+                // The base's pending steps, while this head's memory is in cache: a rewind
+                // can then reach the latest positions without a serial replay per token.
+                crate::kv::replay_head(run.base, pending, hh, width);
                 for t in 0..nt {
                     if capture == Some(p0 + t) {
-                        run.captured = Some(run.state.clone());
+                        run.captured = Some(run.state.to_vec());
                     }
                     let r = rows.start + t;
                     let at = r * width + hh * hd;
                     let (q, k, v) = (&cq[at..at + hd], &ck[at..at + hd], &cv[at..at + hd]);
-                    let s = &mut run.state;
+                    let s = &mut *run.state;
                     delta_rule_step(s, k, v, &decay[at..at + hd], beta[r * nh + hh]);
                     let o = &mut run.out[t * hd..(t + 1) * hd];
                     for (i, &qi) in q.iter().enumerate() {
@@ -180,7 +192,7 @@ impl Model {
                     }
                 }
                 if capture == Some(end) {
-                    run.captured = Some(run.state.clone());
+                    run.captured = Some(run.state.to_vec());
                 }
             });
             // The convolutions' history after position m: the last `taps` inputs before it.
@@ -200,22 +212,21 @@ impl Model {
                 (conv_after(c), state)
             });
             // What a rewind replays: per position its convolution inputs, k, v, decay and β.
-            let mut steps = Vec::with_capacity(nt * mem.step_len());
+            let mut steps = Vec::with_capacity(nt * (6 * width + nh));
             for r in rows.clone() {
                 for src in [&pre[0], &pre[1], &pre[2], ck, cv, decay] {
                     steps.extend_from_slice(&src[r * width..(r + 1) * width]);
                 }
                 steps.extend_from_slice(&beta[r * nh..(r + 1) * nh]);
             }
-            let mut state = Vec::with_capacity(nh * hd * hd);
             for (hh, r) in runs.iter().enumerate() {
-                state.extend_from_slice(&r.state);
                 for t in 0..nt {
                     let at = (rows.start + t) * width + hh * hd;
                     att[at..at + hd].copy_from_slice(&r.out[t * hd..(t + 1) * hd]);
                 }
             }
-            mem.commit(end, &steps, conv_after(end), state, captured);
+            drop(runs);
+            mem.commit(end, &steps, conv_after(end), captured, before);
             row0 += nt;
         }
         hooks.observe(Some(il), "kda_core", &att);

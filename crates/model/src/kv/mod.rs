@@ -21,7 +21,7 @@ pub use index_keys::IndexKeys;
 use recurrent::HybridState;
 pub use recurrent::{
     HybridLayers, KEPT_CHECKPOINTS, KEPT_REWINDS, LayerMemory, PooledKeys, RecurrentState,
-    delta_rule_step, merge_recurrent_shares, split_recurrent_share,
+    delta_rule_step, merge_recurrent_shares, replay_head, split_recurrent_share,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -171,6 +171,36 @@ pub fn delta_rule_step(s: &mut [f32], k: &[f32], v: &[f32], decay: &[f32], beta:
     }
 }
 
+/// Runs stored steps `steps` (each [`RecurrentState::step_len`] values of a layer `width` wide)
+/// on head `hh`'s state `s` (`head_dim = s.len().isqrt()`), as the forward pass ran them.
+pub fn replay_head(s: &mut [f32], steps: &[f32], hh: usize, width: usize) {
+    let hd = s.len().isqrt();
+    let step = 6 * width + width / hd.max(1);
+    let c = hh * hd..(hh + 1) * hd;
+    for st in steps.chunks_exact(step) {
+        let (k, v) = (&st[3 * width..4 * width], &st[4 * width..5 * width]);
+        let (decay, beta) = (&st[5 * width..6 * width], &st[6 * width..]);
+        delta_rule_step(s, &k[c.clone()], &v[c.clone()], &decay[c.clone()], beta[hh]);
+    }
+}
+
+/// How a layer's base moves when the forward pass takes in positions `at..end`
+/// ([`RecurrentState::base_move`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BaseMove {
+    /// The base after the pass.
+    pub new_base: usize,
+    /// The position, inside the pass, whose state becomes the new base (the pass captures it).
+    pub capture: Option<usize>,
+    /// Stored steps (from the old base on) that bring the base to `new_base`, when the new base
+    /// lies before the pass: the pass replays them on the base state in place
+    /// ([`RecurrentState::heads_mut`]), head by head beside its own steps.
+    pub replay: usize,
+    /// Whether the pass's first position becomes a checkpoint: then its memory must be handed
+    /// to [`RecurrentState::commit`].
+    pub checkpoint: bool,
+}
+
 /// A KDA layer's recurrent memory after `at` positions. To rewind, it keeps the memory at
 /// `base_at` and, for every position since, the inputs of its step
 /// ([`RecurrentState::step_len`] values: the pre-convolution q/k/v rows, the normalized k and v,
@@ -252,45 +282,61 @@ impl RecurrentState {
         self.at
     }
 
-    /// The position after which the forward pass over `at..end` hands
-    /// [`RecurrentState::commit`] the memory (the new base), when that falls inside the pass.
-    pub fn capture_point(&self, end: usize) -> Option<usize> {
-        let b = base_after(self.base_at, end);
-        (b > self.base_at && b >= self.at).then_some(b)
+    /// How the base moves when the forward pass takes in positions `at..end`.
+    pub fn base_move(&self, end: usize) -> BaseMove {
+        let new_base = base_after(self.base_at, end);
+        let moves = new_base > self.base_at;
+        let capture = (moves && new_base >= self.at).then_some(new_base);
+        BaseMove {
+            new_base,
+            capture,
+            replay: if moves && capture.is_none() {
+                new_base - self.base_at
+            } else {
+                0
+            },
+            checkpoint: self.at > 0 && self.at < new_base,
+        }
     }
 
-    /// Takes in positions `at..end`: their step inputs, the memory after them, and the memory
-    /// at [`RecurrentState::capture_point`] when there is one.
+    /// What the forward pass works on in place: the state, the base state (for a
+    /// [`BaseMove::replay`]) and the stored steps, each head's `head_dim²` values in turn.
+    pub fn heads_mut(&mut self) -> (&mut [f32], &mut [f32], &[f32]) {
+        (&mut self.state, &mut self.base_state, &self.steps)
+    }
+
+    /// Takes in positions `at..end` after the forward pass has run them on the state in place
+    /// (and, for a [`BaseMove::replay`], the base's steps on the base state): their step
+    /// inputs, the convolution history after them, the memory at [`BaseMove::capture`] when
+    /// there is one, and the memory before them when [`BaseMove::checkpoint`] says so.
     pub fn commit(
         &mut self,
         end: usize,
         steps: &[f32],
         conv: Vec<f32>,
-        state: Vec<f32>,
         captured: Option<(Vec<f32>, Vec<f32>)>,
+        before: Option<(Vec<f32>, Vec<f32>)>,
     ) {
         let p0 = self.at;
         let step = self.step_len();
         debug_assert_eq!(steps.len(), (end - p0) * step);
-        let new_base = base_after(self.base_at, end);
-        let at_p0 = (
-            std::mem::take(&mut self.conv),
-            std::mem::take(&mut self.state),
-        );
+        let mv = self.base_move(end);
         self.steps.extend_from_slice(steps);
-        if new_base > self.base_at {
-            let (b_conv, b_state) = match captured {
-                Some(c) if new_base >= p0 => c,
-                _ => self.replay(new_base),
-            };
-            self.steps.drain(..(new_base - self.base_at) * step);
-            self.base_at = new_base;
-            self.base_conv = b_conv;
-            self.base_state = b_state;
+        if mv.new_base > self.base_at {
+            match captured {
+                Some((b_conv, b_state)) if mv.capture.is_some() => {
+                    self.base_conv = b_conv;
+                    self.base_state = b_state;
+                }
+                // The pass advanced the base state; the history is the steps' rows.
+                _ => self.base_conv = self.conv_after(mv.new_base),
+            }
+            self.steps.drain(..(mv.new_base - self.base_at) * step);
+            self.base_at = mv.new_base;
         }
         // A chunk start the replayable span has left behind stays a rewind point.
-        if p0 > 0 && p0 < self.base_at {
-            let (conv, state) = at_p0;
+        if mv.checkpoint {
+            let (conv, state) = before.expect("the memory before a checkpointed chunk");
             let c = Checkpoint {
                 at: p0,
                 conv,
@@ -299,24 +345,14 @@ impl RecurrentState {
             add_checkpoint(&mut self.checkpoints, c, |c| c.at);
         }
         self.conv = conv;
-        self.state = state;
         self.at = end;
     }
 
-    /// The memory after `n` positions, `base_at ≤ n ≤ at`, from the base and the steps.
-    fn replay(&self, n: usize) -> (Vec<f32>, Vec<f32>) {
-        let (w, hd, taps, step) = (self.width(), self.head_dim, self.conv_taps, self.step_len());
-        let mut state = self.base_state.clone();
+    /// The convolution history after `n` positions, `base_at ≤ n ≤ at + stored steps`: per
+    /// projection the last `taps` inputs, the base's history, then the steps' rows.
+    fn conv_after(&self, n: usize) -> Vec<f32> {
+        let (w, taps, step) = (self.width(), self.conv_taps, self.step_len());
         let steps = &self.steps[..(n - self.base_at) * step];
-        for st in steps.chunks_exact(step) {
-            let (k, v) = (&st[3 * w..4 * w], &st[4 * w..5 * w]);
-            let (decay, beta) = (&st[5 * w..6 * w], &st[6 * w..]);
-            for (hh, s) in state.chunks_exact_mut(hd * hd).enumerate() {
-                let c = hh * hd..(hh + 1) * hd;
-                delta_rule_step(s, &k[c.clone()], &v[c.clone()], &decay[c], beta[hh]);
-            }
-        }
-        // Per projection the last `taps` inputs: the base's history, then the steps' rows.
         let mut conv = Vec::with_capacity(self.base_conv.len());
         for j in 0..3 {
             let mut rows: Vec<&[f32]> = self.base_conv[j * taps * w..(j + 1) * taps * w]
@@ -327,7 +363,18 @@ impl RecurrentState {
                 conv.extend_from_slice(r);
             }
         }
-        (conv, state)
+        conv
+    }
+
+    /// The memory after `n` positions, `base_at ≤ n ≤ at`, from the base and the steps.
+    fn replay(&self, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let (w, hd, step) = (self.width(), self.head_dim, self.step_len());
+        let mut state = self.base_state.clone();
+        let steps = &self.steps[..(n - self.base_at) * step];
+        for (hh, s) in state.chunks_exact_mut(hd * hd).enumerate() {
+            replay_head(s, steps, hh, w);
+        }
+        (self.conv_after(n), state)
     }
 
     fn memory_at(&self, n: usize) -> Option<(Vec<f32>, Vec<f32>)> {
