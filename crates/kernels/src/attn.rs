@@ -37,7 +37,28 @@ pub struct Rows<'a> {
     pub elem: KvElem,
 }
 
-impl Rows<'_> {
+impl<'a> Rows<'a> {
+    /// Rows `range` of these (`range.end <= n`).
+    pub fn range(&self, range: std::ops::Range<usize>) -> Rows<'a> {
+        assert!(
+            range.start <= range.end && range.end <= self.n,
+            "rows {range:?} of {}",
+            self.n
+        );
+        let data = if range.is_empty() {
+            &self.data[..0]
+        } else {
+            &self.data[range.start * self.stride..]
+        };
+        Rows {
+            data,
+            stride: self.stride,
+            n: range.len(),
+            d: self.d,
+            elem: self.elem,
+        }
+    }
+
     /// Panics unless `data` holds all `n` rows (the SIMD paths read them through raw pointers).
     fn check(&self) {
         let need = match self.n {
@@ -576,8 +597,9 @@ mod tests {
         }
     }
 
-    /// A block of heads attended together gives each head the bits of its own scores,
-    /// softmax (with its sink) and weighted sum, for head counts around the block size.
+    /// Heads attended together, over their rows whole or in tiles of a few rows, give each
+    /// head the bits of its own scores, softmax (with its sink) and weighted sum, for head
+    /// counts around the kernels' block size.
     #[test]
     fn attend_heads_equals_each_head_alone() {
         for isa in Isa::supported() {
@@ -591,43 +613,45 @@ mod tests {
                 elem: KvElem::F16,
             };
             let values = Rows { d: dv, ..keys };
-            for heads in [1usize, 4, 6] {
-                let q: Vec<f32> = (0..heads * d)
-                    .map(|i| ((i * 29 % 97) as f32 - 48.0) / 61.0)
-                    .collect();
-                let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 0.3 - 0.5).collect();
-                let mut scratch = Vec::new();
-                let mut out = vec![f32::NAN; heads * (dv + 1)];
-                attend_heads(
-                    isa,
-                    &q,
-                    d,
-                    heads,
-                    keys,
-                    values,
-                    0.11,
-                    Some(&sinks),
-                    &mut scratch,
-                    &mut out,
-                    dv + 1,
-                );
-                for h in 0..heads {
-                    let mut p = vec![0f32; n];
-                    scores(isa, &q[h * d..], keys, 0.11, &mut p);
-                    softmax_with_sink(isa, &mut p, Some(sinks[h]));
-                    let mut want = vec![0f32; dv];
-                    weighted_sum(isa, &p, values, &mut want);
-                    for c in 0..dv {
-                        assert_eq!(
-                            out[h * (dv + 1) + c].to_bits(),
-                            want[c].to_bits(),
-                            "{isa:?} heads={heads}: head {h} column {c}"
+            // Whole; 3 key rows (and 4 value rows) a tile; one row a tile.
+            for tile_bytes in [1 << 20, 3 * d * 2 + 1, 1] {
+                for heads in [1usize, 4, 6] {
+                    let q: Vec<f32> = (0..heads * d)
+                        .map(|i| ((i * 29 % 97) as f32 - 48.0) / 61.0)
+                        .collect();
+                    let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 0.3 - 0.5).collect();
+                    let mut scratch = Vec::new();
+                    let mut out = vec![f32::NAN; heads * (dv + 1)];
+                    heads::attend_heads_in_tiles(
+                        isa,
+                        (&q, d),
+                        heads,
+                        keys,
+                        values,
+                        0.11,
+                        Some(&sinks),
+                        &mut scratch,
+                        (&mut out, dv + 1),
+                        tile_bytes,
+                    );
+                    for h in 0..heads {
+                        let mut p = vec![0f32; n];
+                        scores(isa, &q[h * d..], keys, 0.11, &mut p);
+                        softmax_with_sink(isa, &mut p, Some(sinks[h]));
+                        let mut want = vec![0f32; dv];
+                        weighted_sum(isa, &p, values, &mut want);
+                        for c in 0..dv {
+                            assert_eq!(
+                                out[h * (dv + 1) + c].to_bits(),
+                                want[c].to_bits(),
+                                "{isa:?} tiles of {tile_bytes} B, heads={heads}: head {h} column {c}"
+                            );
+                        }
+                        assert!(
+                            out[h * (dv + 1) + dv].is_nan(),
+                            "wrote past a head's output"
                         );
                     }
-                    assert!(
-                        out[h * (dv + 1) + dv].is_nan(),
-                        "wrote past a head's output"
-                    );
                 }
             }
         }

@@ -9,14 +9,17 @@
 use super::{Rows, scores, softmax_with_sink, weighted_sum};
 use crate::Isa;
 
-/// Heads computed together by [`attend_heads`]: its scratch holds this many rows of scores.
-const ATTEND_BLOCK: usize = 4;
+/// Bytes of key (or value) rows that [`attend_heads`] runs every head over before the next
+/// rows: a tile that stays in L2 while all the heads' blocks read it, so many heads over one
+/// long set of rows (latent attention's 64–128 heads over thousands of positions) read the rows
+/// from memory once instead of once per block of heads.
+const ROW_TILE_BYTES: usize = 128 << 10;
 
 /// Attention of `heads` queries over the same keys and values: head `h`'s output
 /// `out[h * out_stride..][..values.d]` is `Σ_j p_h[j] · v_j` with `p_h` the softmax of its
 /// scores (and of `sinks[h]`, when given), each head's bits those of [`scores`],
 /// [`softmax_with_sink`] and [`weighted_sum`] alone. `scratch` holds the scores between the
-/// steps (any vector; it is resized).
+/// steps (any vector; it is resized to `heads × keys.n`).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_heads(
     isa: Isa,
@@ -31,34 +34,53 @@ pub fn attend_heads(
     out: &mut [f32],
     out_stride: usize,
 ) {
+    let (qs, outs) = ((q, q_stride), (out, out_stride));
+    attend_heads_in_tiles(
+        isa,
+        qs,
+        heads,
+        keys,
+        values,
+        scale,
+        sinks,
+        scratch,
+        outs,
+        ROW_TILE_BYTES,
+    );
+}
+
+/// [`attend_heads`] over rows in tiles of about `tile_bytes`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attend_heads_in_tiles(
+    isa: Isa,
+    (q, q_stride): (&[f32], usize),
+    heads: usize,
+    keys: Rows,
+    values: Rows,
+    scale: f32,
+    sinks: Option<&[f32]>,
+    scratch: &mut Vec<f32>,
+    (out, out_stride): (&mut [f32], usize),
+    tile_bytes: usize,
+) {
     let n = keys.n;
-    scratch.resize(ATTEND_BLOCK * n, 0.0);
-    let mut h0 = 0;
-    while h0 < heads {
-        let hb = ATTEND_BLOCK.min(heads - h0);
-        scores_heads(
-            isa,
-            &q[h0 * q_stride..],
-            q_stride,
-            hb,
-            keys,
-            scale,
-            scratch,
-            n,
-        );
-        for i in 0..hb {
-            softmax_with_sink(
-                isa,
-                &mut scratch[i * n..(i + 1) * n],
-                sinks.map(|s| s[h0 + i]),
-            );
-        }
-        let o = &mut out[h0 * out_stride..];
-        for i in 0..hb {
-            o[i * out_stride..i * out_stride + values.d].fill(0.0);
-        }
-        weighted_sum_heads(isa, scratch, n, hb, values, o, out_stride);
-        h0 += hb;
+    scratch.resize(heads * n, 0.0);
+    // A (head, key) score does not depend on the other keys, and each (head, column) sum
+    // continues its chain from the output's value, so the tiles give the untiled bits.
+    let tile = |rows: &Rows| (tile_bytes / (rows.d * rows.elem.bytes()).max(1)).max(1);
+    for j in (0..n).step_by(tile(&keys)) {
+        let part = j..n.min(j + tile(&keys));
+        let keys = keys.range(part.clone());
+        scores_heads(isa, q, q_stride, heads, keys, scale, &mut scratch[j..], n);
+    }
+    for h in 0..heads {
+        softmax_with_sink(isa, &mut scratch[h * n..(h + 1) * n], sinks.map(|s| s[h]));
+        out[h * out_stride..h * out_stride + values.d].fill(0.0);
+    }
+    for j in (0..n).step_by(tile(&values)) {
+        let part = j..n.min(j + tile(&values));
+        let values = values.range(part);
+        weighted_sum_heads(isa, &scratch[j..], n, heads, values, out, out_stride);
     }
 }
 

@@ -4,7 +4,6 @@
 //! positions selected for it: by this layer's k-pool indexer, or on a shared layer by the last
 //! layer that ran one.
 
-use half::f16;
 use kernels::attn::{self, KvElem, Rows};
 use kernels::{Input, Isa};
 
@@ -12,7 +11,6 @@ use super::Selection;
 use crate::Model;
 use crate::blocks::Compute;
 use crate::blocks::attention::head_groups;
-use crate::blocks::indexer::f32_bytes;
 use crate::blocks::mla::{heads_to_tokens, project_heads};
 use crate::blocks::norm::rms_norm_rows_inplace;
 use crate::error::{ModelError, Result};
@@ -22,40 +20,31 @@ use crate::pass::{Hooks, SeqInput};
 use crate::profile::{Phase, span, timed};
 use crate::weights::{KpoolIndexer, MlaAttention};
 
-/// Gathered latent rows of `r` values (the keys, and the values: nope-only attention).
-fn latent_rows(gathered: &[f32], r: usize) -> Rows<'_> {
+/// Gathered latent rows of `r` values in the cache's type (the keys, and the values: nope-only
+/// attention); the kernels widen f16 as they load, as from the cache itself.
+fn latent_rows(gathered: &[u8], r: usize, kt: KvType) -> Rows<'_> {
     Rows {
-        data: f32_bytes(gathered),
-        stride: r * 4,
-        n: gathered.len() / r.max(1),
+        data: gathered,
+        stride: r * kt.bytes(),
+        n: gathered.len() / (r * kt.bytes()).max(1),
         d: r,
-        elem: KvElem::F32,
+        elem: match kt {
+            KvType::F32 => KvElem::F32,
+            KvType::F16 => KvElem::F16,
+        },
     }
 }
 
-/// One head's softmax attention of `qh` over `keys` (also its values) into `o`.
-fn attend_head(isa: Isa, qh: &[f32], keys: Rows, scale: f32, scores: &mut [f32], o: &mut [f32]) {
-    attn::scores(isa, qh, keys, scale, scores);
-    attn::softmax(isa, scores);
-    o.fill(0.0);
-    attn::weighted_sum(isa, scores, keys, o);
+/// The softmax attention of consecutive heads' queries `q` (`r` each) over `keys` (also their
+/// values) into `out` (`r` per head): each head's bits its own (`attn::attend_heads`).
+fn attend(isa: Isa, q: &[f32], keys: Rows, scale: f32, scratch: &mut Vec<f32>, out: &mut [f32]) {
+    let (r, heads) = (keys.d, out.len() / keys.d.max(1));
+    attn::attend_heads(isa, q, r, heads, keys, keys, scale, None, scratch, out, r);
 }
 
-/// Cached row `pos` of `width` values as f32.
-fn cached_row(bytes: &[u8], kt: KvType, pos: usize, width: usize, out: &mut [f32]) {
-    let row = &bytes[pos * width * kt.bytes()..(pos + 1) * width * kt.bytes()];
-    match kt {
-        KvType::F32 => {
-            for (o, c) in out.iter_mut().zip(row.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        KvType::F16 => {
-            for (o, c) in out.iter_mut().zip(row.chunks_exact(2)) {
-                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-            }
-        }
-    }
+/// Copies cached row `pos` (`out.len()` bytes) into `out`.
+fn cached_row(bytes: &[u8], pos: usize, out: &mut [u8]) {
+    out.copy_from_slice(&bytes[pos * out.len()..(pos + 1) * out.len()]);
 }
 
 impl Model {
@@ -152,22 +141,19 @@ impl Model {
                 let per_part = nh / parts;
                 for br in rows.clone() {
                     let sel = &picked[br];
-                    let mut gathered = vec![0f32; sel.len() * r];
-                    cx.par_rows(&mut gathered, r, |first, g_rows| {
-                        for (i, g) in g_rows.chunks_exact_mut(r).enumerate() {
-                            cached_row(bytes, kt, sel[first + i] as usize, r, g);
-                        }
-                    });
-                    let keys = latent_rows(&gathered, r);
+                    let row = r * kt.bytes();
+                    let mut gathered = vec![0u8; sel.len() * row];
+                    for (g, &pos) in gathered.chunks_exact_mut(row).zip(sel) {
+                        cached_row(bytes, pos as usize, g);
+                    }
+                    let keys = latent_rows(&gathered, r, kt);
                     let out = &mut lat_out[br * nh * r..(br + 1) * nh * r];
                     cx.par_rows(out, per_part * r, |first, out_parts| {
-                        let mut scores = vec![0f32; sel.len()];
+                        let mut scratch = Vec::new();
                         for (j, part_out) in out_parts.chunks_exact_mut(per_part * r).enumerate() {
-                            for (k, o) in part_out.chunks_exact_mut(r).enumerate() {
-                                let hh = (first + j) * per_part + k;
-                                let qh = &q_lat[(br * nh + hh) * r..(br * nh + hh + 1) * r];
-                                attend_head(isa, qh, keys, scale, &mut scores, o);
-                            }
+                            let hh = (first + j) * per_part;
+                            let q = &q_lat[(br * nh + hh) * r..(br * nh + hh + per_part) * r];
+                            attend(isa, q, keys, scale, &mut scratch, part_out);
                         }
                     });
                 }
@@ -178,21 +164,19 @@ impl Model {
                 &mut lat_out[rows.start * nh * r..rows.end * nh * r],
                 nh * r,
                 |first, out_rows| {
-                    let mut gathered: Vec<f32> = Vec::new();
-                    let mut scores: Vec<f32> = Vec::new();
+                    let mut gathered: Vec<u8> = Vec::new();
+                    let mut scratch: Vec<f32> = Vec::new();
                     for (i, out) in out_rows.chunks_exact_mut(nh * r).enumerate() {
                         let br = rows.start + first + i;
                         let sel = &picked[br];
-                        gathered.resize(sel.len() * r, 0.0);
-                        for (g, &pos) in gathered.chunks_exact_mut(r).zip(sel) {
-                            cached_row(bytes, kt, pos as usize, r, g);
+                        let row = r * kt.bytes();
+                        gathered.resize(sel.len() * row, 0);
+                        for (g, &pos) in gathered.chunks_exact_mut(row).zip(sel) {
+                            cached_row(bytes, pos as usize, g);
                         }
-                        let keys = latent_rows(&gathered, r);
-                        scores.resize(sel.len(), 0.0);
-                        for (j, o) in out.chunks_exact_mut(r).enumerate() {
-                            let qh = &q_lat[(br * nh + j) * r..(br * nh + j + 1) * r];
-                            attend_head(isa, qh, keys, scale, &mut scores, o);
-                        }
+                        let keys = latent_rows(&gathered, r, kt);
+                        let q = &q_lat[br * nh * r..(br + 1) * nh * r];
+                        attend(isa, q, keys, scale, &mut scratch, out);
                     }
                 },
             );
