@@ -6,10 +6,7 @@ use std::path::PathBuf;
 
 mod common;
 
-use model::{
-    Compute, KvCache, KvType, Logits, LogitsWanted, Model, NoHooks, ResidentExperts, SeqInput,
-    StageInput, StageOutput,
-};
+use model::{Compute, KvCache, KvType, Logits, LogitsWanted, Model, SeqInput};
 
 fn fixture(family: &str, file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -26,7 +23,6 @@ fn step(
     parts: [&[u32]; 2],
     wanted: [LogitsWanted; 2],
 ) -> Logits {
-    let src = ResidentExperts::new(model);
     let tokens: Vec<u32> = parts.concat();
     let [kv0, kv1] = kvs;
     let mut seqs = [
@@ -41,22 +37,7 @@ fn step(
             logits: wanted[1],
         },
     ];
-    let last = model.n_layer() - 1;
-    match model
-        .forward(
-            cx,
-            &src,
-            0..=last,
-            true,
-            StageInput::Tokens(&tokens),
-            &mut seqs,
-            &mut NoHooks,
-        )
-        .unwrap()
-    {
-        StageOutput::Logits(l) => l,
-        StageOutput::Hidden(_) => unreachable!("the whole model ends in the head"),
-    }
+    common::forward_batch(model, cx, &tokens, &mut seqs)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

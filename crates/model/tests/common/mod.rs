@@ -64,30 +64,32 @@ pub fn logits_chunked(model: &Model, cx: &Compute, tokens: &[u32], chunk: usize)
     out
 }
 
-/// One step of the whole model over `part` after what `kv` holds: every position's logits.
-pub fn forward_logits(model: &Model, cx: &Compute, kv: &mut KvCache, part: &[u32]) -> Vec<f32> {
+/// One step of the whole model (resident experts, no hooks) over a batch: `tokens` are the
+/// sequences' new tokens in batch order.
+pub fn forward_batch(
+    model: &Model,
+    cx: &Compute,
+    tokens: &[u32],
+    seqs: &mut [SeqInput],
+) -> model::Logits {
     let last = model.n_layer() - 1;
     let src = ResidentExperts::new(model);
+    let input = StageInput::Tokens(tokens);
+    match model.forward(cx, &src, 0..=last, true, input, seqs, &mut NoHooks) {
+        Ok(StageOutput::Logits(l)) => l,
+        Ok(StageOutput::Hidden(_)) => unreachable!("the whole model ends in the head"),
+        Err(e) => panic!("forward: {e}"),
+    }
+}
+
+/// One step of the whole model over `part` after what `kv` holds: every position's logits.
+pub fn forward_logits(model: &Model, cx: &Compute, kv: &mut KvCache, part: &[u32]) -> Vec<f32> {
     let mut seqs = [SeqInput {
         kv,
         n_tokens: part.len(),
         logits: LogitsWanted::All,
     }];
-    match model
-        .forward(
-            cx,
-            &src,
-            0..=last,
-            true,
-            StageInput::Tokens(part),
-            &mut seqs,
-            &mut NoHooks,
-        )
-        .unwrap()
-    {
-        StageOutput::Logits(l) => l.data,
-        StageOutput::Hidden(_) => unreachable!(),
-    }
+    forward_batch(model, cx, part, &mut seqs).data
 }
 
 pub fn argmax(v: &[f32]) -> usize {
@@ -113,7 +115,6 @@ pub fn row_diffs(a: &[f32], b: &[f32], v: usize) -> Vec<f32> {
 pub fn greedy(model: &Model, cx: &Compute, prompt: &[u32], n: usize) -> Vec<u32> {
     let last = model.n_layer() - 1;
     let mut kv = KvCache::new(model.kv_layout(KvType::F32, 0..=last, 1024));
-    let src = ResidentExperts::new(model);
     let mut input = prompt.to_vec();
     let mut tokens = Vec::new();
     for _ in 0..n {
@@ -122,20 +123,7 @@ pub fn greedy(model: &Model, cx: &Compute, prompt: &[u32], n: usize) -> Vec<u32>
             n_tokens: input.len(),
             logits: LogitsWanted::Last,
         }];
-        let StageOutput::Logits(l) = model
-            .forward(
-                cx,
-                &src,
-                0..=last,
-                true,
-                StageInput::Tokens(&input),
-                &mut seqs,
-                &mut NoHooks,
-            )
-            .unwrap()
-        else {
-            unreachable!("the whole model ends in the head")
-        };
+        let l = forward_batch(model, cx, &input, &mut seqs);
         let t = argmax(l.row(0)) as u32;
         tokens.push(t);
         input = vec![t];
