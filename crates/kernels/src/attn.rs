@@ -599,7 +599,7 @@ mod tests {
 
     /// Heads attended together, over their rows whole or in tiles of a few rows, give each
     /// head the bits of its own scores, softmax (with its sink) and weighted sum, for head
-    /// counts around the kernels' block size.
+    /// counts around the kernels' block size and across two groups of heads.
     #[test]
     fn attend_heads_equals_each_head_alone() {
         for isa in Isa::supported() {
@@ -615,7 +615,7 @@ mod tests {
             let values = Rows { d: dv, ..keys };
             // Whole; 3 key rows (and 4 value rows) a tile; one row a tile.
             for tile_bytes in [1 << 20, 3 * d * 2 + 1, 1] {
-                for heads in [1usize, 4, 6] {
+                for heads in [1usize, 4, 6, 18] {
                     let q: Vec<f32> = (0..heads * d)
                         .map(|i| ((i * 29 % 97) as f32 - 48.0) / 61.0)
                         .collect();

@@ -13,13 +13,18 @@ use crate::Isa;
 /// rows: a tile that stays in L2 while all the heads' blocks read it, so many heads over one
 /// long set of rows (latent attention's 64–128 heads over thousands of positions) read the rows
 /// from memory once instead of once per block of heads.
-const ROW_TILE_BYTES: usize = 128 << 10;
+const ROW_TILE_BYTES: usize = 64 << 10;
+
+/// Heads whose scores [`attend_heads`] keeps at once: enough to read the rows a few times per
+/// query instead of once per block of four heads, few enough that the scores stay in L2 beside
+/// a tile of rows (all 64–128 heads' scores over thousands of keys did not, and were slower).
+const HEAD_GROUP: usize = 16;
 
 /// Attention of `heads` queries over the same keys and values: head `h`'s output
 /// `out[h * out_stride..][..values.d]` is `Σ_j p_h[j] · v_j` with `p_h` the softmax of its
 /// scores (and of `sinks[h]`, when given), each head's bits those of [`scores`],
 /// [`softmax_with_sink`] and [`weighted_sum`] alone. `scratch` holds the scores between the
-/// steps (any vector; it is resized to `heads × keys.n`).
+/// steps (any vector; it is resized).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_heads(
     isa: Isa,
@@ -64,23 +69,27 @@ pub(super) fn attend_heads_in_tiles(
     tile_bytes: usize,
 ) {
     let n = keys.n;
-    scratch.resize(heads * n, 0.0);
+    scratch.resize(HEAD_GROUP.min(heads) * n, 0.0);
     // A (head, key) score does not depend on the other keys, and each (head, column) sum
     // continues its chain from the output's value, so the tiles give the untiled bits.
     let tile = |rows: &Rows| (tile_bytes / (rows.d * rows.elem.bytes()).max(1)).max(1);
-    for j in (0..n).step_by(tile(&keys)) {
-        let part = j..n.min(j + tile(&keys));
-        let keys = keys.range(part.clone());
-        scores_heads(isa, q, q_stride, heads, keys, scale, &mut scratch[j..], n);
-    }
-    for h in 0..heads {
-        softmax_with_sink(isa, &mut scratch[h * n..(h + 1) * n], sinks.map(|s| s[h]));
-        out[h * out_stride..h * out_stride + values.d].fill(0.0);
-    }
-    for j in (0..n).step_by(tile(&values)) {
-        let part = j..n.min(j + tile(&values));
-        let values = values.range(part);
-        weighted_sum_heads(isa, &scratch[j..], n, heads, values, out, out_stride);
+    for g0 in (0..heads).step_by(HEAD_GROUP) {
+        let gh = HEAD_GROUP.min(heads - g0);
+        let q = &q[g0 * q_stride..];
+        for j in (0..n).step_by(tile(&keys)) {
+            let keys = keys.range(j..n.min(j + tile(&keys)));
+            scores_heads(isa, q, q_stride, gh, keys, scale, &mut scratch[j..], n);
+        }
+        let out = &mut out[g0 * out_stride..];
+        for h in 0..gh {
+            let sink = sinks.map(|s| s[g0 + h]);
+            softmax_with_sink(isa, &mut scratch[h * n..(h + 1) * n], sink);
+            out[h * out_stride..h * out_stride + values.d].fill(0.0);
+        }
+        for j in (0..n).step_by(tile(&values)) {
+            let values = values.range(j..n.min(j + tile(&values)));
+            weighted_sum_heads(isa, &scratch[j..], n, gh, values, out, out_stride);
+        }
     }
 }
 
