@@ -19,7 +19,9 @@ use crate::experts::ExpertSource;
 use crate::profile::{Phase, span, timed};
 use crate::weights::Ffn;
 
-use crate::pass::{Hooks, Logits, LogitsWanted, ReducePoint, SeqInput, StageInput, StageOutput};
+use crate::pass::{
+    Hooks, Logits, LogitsWanted, ReducePoint, SeqInput, StageInput, StageOutput, keep_rows,
+};
 
 pub(crate) fn add_rows(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {
@@ -99,17 +101,6 @@ fn logit_rows(seqs: &[SeqInput]) -> Vec<usize> {
         row0 += s.n_tokens;
     }
     rows
-}
-
-/// Keeps only batch rows `rows` (ascending) of `x`'s `width`-wide rows, in place.
-pub(crate) fn keep_rows(x: &mut Vec<f32>, rows: &[usize], width: usize) {
-    for (i, &r) in rows.iter().enumerate() {
-        debug_assert!(i <= r, "rows ascend");
-        if i != r {
-            x.copy_within(r * width..(r + 1) * width, i * width);
-        }
-    }
-    x.truncate(rows.len() * width);
 }
 
 /// The model's final layer, when the batch rows after its attention can be cut down to those

@@ -32,6 +32,18 @@ pub enum StageInput<'a> {
     HiddenWithTokens(&'a [f32], &'a [u32]),
 }
 
+/// Keeps only batch rows `rows` (ascending) of `x`'s `width`-wide rows, in place (the final
+/// layer's rows that need logits, `forward::final_rows`).
+pub(crate) fn keep_rows(x: &mut Vec<f32>, rows: &[usize], width: usize) {
+    for (i, &r) in rows.iter().enumerate() {
+        debug_assert!(i <= r, "rows ascend");
+        if i != r {
+            x.copy_within(r * width..(r + 1) * width, i * width);
+        }
+    }
+    x.truncate(rows.len() * width);
+}
+
 /// Logits of selected batch rows.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Logits {
