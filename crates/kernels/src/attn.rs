@@ -624,14 +624,16 @@ mod tests {
                     let mut out = vec![f32::NAN; heads * (dv + 1)];
                     heads::attend_heads_in_tiles(
                         isa,
-                        (&q, d),
+                        &q,
+                        d,
                         heads,
                         keys,
                         values,
                         0.11,
                         Some(&sinks),
                         &mut scratch,
-                        (&mut out, dv + 1),
+                        &mut out,
+                        dv + 1,
                         tile_bytes,
                     );
                     for h in 0..heads {

@@ -39,18 +39,9 @@ pub fn attend_heads(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    let (qs, outs) = ((q, q_stride), (out, out_stride));
+    let tiles = ROW_TILE_BYTES;
     attend_heads_in_tiles(
-        isa,
-        qs,
-        heads,
-        keys,
-        values,
-        scale,
-        sinks,
-        scratch,
-        outs,
-        ROW_TILE_BYTES,
+        isa, q, q_stride, heads, keys, values, scale, sinks, scratch, out, out_stride, tiles,
     );
 }
 
@@ -58,14 +49,16 @@ pub fn attend_heads(
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend_heads_in_tiles(
     isa: Isa,
-    (q, q_stride): (&[f32], usize),
+    q: &[f32],
+    q_stride: usize,
     heads: usize,
     keys: Rows,
     values: Rows,
     scale: f32,
     sinks: Option<&[f32]>,
     scratch: &mut Vec<f32>,
-    (out, out_stride): (&mut [f32], usize),
+    out: &mut [f32],
+    out_stride: usize,
     tile_bytes: usize,
 ) {
     let n = keys.n;

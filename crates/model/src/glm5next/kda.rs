@@ -156,8 +156,9 @@ impl Model {
                 history.push(hist);
             }
             let q_scale = 1.0 / (hd as f32).sqrt();
+            let step_len = mem.step_len();
             let (state, base, stored) = mem.heads_mut();
-            let pending = &stored[..mv.replay * (6 * width + nh)];
+            let pending = &stored[..mv.replay * step_len];
             let mut runs: Vec<HeadRun> = state
                 .chunks_exact_mut(hd * hd)
                 .zip(base.chunks_exact_mut(hd * hd))
@@ -212,7 +213,7 @@ impl Model {
                 (conv_after(c), state)
             });
             // What a rewind replays: per position its convolution inputs, k, v, decay and β.
-            let mut steps = Vec::with_capacity(nt * (6 * width + nh));
+            let mut steps = Vec::with_capacity(nt * step_len);
             for r in rows.clone() {
                 for src in [&pre[0], &pre[1], &pre[2], ck, cv, decay] {
                     steps.extend_from_slice(&src[r * width..(r + 1) * width]);

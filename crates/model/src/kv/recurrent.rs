@@ -237,6 +237,12 @@ pub(super) fn base_after(base_at: usize, end: usize) -> usize {
     base_at.max(end.saturating_sub(KEPT_REWINDS))
 }
 
+/// Whether a chunk starting at `start` becomes a checkpoint once the base is `new_base`: the
+/// replayable span has left it behind (the start of the sequence needs none).
+fn is_checkpoint(start: usize, new_base: usize) -> bool {
+    start > 0 && start < new_base
+}
+
 impl RecurrentState {
     fn new(n_head: usize, head_dim: usize, conv_taps: usize) -> RecurrentState {
         let mut s = RecurrentState {
@@ -295,7 +301,7 @@ impl RecurrentState {
             } else {
                 0
             },
-            checkpoint: self.at > 0 && self.at < new_base,
+            checkpoint: is_checkpoint(self.at, new_base),
         }
     }
 
@@ -581,7 +587,7 @@ impl KvCache {
             return;
         }
         self.rewind_from = base_after(self.rewind_from, end);
-        if pos0 > 0 && pos0 < self.rewind_from {
+        if is_checkpoint(pos0, self.rewind_from) {
             add_checkpoint(&mut self.checkpoints, pos0, |&p| p);
         }
     }
