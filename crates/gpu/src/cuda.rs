@@ -22,6 +22,67 @@ pub(crate) const GLU_FIELDS: usize = 7;
 pub(crate) const ROWS_PER_BLOCK: usize = 4;
 pub(crate) const TOKENS_PER_TILE: usize = 8;
 pub(crate) const THREADS_PER_BLOCK: u32 = 32 * ROWS_PER_BLOCK as u32;
+/// The tensor-core path's block tile (matmul.cu `MMA_*`): K-quant jobs of MMA_MIN_TOKENS or
+/// more tokens run as blocks of MMA_ROWS weight rows × MMA_TOKENS tokens.
+pub(crate) const MMA_ROWS: usize = 64;
+pub(crate) const MMA_TOKENS: usize = 32;
+const MMA_MIN_TOKENS: usize = 16;
+/// The most blocks a matmul launch asks for: its blocks stride over a table's, so more only
+/// queue behind the resident ones (16 per SM on current parts) and cost their start.
+pub(crate) const MATMUL_GRID_CAP: u32 = 4096;
+
+/// The fewest tokens a job runs on the tensor cores with: MMA_MIN_TOKENS, or never with
+/// `MOESHARD_GPU_MMA=0` (to compare against the dp4a path). The kernels are compiled with the
+/// same number.
+pub(crate) fn mma_min_tokens() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| match std::env::var("MOESHARD_GPU_MMA") {
+        Ok(v) if v == "0" => 1 << 30,
+        _ => MMA_MIN_TOKENS,
+    })
+}
+
+/// Whether a job of `n` tokens over `dtype` (a ggml type id) runs on the tensor cores.
+pub(crate) fn mma_path(dtype: u64, n: usize) -> bool {
+    use gguf::GgmlType;
+    n >= mma_min_tokens()
+        && [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K]
+            .iter()
+            .any(|&t| t as u64 == dtype)
+}
+
+/// A job's blocks, as matmul.cu's `job_blocks` numbers them.
+pub(crate) fn job_blocks(rows: usize, n: usize, dtype: u64) -> usize {
+    if mma_path(dtype, n) {
+        rows.div_ceil(MMA_ROWS) * n.div_ceil(MMA_TOKENS)
+    } else {
+        rows.div_ceil(ROWS_PER_BLOCK) * n.div_ceil(TOKENS_PER_TILE)
+    }
+}
+
+/// The launches of one matmul table: the grid of the dp4a kernel (`matmul_grouped`) and of
+/// the tensor-core one (`matmul_mma`), 0 where no job takes that path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Grids {
+    pub(crate) dp4a: u32,
+    pub(crate) mma: u32,
+}
+
+impl Grids {
+    /// For a table whose jobs' blocks number at most `blocks`, with tensor-core jobs possible
+    /// or not (tables the device builds itself, whose token counts the host does not know).
+    pub(crate) fn bound(blocks: usize, mma: bool) -> Grids {
+        let grid = blocks.min(MATMUL_GRID_CAP as usize) as u32;
+        Grids {
+            dp4a: grid,
+            mma: if mma { grid } else { 0 },
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.dp4a == 0 && self.mma == 0
+    }
+}
 
 /// Host bytes `[host, host + len)` live on the device at `dev`.
 struct Region {
@@ -49,6 +110,7 @@ pub struct CudaOffload {
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) module: Arc<cudarc::driver::CudaModule>,
     pub(crate) matmul: CudaFunction,
+    pub(crate) matmul_mma: CudaFunction,
     glu: CudaFunction,
     weighted_sum: CudaFunction,
     /// By host start address.
@@ -107,6 +169,7 @@ impl CudaOffload {
             CompileOptions {
                 arch: Some(arch),
                 name: Some("matmul.cu".into()),
+                options: vec![format!("-DMMA_MIN_TOKENS={}", mma_min_tokens())],
                 ..Default::default()
             },
         )
@@ -117,6 +180,9 @@ impl CudaOffload {
         let matmul = module
             .load_function("matmul_grouped")
             .map_err(driver_err("finding matmul_grouped"))?;
+        let matmul_mma = module
+            .load_function("matmul_mma")
+            .map_err(driver_err("finding matmul_mma"))?;
         // Decode waits for one short launch at a time: spinning answers sooner than yielding.
         ctx.set_flags(cudarc::driver::sys::CUctx_flags::CU_CTX_SCHED_SPIN)
             .map_err(driver_err("setting the scheduling mode"))?;
@@ -134,6 +200,7 @@ impl CudaOffload {
             stream,
             module,
             matmul,
+            matmul_mma,
             glu,
             weighted_sum,
             regions: BTreeMap::new(),
@@ -304,9 +371,11 @@ pub(crate) struct MatRecord {
     pub(crate) accumulate: bool,
 }
 
-/// Writes `records` as a `matmul_grouped` table at `table` and returns its grid (blocks).
-pub(crate) fn write_matmul_table(table: &mut [u8], records: &[MatRecord]) -> Option<u32> {
+/// Writes `records` as a matmul table at `table` and returns the grids that run it (None when
+/// its jobs have more blocks than a u32 counts).
+pub(crate) fn write_matmul_table(table: &mut [u8], records: &[MatRecord]) -> Option<Grids> {
     let mut first_block = 0u64;
+    let (mut any_dp4a, mut any_mma) = (false, false);
     for (i, r) in records.iter().enumerate() {
         let (stride, rows, cols, dtype) = r.weights;
         let fields: [u64; JOB_FIELDS] = [
@@ -327,9 +396,22 @@ pub(crate) fn write_matmul_table(table: &mut [u8], records: &[MatRecord]) -> Opt
             let at = (i * JOB_FIELDS + k) * 8;
             table[at..at + 8].copy_from_slice(&v.to_le_bytes());
         }
-        first_block += (rows.div_ceil(ROWS_PER_BLOCK) * r.n.div_ceil(TOKENS_PER_TILE)) as u64;
+        let blocks = job_blocks(rows, r.n, dtype);
+        if blocks > 0 {
+            if mma_path(dtype, r.n) {
+                any_mma = true;
+            } else {
+                any_dp4a = true;
+            }
+        }
+        first_block += blocks as u64;
     }
-    u32::try_from(first_block).ok()
+    let total = u32::try_from(first_block).ok()?;
+    let grid = total.min(MATMUL_GRID_CAP);
+    Some(Grids {
+        dp4a: if any_dp4a { grid } else { 0 },
+        mma: if any_mma { grid } else { 0 },
+    })
 }
 
 /// A call's buffers, sized for its layout: the page-locked host sides and the device bases.
@@ -380,23 +462,30 @@ impl CudaOffload {
         })
     }
 
-    fn launch_matmul(&self, table: u64, n_jobs: usize, grid: u32) -> Result<(), MatmulError> {
+    fn launch_matmul(&self, table: u64, n_jobs: usize, grids: Grids) -> Result<(), MatmulError> {
         let n_jobs = n_jobs as i32;
-        let mut launch = self.stream.launch_builder(&self.matmul);
-        launch.arg(&table).arg(&n_jobs);
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (THREADS_PER_BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: matmul_grouped(const u64* table, int n_jobs) reads a device table of n_jobs
-        // records (copied in before this launch, in stream order) whose weight addresses lie in
-        // uploaded regions (`device_address` checked each job's whole weight slice) and whose
-        // activations and outputs lie in this call's buffers, sized from the checked lengths;
-        // the grid covers exactly the jobs' blocks (row blocks × token tiles of each).
-        unsafe { launch.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| self.device_error("launching matmul", e))
+        for (f, grid, name) in [
+            (&self.matmul, grids.dp4a, "launching matmul"),
+            (&self.matmul_mma, grids.mma, "launching matmul_mma"),
+        ] {
+            if grid == 0 {
+                continue;
+            }
+            let mut launch = self.stream.launch_builder(f);
+            launch.arg(&table).arg(&n_jobs);
+            let cfg = LaunchConfig {
+                grid_dim: (grid, 1, 1),
+                block_dim: (THREADS_PER_BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: matmul_grouped / matmul_mma(const u64* table, int n_jobs) read a device
+            // table of n_jobs records (copied in before this launch, in stream order) whose
+            // weight addresses lie in uploaded regions (`device_address` checked each job's
+            // whole weight slice) and whose activations and outputs lie in this call's buffers,
+            // sized from the checked lengths; the blocks stride over the jobs' blocks.
+            unsafe { launch.launch(cfg) }.map_err(|e| self.device_error(name, e))?;
+        }
+        Ok(())
     }
 
     /// Copies the call's input in, runs `launches`, copies the output back and waits.
@@ -525,7 +614,7 @@ impl Offload for CudaOffload {
         let Some(grid) = write_matmul_table(&mut st.host_in[table..], &records) else {
             return Err(self.device_error("matmul", "too many rows or tokens for one launch"));
         };
-        if grid == 0 {
+        if grid.is_empty() {
             return Ok(());
         }
         for &(_, len, off, i) in &inputs {

@@ -211,30 +211,294 @@ __device__ __forceinline__ void row_float(const u8* w, int cols, int lane,
     }
 }
 
-// table: n_jobs records of JOB_FIELDS u64s: weights, activations, output (device addresses),
-// weight row stride (bytes), activation row stride (bytes), rows, cols, tokens, ggml type, the
-// job's first block, a gather index (u32 per token: which activation row; 0 = the rows in
-// order), flags (bit 0: add to the output instead of writing it). A job has one block per 4
-// rows per tile of TT tokens, numbered from its first block (tiles outer); blocks past the last
-// job's end return, so the grid may be an upper bound (tables built on the device).
-extern "C" __global__ void matmul_grouped(const u64* __restrict__ table, int n_jobs) {
-    const long long b = blockIdx.x;
-    int lo = 0, hi = n_jobs - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if ((long long)table[mid * JOB_FIELDS + 9] <= b) lo = mid;
-        else hi = mid - 1;
+// The tensor-core path: a block of 4 warps computes MMA_ROWS weight rows × MMA_TOKENS tokens
+// of a K-quant job with MMA_MIN_TOKENS or more tokens, a 16-row × 8-token int8 `mma` per
+// 32-value sub-block (two 16-value ones for Q6_K, whose scales cover 16 values). The block's
+// tokens' Q8_K activations go through shared memory a superblock at a time; each warp keeps
+// its two weight rows per thread in registers and reuses them for all the block's tokens.
+// A sub-block's exact integer sums are scaled by the rows' integer sub-block scales (and the
+// mins by the activations' 32-value sums) in int32 over a superblock, then once in float.
+#define MMA_ROWS 64
+#define MMA_TOKENS 32
+// The host compiles with -DMMA_MIN_TOKENS (cuda.rs `mma_min_tokens`, which must agree).
+#ifndef MMA_MIN_TOKENS
+#define MMA_MIN_TOKENS 16
+#endif
+// A token's superblock of activation bytes in shared memory: 256 + 16 so that the eight
+// tokens of a B fragment load fall in distinct banks.
+#define MMA_ACT_STRIDE 272
+
+__device__ __forceinline__ bool mma_path(u64 type, u64 n) {
+    return n >= MMA_MIN_TOKENS && (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K);
+}
+
+// Blocks of one job (host: cuda.rs `job_blocks`, which must agree).
+__device__ __forceinline__ u64 job_blocks(u64 rows, u64 n, u64 type) {
+    if (mma_path(type, n))
+        return ((rows + MMA_ROWS - 1) / MMA_ROWS) * ((n + MMA_TOKENS - 1) / MMA_TOKENS);
+    return ((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK) * ((n + TT - 1) / TT);
+}
+
+struct __align__(16) MmaShared {
+    u8 qs[MMA_TOKENS * MMA_ACT_STRIDE];
+    float d[MMA_TOKENS];
+    short bsum[MMA_TOKENS * 16];
+    const u8* row[MMA_TOKENS];
+};
+
+// D (16 × 8, s32) += A (16 × 32, s8, rows g and g + 8 of lane's group) · B (32 × 8, s8).
+// a[0]: row g, k 4·tig..+3; a[1]: row g + 8, same k; a[2], a[3]: the same rows, k + 16.
+// b0: k 4·tig..+3 of column g; b1: k + 16. D: c[0], c[1] row g, columns 2·tig, 2·tig + 1;
+// c[2], c[3] row g + 8.
+__device__ __forceinline__ void mma_k32(int* c, const u32* a, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The same over 16 values: a0 row g, a1 row g + 8, k 4·tig..+3; b k 4·tig..+3.
+__device__ __forceinline__ void mma_k16(int* c, u32 a0, u32 a1, u32 b) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b));
+}
+
+__device__ __forceinline__ int byte_at(const u32* w, int i) {
+    return (int)((w[i >> 2] >> (8 * (i & 3))) & 0xFF);
+}
+
+// Q4_K/Q5_K's 6-bit scale and min of sub-block `sub` from the 12 packed bytes.
+__device__ __forceinline__ void k4_scale_min(const u32* s, int sub, int& sc, int& mn) {
+    if (sub < 4) {
+        sc = byte_at(s, sub) & 63;
+        mn = byte_at(s, sub + 4) & 63;
+    } else {
+        sc = (byte_at(s, sub + 4) & 0xF) | ((byte_at(s, sub - 4) >> 6) << 4);
+        mn = (byte_at(s, sub + 4) >> 4) | ((byte_at(s, sub) >> 6) << 4);
     }
-    const u64* job = table + lo * JOB_FIELDS;
+}
+
+// One superblock of Q4_K or Q5_K rows pa (row g) and pb (row g + 8) against the block's
+// tokens in shared memory, added to acc[n-tile][fragment element].
+template <int TYPE>
+__device__ __forceinline__ void mma_superblock_k4(const u8* pa, const u8* pb,
+                                                  const MmaShared* sh, int g, int tig,
+                                                  float (*acc)[4]) {
+    const int qs_at = TYPE == T_Q4_K ? 16 : 48;
+    const u32 ha = *(const u32*)pa, hb = *(const u32*)pb;
+    const u32 sa[3] = {*(const u32*)(pa + 4), *(const u32*)(pa + 8), *(const u32*)(pa + 12)};
+    const u32 sb[3] = {*(const u32*)(pb + 4), *(const u32*)(pb + 8), *(const u32*)(pb + 12)};
+    u32 qha0 = 0, qha1 = 0, qhb0 = 0, qhb1 = 0;
+    if (TYPE == T_Q5_K) {
+        qha0 = *(const u32*)(pa + 16 + 4 * tig);
+        qha1 = *(const u32*)(pa + 32 + 4 * tig);
+        qhb0 = *(const u32*)(pb + 16 + 4 * tig);
+        qhb1 = *(const u32*)(pb + 32 + 4 * tig);
+    }
+    int isd[4][4], ism[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) isd[j][i] = ism[j][i] = 0;
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const u32 qa0 = *(const u32*)(pa + qs_at + 32 * p + 4 * tig);
+        const u32 qa1 = *(const u32*)(pa + qs_at + 32 * p + 16 + 4 * tig);
+        const u32 qb0 = *(const u32*)(pb + qs_at + 32 * p + 4 * tig);
+        const u32 qb1 = *(const u32*)(pb + qs_at + 32 * p + 16 + 4 * tig);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int sub = 2 * p + h;
+            u32 a[4] = {(qa0 >> (4 * h)) & 0x0F0F0F0Fu, (qb0 >> (4 * h)) & 0x0F0F0F0Fu,
+                        (qa1 >> (4 * h)) & 0x0F0F0F0Fu, (qb1 >> (4 * h)) & 0x0F0F0F0Fu};
+            if (TYPE == T_Q5_K) {
+                a[0] |= ((qha0 >> sub) & 0x01010101u) << 4;
+                a[1] |= ((qhb0 >> sub) & 0x01010101u) << 4;
+                a[2] |= ((qha1 >> sub) & 0x01010101u) << 4;
+                a[3] |= ((qhb1 >> sub) & 0x01010101u) << 4;
+            }
+            int sca, mna, scb, mnb;
+            k4_scale_min(sa, sub, sca, mna);
+            k4_scale_min(sb, sub, scb, mnb);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const u8* bq = sh->qs + (8 * j + g) * MMA_ACT_STRIDE + 32 * sub + 4 * tig;
+                int c[4] = {0, 0, 0, 0};
+                mma_k32(c, a, *(const u32*)bq, *(const u32*)(bq + 16));
+                const int t = 8 * j + 2 * tig;
+                const int bs0 = sh->bsum[16 * t + 2 * sub] + sh->bsum[16 * t + 2 * sub + 1];
+                const int bs1 = sh->bsum[16 * t + 16 + 2 * sub] + sh->bsum[16 * t + 17 + 2 * sub];
+                isd[j][0] += sca * c[0];
+                isd[j][1] += sca * c[1];
+                isd[j][2] += scb * c[2];
+                isd[j][3] += scb * c[3];
+                ism[j][0] += mna * bs0;
+                ism[j][1] += mna * bs1;
+                ism[j][2] += mnb * bs0;
+                ism[j][3] += mnb * bs1;
+            }
+        }
+    }
+    const float da = f16_to_f32((u16)ha), ma = f16_to_f32((u16)(ha >> 16));
+    const float db = f16_to_f32((u16)hb), mb = f16_to_f32((u16)(hb >> 16));
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int t = 8 * j + 2 * tig;
+        const float x0 = sh->d[t], x1 = sh->d[t + 1];
+        acc[j][0] += x0 * (da * (float)isd[j][0] - ma * (float)ism[j][0]);
+        acc[j][1] += x1 * (da * (float)isd[j][1] - ma * (float)ism[j][1]);
+        acc[j][2] += x0 * (db * (float)isd[j][2] - mb * (float)ism[j][2]);
+        acc[j][3] += x1 * (db * (float)isd[j][3] - mb * (float)ism[j][3]);
+    }
+}
+
+// Q6_K's 6-bit values of sub-block part `part` from four ql and qh bytes, as s8 (q - 32).
+__device__ __forceinline__ u32 q6_bytes(u32 ql, u32 qh, int part) {
+    const u32 lo = part >= 2 ? (ql >> 4) & 0x0F0F0F0Fu : ql & 0x0F0F0F0Fu;
+    return __vsub4(lo | (((qh >> (2 * part)) & 0x03030303u) << 4), 0x20202020u);
+}
+
+__device__ __forceinline__ void mma_superblock_q6k(const u8* pa, const u8* pb,
+                                                   const MmaShared* sh, int g, int tig,
+                                                   float (*acc)[4]) {
+    u32 sa[4], sb[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        sa[i] = ld_u32_a2(pa + 192 + 4 * i);
+        sb[i] = ld_u32_a2(pb + 192 + 4 * i);
+    }
+    int isd[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) isd[j][i] = 0;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const u32 ha0 = ld_u32_a2(pa + 128 + 32 * half + 4 * tig);
+        const u32 ha1 = ld_u32_a2(pa + 128 + 32 * half + 16 + 4 * tig);
+        const u32 hb0 = ld_u32_a2(pb + 128 + 32 * half + 4 * tig);
+        const u32 hb1 = ld_u32_a2(pb + 128 + 32 * half + 16 + 4 * tig);
+#pragma unroll
+        for (int odd = 0; odd < 2; odd++) {
+            const int off = 64 * half + 32 * odd + 4 * tig;
+            const u32 la0 = ld_u32_a2(pa + off), la1 = ld_u32_a2(pa + off + 16);
+            const u32 lb0 = ld_u32_a2(pb + off), lb1 = ld_u32_a2(pb + off + 16);
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                const int part = odd + 2 * hi;
+                const int sub = 4 * half + part;
+                const u32 a0 = q6_bytes(la0, ha0, part), a1 = q6_bytes(lb0, hb0, part);
+                const u32 a2 = q6_bytes(la1, ha1, part), a3 = q6_bytes(lb1, hb1, part);
+                // Scales of the sub-block's two 16-value groups, rows g and g + 8.
+                const int s0a = (int)(signed char)byte_at(sa, 2 * sub);
+                const int s1a = (int)(signed char)byte_at(sa, 2 * sub + 1);
+                const int s0b = (int)(signed char)byte_at(sb, 2 * sub);
+                const int s1b = (int)(signed char)byte_at(sb, 2 * sub + 1);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const u8* bq = sh->qs + (8 * j + g) * MMA_ACT_STRIDE + 32 * sub + 4 * tig;
+                    int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
+                    mma_k16(c0, a0, a1, *(const u32*)bq);
+                    mma_k16(c1, a2, a3, *(const u32*)(bq + 16));
+                    isd[j][0] += s0a * c0[0] + s1a * c1[0];
+                    isd[j][1] += s0a * c0[1] + s1a * c1[1];
+                    isd[j][2] += s0b * c0[2] + s1b * c1[2];
+                    isd[j][3] += s0b * c0[3] + s1b * c1[3];
+                }
+            }
+        }
+    }
+    const float da = f16_to_f32(*(const u16*)(pa + 208)), db = f16_to_f32(*(const u16*)(pb + 208));
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int t = 8 * j + 2 * tig;
+        const float x0 = sh->d[t], x1 = sh->d[t + 1];
+        acc[j][0] += x0 * da * (float)isd[j][0];
+        acc[j][1] += x1 * da * (float)isd[j][1];
+        acc[j][2] += x0 * db * (float)isd[j][2];
+        acc[j][3] += x1 * db * (float)isd[j][3];
+    }
+}
+
+// Block `local` of a job on the tensor-core path (every thread of the block calls it).
+__device__ void mma_block(const u64* job, long long local, MmaShared* sh) {
+    const long long rows = (long long)job[5];
+    const int n = (int)job[7], cols = (int)job[6], type = (int)job[8];
+    const long long rblocks = (rows + MMA_ROWS - 1) / MMA_ROWS;
+    const long long r0 = (local % rblocks) * MMA_ROWS;
+    const int t0 = (int)(local / rblocks) * MMA_TOKENS;
+    const int valid = min(MMA_TOKENS, n - t0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    const long long a_stride = (long long)job[4];
+    const unsigned int* gather = (const unsigned int*)job[10];
+    // Nobody reads `row` between the last superblock's fill and here.
+    if (threadIdx.x < MMA_TOKENS) {
+        const int t = threadIdx.x;
+        sh->row[t] = t < valid ? (const u8*)job[1] +
+                                     (long long)(gather ? gather[t0 + t] : (unsigned int)(t0 + t)) *
+                                         a_stride
+                               : nullptr;
+    }
+    const long long ra = r0 + 16 * warp + g, rb = ra + 8;
+    const long long stride = (long long)job[3];
+    const u8* wa = (const u8*)job[0] + min(ra, rows - 1) * stride;
+    const u8* wb = (const u8*)job[0] + min(rb, rows - 1) * stride;
+    const int block_bytes = type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210;
+    float acc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
+    for (int blk = 0; blk < cols / 256; blk++) {
+        // The previous superblock's reads (and the row pointers' writes) are done.
+        __syncthreads();
+        for (int i = threadIdx.x; i < MMA_TOKENS * 64; i += blockDim.x) {
+            const u8* r = sh->row[i >> 6];
+            *(u32*)(sh->qs + (i >> 6) * MMA_ACT_STRIDE + 4 * (i & 63)) =
+                r ? *(const u32*)(r + blk * Q8K_BYTES + 4 + 4 * (i & 63)) : 0u;
+        }
+        for (int i = threadIdx.x; i < MMA_TOKENS * 8; i += blockDim.x) {
+            const u8* r = sh->row[i >> 3];
+            ((u32*)sh->bsum)[i] = r ? *(const u32*)(r + blk * Q8K_BYTES + 260 + 4 * (i & 7)) : 0u;
+        }
+        if (threadIdx.x < MMA_TOKENS) {
+            const u8* r = sh->row[threadIdx.x];
+            sh->d[threadIdx.x] = r ? *(const float*)(r + blk * Q8K_BYTES) : 0.0f;
+        }
+        __syncthreads();
+        const u8* pa = wa + (long long)blk * block_bytes;
+        const u8* pb = wb + (long long)blk * block_bytes;
+        if (type == T_Q4_K) mma_superblock_k4<T_Q4_K>(pa, pb, sh, g, tig, acc);
+        else if (type == T_Q5_K) mma_superblock_k4<T_Q5_K>(pa, pb, sh, g, tig, acc);
+        else mma_superblock_q6k(pa, pb, sh, g, tig, acc);
+    }
+    float* out = (float*)job[2];
+    const bool add = job[11] & 1;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int t = 8 * j + 2 * tig + (i & 1);
+            const long long r = i < 2 ? ra : rb;
+            if (t < valid && r < rows) {
+                float* o = out + (long long)(t0 + t) * rows + r;
+                *o = add ? *o + acc[j][i] : acc[j][i];
+            }
+        }
+    }
+}
+
+// Block `local` of a job on the dp4a path: each warp one weight row against up to TT tokens.
+__device__ void dp4a_block(const u64* job, long long local) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long rows = (long long)job[5];
     const long long rb = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
     const int n = (int)job[7];
-    // Whole warps leave together: the shuffles below need every lane.
-    if (rb == 0 || n == 0 || b < (long long)job[9]) return;
-    const long long local = b - (long long)job[9];
     const long long row = (local % rb) * ROWS_PER_BLOCK + warp;
     const long long t0l = (local / rb) * TT;
+    // Whole warps leave together: the shuffles below need every lane.
     if (row >= rows || t0l >= n) return;
     const int t0 = (int)t0l;
     const int nt = min(TT, n - t0);
@@ -295,6 +559,56 @@ extern "C" __global__ void matmul_grouped(const u64* __restrict__ table, int n_j
                 *o = (job[11] & 1) ? *o + v : v;
             }
         }
+    }
+}
+
+// table: n_jobs records of JOB_FIELDS u64s: weights, activations, output (device addresses),
+// weight row stride (bytes), activation row stride (bytes), rows, cols, tokens, ggml type, the
+// job's first block, a gather index (u32 per token: which activation row; 0 = the rows in
+// order), flags (bit 0: add to the output instead of writing it). A job has job_blocks()
+// blocks, numbered from its first block (tiles outer); the last record's first block plus its
+// blocks is the total. Two kernels read a table: matmul_grouped runs the blocks of dp4a-path
+// jobs, matmul_mma those of tensor-core jobs (they differ in registers and shared memory), each
+// skipping the other's. Their grids stride over the blocks, so a grid may be smaller than the
+// total (a capped launch) or larger (an upper bound for tables built on the device).
+__device__ __forceinline__ const u64* find_job(const u64* table, int n_jobs, long long b,
+                                               long long* local) {
+    int lo = 0, hi = n_jobs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if ((long long)table[mid * JOB_FIELDS + 9] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    const u64* job = table + lo * JOB_FIELDS;
+    *local = b - (long long)job[9];
+    if (*local < 0 || *local >= (long long)job_blocks(job[5], job[7], job[8])) return nullptr;
+    return job;
+}
+
+__device__ __forceinline__ long long table_blocks(const u64* table, int n_jobs) {
+    const u64* last = table + (long long)(n_jobs - 1) * JOB_FIELDS;
+    return (long long)(last[9] + job_blocks(last[5], last[7], last[8]));
+}
+
+extern "C" __global__ void matmul_grouped(const u64* __restrict__ table, int n_jobs) {
+    if (n_jobs <= 0) return;
+    const long long total = table_blocks(table, n_jobs);
+    for (long long b = blockIdx.x; b < total; b += gridDim.x) {
+        long long local;
+        const u64* job = find_job(table, n_jobs, b, &local);
+        if (job && !mma_path(job[8], job[7])) dp4a_block(job, local);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4) matmul_mma(const u64* __restrict__ table,
+                                                             int n_jobs) {
+    __shared__ MmaShared sh;
+    if (n_jobs <= 0) return;
+    const long long total = table_blocks(table, n_jobs);
+    for (long long b = blockIdx.x; b < total; b += gridDim.x) {
+        long long local;
+        const u64* job = find_job(table, n_jobs, b, &local);
+        if (job && mma_path(job[8], job[7])) mma_block(job, local, &sh);
     }
 }
 

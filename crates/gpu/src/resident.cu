@@ -232,6 +232,120 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
     }
 }
 
+// The same attention for all the query heads that share kv head kh (grouped-query attention:
+// nh / nkv ≤ MAX_GROUP of them, dk = dv ≤ GROUP_DK): each key and value row is read once for
+// the group instead of once per head. Grid (kv heads, rows); block 256 threads, a warp per
+// position; the same scores buffer and output layout as `attention`.
+#define MAX_GROUP 8
+#define GROUP_DK 256
+extern "C" __global__ void attention_grouped(const float* __restrict__ q, float* __restrict__ out,
+                                             const u64* __restrict__ row_k,
+                                             const u64* __restrict__ row_v,
+                                             const u64* __restrict__ row_stride,
+                                             const unsigned int* __restrict__ row_pos, int layer,
+                                             int nh, int nkv, int dk, int dv, float scale,
+                                             float* __restrict__ scores, long long ctx_cap) {
+    __shared__ float partial[32];
+    __shared__ float qs[MAX_GROUP][GROUP_DK];
+    __shared__ float red[8][GROUP_DK];
+    __shared__ float sums[MAX_GROUP];
+    const int kh = blockIdx.x, t = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int group = nh / nkv;
+    const int kd = nkv * dk, vd = nkv * dv;
+    const long long n_pos = (long long)row_pos[t] + 1;
+    const float* kbase = (const float*)row_k[t] + (long long)layer * row_stride[t] * kd + kh * dk;
+    const float* vbase = (const float*)row_v[t] + (long long)layer * row_stride[t] * vd + kh * dv;
+    const long long h0 = (long long)t * nh + (long long)kh * group;
+    for (int i = threadIdx.x; i < group * dk; i += blockDim.x)
+        qs[i / dk][i % dk] = q[h0 * dk + i];
+    __syncthreads();
+    float* sc = scores + h0 * ctx_cap;
+    float m[MAX_GROUP];
+#pragma unroll
+    for (int j = 0; j < MAX_GROUP; j++) m[j] = -INFINITY;
+    for (long long p = warp; p < n_pos; p += warps) {
+        const float* kr = kbase + p * kd;
+        float k[GROUP_DK / 32];
+#pragma unroll
+        for (int i = 0; i < GROUP_DK / 32; i++) {
+            const int c = lane + 32 * i;
+            k[i] = c < dk ? kr[c] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < MAX_GROUP; j++) {
+            if (j < group) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int i = 0; i < GROUP_DK / 32; i++) {
+                    const int c = lane + 32 * i;
+                    if (c < dk) dot += qs[j][c] * k[i];
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                dot *= scale;
+                if (lane == 0) sc[j * ctx_cap + p] = dot;
+                m[j] = fmaxf(m[j], dot);
+            }
+        }
+    }
+    // Per head: the block's maximum, then exp(score - max) in place and its sum.
+#pragma unroll
+    for (int j = 0; j < MAX_GROUP; j++) {
+        if (j < group) {
+            const float mj = block_max(m[j], partial);
+            float sum = 0.0f;
+            for (long long p = threadIdx.x; p < n_pos; p += blockDim.x) {
+                const float e = expf(sc[j * ctx_cap + p] - mj);
+                sc[j * ctx_cap + p] = e;
+                sum += e;
+            }
+            sum = block_sum(sum, partial);
+            if (threadIdx.x == 0) sums[j] = sum;
+        }
+    }
+    __syncthreads();
+    float acc[MAX_GROUP][GROUP_DK / 32];
+#pragma unroll
+    for (int j = 0; j < MAX_GROUP; j++)
+#pragma unroll
+        for (int i = 0; i < GROUP_DK / 32; i++) acc[j][i] = 0.0f;
+    for (long long p = warp; p < n_pos; p += warps) {
+        const float* vr = vbase + p * vd;
+        float v[GROUP_DK / 32];
+#pragma unroll
+        for (int i = 0; i < GROUP_DK / 32; i++) {
+            const int c = lane + 32 * i;
+            v[i] = c < dv ? vr[c] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < MAX_GROUP; j++) {
+            if (j < group) {
+                const float e = sc[j * ctx_cap + p];
+#pragma unroll
+                for (int i = 0; i < GROUP_DK / 32; i++) acc[j][i] += e * v[i];
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < MAX_GROUP; j++) {
+        if (j < group) {
+#pragma unroll
+            for (int i = 0; i < GROUP_DK / 32; i++) {
+                const int c = lane + 32 * i;
+                if (c < dv) red[warp][c] = acc[j][i];
+            }
+            __syncthreads();
+            for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+                float total = 0.0f;
+                for (int w = 0; w < warps; w++) total += red[w][c];
+                out[(h0 + j) * dv + c] = total / sums[j];
+            }
+            __syncthreads();
+        }
+    }
+}
+
 // Routing and the expert tables of one MoE layer, in one block (256 threads): each row's
 // softmax over the router logits, its top k (ties to the lower expert), the weights
 // (renormalized when `norm_topk`, times `w_scale`); then, per expert that any row picked
@@ -383,16 +497,14 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
         slot_row[i] = at;
     }
     __syncthreads();
-    const u64 rb_ff = (n_ff + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
-    const u64 rb_d = (n_embd + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
     if (threadIdx.x == 0) {
         unsigned int gu_block = 0, down_block = 0;
         for (int j = 0; j < n_active; j++) {
-            const unsigned int tiles = (count[active[j]] + TT - 1) / TT;
+            const u64 c = count[active[j]];
             gu_first[j] = gu_block;
             down_first[j] = down_block;
-            gu_block += 2 * rb_ff * tiles;
-            down_block += rb_d * tiles;
+            gu_block += job_blocks(n_ff, c, gate_type) + job_blocks(n_ff, c, up_type);
+            down_block += job_blocks(n_embd, c, down_type);
         }
         gu_total = gu_block;
         down_total = down_block;
@@ -408,13 +520,12 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
             if (j < n_active) {
                 const int e = active[j];
                 const u64 c = count[e], f = first[e];
-                const u64 tiles = (c + TT - 1) / TT;
                 const u64 gate_fields[JOB_FIELDS] = {gate_w[e], (u64)acts, gate_out + 4 * f * n_ff,
                                                      gate_stride, act_bytes, n_ff, n_embd, c,
                                                      gate_type, gu_first[j], (u64)(gather + f), 0};
                 const u64 up_fields[JOB_FIELDS] = {up_w[e], (u64)acts, up_out + 4 * f * n_ff,
                                                    up_stride, act_bytes, n_ff, n_embd, c, up_type,
-                                                   gu_first[j] + rb_ff * tiles,
+                                                   gu_first[j] + job_blocks(n_ff, c, gate_type),
                                                    (u64)(gather + f), 0};
                 const u64 down_fields[JOB_FIELDS] = {down_w[e], hidden + f * hidden_bytes,
                                                      down_out + 4 * f * n_embd, down_stride,

@@ -79,7 +79,9 @@ fn every_format_matches_the_cpu_kernels() {
     let Some(mut dev) = device() else { return };
     let pool = ThreadPool::new(1);
     let cpu = Kernels::default();
-    // 1 280 columns: 40 segments, so lanes loop; 37 rows: a partial block of rows.
+    // 1 280 columns: 40 segments, so lanes loop; 37 rows: a partial block of rows (of 4 rows on
+    // the dp4a path, of 64 on the tensor cores, which take the K-quants from 16 tokens: 20 is
+    // one partial tile of 32 tokens, 33 a full one and one token, 70 two and a partial).
     let (rows, cols) = (37, 1280);
     let mut mats = Vec::new();
     for (i, &dtype) in FORMATS.iter().enumerate() {
@@ -87,7 +89,7 @@ fn every_format_matches_the_cpu_kernels() {
         dev.upload(bytes.clone(), &bytes).expect("upload");
         mats.push((dtype, bytes));
     }
-    for n in [1usize, 3, 8, 9, 20] {
+    for n in [1usize, 3, 8, 9, 20, 33, 70] {
         let x = values(n * cols, 100 + n as u64);
         let input = Input::new(&x, n, cols).unwrap();
         for (dtype, bytes) in &mats {
@@ -135,7 +137,9 @@ fn a_batch_of_mixed_jobs_matches_the_cpu() {
             .unwrap(),
         full4.cols_slice(512..1024).unwrap(),
     ];
-    let ns = [1usize, 12, 5, 2];
+    // The Q6_K row slice (40 tokens) and the Q4_K column slice (17) run on the tensor cores,
+    // the other two through dp4a, in the same table.
+    let ns = [1usize, 40, 5, 17];
     let xs: Vec<Vec<f32>> = jobs_w
         .iter()
         .zip(ns)

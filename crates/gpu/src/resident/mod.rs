@@ -62,12 +62,14 @@ struct DevLayer {
 
 struct Kernels {
     matmul: CudaFunction,
+    matmul_mma: CudaFunction,
     glu: CudaFunction,
     weighted_sum: CudaFunction,
     rms_norm_quant: CudaFunction,
     quantize_rows: CudaFunction,
     qk_rope_store: CudaFunction,
     attention: CudaFunction,
+    attention_grouped: CudaFunction,
     moe_route: CudaFunction,
 }
 
@@ -286,12 +288,14 @@ impl ResidentModel {
         };
         let f = Kernels {
             matmul: load("matmul_grouped")?,
+            matmul_mma: load("matmul_mma")?,
             glu: load("glu_quantize")?,
             weighted_sum: load("weighted_sum")?,
             rms_norm_quant: load("rms_norm_quant")?,
             quantize_rows: load("quantize_rows")?,
             qk_rope_store: load("qk_rope_store")?,
             attention: load("attention")?,
+            attention_grouped: load("attention_grouped")?,
             moe_route: load("moe_route")?,
         };
         let WholeModelPlan {

@@ -8,8 +8,8 @@ use model::{DeviceStep, KvType, Model};
 
 use super::{DevFfn, DevMat, GraphKey, MIRRORS, Mirror, ResidentModel, StepGraph, graphs_enabled};
 use crate::cuda::{
-    GLU_FIELDS, JOB_FIELDS, MatRecord, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE,
-    ensure_pinned, write_matmul_table,
+    GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE,
+    ensure_pinned, mma_min_tokens, write_matmul_table,
 };
 
 /// Converts cache bytes of `t` to f32.
@@ -249,16 +249,16 @@ impl model::LayerDevice for ResidentModel {
             accumulate,
         };
         struct Tables {
-            qkv: (usize, u32),
-            o: (usize, u32),
-            first: (usize, u32),
-            down: (usize, u32),
+            qkv: (usize, Grids),
+            o: (usize, Grids),
+            first: (usize, Grids),
+            down: (usize, Grids),
             glu: usize,
         }
         let mut tables = Vec::with_capacity(n_layers);
         let mut cursor = 0usize;
         let mut write =
-            |host_in: &mut [u8], records: &[MatRecord]| -> model::Result<(usize, u32)> {
+            |host_in: &mut [u8], records: &[MatRecord]| -> model::Result<(usize, Grids)> {
                 let here = cursor;
                 let grid = write_matmul_table(&mut host_in[here..], records)
                     .ok_or_else(|| self.error("resident step", "too many blocks for one launch"))?;
@@ -291,7 +291,7 @@ impl model::LayerDevice for ResidentModel {
                         host_in,
                         &[record(router, hn(router), at(o.router_logits), n, false)],
                     )?,
-                    (0, 0),
+                    (0, Grids::default()),
                 ),
                 DevFfn::Dense { gate, up, down } => (
                     write(
@@ -362,20 +362,26 @@ impl model::LayerDevice for ResidentModel {
             let launch_err = |name: &str, e: cudarc::driver::DriverError| {
                 self.error(&format!("launching {name}"), e)
             };
-            let matmul = |table: u64, n_jobs: usize, grid: u32| -> model::Result<()> {
-                if grid == 0 {
-                    return Ok(());
-                }
+            let matmul = |table: u64, n_jobs: usize, grids: Grids| -> model::Result<()> {
                 let n_jobs = n_jobs as i32;
-                let mut l = self.stream.launch_builder(&self.f.matmul);
-                l.arg(&table).arg(&n_jobs);
-                // SAFETY: matmul_grouped reads n_jobs records of a table in the arena (copied in
-                // or written by moe_route, in stream order); their weights lie in uploaded
-                // regions (checked when this model was built) and activations and outputs in the
-                // arena, sized by `offsets` for these rows; blocks past the jobs return.
-                unsafe { l.launch(cfg((grid, 1), THREADS_PER_BLOCK, 0)) }
-                    .map(|_| ())
-                    .map_err(|e| launch_err("matmul", e))
+                for (f, grid, name) in [
+                    (&self.f.matmul, grids.dp4a, "matmul"),
+                    (&self.f.matmul_mma, grids.mma, "matmul_mma"),
+                ] {
+                    if grid == 0 {
+                        continue;
+                    }
+                    let mut l = self.stream.launch_builder(f);
+                    l.arg(&table).arg(&n_jobs);
+                    // SAFETY: matmul_grouped / matmul_mma read n_jobs records of a table in the
+                    // arena (copied in or written by moe_route, in stream order); their weights
+                    // lie in uploaded regions (checked when this model was built) and
+                    // activations and outputs in the arena, sized by `offsets` for these rows;
+                    // the blocks stride over the jobs' blocks.
+                    unsafe { l.launch(cfg((grid, 1), THREADS_PER_BLOCK, 0)) }
+                        .map_err(|e| launch_err(name, e))?;
+                }
+                Ok(())
             };
             let null = 0u64;
             let form = |act_needed: bool, off: usize| if act_needed { at(off) } else { null };
@@ -461,7 +467,16 @@ impl model::LayerDevice for ResidentModel {
                     let (q_at, att_at, sc_at) = (at(o.q), at(o.att), at(o.scores));
                     let cap = ctx_cap as i64;
                     let scale = self.scale;
-                    let mut b = self.stream.launch_builder(&self.f.attention);
+                    // Heads that share a kv head (up to 8, head dim up to 256) read its keys
+                    // and values once per row, in one block.
+                    let group = self.nh / nkv;
+                    let grouped = (2..=8).contains(&group) && dk <= 256;
+                    let (f, grid) = if grouped {
+                        (&self.f.attention_grouped, (nkv as u32, n as u32))
+                    } else {
+                        (&self.f.attention, (self.nh as u32, n as u32))
+                    };
+                    let mut b = self.stream.launch_builder(f);
                     b.arg(&q_at)
                         .arg(&att_at)
                         .arg(&rows_k)
@@ -476,10 +491,11 @@ impl model::LayerDevice for ResidentModel {
                         .arg(&scale)
                         .arg(&sc_at)
                         .arg(&cap);
-                    // SAFETY: one block per (head, row); each reads its row's mirror up to its
-                    // position (< capacity) and writes dk floats of `att` and at most ctx_cap
-                    // scores (every position ≤ ctx_needed ≤ ctx_cap).
-                    unsafe { b.launch(cfg((self.nh as u32, n as u32), 256, 0)) }
+                    // SAFETY: one block per (head or kv head, row); each reads its row's mirror
+                    // up to its position (< capacity) and writes dk floats of `att` per head and
+                    // at most ctx_cap scores per head (every position ≤ ctx_needed ≤ ctx_cap);
+                    // the grouped kernel's shared arrays hold 8 heads of 256 floats.
+                    unsafe { b.launch(cfg(grid, 256, 0)) }
                         .map_err(|e| launch_err("attention", e))?;
                 }
                 if l.o.act != ActKind::F32 {
@@ -575,12 +591,15 @@ impl model::LayerDevice for ResidentModel {
                         // and n·k slots into the arena, sized for them.
                         unsafe { b.launch(cfg((1, 1), 256, 0)) }
                             .map_err(|e| launch_err("moe_route", e))?;
+                        // The tables are the device's: bound their blocks by every slot in
+                        // tiles of the dp4a path (whose blocks are the smaller) plus a partial
+                        // tile per job; only a step of mma_min_tokens()+ slots can give an expert
+                        // that many tokens.
                         let tiles = slots.div_ceil(TOKENS_PER_TILE) + max_jobs;
-                        let grid = |rows: usize| -> model::Result<u32> {
-                            u32::try_from(rows.div_ceil(ROWS_PER_BLOCK) * tiles)
-                                .map_err(|_| self.error("resident step", "too many blocks"))
-                        };
-                        matmul(at(o.gu_table), 2 * max_jobs, 2 * grid(*n_ff)?)?;
+                        let mma = slots >= mma_min_tokens();
+                        let grids =
+                            |rows: usize| Grids::bound(rows.div_ceil(ROWS_PER_BLOCK) * tiles, mma);
+                        matmul(at(o.gu_table), 2 * max_jobs, grids(2 * *n_ff))?;
                         let (glu_at, mj) = (at(o.glu_table), max_jobs as i32);
                         let mut b = self.stream.launch_builder(&self.f.glu);
                         b.arg(&glu_at).arg(&mj);
@@ -588,7 +607,7 @@ impl model::LayerDevice for ResidentModel {
                         // gate/up/hidden rows in the arena.
                         unsafe { b.launch(cfg((slots as u32, 1), 256, 0)) }
                             .map_err(|e| launch_err("glu_quantize", e))?;
-                        matmul(at(o.down_table), max_jobs, grid(d)?)?;
+                        matmul(at(o.down_table), max_jobs, grids(d))?;
                         let (offs, rows, wts, x_at, acc) =
                             (input(offs_in), at(o.sum_rows), at(o.sum_w), x_dev, 1i32);
                         let mut b = self.stream.launch_builder(&self.f.weighted_sum);
