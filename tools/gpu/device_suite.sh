@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU suite and the qwen3-30b-a3b benchmark on the device host, from binaries built here.
+# Prepare (on this machine): build `moeshard` (release) and `cargo test --release -p gpu --no-run`,
+# strip them into PACK/bins.tar.xz as moeshard_new, gpu_kernels, gpu_model; tar the qwen3moe and
+# llama fixture folders into PACK/fixtures.tar.xz and llama.cpp's source (without models, docs,
+# examples, tests) into PACK/llama-src.tar.xz; move crates/model/tests/fixtures aside so the
+# working tree stays under the 64 MiB the device call carries; carry PACK.
+# Run there: bash PACK/device_suite.sh > $OUT/run.txt 2>&1
+set -x
+R=$PWD; P=$(cd "$(dirname "$0")" && pwd)
+# The test binaries look for fixtures under the absolute path they were built at.
+mkdir -p /work && { [ -e /work/main ] || ln -s "$R" /work/main; }
+mkdir -p crates/model/tests/fixtures && tar xJf "$P/fixtures.tar.xz" -C crates/model/tests/fixtures
+mkdir -p /var/tmp/b && tar xJf "$P/bins.tar.xz" -C /var/tmp/b
+export PATH=/usr/local/cuda/bin:/opt/torch/.venv/bin:$PATH
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
+( mkdir -p /var/tmp/ll && tar xJf "$P/llama-src.tar.xz" -C /var/tmp/ll && cd /var/tmp/ll &&
+  cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=OFF \
+    -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
+    > /var/tmp/llcfg.log 2>&1 &&
+  cmake --build build -j 12 --target llama-bench > /var/tmp/llbuild.log 2>&1
+  echo "llama.cpp build rc=$?" ) &
+B=/var/tmp/b/moeshard_new
+time timeout 90 $B synth --preset qwen3-30b-a3b /tmp/q30.gguf
+timeout 200 /var/tmp/b/gpu_kernels --nocapture --test-threads 1 2>&1 | grep -v '^$' | tail -70
+timeout 240 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -v '^$' | tail -60
+for i in 1 2; do
+  MOESHARD_GPU_TIMING=1 timeout 150 $B bench -m /tmp/q30.gguf -t 16 --gpu -p 512 -n 64 -r 2 2>&1 | tail -6
+  MOESHARD_GPU_MMA=0 MOESHARD_GPU_TIMING=1 timeout 150 $B bench -m /tmp/q30.gguf -t 16 --gpu -p 512 -n 64 -r 2 2>&1 | tail -4
+done
+wait
+tail -3 /var/tmp/llbuild.log
+timeout 150 /var/tmp/ll/build/bin/llama-bench -m /tmp/q30.gguf -ngl 99 -p 512 -n 64 -r 2 2>&1 | tail -6
