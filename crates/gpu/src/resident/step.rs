@@ -12,6 +12,10 @@ use crate::cuda::{
     ensure_pinned, mma_min_tokens, write_matmul_table,
 };
 
+/// Rows from which a step's attention runs a block per kv head and row (its query heads
+/// together) instead of a block per head and row.
+const GROUPED_MIN_ROWS: usize = 16;
+
 /// Converts cache bytes of `t` to f32.
 fn cache_floats(t: KvType, bytes: &[u8]) -> Vec<f32> {
     match t {
@@ -468,9 +472,12 @@ impl model::LayerDevice for ResidentModel {
                     let cap = ctx_cap as i64;
                     let scale = self.scale;
                     // Heads that share a kv head (up to 8, head dim up to 256) read its keys
-                    // and values once per row, in one block.
+                    // and values once per row, in one block. Only in steps of many rows: a
+                    // decode row would be nkv blocks (4 on qwen3-30b-a3b), too few for the
+                    // device, and measured 0.9 ms a token slower over 48 layers than a block per
+                    // head (device run of 2026-12-05).
                     let group = self.nh / nkv;
-                    let grouped = (2..=8).contains(&group) && dk <= 256;
+                    let grouped = (2..=8).contains(&group) && dk <= 256 && n >= GROUPED_MIN_ROWS;
                     let (f, grid) = if grouped {
                         (&self.f.attention_grouped, (nkv as u32, n as u32))
                     } else {
