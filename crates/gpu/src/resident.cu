@@ -232,12 +232,22 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
     }
 }
 
+#define MAX_GROUP 8
+#define GROUP_DK 256
+// Columns lane, lane + 32, ... of a row of d floats (zeros past d): the warp holds the row.
+__device__ __forceinline__ void lane_columns(const float* row, int d, int lane,
+                                             float out[GROUP_DK / 32]) {
+#pragma unroll
+    for (int i = 0; i < GROUP_DK / 32; i++) {
+        const int c = lane + 32 * i;
+        out[i] = c < d ? row[c] : 0.0f;
+    }
+}
+
 // The same attention for all the query heads that share kv head kh (grouped-query attention:
 // nh / nkv ≤ MAX_GROUP of them, dk = dv ≤ GROUP_DK): each key and value row is read once for
 // the group instead of once per head. Grid (kv heads, rows); block 256 threads, a warp per
 // position; the same scores buffer and output layout as `attention`.
-#define MAX_GROUP 8
-#define GROUP_DK 256
 extern "C" __global__ void attention_grouped(const float* __restrict__ q, float* __restrict__ out,
                                              const u64* __restrict__ row_k,
                                              const u64* __restrict__ row_v,
@@ -265,13 +275,8 @@ extern "C" __global__ void attention_grouped(const float* __restrict__ q, float*
 #pragma unroll
     for (int j = 0; j < MAX_GROUP; j++) m[j] = -INFINITY;
     for (long long p = warp; p < n_pos; p += warps) {
-        const float* kr = kbase + p * kd;
         float k[GROUP_DK / 32];
-#pragma unroll
-        for (int i = 0; i < GROUP_DK / 32; i++) {
-            const int c = lane + 32 * i;
-            k[i] = c < dk ? kr[c] : 0.0f;
-        }
+        lane_columns(kbase + p * kd, dk, lane, k);
 #pragma unroll
         for (int j = 0; j < MAX_GROUP; j++) {
             if (j < group) {
@@ -311,13 +316,8 @@ extern "C" __global__ void attention_grouped(const float* __restrict__ q, float*
 #pragma unroll
         for (int i = 0; i < GROUP_DK / 32; i++) acc[j][i] = 0.0f;
     for (long long p = warp; p < n_pos; p += warps) {
-        const float* vr = vbase + p * vd;
         float v[GROUP_DK / 32];
-#pragma unroll
-        for (int i = 0; i < GROUP_DK / 32; i++) {
-            const int c = lane + 32 * i;
-            v[i] = c < dv ? vr[c] : 0.0f;
-        }
+        lane_columns(vbase + p * vd, dv, lane, v);
 #pragma unroll
         for (int j = 0; j < MAX_GROUP; j++) {
             if (j < group) {
