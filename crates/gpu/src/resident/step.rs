@@ -474,8 +474,8 @@ impl model::LayerDevice for ResidentModel {
                     // Heads that share a kv head (up to 8, head dim up to 256) read its keys
                     // and values once per row, in one block. Only in steps of many rows: a
                     // decode row would be nkv blocks (4 on qwen3-30b-a3b), too few for the
-                    // device, and measured 0.9 ms a token slower over 48 layers than a block per
-                    // head (device run of 2026-12-05).
+                    // device: its one-row step took 6.72 ms with them against 6.07 ms with a
+                    // block per head (docs/perf.md, "Tensor-core prefill").
                     let group = self.nh / nkv;
                     let grouped = (2..=8).contains(&group) && dk <= 256 && n >= GROUPED_MIN_ROWS;
                     let (f, grid) = if grouped {
