@@ -6,6 +6,10 @@
 # examples, tests) into PACK/llama-src.tar.xz; move crates/model/tests/fixtures aside so the
 # working tree stays under the 64 MiB the device call carries; carry PACK.
 # Run there: bash PACK/device_suite.sh > $OUT/run.txt 2>&1
+# A variant of this script ran on 2026-12-05 (docs/measurements/2026-12-05-gpu-tensor-cores-q30.txt,
+# which ends with the scripts as run). Device time is scarce: a refused start costs about 90 s of
+# the session's budget and a fresh machine about two minutes, so keep one call self-contained and
+# under ten minutes, and start the next within the 30 s the machine stays warm.
 set -x
 R=$PWD; P=$(cd "$(dirname "$0")" && pwd)
 # The test binaries look for fixtures under the absolute path they were built at.
