@@ -13,16 +13,20 @@ use crate::error::{ModelError, Result};
 
 mod compressed;
 mod index_keys;
+mod pooled_keys;
 mod recurrent;
+mod recurrent_bytes;
 
 use compressed::{CompLayerState, comp_needed};
 pub use compressed::{CompressedLayer, Compression, Pool};
 pub use index_keys::IndexKeys;
+pub use pooled_keys::PooledKeys;
 use recurrent::HybridState;
 pub use recurrent::{
-    HybridLayers, KEPT_CHECKPOINTS, KEPT_REWINDS, LayerMemory, PooledKeys, RecurrentState,
-    delta_rule_step, merge_recurrent_shares, replay_head, split_recurrent_share,
+    HybridLayers, KEPT_CHECKPOINTS, KEPT_REWINDS, LayerMemory, RecurrentState, delta_rule_step,
+    replay_head,
 };
+pub use recurrent_bytes::{merge_recurrent_shares, split_recurrent_share};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KvType {

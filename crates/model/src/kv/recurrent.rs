@@ -15,6 +15,8 @@
 //! points depend only on the positions stored, not on the layers a cache holds, so every stage
 //! of a pipeline answers [`KvCache::can_rewind`] the same way.
 
+use super::pooled_keys::PooledKeys;
+use super::recurrent_bytes::{put, take};
 use super::{KvCache, KvLayout};
 use crate::error::{ModelError, Result};
 
@@ -67,84 +69,6 @@ pub enum LayerMemory {
         head_dim: usize,
         conv_taps: usize,
     },
-}
-
-/// The k-pool indexer's memory of one layer: positions `0..len` and the pools complete so far.
-#[derive(Clone, Debug, Default)]
-pub struct PooledKeys {
-    width: usize,
-    pool: usize,
-    keys: Vec<f32>,
-    scores: Vec<f32>,
-    pooled: Vec<f32>,
-}
-
-impl PooledKeys {
-    pub fn width(&self) -> usize {
-        self.width
-    }
-
-    pub fn pool(&self) -> usize {
-        self.pool
-    }
-
-    pub fn len(&self) -> usize {
-        self.keys.len() / self.width.max(1)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
-
-    /// Appends the key and pooling scores of the next position.
-    pub fn push(&mut self, pos: usize, key: &[f32], scores: &[f32]) -> Result<()> {
-        if pos != self.len() || key.len() != self.width || scores.len() != self.width {
-            return Err(ModelError::Input(format!(
-                "indexer key of position {pos}: {} held, rows of {}",
-                self.len(),
-                self.width
-            )));
-        }
-        self.keys.extend_from_slice(key);
-        self.scores.extend_from_slice(scores);
-        Ok(())
-    }
-
-    /// Keys and pooling scores of positions `range`.
-    pub fn rows(&self, range: std::ops::Range<usize>) -> (&[f32], &[f32]) {
-        let (a, b) = (range.start * self.width, range.end * self.width);
-        (&self.keys[a..b], &self.scores[a..b])
-    }
-
-    /// Pools whose key is made.
-    pub fn n_pooled(&self) -> usize {
-        self.pooled.len() / self.width.max(1)
-    }
-
-    /// Pools complete in the positions held (their key made or not).
-    pub fn n_complete(&self) -> usize {
-        self.len() / self.pool.max(1)
-    }
-
-    pub fn push_pooled(&mut self, key: &[f32]) {
-        debug_assert!(key.len() == self.width && self.n_pooled() < self.n_complete());
-        self.pooled.extend_from_slice(key);
-    }
-
-    /// The pooled keys, pool `j` at row `j`.
-    pub fn pooled(&self) -> &[f32] {
-        &self.pooled
-    }
-
-    fn truncate(&mut self, n: usize) {
-        self.keys.truncate(n * self.width);
-        self.scores.truncate(n * self.width);
-        self.pooled.truncate(n / self.pool.max(1) * self.width);
-    }
-
-    fn bytes(&self) -> usize {
-        4 * (self.keys.len() + self.scores.len() + self.pooled.len())
-    }
 }
 
 /// One step of the gated delta rule on one head's state `s` (`k.len()` key rows of `v.len()`
@@ -474,33 +398,6 @@ pub(super) fn states(layout: &KvLayout, n: usize) -> Vec<HybridState> {
         .collect()
 }
 
-fn put(out: &mut Vec<u8>, v: &[f32]) {
-    out.extend_from_slice(&(v.len() as u64).to_le_bytes());
-    for x in v {
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-}
-
-/// Reads what [`put`] wrote: `want` values at `*at` of the state of `what`.
-fn take(bytes: &[u8], at: &mut usize, want: usize, what: &str) -> Result<Vec<f32>> {
-    let bad = |why: String| ModelError::Input(format!("{what}: state {why}"));
-    let head = bytes
-        .get(*at..*at + 8)
-        .ok_or_else(|| bad("is truncated".into()))?;
-    let len = u64::from_le_bytes(head.try_into().expect("8 bytes")) as usize;
-    if len != want {
-        return Err(bad(format!("has {len} values where {want} belong")));
-    }
-    let body = bytes
-        .get(*at + 8..*at + 8 + 4 * len)
-        .ok_or_else(|| bad("is truncated".into()))?;
-    *at += 8 + 4 * len;
-    Ok(body
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
-}
-
 impl KvCache {
     fn is_hybrid(&self) -> bool {
         self.layout.hybrid.is_some()
@@ -672,92 +569,6 @@ impl KvCache {
         }
         Ok(true)
     }
-}
-
-/// A KDA layer's snapshot values (conv history, state) from `bytes`, as written by
-/// [`KvCache::export`]; `heads` of `head_dim` with `conv_taps` taps.
-fn parse_memory(bytes: &[u8], head_dim: usize, conv_taps: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-    let len_at = |at: usize| -> Result<usize> {
-        let head = bytes
-            .get(at..at + 8)
-            .ok_or_else(|| ModelError::Input("a recurrent state is truncated".into()))?;
-        Ok(u64::from_le_bytes(head.try_into().expect("8 bytes")) as usize)
-    };
-    let conv_len = len_at(0)?;
-    let state_len = len_at(8 + 4 * conv_len)?;
-    let heads = state_len / (head_dim * head_dim).max(1);
-    let mut at = 0;
-    let of = "a tensor-parallel share of a KDA layer";
-    let conv = take(bytes, &mut at, 3 * conv_taps * heads * head_dim, of)?;
-    let state = take(bytes, &mut at, heads * head_dim * head_dim, of)?;
-    if at != bytes.len() || state_len != heads * head_dim * head_dim {
-        return Err(ModelError::Input(format!(
-            "a recurrent state of {} bytes does not hold whole heads of {head_dim}",
-            bytes.len()
-        )));
-    }
-    Ok((conv, state))
-}
-
-fn memory_bytes(conv: &[f32], state: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + 4 * (conv.len() + state.len()));
-    put(&mut out, conv);
-    put(&mut out, state);
-    out
-}
-
-/// The whole KDA layer's snapshot values from a tensor-parallel group's, in rank order (each
-/// rank holds the memory of its consecutive heads): the convolution history rows interleaved
-/// back into rows of all heads, the heads' states concatenated.
-pub fn merge_recurrent_shares(
-    parts: &[&[u8]],
-    head_dim: usize,
-    conv_taps: usize,
-) -> Result<Vec<u8>> {
-    let shares = parts
-        .iter()
-        .map(|p| parse_memory(p, head_dim, conv_taps))
-        .collect::<Result<Vec<_>>>()?;
-    let mut conv = Vec::new();
-    let mut state = Vec::new();
-    for row in 0..3 * conv_taps {
-        for (c, _) in &shares {
-            let w = c.len() / (3 * conv_taps).max(1);
-            conv.extend_from_slice(&c[row * w..(row + 1) * w]);
-        }
-    }
-    for (_, s) in &shares {
-        state.extend_from_slice(s);
-    }
-    Ok(memory_bytes(&conv, &state))
-}
-
-/// The share of `heads` of a whole KDA layer's snapshot values ([`merge_recurrent_shares`]
-/// undone for one rank).
-pub fn split_recurrent_share(
-    bytes: &[u8],
-    heads: std::ops::Range<usize>,
-    head_dim: usize,
-    conv_taps: usize,
-) -> Result<Vec<u8>> {
-    let (conv, state) = parse_memory(bytes, head_dim, conv_taps)?;
-    let n_head = state.len() / (head_dim * head_dim).max(1);
-    if heads.end > n_head {
-        return Err(ModelError::Input(format!(
-            "heads {heads:?} of a recurrent state of {n_head}"
-        )));
-    }
-    let w = n_head * head_dim;
-    let cols = heads.start * head_dim..heads.end * head_dim;
-    let conv: Vec<f32> = conv
-        .chunks_exact(w.max(1))
-        .flat_map(|row| row[cols.clone()].iter().copied())
-        .collect();
-    let hd2 = head_dim * head_dim;
-    Ok(memory_bytes(
-        &conv,
-        &state[heads.start * hd2..heads.end * hd2],
-    ))
 }
 
 #[cfg(test)]
