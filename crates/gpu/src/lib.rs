@@ -14,6 +14,8 @@ pub use placement::{OffloadReport, upload_model};
 #[cfg(any(target_os = "linux", target_os = "windows"))]
 mod cuda;
 #[cfg(any(target_os = "linux", target_os = "windows"))]
+mod matmul_table;
+#[cfg(any(target_os = "linux", target_os = "windows"))]
 mod resident;
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]

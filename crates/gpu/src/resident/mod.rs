@@ -12,7 +12,8 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PinnedHostS
 use kernels::{ActKind, Weights};
 use model::{Model, ModelError, PlanFfn, WholeModelPlan};
 
-use crate::cuda::{CudaOffload, GLU_FIELDS, JOB_FIELDS, act_row_bytes, weights_key};
+use crate::cuda::{CudaOffload, act_row_bytes, weights_key};
+use crate::matmul_table::{GLU_FIELDS, JOB_FIELDS};
 use crate::supports;
 
 /// As in resident.cu.

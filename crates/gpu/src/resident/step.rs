@@ -7,9 +7,10 @@ use kernels::ActKind;
 use model::{DeviceStep, KvType, Model};
 
 use super::{DevFfn, DevMat, GraphKey, MIRRORS, Mirror, ResidentModel, StepGraph, graphs_enabled};
-use crate::cuda::{
+use crate::cuda::ensure_pinned;
+use crate::matmul_table::{
     GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE,
-    ensure_pinned, mma_min_tokens, write_matmul_table,
+    mma_min_tokens, write_matmul_table,
 };
 
 /// Rows from which a step's attention runs a block per kv head and row (its query heads

@@ -1,0 +1,126 @@
+//! The job tables the matmul kernels read (matmul.cu's layout: one record of JOB_FIELDS u64s
+//! per matrix product) and the grids that cover them: which jobs take the tensor-core path and
+//! how many blocks each is cut into.
+
+/// As in matmul.cu.
+pub(crate) const JOB_FIELDS: usize = 12;
+pub(crate) const GLU_FIELDS: usize = 7;
+pub(crate) const ROWS_PER_BLOCK: usize = 4;
+pub(crate) const TOKENS_PER_TILE: usize = 8;
+pub(crate) const THREADS_PER_BLOCK: u32 = 32 * ROWS_PER_BLOCK as u32;
+/// The tensor-core path's block tile (matmul.cu `MMA_*`): K-quant jobs of MMA_MIN_TOKENS or
+/// more tokens run as blocks of MMA_ROWS weight rows × MMA_TOKENS tokens.
+pub(crate) const MMA_ROWS: usize = 64;
+pub(crate) const MMA_TOKENS: usize = 32;
+const MMA_MIN_TOKENS: usize = 16;
+/// The most blocks a matmul launch asks for: its blocks stride over a table's, so more only
+/// queue behind the resident ones (16 per SM on current parts) and cost their start.
+pub(crate) const MATMUL_GRID_CAP: u32 = 4096;
+
+/// The fewest tokens a job runs on the tensor cores with: MMA_MIN_TOKENS, or never with
+/// `MOESHARD_GPU_MMA=0` (to compare against the dp4a path). The kernels are compiled with the
+/// same number.
+pub(crate) fn mma_min_tokens() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| match std::env::var("MOESHARD_GPU_MMA") {
+        Ok(v) if v == "0" => 1 << 30,
+        _ => MMA_MIN_TOKENS,
+    })
+}
+
+/// Whether a job of `n` tokens over `dtype` (a ggml type id) runs on the tensor cores.
+pub(crate) fn mma_path(dtype: u64, n: usize) -> bool {
+    use gguf::GgmlType;
+    n >= mma_min_tokens()
+        && [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K]
+            .iter()
+            .any(|&t| t as u64 == dtype)
+}
+
+/// A job's blocks, as matmul.cu's `job_blocks` numbers them.
+pub(crate) fn job_blocks(rows: usize, n: usize, dtype: u64) -> usize {
+    if mma_path(dtype, n) {
+        rows.div_ceil(MMA_ROWS) * n.div_ceil(MMA_TOKENS)
+    } else {
+        rows.div_ceil(ROWS_PER_BLOCK) * n.div_ceil(TOKENS_PER_TILE)
+    }
+}
+
+/// The launches of one matmul table: the grid of the dp4a kernel (`matmul_grouped`) and of
+/// the tensor-core one (`matmul_mma`), 0 where no job takes that path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Grids {
+    pub(crate) dp4a: u32,
+    pub(crate) mma: u32,
+}
+
+impl Grids {
+    /// For a table whose jobs' blocks number at most `blocks`, with tensor-core jobs possible
+    /// or not (tables the device builds itself, whose token counts the host does not know).
+    pub(crate) fn bound(blocks: usize, mma: bool) -> Grids {
+        let grid = blocks.min(MATMUL_GRID_CAP as usize) as u32;
+        Grids {
+            dp4a: grid,
+            mma: if mma { grid } else { 0 },
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.dp4a == 0 && self.mma == 0
+    }
+}
+
+/// One matrix product as `matmul_grouped` reads it (device addresses).
+pub(crate) struct MatRecord {
+    pub(crate) w: u64,
+    pub(crate) acts: u64,
+    pub(crate) out: u64,
+    pub(crate) weights: (usize, usize, usize, u64), // row stride, rows, cols, ggml type
+    pub(crate) act_stride: usize,
+    pub(crate) n: usize,
+    /// Adds to the output instead of writing it.
+    pub(crate) accumulate: bool,
+}
+
+/// Writes `records` as a matmul table at `table` and returns the grids that run it (None when
+/// its jobs have more blocks than a u32 counts).
+pub(crate) fn write_matmul_table(table: &mut [u8], records: &[MatRecord]) -> Option<Grids> {
+    let mut first_block = 0u64;
+    let (mut any_dp4a, mut any_mma) = (false, false);
+    for (i, r) in records.iter().enumerate() {
+        let (stride, rows, cols, dtype) = r.weights;
+        let fields: [u64; JOB_FIELDS] = [
+            r.w,
+            r.acts,
+            r.out,
+            stride as u64,
+            r.act_stride as u64,
+            rows as u64,
+            cols as u64,
+            r.n as u64,
+            dtype,
+            first_block,
+            0,
+            r.accumulate as u64,
+        ];
+        for (k, v) in fields.iter().enumerate() {
+            let at = (i * JOB_FIELDS + k) * 8;
+            table[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        let blocks = job_blocks(rows, r.n, dtype);
+        if blocks > 0 {
+            if mma_path(dtype, r.n) {
+                any_mma = true;
+            } else {
+                any_dp4a = true;
+            }
+        }
+        first_block += blocks as u64;
+    }
+    let total = u32::try_from(first_block).ok()?;
+    let grid = total.min(MATMUL_GRID_CAP);
+    Some(Grids {
+        dp4a: if any_dp4a { grid } else { 0 },
+        mma: if any_mma { grid } else { 0 },
+    })
+}
