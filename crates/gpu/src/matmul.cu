@@ -571,15 +571,22 @@ __device__ void dp4a_block(const u64* job, long long local) {
 // jobs, matmul_mma those of tensor-core jobs (they differ in registers and shared memory), each
 // skipping the other's. Their grids stride over the blocks, so a grid may be smaller than the
 // total (a capped launch) or larger (an upper bound for tables built on the device).
-__device__ __forceinline__ const u64* find_job(const u64* table, int n_jobs, long long b,
-                                               long long* local) {
-    int lo = 0, hi = n_jobs - 1;
+// The last of a table's n records (of `fields` u64s each, field `first` the record's first
+// block, nondecreasing) whose first block is at or before block b.
+__device__ __forceinline__ const u64* record_of_block(const u64* table, int n, int fields,
+                                                      int first, long long b) {
+    int lo = 0, hi = n - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
-        if ((long long)table[mid * JOB_FIELDS + 9] <= b) lo = mid;
+        if ((long long)table[mid * fields + first] <= b) lo = mid;
         else hi = mid - 1;
     }
-    const u64* job = table + lo * JOB_FIELDS;
+    return table + lo * fields;
+}
+
+__device__ __forceinline__ const u64* find_job(const u64* table, int n_jobs, long long b,
+                                               long long* local) {
+    const u64* job = record_of_block(table, n_jobs, JOB_FIELDS, 9, b);
     *local = b - (long long)job[9];
     if (*local < 0 || *local >= (long long)job_blocks(job[5], job[7], job[8])) return nullptr;
     return job;
@@ -683,13 +690,7 @@ __device__ __forceinline__ void warp_quant_q8_k(const float* v, u8* out, int lan
 
 extern "C" __global__ void glu_quantize(const u64* __restrict__ table, int n_jobs) {
     const int b = blockIdx.x;
-    int lo = 0, hi = n_jobs - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if ((long long)table[mid * GLU_FIELDS + 5] <= b) lo = mid;
-        else hi = mid - 1;
-    }
-    const u64* job = table + lo * GLU_FIELDS;
+    const u64* job = record_of_block(table, n_jobs, GLU_FIELDS, 5, b);
     const long long r = b - (long long)job[5];
     if (r < 0 || r >= (long long)job[6]) return;
     const int width = (int)job[3];
