@@ -75,8 +75,9 @@ fn panels_equal_the_single_row_dot_bitwise() {
     let mut checked = 0;
     for isa in Isa::supported() {
         for t in panel_types(isa) {
-            // 96, 1440 and 2880 (gpt-oss) leave partial groups and odd block pairs (MXFP4).
-            for k in [256usize, 512, 1280, 2048, 96, 1440, 2880] {
+            // 96, 1440 and 2880 (gpt-oss) leave partial groups and odd block pairs (MXFP4);
+            // 96 and 128 (latent attention's per-head rows) run four rows at a time in decode.
+            for k in [256usize, 512, 1280, 2048, 96, 128, 1440, 2880] {
                 if !k.is_multiple_of(t.block_size()) {
                     continue;
                 }

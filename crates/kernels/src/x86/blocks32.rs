@@ -21,14 +21,18 @@ use crate::blocks::BlockQ8_0;
 use crate::panel::Panel;
 use crate::x86::simd256::{load128_of, load256_of};
 
-/// The f16 field `field(b)` of 8 blocks, as 8 lanes of f32.
+/// The f16 field `field(b)` of the first `n ≤ 8` blocks, as lanes of f32 (lanes `n..8` zero).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-pub(crate) fn f16x8<T>(blocks: &[T], field: impl Fn(&T) -> [u8; 2]) -> __m256 {
+pub(crate) fn f16xn<T>(blocks: &[T], n: usize, field: impl Fn(&T) -> [u8; 2]) -> __m256 {
     let (mut lo, mut hi) = (0u64, 0u64);
     for k in 0..4 {
-        lo |= (u16::from_le_bytes(field(&blocks[k])) as u64) << (16 * k);
-        hi |= (u16::from_le_bytes(field(&blocks[k + 4])) as u64) << (16 * k);
+        if k < n {
+            lo |= (u16::from_le_bytes(field(&blocks[k])) as u64) << (16 * k);
+        }
+        if k + 4 < n {
+            hi |= (u16::from_le_bytes(field(&blocks[k + 4])) as u64) << (16 * k);
+        }
     }
     _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
 }
@@ -37,21 +41,19 @@ pub(crate) fn f16x8<T>(blocks: &[T], field: impl Fn(&T) -> [u8; 2]) -> __m256 {
 /// `$a` the `&[BlockQ8_0]` of the same length; `isum: |x, y|` gives lanes whose sum is the
 /// block's exact integer (`Σ w·y`, or `Σ q·y` where `min: true`), `ysum: |y|` lanes whose sum
 /// is `Σ y` (evaluated only where `min: true`), `d: |x|` and `m: |x|` the block's f16 scale and
-/// min. Eight blocks at a time: each row's integers are reduced together ([`hsums`]), its float
-/// steps run with one block per lane, and the lanes are added to its sum one by one. That last
-/// chain of dependent adds bounds a single row; `R` rows run `R` chains side by side and share
-/// the activations' scales and sums. A macro, not a function taking closures: the closures
-/// were not inlined, and each call then cost more than the block it computed. Expands inside a
-/// `#[target_feature]` function with AVX2, FMA and F16C that has `std::arch::x86_64::*` in
-/// scope; evaluates to `[f32; R]`.
+/// min. Eight blocks at a time ([`reference_group`]): each row's integers are reduced together
+/// ([`hsums`]), its float steps run with one block per lane, and the lanes are added to its sum
+/// one by one. That last chain of dependent adds bounds a single row; `R` rows run `R` chains
+/// side by side and share the activations' scales and sums. A macro, not a function taking
+/// closures: the closures were not inlined, and each call then cost more than the block it
+/// computed. Expands inside a `#[target_feature]` function with AVX2, FMA and F16C that has
+/// `std::arch::x86_64::*` in scope; evaluates to `[f32; R]`.
 macro_rules! reference_sums {
     ($r:expr, $w:expr, $a:expr, min: $min:expr,
      isum: |$x:ident, $y:ident| $isum:expr,
      ysum: |$y2:ident| $ysum:expr,
      d: |$xd:ident| $d:expr,
      m: |$xm:ident| $m:expr $(,)?) => {{
-        use $crate::x86::blocks32::f16x8;
-        use $crate::x86::simd256::{f16_scalar, hsum_epi32, hsums, lanes};
         let w: [&[_]; $r] = $w;
         let a: &[$crate::blocks::BlockQ8_0] = $a;
         let mut sum = [0f32; $r];
@@ -59,69 +61,72 @@ macro_rules! reference_sums {
         let main = nb - nb % 8;
         let mut j0 = 0;
         while j0 < main {
-            let ys = &a[j0..j0 + 8];
-            let dy = f16x8(ys, |b| b.d);
-            let sydy = if $min {
-                let mut sv = [_mm256_setzero_si256(); 8];
-                for j in 0..8 {
-                    let $y2 = &ys[j];
-                    sv[j] = $ysum;
-                }
-                _mm256_mul_ps(_mm256_cvtepi32_ps(hsums(&sv)), dy)
-            } else {
-                dy
-            };
-            let mut t = [[0f32; 8]; $r];
-            for r in 0..$r {
-                let xs = &w[r][j0..j0 + 8];
-                let mut iv = [_mm256_setzero_si256(); 8];
-                for j in 0..8 {
-                    let ($x, $y) = (&xs[j], &ys[j]);
-                    iv[j] = $isum;
-                }
-                let dxdy = _mm256_mul_ps(f16x8(xs, |$xd| $d), dy);
-                let mut v = _mm256_mul_ps(_mm256_cvtepi32_ps(hsums(&iv)), dxdy);
-                if $min {
-                    v = _mm256_add_ps(v, _mm256_mul_ps(f16x8(xs, |$xm| $m), sydy));
-                }
-                t[r] = lanes::<8>(v);
-            }
-            for j in 0..8 {
-                for r in 0..$r {
-                    sum[r] += t[r][j];
-                }
-            }
+            $crate::x86::blocks32::reference_group!($r, w, a, j0, 8, sum, min: $min,
+                isum: |$x, $y| $isum, ysum: |$y2| $ysum, d: |$xd| $d, m: |$xm| $m);
             j0 += 8;
         }
-        for j in main..nb {
-            let y = &a[j];
-            let dy = f16_scalar(&y.d);
-            let sydy = if $min {
-                let $y2 = y;
-                hsum_epi32($ysum) as f32 * dy
-            } else {
-                0.0
-            };
-            for r in 0..$r {
-                let ($x, $y) = (&w[r][j], y);
-                let mut t = hsum_epi32($isum) as f32
-                    * (f16_scalar(&{
-                        let $xd = $x;
-                        $d
-                    }) * dy);
-                if $min {
-                    t += f16_scalar(&{
-                        let $xm = $x;
-                        $m
-                    }) * sydy;
-                }
-                sum[r] += t;
-            }
+        // The last blocks as one partial group: their lanes hold the values the scalar steps
+        // would give (the same f32 operations per block), and only those lanes are added. A
+        // row of a few blocks (latent attention's 128-column per-head rows) spent most of its
+        // time in per-block horizontal sums before.
+        if main < nb {
+            $crate::x86::blocks32::reference_group!($r, w, a, main, nb - main, sum, min: $min,
+                isum: |$x, $y| $isum, ysum: |$y2| $ysum, d: |$xd| $d, m: |$xm| $m);
         }
         sum
     }};
 }
 pub(crate) use reference_sums;
+
+/// One group of `$cnt ≤ 8` blocks from block `$j0` of [`reference_sums`], added to `$sum`.
+macro_rules! reference_group {
+    ($r:expr, $w:ident, $a:ident, $j0:expr, $cnt:expr, $sum:ident, min: $min:expr,
+     isum: |$x:ident, $y:ident| $isum:expr,
+     ysum: |$y2:ident| $ysum:expr,
+     d: |$xd:ident| $d:expr,
+     m: |$xm:ident| $m:expr $(,)?) => {{
+        use $crate::x86::blocks32::f16xn;
+        use $crate::x86::simd256::{hsums, lanes};
+        let (j0, cnt): (usize, usize) = ($j0, $cnt);
+        let ys = &$a[j0..j0 + cnt];
+        let dy = f16xn(ys, cnt, |b| b.d);
+        let sydy = if $min {
+            let mut sv = [_mm256_setzero_si256(); 8];
+            for j in 0..8 {
+                if j < cnt {
+                    let $y2 = &ys[j];
+                    sv[j] = $ysum;
+                }
+            }
+            _mm256_mul_ps(_mm256_cvtepi32_ps(hsums(&sv)), dy)
+        } else {
+            dy
+        };
+        let mut t = [[0f32; 8]; $r];
+        for r in 0..$r {
+            let xs = &$w[r][j0..j0 + cnt];
+            let mut iv = [_mm256_setzero_si256(); 8];
+            for j in 0..8 {
+                if j < cnt {
+                    let ($x, $y) = (&xs[j], &ys[j]);
+                    iv[j] = $isum;
+                }
+            }
+            let dxdy = _mm256_mul_ps(f16xn(xs, cnt, |$xd| $d), dy);
+            let mut v = _mm256_mul_ps(_mm256_cvtepi32_ps(hsums(&iv)), dxdy);
+            if $min {
+                v = _mm256_add_ps(v, _mm256_mul_ps(f16xn(xs, cnt, |$xm| $m), sydy));
+            }
+            t[r] = lanes::<8>(v);
+        }
+        for j in 0..cnt {
+            for r in 0..$r {
+                $sum[r] += t[r][j];
+            }
+        }
+    }};
+}
+pub(crate) use reference_group;
 
 /// One block of a group of `G` tokens' activations (Q8_0), one token per 32-bit lane: what the
 /// panels' inner loop reads, 64-byte aligned.
@@ -294,6 +299,18 @@ pub(crate) fn take_groups16() -> Vec<TokenBlock<16>> {
 
 pub(crate) fn put_groups16(v: Vec<TokenBlock<16>>) {
     GROUPS16.set(v);
+}
+
+/// Below a panel's token minimum, whether a row of `nb` blocks runs four rows at a time
+/// (`min`: the format has a min, Q4_1/Q5_1). The single-row dot's serial per-block sum leaves a
+/// short row mostly latency, and four consecutive short rows are still one contiguous stream
+/// (latent attention's 128-column per-head rows: 1.2-1.5x). Longer rows streamed from memory
+/// ran 4-24 % slower four at a time (the interleaved streams of `crate::x86::tiles`), except
+/// for the min formats, whose heavier per-block float steps made four rows 1.2-1.4x faster up
+/// to 2048 columns from L2 or memory and no slower beyond (2-core Zen 3, `kernel_bench --only
+/// gemm --tokens 1`).
+pub(crate) fn four_rows_at_a_time(nb: usize, min: bool) -> bool {
+    nb <= if min { 64 } else { 4 }
 }
 
 /// The panel's values from `dots` (`R` rows' dots with one token, e.g. a level's `dots_q4_0`)

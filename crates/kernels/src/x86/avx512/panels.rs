@@ -35,7 +35,8 @@ use bytemuck::Pod;
 use super::legacy;
 use crate::panel::Panel;
 use crate::x86::blocks32::{
-    TokenBlock, dwords, pack_tokens, put_groups16, row_dots, store_tokens, take_groups16,
+    TokenBlock, dwords, four_rows_at_a_time, pack_tokens, put_groups16, row_dots, store_tokens,
+    take_groups16,
 };
 use crate::x86::kq256::{K4_MINS, q4k_float_step};
 use crate::x86::scales::unpack_k4;
@@ -333,7 +334,8 @@ const TOKENS_MIN: usize = 4;
 /// on the 16 tokens at once. Below [`TOKENS_MIN`] tokens, `dots` (the level's single-row dot,
 /// the same bits) runs per (row, token): two or four rows' serial sums side by side were faster
 /// on L2-resident weights but up to 2.3× slower on expert rows streamed from memory
-/// (deepseek-v2-lite Q8_0 downs), the interleaved streams of `crate::x86::tiles`.
+/// (deepseek-v2-lite Q8_0 downs), the interleaved streams of `crate::x86::tiles`; `dots4` takes
+/// four rows where [`four_rows_at_a_time`] says that pays (short rows, the min formats).
 ///
 /// # Safety
 /// As for [`crate::panel::PanelFn`]: the panel's rows (blocks `B`), tokens (Q8_0) and outputs
@@ -347,11 +349,19 @@ unsafe fn tokens_panel<B: Pod, const MIN: bool>(
     d: impl Fn(&B) -> [u8; 2] + Copy,
     m: impl Fn(&B) -> [u8; 2] + Copy,
     dots: impl Fn(usize, [&[u8]; 1], &[u8]) -> [f32; 1],
+    dots4: impl Fn(usize, [&[u8]; 4], &[u8]) -> [f32; 4],
 ) {
     let nb = p.k / QK8_0;
     if p.n < TOKENS_MIN {
+        let (w_bytes, a_bytes) = (nb * size_of::<B>(), nb * size_of::<BlockQ8_0>());
         // SAFETY: the panel's contract (above).
-        unsafe { row_dots(p, nb * size_of::<B>(), nb * size_of::<BlockQ8_0>(), dots) };
+        unsafe {
+            if four_rows_at_a_time(nb, MIN) {
+                row_dots(p, w_bytes, a_bytes, dots4)
+            } else {
+                row_dots(p, w_bytes, a_bytes, dots)
+            }
+        };
         return;
     }
     let mut groups = take_groups16();
@@ -475,8 +485,9 @@ fn fifth_bit_quants(qh: &[u8; 4], qs: &[u8; 16]) -> __m256i {
 pub unsafe fn panel_q4_0(p: &Panel) {
     let values = |x: &BlockQ4_0| nibbles(&x.qs);
     let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q4_0::<1>(n, w, a);
+    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_0::<4>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, 8, values, |x| x.d, |x| x.d, dots) }
+    unsafe { tokens_panel::<_, false>(p, 8, values, |x| x.d, |x| x.d, dots, dots4) }
 }
 
 /// Q4_1 × Q8_0 (see [`tokens_panel`]): nibbles, scale and min.
@@ -487,8 +498,9 @@ pub unsafe fn panel_q4_0(p: &Panel) {
 pub unsafe fn panel_q4_1(p: &Panel) {
     let values = |x: &BlockQ4_1| nibbles(&x.qs);
     let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q4_1::<1>(n, w, a);
+    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_1::<4>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots) }
+    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots, dots4) }
 }
 
 /// Q5_0 × Q8_0 (see [`tokens_panel`]): five-bit quants, offset 16.
@@ -499,8 +511,9 @@ pub unsafe fn panel_q4_1(p: &Panel) {
 pub unsafe fn panel_q5_0(p: &Panel) {
     let values = |x: &BlockQ5_0| fifth_bit_quants(&x.qh, &x.qs);
     let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q5_0::<1>(n, w, a);
+    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_0::<4>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, 16, values, |x| x.d, |x| x.d, dots) }
+    unsafe { tokens_panel::<_, false>(p, 16, values, |x| x.d, |x| x.d, dots, dots4) }
 }
 
 /// Q5_1 × Q8_0 (see [`tokens_panel`]): five-bit quants, scale and min.
@@ -511,8 +524,9 @@ pub unsafe fn panel_q5_0(p: &Panel) {
 pub unsafe fn panel_q5_1(p: &Panel) {
     let values = |x: &BlockQ5_1| fifth_bit_quants(&x.qh, &x.qs);
     let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q5_1::<1>(n, w, a);
+    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_1::<4>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots) }
+    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots, dots4) }
 }
 
 /// Q8_0 × Q8_0 (see [`tokens_panel`]): the signed bytes made unsigned, offset 128.
@@ -524,8 +538,9 @@ pub unsafe fn panel_q8_0(p: &Panel) {
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let values = |x: &BlockQ8_0| _mm256_xor_si256(load256_of(&x.qs), k80);
     let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q8_0::<1>(n, w, a);
+    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q8_0::<4>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots) }
+    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots, dots4) }
 }
 
 /// IQ4_NL × Q8_0 (see [`tokens_panel`]): the nibbles mapped through the 16 levels, made
@@ -540,8 +555,9 @@ pub unsafe fn panel_iq4_nl(p: &Panel) {
     let values =
         |x: &BlockIq4Nl| _mm256_xor_si256(_mm256_shuffle_epi8(levels, nibbles(&x.qs)), k80);
     let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_iq4_nl::<1>(n, w, a);
+    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_iq4_nl::<4>(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots) }
+    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots, dots4) }
 }
 
 q2k_rows!(
