@@ -227,7 +227,8 @@ fn every_weight_format_has_an_x86_panel() {
 }
 
 /// Every chunk-dots kernel gives each chunk the bits of the single-row dot on that chunk: chunks
-/// of one to three superblocks, counts on both sides of the eight-chunk reductions.
+/// of one to three superblocks, counts on both sides of the eight-chunk reductions; for the
+/// 32-element formats also chunks of 3 and 6 blocks (SmolLM2's 192-column GQA-group chunks).
 #[test]
 fn chunk_dots_are_the_dots_of_each_chunk() {
     let mut rng = Rng::new(31);
@@ -237,9 +238,12 @@ fn chunk_dots_are_the_dots_of_each_chunk() {
                 continue;
             };
             let dot = kernels::best_dot(isa, t).expect("a dot");
-            for per_chunk in 1..=3usize {
+            let sizes = [256usize, 512, 768, 96, 192];
+            for k in sizes
+                .into_iter()
+                .filter(|k| k.is_multiple_of(t.block_size()))
+            {
                 for chunks in [1usize, 7, 8, 9, 17] {
-                    let k = per_chunk * 256;
                     let w = random_row(&mut rng, t, k * chunks);
                     let a = activations(&mut rng, t, k * chunks, 1);
                     let (wb, ab) = (w.len() / chunks, a.len() / chunks);
@@ -262,7 +266,7 @@ fn chunk_dots_are_the_dots_of_each_chunk() {
                         assert_eq!(
                             got.to_bits(),
                             want.to_bits(),
-                            "{isa:?} {t} {per_chunk}×{chunks}, chunk {i}"
+                            "{isa:?} {t} {k}×{chunks}, chunk {i}"
                         );
                     }
                 }

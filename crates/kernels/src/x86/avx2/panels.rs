@@ -22,8 +22,8 @@ use bytemuck::Pod;
 use super::legacy;
 use crate::panel::Panel;
 use crate::x86::blocks32::{
-    TokenBlock, dwords, four_rows_at_a_time, pack_tokens, put_groups8, row_dots, store_tokens,
-    take_groups8,
+    TokenBlock, chunk_dots_kernel, dwords, four_rows_at_a_time, pack_tokens, put_groups8, row_dots,
+    store_tokens, take_groups8,
 };
 use crate::x86::kq256::Q6K_SCALE;
 use crate::x86::simd256::{bcast_f16, hsums, lanes, load128_of, load256, load256_of};
@@ -463,3 +463,10 @@ dot_tile!(
     BlockQ8K,
     QK_K
 );
+
+chunk_dots_kernel!(chunks_q4_0, "avx2,fma,f16c", legacy::dots_q4_0::<1>);
+chunk_dots_kernel!(chunks_q4_1, "avx2,fma,f16c", legacy::dots_q4_1::<1>);
+chunk_dots_kernel!(chunks_q5_0, "avx2,fma,f16c", legacy::dots_q5_0::<1>);
+chunk_dots_kernel!(chunks_q5_1, "avx2,fma,f16c", legacy::dots_q5_1::<1>);
+chunk_dots_kernel!(chunks_q8_0, "avx2,fma,f16c", legacy::dots_q8_0::<1>);
+chunk_dots_kernel!(chunks_iq4_nl, "avx2,fma,f16c", legacy::dots_iq4_nl::<1>);

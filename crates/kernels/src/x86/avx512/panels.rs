@@ -35,8 +35,8 @@ use bytemuck::Pod;
 use super::legacy;
 use crate::panel::Panel;
 use crate::x86::blocks32::{
-    TokenBlock, dwords, four_rows_at_a_time, pack_tokens, put_groups16, row_dots, store_tokens,
-    take_groups16,
+    TokenBlock, chunk_dots_kernel, dwords, four_rows_at_a_time, pack_tokens, put_groups16,
+    row_dots, store_tokens, take_groups16,
 };
 use crate::x86::kq256::{K4_MINS, q4k_float_step};
 use crate::x86::scales::unpack_k4;
@@ -603,4 +603,35 @@ dot_tile!(
     BlockQ3K,
     BlockQ8K,
     QK_K
+);
+
+chunk_dots_kernel!(
+    chunks_q4_0,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    legacy::dots_q4_0::<1>
+);
+chunk_dots_kernel!(
+    chunks_q4_1,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    legacy::dots_q4_1::<1>
+);
+chunk_dots_kernel!(
+    chunks_q5_0,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    legacy::dots_q5_0::<1>
+);
+chunk_dots_kernel!(
+    chunks_q5_1,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    legacy::dots_q5_1::<1>
+);
+chunk_dots_kernel!(
+    chunks_q8_0,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    legacy::dots_q8_0::<1>
+);
+chunk_dots_kernel!(
+    chunks_iq4_nl,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+    legacy::dots_iq4_nl::<1>
 );
