@@ -309,17 +309,30 @@ pub(crate) fn put_groups16(v: Vec<TokenBlock<16>>) {
 /// for the min formats, whose heavier per-block float steps made four rows 1.2-1.4x faster up
 /// to 2048 columns from L2 or memory and no slower beyond (2-core Zen 3, `kernel_bench --only
 /// gemm --tokens 1`).
-pub(crate) fn four_rows_at_a_time(nb: usize, min: bool) -> bool {
+fn four_rows_at_a_time(nb: usize, min: bool) -> bool {
     nb <= if min { 64 } else { 4 }
 }
 
-/// A level's chunk-dots kernel for a 32-element format (see [`crate::panel::ChunkDots`]):
-/// `$dots` is its single-row dot (`legacy::dots_*::<1>`), inlined here, so a row's chunks cost
-/// no call each, and their sums, independent of each other, overlap in the core. Decode's
+/// A level's single-row dot of a 32-element format (`legacy::dots_*`) for one row and for four
+/// rows at a time, as the `tokens_panel` of each level takes them.
+macro_rules! one_and_four_rows {
+    ($($dots:ident)::+) => {
+        (
+            |n, w: [&[u8]; 1], a: &[u8]| $($dots)::+::<1>(n, w, a),
+            |n, w: [&[u8]; 4], a: &[u8]| $($dots)::+::<4>(n, w, a),
+        )
+    };
+}
+pub(crate) use one_and_four_rows;
+
+/// A level's chunk-dots kernels for 32-element formats (see [`crate::panel::ChunkDots`]), each
+/// `$name = $dots` with `$dots` the format's single-row dot (`legacy::dots_*`, for one row)
+/// inlined, so a row's chunks cost no call each, and their sums, independent of each other,
+/// overlap in the core. Decode's
 /// exact chunked sums (attention output and FFN down projections) called the dot once per
 /// chunk and ran 1.3-1.7x slower than a plain product of the same matrix.
-macro_rules! chunk_dots_kernel {
-    ($name:ident, $features:literal, $dots:path) => {
+macro_rules! chunk_dots_kernels {
+    ($features:literal; $($name:ident = $($dots:ident)::+),+ $(,)?) => {$(
         /// The chunk-dots kernel of this format (the dot's bits per chunk).
         ///
         /// # Safety
@@ -336,14 +349,42 @@ macro_rules! chunk_dots_kernel {
                         std::slice::from_raw_parts(cd.a.add(c * cd.a_bytes), cd.a_bytes),
                     )
                 };
-                let [v] = $dots(cd.k, [w], a);
+                let [v] = $($dots)::+::<1>(cd.k, [w], a);
                 // SAFETY: output c < chunks is writable and aliases neither input.
                 unsafe { *cd.out.add(c) = v };
             }
         }
-    };
+    )+};
 }
-pub(crate) use chunk_dots_kernel;
+pub(crate) use chunk_dots_kernels;
+
+/// A panel of fewer tokens than a level's `tokens_panel` packs: the single-row dot per (row,
+/// token) from `(dots, dots4)` (one row, four rows at a time: [`one_and_four_rows`]), four rows
+/// at a time where [`four_rows_at_a_time`] says that pays; `B` is the weight block, `min`
+/// whether the format has a min.
+///
+/// # Safety
+/// As for [`crate::panel::PanelFn`], for a 32-element format with blocks `B`.
+#[inline(always)]
+pub(crate) unsafe fn few_tokens<B>(
+    p: &Panel,
+    min: bool,
+    (dots, dots4): (
+        impl Fn(usize, [&[u8]; 1], &[u8]) -> [f32; 1],
+        impl Fn(usize, [&[u8]; 4], &[u8]) -> [f32; 4],
+    ),
+) {
+    let nb = p.k / crate::blocks::QK8_0;
+    let (w_bytes, a_bytes) = (nb * size_of::<B>(), nb * size_of::<BlockQ8_0>());
+    // SAFETY: the panel's contract (ours).
+    unsafe {
+        if four_rows_at_a_time(nb, min) {
+            row_dots(p, w_bytes, a_bytes, dots4)
+        } else {
+            row_dots(p, w_bytes, a_bytes, dots)
+        }
+    }
+}
 
 /// The panel's values from `dots` (`R` rows' dots with one token, e.g. a level's `dots_q4_0`)
 /// for every token, `R` rows at a time; the last rows repeat the panel's last row to fill a

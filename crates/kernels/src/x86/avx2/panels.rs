@@ -22,8 +22,8 @@ use bytemuck::Pod;
 use super::legacy;
 use crate::panel::Panel;
 use crate::x86::blocks32::{
-    TokenBlock, chunk_dots_kernel, dwords, four_rows_at_a_time, pack_tokens, put_groups8, row_dots,
-    store_tokens, take_groups8,
+    TokenBlock, chunk_dots_kernels, dwords, few_tokens, one_and_four_rows, pack_tokens,
+    put_groups8, store_tokens, take_groups8,
 };
 use crate::x86::kq256::Q6K_SCALE;
 use crate::x86::simd256::{bcast_f16, hsums, lanes, load128_of, load256, load256_of};
@@ -181,20 +181,15 @@ unsafe fn tokens_panel<B: Pod, const MIN: bool>(
     values: impl Fn(&B) -> __m256i + Copy,
     d: impl Fn(&B) -> [u8; 2] + Copy,
     m: impl Fn(&B) -> [u8; 2] + Copy,
-    dots: impl Fn(usize, [&[u8]; 1], &[u8]) -> [f32; 1],
-    dots4: impl Fn(usize, [&[u8]; 4], &[u8]) -> [f32; 4],
+    dots: (
+        impl Fn(usize, [&[u8]; 1], &[u8]) -> [f32; 1],
+        impl Fn(usize, [&[u8]; 4], &[u8]) -> [f32; 4],
+    ),
 ) {
     let nb = p.k / QK8_0;
     if p.n < TOKENS_MIN {
-        let (w_bytes, a_bytes) = (nb * size_of::<B>(), nb * size_of::<BlockQ8_0>());
         // SAFETY: the panel's contract (above).
-        unsafe {
-            if four_rows_at_a_time(nb, MIN) {
-                row_dots(p, w_bytes, a_bytes, dots4)
-            } else {
-                row_dots(p, w_bytes, a_bytes, dots)
-            }
-        };
+        unsafe { few_tokens::<B>(p, MIN, dots) };
         return;
     }
     let mut groups = take_groups8();
@@ -287,21 +282,9 @@ unsafe fn tokens_tile<B: Pod, const R: usize, const MIN: bool>(
 pub unsafe fn panel_q4_0(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let values = |x: &BlockQ4_0| legacy::nibbles(&x.qs, m4);
-    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q4_0::<1>(n, w, a);
-    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_0::<4>(n, w, a);
+    let dots = one_and_four_rows!(legacy::dots_q4_0);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe {
-        tokens_panel::<_, false>(
-            p,
-            Weights32::Unsigned,
-            8,
-            values,
-            |x| x.d,
-            |x| x.d,
-            dots,
-            dots4,
-        )
-    }
+    unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 8, values, |x| x.d, |x| x.d, dots) }
 }
 
 /// Q4_1 × Q8_0 (see [`tokens_panel`]): nibbles, scale and min.
@@ -312,21 +295,9 @@ pub unsafe fn panel_q4_0(p: &Panel) {
 pub unsafe fn panel_q4_1(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let values = |x: &BlockQ4_1| legacy::nibbles(&x.qs, m4);
-    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q4_1::<1>(n, w, a);
-    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_1::<4>(n, w, a);
+    let dots = one_and_four_rows!(legacy::dots_q4_1);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe {
-        tokens_panel::<_, true>(
-            p,
-            Weights32::Unsigned,
-            0,
-            values,
-            |x| x.d,
-            |x| x.m,
-            dots,
-            dots4,
-        )
-    }
+    unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots) }
 }
 
 /// Q5_0 × Q8_0 (see [`tokens_panel`]): five-bit quants, offset 16.
@@ -338,21 +309,9 @@ pub unsafe fn panel_q5_0(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let fifth = legacy::FifthBits::new();
     let values = |x: &BlockQ5_0| fifth.quants(&x.qh, &x.qs, m4);
-    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q5_0::<1>(n, w, a);
-    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_0::<4>(n, w, a);
+    let dots = one_and_four_rows!(legacy::dots_q5_0);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe {
-        tokens_panel::<_, false>(
-            p,
-            Weights32::Unsigned,
-            16,
-            values,
-            |x| x.d,
-            |x| x.d,
-            dots,
-            dots4,
-        )
-    }
+    unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 16, values, |x| x.d, |x| x.d, dots) }
 }
 
 /// Q5_1 × Q8_0 (see [`tokens_panel`]): five-bit quants, scale and min.
@@ -364,21 +323,9 @@ pub unsafe fn panel_q5_1(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let fifth = legacy::FifthBits::new();
     let values = |x: &BlockQ5_1| fifth.quants(&x.qh, &x.qs, m4);
-    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q5_1::<1>(n, w, a);
-    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_1::<4>(n, w, a);
+    let dots = one_and_four_rows!(legacy::dots_q5_1);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe {
-        tokens_panel::<_, true>(
-            p,
-            Weights32::Unsigned,
-            0,
-            values,
-            |x| x.d,
-            |x| x.m,
-            dots,
-            dots4,
-        )
-    }
+    unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots) }
 }
 
 /// Q8_0 × Q8_0 (see [`tokens_panel`]): signed bytes.
@@ -388,21 +335,9 @@ pub unsafe fn panel_q5_1(p: &Panel) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn panel_q8_0(p: &Panel) {
     let values = |x: &BlockQ8_0| load256_of(&x.qs);
-    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q8_0::<1>(n, w, a);
-    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q8_0::<4>(n, w, a);
+    let dots = one_and_four_rows!(legacy::dots_q8_0);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe {
-        tokens_panel::<_, false>(
-            p,
-            Weights32::Signed,
-            0,
-            values,
-            |x| x.d,
-            |x| x.d,
-            dots,
-            dots4,
-        )
-    }
+    unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots) }
 }
 
 /// IQ4_NL × Q8_0 (see [`tokens_panel`]): the nibbles mapped through the 16 levels (signed).
@@ -414,21 +349,9 @@ pub unsafe fn panel_iq4_nl(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
     let values = |x: &BlockIq4Nl| _mm256_shuffle_epi8(levels, legacy::nibbles(&x.qs, m4));
-    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_iq4_nl::<1>(n, w, a);
-    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_iq4_nl::<4>(n, w, a);
+    let dots = one_and_four_rows!(legacy::dots_iq4_nl);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe {
-        tokens_panel::<_, false>(
-            p,
-            Weights32::Signed,
-            0,
-            values,
-            |x| x.d,
-            |x| x.d,
-            dots,
-            dots4,
-        )
-    }
+    unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots) }
 }
 
 q2k_rows!(q2k_tile, "avx2,fma,f16c", madd_acc);
@@ -464,9 +387,11 @@ dot_tile!(
     QK_K
 );
 
-chunk_dots_kernel!(chunks_q4_0, "avx2,fma,f16c", legacy::dots_q4_0::<1>);
-chunk_dots_kernel!(chunks_q4_1, "avx2,fma,f16c", legacy::dots_q4_1::<1>);
-chunk_dots_kernel!(chunks_q5_0, "avx2,fma,f16c", legacy::dots_q5_0::<1>);
-chunk_dots_kernel!(chunks_q5_1, "avx2,fma,f16c", legacy::dots_q5_1::<1>);
-chunk_dots_kernel!(chunks_q8_0, "avx2,fma,f16c", legacy::dots_q8_0::<1>);
-chunk_dots_kernel!(chunks_iq4_nl, "avx2,fma,f16c", legacy::dots_iq4_nl::<1>);
+chunk_dots_kernels!("avx2,fma,f16c";
+    chunks_q4_0 = legacy::dots_q4_0,
+    chunks_q4_1 = legacy::dots_q4_1,
+    chunks_q5_0 = legacy::dots_q5_0,
+    chunks_q5_1 = legacy::dots_q5_1,
+    chunks_q8_0 = legacy::dots_q8_0,
+    chunks_iq4_nl = legacy::dots_iq4_nl,
+);

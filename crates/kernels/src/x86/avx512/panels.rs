@@ -35,8 +35,8 @@ use bytemuck::Pod;
 use super::legacy;
 use crate::panel::Panel;
 use crate::x86::blocks32::{
-    TokenBlock, chunk_dots_kernel, dwords, four_rows_at_a_time, pack_tokens, put_groups16,
-    row_dots, store_tokens, take_groups16,
+    TokenBlock, chunk_dots_kernels, dwords, few_tokens, one_and_four_rows, pack_tokens,
+    put_groups16, store_tokens, take_groups16,
 };
 use crate::x86::kq256::{K4_MINS, q4k_float_step};
 use crate::x86::scales::unpack_k4;
@@ -348,20 +348,15 @@ unsafe fn tokens_panel<B: Pod, const MIN: bool>(
     values: impl Fn(&B) -> __m256i + Copy,
     d: impl Fn(&B) -> [u8; 2] + Copy,
     m: impl Fn(&B) -> [u8; 2] + Copy,
-    dots: impl Fn(usize, [&[u8]; 1], &[u8]) -> [f32; 1],
-    dots4: impl Fn(usize, [&[u8]; 4], &[u8]) -> [f32; 4],
+    dots: (
+        impl Fn(usize, [&[u8]; 1], &[u8]) -> [f32; 1],
+        impl Fn(usize, [&[u8]; 4], &[u8]) -> [f32; 4],
+    ),
 ) {
     let nb = p.k / QK8_0;
     if p.n < TOKENS_MIN {
-        let (w_bytes, a_bytes) = (nb * size_of::<B>(), nb * size_of::<BlockQ8_0>());
         // SAFETY: the panel's contract (above).
-        unsafe {
-            if four_rows_at_a_time(nb, MIN) {
-                row_dots(p, w_bytes, a_bytes, dots4)
-            } else {
-                row_dots(p, w_bytes, a_bytes, dots)
-            }
-        };
+        unsafe { few_tokens::<B>(p, MIN, dots) };
         return;
     }
     let mut groups = take_groups16();
@@ -484,10 +479,9 @@ fn fifth_bit_quants(qh: &[u8; 4], qs: &[u8; 16]) -> __m256i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q4_0(p: &Panel) {
     let values = |x: &BlockQ4_0| nibbles(&x.qs);
-    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q4_0::<1>(n, w, a);
-    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_0::<4>(n, w, a);
+    let dots = one_and_four_rows!(legacy::dots_q4_0);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, 8, values, |x| x.d, |x| x.d, dots, dots4) }
+    unsafe { tokens_panel::<_, false>(p, 8, values, |x| x.d, |x| x.d, dots) }
 }
 
 /// Q4_1 × Q8_0 (see [`tokens_panel`]): nibbles, scale and min.
@@ -497,10 +491,9 @@ pub unsafe fn panel_q4_0(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q4_1(p: &Panel) {
     let values = |x: &BlockQ4_1| nibbles(&x.qs);
-    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q4_1::<1>(n, w, a);
-    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q4_1::<4>(n, w, a);
+    let dots = one_and_four_rows!(legacy::dots_q4_1);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots, dots4) }
+    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots) }
 }
 
 /// Q5_0 × Q8_0 (see [`tokens_panel`]): five-bit quants, offset 16.
@@ -510,10 +503,9 @@ pub unsafe fn panel_q4_1(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q5_0(p: &Panel) {
     let values = |x: &BlockQ5_0| fifth_bit_quants(&x.qh, &x.qs);
-    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q5_0::<1>(n, w, a);
-    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_0::<4>(n, w, a);
+    let dots = one_and_four_rows!(legacy::dots_q5_0);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, 16, values, |x| x.d, |x| x.d, dots, dots4) }
+    unsafe { tokens_panel::<_, false>(p, 16, values, |x| x.d, |x| x.d, dots) }
 }
 
 /// Q5_1 × Q8_0 (see [`tokens_panel`]): five-bit quants, scale and min.
@@ -523,10 +515,9 @@ pub unsafe fn panel_q5_0(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q5_1(p: &Panel) {
     let values = |x: &BlockQ5_1| fifth_bit_quants(&x.qh, &x.qs);
-    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q5_1::<1>(n, w, a);
-    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q5_1::<4>(n, w, a);
+    let dots = one_and_four_rows!(legacy::dots_q5_1);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots, dots4) }
+    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots) }
 }
 
 /// Q8_0 × Q8_0 (see [`tokens_panel`]): the signed bytes made unsigned, offset 128.
@@ -537,10 +528,9 @@ pub unsafe fn panel_q5_1(p: &Panel) {
 pub unsafe fn panel_q8_0(p: &Panel) {
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let values = |x: &BlockQ8_0| _mm256_xor_si256(load256_of(&x.qs), k80);
-    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_q8_0::<1>(n, w, a);
-    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_q8_0::<4>(n, w, a);
+    let dots = one_and_four_rows!(legacy::dots_q8_0);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots, dots4) }
+    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots) }
 }
 
 /// IQ4_NL × Q8_0 (see [`tokens_panel`]): the nibbles mapped through the 16 levels, made
@@ -554,10 +544,9 @@ pub unsafe fn panel_iq4_nl(p: &Panel) {
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let values =
         |x: &BlockIq4Nl| _mm256_xor_si256(_mm256_shuffle_epi8(levels, nibbles(&x.qs)), k80);
-    let dots = |n, w: [&[u8]; 1], a: &[u8]| legacy::dots_iq4_nl::<1>(n, w, a);
-    let dots4 = |n, w: [&[u8]; 4], a: &[u8]| legacy::dots_iq4_nl::<4>(n, w, a);
+    let dots = one_and_four_rows!(legacy::dots_iq4_nl);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots, dots4) }
+    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots) }
 }
 
 q2k_rows!(
@@ -605,33 +594,11 @@ dot_tile!(
     QK_K
 );
 
-chunk_dots_kernel!(
-    chunks_q4_0,
-    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    legacy::dots_q4_0::<1>
-);
-chunk_dots_kernel!(
-    chunks_q4_1,
-    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    legacy::dots_q4_1::<1>
-);
-chunk_dots_kernel!(
-    chunks_q5_0,
-    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    legacy::dots_q5_0::<1>
-);
-chunk_dots_kernel!(
-    chunks_q5_1,
-    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    legacy::dots_q5_1::<1>
-);
-chunk_dots_kernel!(
-    chunks_q8_0,
-    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    legacy::dots_q8_0::<1>
-);
-chunk_dots_kernel!(
-    chunks_iq4_nl,
-    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-    legacy::dots_iq4_nl::<1>
+chunk_dots_kernels!("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
+    chunks_q4_0 = legacy::dots_q4_0,
+    chunks_q4_1 = legacy::dots_q4_1,
+    chunks_q5_0 = legacy::dots_q5_0,
+    chunks_q5_1 = legacy::dots_q5_1,
+    chunks_q8_0 = legacy::dots_q8_0,
+    chunks_iq4_nl = legacy::dots_iq4_nl,
 );
