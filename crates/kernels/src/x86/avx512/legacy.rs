@@ -16,7 +16,7 @@ use gguf::GgmlType;
 
 use crate::blocks::*;
 use crate::formats::iq_grids::KVALUES_IQ4NL;
-use crate::x86::blocks32::reference_sums;
+use crate::x86::blocks32::{YGroup, reference_sums};
 use crate::x86::dot_wrapper;
 use crate::x86::simd256::{load128_of, load256_of};
 
@@ -59,18 +59,24 @@ fn blocks<'a, B: bytemuck::Pod, const R: usize>(
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q4_0::<1>(n, [w], a);
+    let [s] = dots_q4_0::<1>(n, [w], a, None);
     s
 }
 
-/// `R` rows' [`dot_q4_0_impl`] with one activation row.
+/// `R` rows' [`dot_q4_0_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
+/// for many rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q4_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
+pub(super) fn dots_q4_0<const R: usize>(
+    n: usize,
+    w: [&[u8]; R],
+    a: &[u8],
+    pre: Option<&[YGroup]>,
+) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k8 = _mm256_set1_epi8(8);
     let zero = _mm256_setzero_si256();
     let (w, a) = blocks::<BlockQ4_0, R>(n, w, a);
-    reference_sums!(R, w, a, min: false,
+    reference_sums!(R, w, a, pre, min: false,
         isum: |x, y| {
         let (q, y) = (nibbles(&x.qs, m4), load256_of(&y.qs));
         _mm256_sub_epi32(
@@ -86,18 +92,24 @@ pub(super) fn dots_q4_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q4_1::<1>(n, [w], a);
+    let [s] = dots_q4_1::<1>(n, [w], a, None);
     s
 }
 
-/// `R` rows' [`dot_q4_1_impl`] with one activation row.
+/// `R` rows' [`dot_q4_1_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
+/// for many rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q4_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
+pub(super) fn dots_q4_1<const R: usize>(
+    n: usize,
+    w: [&[u8]; R],
+    a: &[u8],
+    pre: Option<&[YGroup]>,
+) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     let zero = _mm256_setzero_si256();
     let (w, a) = blocks::<BlockQ4_1, R>(n, w, a);
-    reference_sums!(R, w, a, min: true,
+    reference_sums!(R, w, a, pre, min: true,
         isum: |x, y| {
         _mm256_dpbusd_epi32(zero, nibbles(&x.qs, m4), load256_of(&y.qs))
     },
@@ -109,17 +121,23 @@ pub(super) fn dots_q4_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q5_0::<1>(n, [w], a);
+    let [s] = dots_q5_0::<1>(n, [w], a, None);
     s
 }
 
-/// `R` rows' [`dot_q5_0_impl`] with one activation row.
+/// `R` rows' [`dot_q5_0_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
+/// for many rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q5_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
+pub(super) fn dots_q5_0<const R: usize>(
+    n: usize,
+    w: [&[u8]; R],
+    a: &[u8],
+    pre: Option<&[YGroup]>,
+) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k16 = _mm256_set1_epi8(16);
     let (w, a) = blocks::<BlockQ5_0, R>(n, w, a);
-    reference_sums!(R, w, a, min: false,
+    reference_sums!(R, w, a, pre, min: false,
         isum: |x, y| {
         let q = nibbles(&x.qs, m4);
         // A weight is q - 16 where its fifth bit (bit j of qh for element j) is clear:
@@ -135,19 +153,25 @@ pub(super) fn dots_q5_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q5_1::<1>(n, [w], a);
+    let [s] = dots_q5_1::<1>(n, [w], a, None);
     s
 }
 
-/// `R` rows' [`dot_q5_1_impl`] with one activation row.
+/// `R` rows' [`dot_q5_1_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
+/// for many rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q5_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
+pub(super) fn dots_q5_1<const R: usize>(
+    n: usize,
+    w: [&[u8]; R],
+    a: &[u8],
+    pre: Option<&[YGroup]>,
+) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     let k16 = _mm256_set1_epi8(16);
     let zero = _mm256_setzero_si256();
     let (w, a) = blocks::<BlockQ5_1, R>(n, w, a);
-    reference_sums!(R, w, a, min: true,
+    reference_sums!(R, w, a, pre, min: true,
         isum: |x, y| {
         let q = nibbles(&x.qs, m4);
         let q = _mm256_mask_add_epi8(q, _cvtu32_mask32(u32::from_le_bytes(x.qh)), q, k16);
@@ -161,15 +185,21 @@ pub(super) fn dots_q5_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q8_0::<1>(n, [w], a);
+    let [s] = dots_q8_0::<1>(n, [w], a, None);
     s
 }
 
-/// `R` rows' [`dot_q8_0_impl`] with one activation row.
+/// `R` rows' [`dot_q8_0_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
+/// for many rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q8_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
+pub(super) fn dots_q8_0<const R: usize>(
+    n: usize,
+    w: [&[u8]; R],
+    a: &[u8],
+    pre: Option<&[YGroup]>,
+) -> [f32; R] {
     let (w, a) = blocks::<BlockQ8_0, R>(n, w, a);
-    reference_sums!(R, w, a, min: false,
+    reference_sums!(R, w, a, pre, min: false,
         isum: |x, y| {
         // |x| read as unsigned is exact even for -128.
         let x = load256_of(&x.qs);
@@ -189,17 +219,23 @@ pub(super) fn dots_q8_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f
 /// product.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_iq4_nl_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_iq4_nl::<1>(n, [w], a);
+    let [s] = dots_iq4_nl::<1>(n, [w], a, None);
     s
 }
 
-/// `R` rows' [`dot_iq4_nl_impl`] with one activation row.
+/// `R` rows' [`dot_iq4_nl_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
+/// for many rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_iq4_nl<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
+pub(super) fn dots_iq4_nl<const R: usize>(
+    n: usize,
+    w: [&[u8]; R],
+    a: &[u8],
+    pre: Option<&[YGroup]>,
+) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
     let (w, a) = blocks::<BlockIq4Nl, R>(n, w, a);
-    reference_sums!(R, w, a, min: false,
+    reference_sums!(R, w, a, pre, min: false,
         isum: |x, y| {
         let v = _mm256_shuffle_epi8(levels, nibbles(&x.qs, m4));
         signed_dot(

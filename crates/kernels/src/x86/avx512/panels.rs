@@ -35,7 +35,7 @@ use bytemuck::Pod;
 use super::legacy;
 use crate::panel::Panel;
 use crate::x86::blocks32::{
-    TokenBlock, chunk_dots_kernels, dwords, few_tokens, one_and_four_rows, pack_tokens,
+    TokenBlock, YGroup, chunk_dots_kernels, dwords, few_tokens, one_and_four_rows, pack_tokens,
     put_groups16, store_tokens, take_groups16,
 };
 use crate::x86::kq256::{K4_MINS, q4k_float_step};
@@ -349,8 +349,8 @@ unsafe fn tokens_panel<B: Pod, const MIN: bool>(
     d: impl Fn(&B) -> [u8; 2] + Copy,
     m: impl Fn(&B) -> [u8; 2] + Copy,
     dots: (
-        impl Fn(usize, [&[u8]; 1], &[u8]) -> [f32; 1],
-        impl Fn(usize, [&[u8]; 4], &[u8]) -> [f32; 4],
+        impl Fn(usize, [&[u8]; 1], &[u8], Option<&[YGroup]>) -> [f32; 1],
+        impl Fn(usize, [&[u8]; 4], &[u8], Option<&[YGroup]>) -> [f32; 4],
     ),
 ) {
     let nb = p.k / QK8_0;
