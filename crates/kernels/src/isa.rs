@@ -189,6 +189,18 @@ pub fn chunk_dots(isa: Isa, dtype: GgmlType) -> Option<ChunkDotsFn> {
     }
 }
 
+/// The chunk-rows kernel of `dtype` for level `isa` (the 32-element formats with a min, whose
+/// rows run four at a time with the activation side computed once), if there is one.
+pub fn chunk_rows(isa: Isa, dtype: GgmlType) -> Option<crate::panel::ChunkRowsFn> {
+    match dot_level(isa, dtype)? {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => crate::x86::avx2::chunk_rows(dtype),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => crate::x86::avx512::chunk_rows(dtype),
+        _ => None,
+    }
+}
+
 /// The chunk-panel kernel of `dtype` for level `isa`: that of the level [`best_dot`] picks, if
 /// it has one (the same bits as that dot per chunk).
 pub fn chunk_panel(isa: Isa, dtype: GgmlType) -> Option<ChunkPanelFn> {

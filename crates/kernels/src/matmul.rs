@@ -367,6 +367,44 @@ impl Kernels {
             let dot = self.dot_fn(w.dtype)?;
             let ahead = crate::prefetch::stream_prefetch();
             let whole = w.cols / chunk;
+            if let Some(kernel) = crate::isa::chunk_rows(self.isa, w.dtype).filter(|_| whole > 0) {
+                // The formats with a min: a task's rows four at a time (see `chunk_rows`).
+                let tail = &spans[whole..];
+                pool.for_each_chunk(rows, row_chunk, |range| {
+                    let mut part = vec![0f32; range.len() * whole];
+                    for t in 0..n {
+                        let a = &acts[t * arb..(t + 1) * arb];
+                        let cd = ChunkDots {
+                            k: chunk,
+                            chunks: whole,
+                            w: w.row(range.start).as_ptr(),
+                            w_bytes: spans[0].0.len(),
+                            a: a.as_ptr(),
+                            a_bytes: spans[0].1.len(),
+                            out: part.as_mut_ptr(),
+                        };
+                        // SAFETY: rows `range` are `row_stride` bytes apart inside `w.data`
+                        // (`check_rows` above), each holding chunks 0..whole as the first
+                        // `whole` spans, as `a` does; `part` holds range.len() · whole values
+                        // and aliases neither; the kernel comes from `crate::isa`.
+                        unsafe { kernel(&cd, range.len(), w.row_stride) };
+                        for (i, r) in range.clone().enumerate() {
+                            let row = w.row(r);
+                            let mut acc = 0f64;
+                            for &v in &part[i * whole..(i + 1) * whole] {
+                                acc += v as f64;
+                            }
+                            for (wr, ar, len) in tail {
+                                acc += dot(*len, &row[wr.clone()], &a[ar.clone()]) as f64;
+                            }
+                            // SAFETY: t < n and r < rows, inside `out` (n·rows values, checked
+                            // above); row r belongs to this task only.
+                            unsafe { *out_ptr.get().add(t * rows + r) = acc };
+                        }
+                    }
+                });
+                return Ok(());
+            }
             let chunk_dots = crate::isa::chunk_dots(self.isa, w.dtype).filter(|_| whole > 0);
             let tail = &spans[if chunk_dots.is_some() { whole } else { 0 }..];
             pool.for_each_chunk(rows, row_chunk, |range| {

@@ -69,6 +69,14 @@ pub struct ChunkDots {
 /// [`crate::isa::chunk_dots`]).
 pub type ChunkDotsFn = unsafe fn(&ChunkDots);
 
+/// A chunk-rows kernel: [`ChunkDots`] for `rows` consecutive weight rows `w_stride` bytes apart
+/// (the first at `w`), the same token's chunks, `out[r * chunks + c]` for row r and chunk c;
+/// every value is the single-row [`crate::DotFn`]'s bits on that chunk of that row.
+///
+/// # Safety
+/// As for [`ChunkDotsFn`], for each of the rows, and `rows · chunks` outputs writable.
+pub type ChunkRowsFn = unsafe fn(&ChunkDots, usize, usize);
+
 /// Rows × tokens, chunk by chunk, summed in f64: `out[t * out_stride + r]` is
 /// `Σ_c dot(W[r] chunk c, A[t] chunk c)`, each chunk's dot in f32 (the single-row
 /// [`crate::DotFn`]'s bits), added as f64 in chunk order — a batch of

@@ -275,6 +275,67 @@ fn chunk_dots_are_the_dots_of_each_chunk() {
     }
 }
 
+/// Every chunk-rows kernel gives each (row, chunk) the bits of the single-row dot on that chunk
+/// of that row: row counts around its four-row steps, rows further apart than their bytes,
+/// chunks of whole and partial eight-block groups.
+#[test]
+fn chunk_rows_are_the_dots_of_each_chunk_of_each_row() {
+    let mut rng = Rng::new(41);
+    let mut checked = 0;
+    for isa in Isa::supported() {
+        for t in COMPUTE_TYPES {
+            let Some(kernel) = kernels::isa::chunk_rows(isa, t) else {
+                continue;
+            };
+            let dot = kernels::best_dot(isa, t).expect("a dot");
+            for k in [256usize, 96, 192] {
+                for (rows, chunks) in [(1usize, 1usize), (3, 2), (4, 3), (5, 1), (9, 7)] {
+                    let wb = t.row_bytes((k * chunks) as u64).unwrap() as usize;
+                    let stride = wb + 40;
+                    let mut w = vec![0u8; rows * stride];
+                    for r in 0..rows {
+                        w[r * stride..r * stride + wb].copy_from_slice(&random_row(
+                            &mut rng,
+                            t,
+                            k * chunks,
+                        ));
+                    }
+                    let a = activations(&mut rng, t, k * chunks, 1);
+                    let (cb, ab) = (wb / chunks, a.len() / chunks);
+                    let mut out = vec![f32::NAN; rows * chunks];
+                    let cd = kernels::panel::ChunkDots {
+                        k,
+                        chunks,
+                        w: w.as_ptr(),
+                        w_bytes: cb,
+                        a: a.as_ptr(),
+                        a_bytes: ab,
+                        out: out.as_mut_ptr(),
+                    };
+                    // SAFETY: the kernel comes from `kernels::isa` for a supported level; each
+                    // of the `rows` rows, `stride` bytes apart, holds `chunks` contiguous chunks,
+                    // as the activations do, and `out` holds rows · chunks values.
+                    unsafe { kernel(&cd, rows, stride) };
+                    for r in 0..rows {
+                        for c in 0..chunks {
+                            let at = r * stride + c * cb;
+                            let want = dot(k, &w[at..at + cb], &a[c * ab..(c + 1) * ab]);
+                            let got = out[r * chunks + c];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{isa:?} {t} k={k} rows={rows} chunks={chunks}: row {r} chunk {c}"
+                            );
+                        }
+                    }
+                }
+            }
+            checked += 1;
+        }
+    }
+    eprintln!("checked {checked} chunk-rows kernels");
+}
+
 /// A chunk panel's value for each (row, token) is the f64 sum, in chunk order, of the dot of
 /// each chunk, bit for bit: whole chunks of one or two superblocks and a shorter last chunk,
 /// token counts around the eight-token tiles, outputs outside the panel untouched.

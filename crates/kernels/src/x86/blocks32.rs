@@ -404,6 +404,59 @@ macro_rules! chunk_dots_kernels {
 }
 pub(crate) use chunk_dots_kernels;
 
+/// A level's chunk-rows kernels (see [`crate::panel::ChunkRowsFn`]) for the 32-element formats
+/// with a min, each `$name = $dots` with `$dots` the format's dot (`legacy::dots_*`): four rows
+/// at a time per chunk, with every chunk's [`YGroup`]s computed once for all rows, as the
+/// panels do below four tokens (the min formats gain from both, see [`four_rows_at_a_time`]).
+macro_rules! chunk_rows_kernels {
+    ($features:literal; $($name:ident = $($dots:ident)::+),+ $(,)?) => {$(
+        /// The chunk-rows kernel of this format (the dot's bits per chunk and row).
+        ///
+        /// # Safety
+        /// As for [`crate::panel::ChunkRowsFn`].
+        #[target_feature(enable = $features)]
+        pub unsafe fn $name(cd: &$crate::panel::ChunkDots, rows: usize, w_stride: usize) {
+            use $crate::blocks::{BlockQ8_0, QK8_0};
+            if rows == 0 || cd.chunks == 0 {
+                return;
+            }
+            let nb = cd.k / QK8_0;
+            // SAFETY: the token's chunks are `chunks` contiguous runs of `a_bytes` bytes (the
+            // kernel's contract), `nb` Q8_0 blocks each.
+            let acts = unsafe { std::slice::from_raw_parts(cd.a, cd.chunks * cd.a_bytes) };
+            let blocks: &[BlockQ8_0] = bytemuck::cast_slice(acts);
+            let per_chunk = nb.div_ceil(8);
+            let pre: Vec<$crate::x86::blocks32::YGroup> = blocks
+                .chunks_exact(nb)
+                .flat_map(|a| $crate::x86::blocks32::y_groups(a, true))
+                .collect();
+            for r0 in (0..rows).step_by(4) {
+                for c in 0..cd.chunks {
+                    let w: [&[u8]; 4] = std::array::from_fn(|i| {
+                        let r = (r0 + i).min(rows - 1);
+                        // SAFETY: chunk c of row r < rows is readable (the contract).
+                        unsafe {
+                            std::slice::from_raw_parts(
+                                cd.w.add(r * w_stride + c * cd.w_bytes),
+                                cd.w_bytes,
+                            )
+                        }
+                    });
+                    let a = &acts[c * cd.a_bytes..(c + 1) * cd.a_bytes];
+                    let pre = &pre[c * per_chunk..(c + 1) * per_chunk];
+                    let v = $($dots)::+::<4>(cd.k, w, a, Some(pre));
+                    for (i, &x) in v.iter().enumerate().take(rows - r0) {
+                        // SAFETY: output (r0 + i, c) is one of the `rows · chunks` writable
+                        // values, aliasing no input.
+                        unsafe { *cd.out.add((r0 + i) * cd.chunks + c) = x };
+                    }
+                }
+            }
+        }
+    )+};
+}
+pub(crate) use chunk_rows_kernels;
+
 /// A panel of fewer tokens than a level's `tokens_panel` packs: the single-row dot per (row,
 /// token) from `(dots, dots4)` (one row, four rows at a time: [`one_and_four_rows`]), four rows
 /// at a time where [`four_rows_at_a_time`] says that pays; `B` is the weight block, `min`

@@ -51,6 +51,16 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
     })
 }
 
+/// The AVX2 chunk-rows kernel for `dtype`, if there is one (Q4_1, Q5_1).
+pub fn chunk_rows(dtype: GgmlType) -> Option<crate::panel::ChunkRowsFn> {
+    use GgmlType as T;
+    Some(match dtype {
+        T::Q4_1 => panels::chunk_rows_q4_1,
+        T::Q5_1 => panels::chunk_rows_q5_1,
+        _ => return None,
+    })
+}
+
 /// The AVX2 chunk-dots kernel for `dtype`, if there is one (the K-quants and the 32-element
 /// formats; others run a loop of [`dot`]).
 pub fn chunk_dots(dtype: GgmlType) -> Option<ChunkDotsFn> {

@@ -22,8 +22,8 @@ use bytemuck::Pod;
 use super::legacy;
 use crate::panel::Panel;
 use crate::x86::blocks32::{
-    TokenBlock, YGroup, chunk_dots_kernels, dwords, few_tokens, one_and_four_rows, pack_tokens,
-    put_groups8, store_tokens, take_groups8,
+    TokenBlock, YGroup, chunk_dots_kernels, chunk_rows_kernels, dwords, few_tokens,
+    one_and_four_rows, pack_tokens, put_groups8, store_tokens, take_groups8,
 };
 use crate::x86::kq256::Q6K_SCALE;
 use crate::x86::simd256::{bcast_f16, hsums, lanes, load128_of, load256, load256_of};
@@ -394,4 +394,9 @@ chunk_dots_kernels!("avx2,fma,f16c";
     chunks_q5_1 = legacy::dots_q5_1,
     chunks_q8_0 = legacy::dots_q8_0,
     chunks_iq4_nl = legacy::dots_iq4_nl,
+);
+
+chunk_rows_kernels!("avx2,fma,f16c";
+    chunk_rows_q4_1 = legacy::dots_q4_1,
+    chunk_rows_q5_1 = legacy::dots_q5_1,
 );

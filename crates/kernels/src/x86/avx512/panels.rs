@@ -35,8 +35,8 @@ use bytemuck::Pod;
 use super::legacy;
 use crate::panel::Panel;
 use crate::x86::blocks32::{
-    TokenBlock, YGroup, chunk_dots_kernels, dwords, few_tokens, one_and_four_rows, pack_tokens,
-    put_groups16, store_tokens, take_groups16,
+    TokenBlock, YGroup, chunk_dots_kernels, chunk_rows_kernels, dwords, few_tokens,
+    one_and_four_rows, pack_tokens, put_groups16, store_tokens, take_groups16,
 };
 use crate::x86::kq256::{K4_MINS, q4k_float_step};
 use crate::x86::scales::unpack_k4;
@@ -601,4 +601,9 @@ chunk_dots_kernels!("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c
     chunks_q5_1 = legacy::dots_q5_1,
     chunks_q8_0 = legacy::dots_q8_0,
     chunks_iq4_nl = legacy::dots_iq4_nl,
+);
+
+chunk_rows_kernels!("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
+    chunk_rows_q4_1 = legacy::dots_q4_1,
+    chunk_rows_q5_1 = legacy::dots_q5_1,
 );
