@@ -47,6 +47,10 @@ pub(crate) struct YGroup {
     pub sydy: __m256,
 }
 
+/// The [`YGroup`]s a dot is handed when its caller computed them once for many rows, or
+/// `None` for it to compute them.
+pub(crate) type Pre<'a> = Option<&'a [YGroup]>;
+
 /// [`YGroup`]s of the Q8_0 row `a`, with `(Σy)·dy` where `min`: the values [`reference_sums`]
 /// computes per group, the same bits (Σy is an exact integer however it is summed, and the
 /// float steps are the same single operations).

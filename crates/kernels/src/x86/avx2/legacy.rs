@@ -17,7 +17,7 @@ use gguf::GgmlType;
 use super::mul_sum_i8_pairs;
 use crate::blocks::*;
 use crate::formats::iq_grids::KVALUES_IQ4NL;
-use crate::x86::blocks32::{YGroup, reference_sums};
+use crate::x86::blocks32::{Pre, reference_sums};
 use crate::x86::dot_wrapper;
 use crate::x86::simd256::{load128_of, load256_of};
 
@@ -109,15 +109,10 @@ pub(super) fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-/// `R` rows' [`dot_q4_0_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
-/// for many rows).
+/// `R` rows' [`dot_q4_0_impl`] with one activation row (`pre`: its
+/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_q4_0<const R: usize>(
-    n: usize,
-    w: [&[u8]; R],
-    a: &[u8],
-    pre: Option<&[YGroup]>,
-) -> [f32; R] {
+pub(super) fn dots_q4_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k8 = _mm256_set1_epi8(8);
     let ones = _mm256_set1_epi16(1);
@@ -136,15 +131,10 @@ pub(super) fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-/// `R` rows' [`dot_q4_1_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
-/// for many rows).
+/// `R` rows' [`dot_q4_1_impl`] with one activation row (`pre`: its
+/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_q4_1<const R: usize>(
-    n: usize,
-    w: [&[u8]; R],
-    a: &[u8],
-    pre: Option<&[YGroup]>,
-) -> [f32; R] {
+pub(super) fn dots_q4_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     let ones = _mm256_set1_epi16(1);
@@ -163,15 +153,10 @@ pub(super) fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-/// `R` rows' [`dot_q5_0_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
-/// for many rows).
+/// `R` rows' [`dot_q5_0_impl`] with one activation row (`pre`: its
+/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_q5_0<const R: usize>(
-    n: usize,
-    w: [&[u8]; R],
-    a: &[u8],
-    pre: Option<&[YGroup]>,
-) -> [f32; R] {
+pub(super) fn dots_q5_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let fifth = FifthBits::new();
@@ -193,15 +178,10 @@ pub(super) fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-/// `R` rows' [`dot_q5_1_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
-/// for many rows).
+/// `R` rows' [`dot_q5_1_impl`] with one activation row (`pre`: its
+/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_q5_1<const R: usize>(
-    n: usize,
-    w: [&[u8]; R],
-    a: &[u8],
-    pre: Option<&[YGroup]>,
-) -> [f32; R] {
+pub(super) fn dots_q5_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     let ones = _mm256_set1_epi16(1);
@@ -223,15 +203,10 @@ pub(super) fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-/// `R` rows' [`dot_q8_0_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
-/// for many rows).
+/// `R` rows' [`dot_q8_0_impl`] with one activation row (`pre`: its
+/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_q8_0<const R: usize>(
-    n: usize,
-    w: [&[u8]; R],
-    a: &[u8],
-    pre: Option<&[YGroup]>,
-) -> [f32; R] {
+pub(super) fn dots_q8_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
     let ones = _mm256_set1_epi16(1);
     let (w, a) = blocks::<BlockQ8_0, R>(n, w, a);
     reference_sums!(R, w, a, pre, min: false,
@@ -250,15 +225,10 @@ pub(super) fn dot_iq4_nl_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-/// `R` rows' [`dot_iq4_nl_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
-/// for many rows).
+/// `R` rows' [`dot_iq4_nl_impl`] with one activation row (`pre`: its
+/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_iq4_nl<const R: usize>(
-    n: usize,
-    w: [&[u8]; R],
-    a: &[u8],
-    pre: Option<&[YGroup]>,
-) -> [f32; R] {
+pub(super) fn dots_iq4_nl<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
     let ones = _mm256_set1_epi16(1);
     let m4 = _mm256_set1_epi8(0x0F);
     let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));

@@ -16,7 +16,7 @@ use gguf::GgmlType;
 
 use crate::blocks::*;
 use crate::formats::iq_grids::KVALUES_IQ4NL;
-use crate::x86::blocks32::{YGroup, reference_sums};
+use crate::x86::blocks32::{Pre, reference_sums};
 use crate::x86::dot_wrapper;
 use crate::x86::simd256::{load128_of, load256_of};
 
@@ -63,15 +63,10 @@ pub(super) fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-/// `R` rows' [`dot_q4_0_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
-/// for many rows).
+/// `R` rows' [`dot_q4_0_impl`] with one activation row (`pre`: its
+/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q4_0<const R: usize>(
-    n: usize,
-    w: [&[u8]; R],
-    a: &[u8],
-    pre: Option<&[YGroup]>,
-) -> [f32; R] {
+pub(super) fn dots_q4_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k8 = _mm256_set1_epi8(8);
     let zero = _mm256_setzero_si256();
@@ -96,15 +91,10 @@ pub(super) fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-/// `R` rows' [`dot_q4_1_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
-/// for many rows).
+/// `R` rows' [`dot_q4_1_impl`] with one activation row (`pre`: its
+/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q4_1<const R: usize>(
-    n: usize,
-    w: [&[u8]; R],
-    a: &[u8],
-    pre: Option<&[YGroup]>,
-) -> [f32; R] {
+pub(super) fn dots_q4_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     let zero = _mm256_setzero_si256();
@@ -125,15 +115,10 @@ pub(super) fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-/// `R` rows' [`dot_q5_0_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
-/// for many rows).
+/// `R` rows' [`dot_q5_0_impl`] with one activation row (`pre`: its
+/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q5_0<const R: usize>(
-    n: usize,
-    w: [&[u8]; R],
-    a: &[u8],
-    pre: Option<&[YGroup]>,
-) -> [f32; R] {
+pub(super) fn dots_q5_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k16 = _mm256_set1_epi8(16);
     let (w, a) = blocks::<BlockQ5_0, R>(n, w, a);
@@ -157,15 +142,10 @@ pub(super) fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-/// `R` rows' [`dot_q5_1_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
-/// for many rows).
+/// `R` rows' [`dot_q5_1_impl`] with one activation row (`pre`: its
+/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q5_1<const R: usize>(
-    n: usize,
-    w: [&[u8]; R],
-    a: &[u8],
-    pre: Option<&[YGroup]>,
-) -> [f32; R] {
+pub(super) fn dots_q5_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let k1 = _mm256_set1_epi8(1);
     let k16 = _mm256_set1_epi8(16);
@@ -189,15 +169,10 @@ pub(super) fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-/// `R` rows' [`dot_q8_0_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
-/// for many rows).
+/// `R` rows' [`dot_q8_0_impl`] with one activation row (`pre`: its
+/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q8_0<const R: usize>(
-    n: usize,
-    w: [&[u8]; R],
-    a: &[u8],
-    pre: Option<&[YGroup]>,
-) -> [f32; R] {
+pub(super) fn dots_q8_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
     let (w, a) = blocks::<BlockQ8_0, R>(n, w, a);
     reference_sums!(R, w, a, pre, min: false,
         isum: |x, y| {
@@ -223,15 +198,10 @@ pub(super) fn dot_iq4_nl_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-/// `R` rows' [`dot_iq4_nl_impl`] with one activation row (`pre`: its [`YGroup`]s, when computed once
-/// for many rows).
+/// `R` rows' [`dot_iq4_nl_impl`] with one activation row (`pre`: its
+/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_iq4_nl<const R: usize>(
-    n: usize,
-    w: [&[u8]; R],
-    a: &[u8],
-    pre: Option<&[YGroup]>,
-) -> [f32; R] {
+pub(super) fn dots_iq4_nl<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
     let (w, a) = blocks::<BlockIq4Nl, R>(n, w, a);
