@@ -184,7 +184,12 @@ fn offset_formats_with_zero_weights_give_zero() {
             }
             let a = act_row(ActKind::Q8K, n, |i| if i % 3 == 0 { -127 } else { 127 });
             assert_eq!((format(*t).unwrap().dot_scalar)(n, &w, &a), 0.0);
-            let got = simd_dot(isa, *t).unwrap()(n, &w, &a);
+            // A level without its own dot for this format (AMX has tiles for batches only)
+            // decodes with a lower level's, which that level's pass checks.
+            let Some(dot) = simd_dot(isa, *t) else {
+                continue;
+            };
+            let got = dot(n, &w, &a);
             assert_eq!(got, 0.0, "{isa:?} {t}");
         }
     }

@@ -6,8 +6,9 @@
 //! `m·(Σy·dy)` for Q4_1/Q5_1), in block order, in f32 without fused multiply-adds. So x86 nodes of
 //! either level and ARM nodes (whose kernels equal the reference too) agree bit for bit, and a
 //! panel can run any number of tokens at once with one token per lane: the float steps are
-//! element-wise, so vectorizing them over tokens (panels) or over 8 blocks of one row (the
-//! single-row dot, [`reference_sum`], which then adds the 8 lanes in order) changes nothing.
+//! element-wise, so vectorizing them over tokens (panels), over 8 blocks of one row (the
+//! single-row dot, [`reference_sums`], which then adds the 8 lanes in order) or over 8 rows
+//! (decode's row lanes, [`row_lane_sums`]) changes nothing.
 //!
 //! **Panels** transpose the activations of a group of tokens once ([`pack_tokens`]): for each
 //! block, register g holds the 4 bytes `4g..4g+4` of every token, one token per 32-bit lane. A
@@ -37,45 +38,6 @@ pub(crate) fn f16xn<T>(blocks: &[T], n: usize, field: impl Fn(&T) -> [u8; 2]) ->
     _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
 }
 
-/// The activation side of one group of eight blocks (the row's last one may be partial) in
-/// [`reference_sums`]: the blocks' scales as lanes and, for the formats with a min,
-/// `(Σy as f32)·dy` (else the scales again). It depends on the activation row alone, so a panel
-/// computes it once per token for all its rows ([`y_groups`]) instead of once per row.
-#[derive(Clone, Copy)]
-pub(crate) struct YGroup {
-    pub dy: __m256,
-    pub sydy: __m256,
-}
-
-/// The [`YGroup`]s a dot is handed when its caller computed them once for many rows, or
-/// `None` for it to compute them.
-pub(crate) type Pre<'a> = Option<&'a [YGroup]>;
-
-/// [`YGroup`]s of the Q8_0 row `a`, with `(Σy)·dy` where `min`: the values [`reference_sums`]
-/// computes per group, the same bits (Σy is an exact integer however it is summed, and the
-/// float steps are the same single operations).
-#[target_feature(enable = "avx2,f16c")]
-pub(crate) fn y_groups(a: &[BlockQ8_0], min: bool) -> Vec<YGroup> {
-    use crate::x86::simd256::hsums;
-    let k1 = _mm256_set1_epi8(1);
-    let ones = _mm256_set1_epi16(1);
-    a.chunks(8)
-        .map(|ys| {
-            let dy = f16xn(ys, ys.len(), |b| b.d);
-            let sydy = if min {
-                let mut sv = [_mm256_setzero_si256(); 8];
-                for (v, y) in sv.iter_mut().zip(ys) {
-                    *v = _mm256_madd_epi16(_mm256_maddubs_epi16(k1, load256_of(&y.qs)), ones);
-                }
-                _mm256_mul_ps(_mm256_cvtepi32_ps(hsums(&sv)), dy)
-            } else {
-                dy
-            };
-            YGroup { dy, sydy }
-        })
-        .collect()
-}
-
 /// `R` rows' dots with one activation row, in the reference's order: `$w` is `[&[B]; R]`,
 /// `$a` the `&[BlockQ8_0]` of the same length; `isum: |x, y|` gives lanes whose sum is the
 /// block's exact integer (`Σ w·y`, or `Σ q·y` where `min: true`), `ysum: |y|` lanes whose sum
@@ -88,20 +50,19 @@ pub(crate) fn y_groups(a: &[BlockQ8_0], min: bool) -> Vec<YGroup> {
 /// computed. Expands inside a `#[target_feature]` function with AVX2, FMA and F16C that has
 /// `std::arch::x86_64::*` in scope; evaluates to `[f32; R]`.
 macro_rules! reference_sums {
-    ($r:expr, $w:expr, $a:expr, $pre:expr, min: $min:expr,
+    ($r:expr, $w:expr, $a:expr, min: $min:expr,
      isum: |$x:ident, $y:ident| $isum:expr,
      ysum: |$y2:ident| $ysum:expr,
      d: |$xd:ident| $d:expr,
      m: |$xm:ident| $m:expr $(,)?) => {{
         let w: [&[_]; $r] = $w;
         let a: &[$crate::blocks::BlockQ8_0] = $a;
-        let pre: Option<&[$crate::x86::blocks32::YGroup]> = $pre;
         let mut sum = [0f32; $r];
         let nb = a.len();
         let main = nb - nb % 8;
         let mut j0 = 0;
         while j0 < main {
-            $crate::x86::blocks32::reference_group!($r, w, a, pre, j0, 8, sum, min: $min,
+            $crate::x86::blocks32::reference_group!($r, w, a, j0, 8, sum, min: $min,
                 isum: |$x, $y| $isum, ysum: |$y2| $ysum, d: |$xd| $d, m: |$xm| $m);
             j0 += 8;
         }
@@ -110,7 +71,7 @@ macro_rules! reference_sums {
         // row of a few blocks (latent attention's 128-column per-head rows) spent most of its
         // time in per-block horizontal sums before.
         if main < nb {
-            $crate::x86::blocks32::reference_group!($r, w, a, pre, main, nb - main, sum, min: $min,
+            $crate::x86::blocks32::reference_group!($r, w, a, main, nb - main, sum, min: $min,
                 isum: |$x, $y| $isum, ysum: |$y2| $ysum, d: |$xd| $d, m: |$xm| $m);
         }
         sum
@@ -120,7 +81,7 @@ pub(crate) use reference_sums;
 
 /// One group of `$cnt ≤ 8` blocks from block `$j0` of [`reference_sums`], added to `$sum`.
 macro_rules! reference_group {
-    ($r:expr, $w:ident, $a:ident, $pre:ident, $j0:expr, $cnt:expr, $sum:ident, min: $min:expr,
+    ($r:expr, $w:ident, $a:ident, $j0:expr, $cnt:expr, $sum:ident, min: $min:expr,
      isum: |$x:ident, $y:ident| $isum:expr,
      ysum: |$y2:ident| $ysum:expr,
      d: |$xd:ident| $d:expr,
@@ -129,24 +90,18 @@ macro_rules! reference_group {
         use $crate::x86::simd256::{hsums, lanes};
         let (j0, cnt): (usize, usize) = ($j0, $cnt);
         let ys = &$a[j0..j0 + cnt];
-        let (dy, sydy) = match $pre {
-            Some(pre) => (pre[j0 / 8].dy, pre[j0 / 8].sydy),
-            None => {
-                let dy = f16xn(ys, cnt, |b| b.d);
-                let sydy = if $min {
-                    let mut sv = [_mm256_setzero_si256(); 8];
-                    for j in 0..8 {
-                        if j < cnt {
-                            let $y2 = &ys[j];
-                            sv[j] = $ysum;
-                        }
-                    }
-                    _mm256_mul_ps(_mm256_cvtepi32_ps(hsums(&sv)), dy)
-                } else {
-                    dy
-                };
-                (dy, sydy)
+        let dy = f16xn(ys, cnt, |b| b.d);
+        let sydy = if $min {
+            let mut sv = [_mm256_setzero_si256(); 8];
+            for j in 0..8 {
+                if j < cnt {
+                    let $y2 = &ys[j];
+                    sv[j] = $ysum;
+                }
             }
+            _mm256_mul_ps(_mm256_cvtepi32_ps(hsums(&sv)), dy)
+        } else {
+            dy
         };
         let mut t = [[0f32; 8]; $r];
         for r in 0..$r {
@@ -173,6 +128,97 @@ macro_rules! reference_group {
     }};
 }
 pub(crate) use reference_group;
+
+/// Eight rows' dots with one activation row, one row per f32 lane: `$w` is `[&[B]; 8]`, `$a`
+/// the `&[BlockQ8_0]` (rows at least as long); `isum`, `ysum`, `d` and `m` as for
+/// [`reference_sums`]. Per block, the eight rows' exact integers come out of one `hsums` and
+/// the reference's float steps (`isum·(dx·dy)`, plus `m·(Σy·dy)` where `min`) run for the eight
+/// rows at once, each added to its row's lane in block order: the reference's bits, as in
+/// [`reference_sums`], but with nothing per group (no partial last group, no lanes added one by
+/// one) and the activation side computed once per block for eight rows. Evaluates to
+/// `[f32; 8]`; expands where [`reference_sums`] does.
+macro_rules! row_lane_sums {
+    ($w:expr, $a:expr, min: $min:expr,
+     isum: |$x:ident, $y:ident| $isum:expr,
+     ysum: |$y2:ident| $ysum:expr,
+     d: |$xd:ident| $d:expr,
+     m: |$xm:ident| $m:expr $(,)?) => {{
+        use $crate::x86::simd256::{f16_scalar, hsum_epi32, hsums, lanes};
+        let w: [&[_]; 8] = $w;
+        let a: &[$crate::blocks::BlockQ8_0] = $a;
+        let nb = a.len();
+        let w: [&[_]; 8] = w.map(|r| &r[..nb]);
+        // Eight rows' f16 field of block j as f32 lanes.
+        macro_rules! field8 {
+            ($j:expr, |$f:ident| $e:expr) => {{
+                let h: [i16; 8] = std::array::from_fn(|r| {
+                    let $f = &w[r][$j];
+                    i16::from_le_bytes($e)
+                });
+                _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]))
+            }};
+        }
+        let mut sum = _mm256_setzero_ps();
+        for j in 0..nb {
+            let dy_s = f16_scalar(&a[j].d);
+            let dy = _mm256_set1_ps(dy_s);
+            let mut iv = [_mm256_setzero_si256(); 8];
+            for r in 0..8 {
+                let ($x, $y) = (&w[r][j], &a[j]);
+                iv[r] = $isum;
+            }
+            let dxdy = _mm256_mul_ps(field8!(j, |$xd| $d), dy);
+            let mut v = _mm256_mul_ps(_mm256_cvtepi32_ps(hsums(&iv)), dxdy);
+            if $min {
+                let sy = {
+                    let $y2 = &a[j];
+                    hsum_epi32($ysum)
+                };
+                let sydy = _mm256_set1_ps(sy as f32 * dy_s);
+                v = _mm256_add_ps(v, _mm256_mul_ps(field8!(j, |$xm| $m), sydy));
+            }
+            sum = _mm256_add_ps(sum, v);
+        }
+        lanes::<8>(sum)
+    }};
+}
+pub(crate) use row_lane_sums;
+
+/// A format's dots from one description of its block arithmetic, compiled for `$features`
+/// (a level's `legacy` module, which has the `blocks` helper): `$dots::<R>` (`R` rows in the
+/// reference's groups of eight blocks, [`reference_sums`]) and `$dots8` (eight rows, one per
+/// lane, [`row_lane_sums`]: the panels and chunked sums below four tokens), with the same bits.
+macro_rules! dots_fns {
+    ($features:literal; $(#[$doc:meta])* $dots:ident, $dots8:ident, $block:ty, min: $min:literal,
+     setup: { $($setup:tt)* },
+     isum: |$x:ident, $y:ident| $isum:expr,
+     ysum: |$y2:ident| $ysum:expr,
+     d: |$xd:ident| $d:expr,
+     m: |$xm:ident| $m:expr $(,)?) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        pub(super) fn $dots<const R: usize>(
+            n: usize,
+            w: [&[u8]; R],
+            a: &[u8],
+        ) -> [f32; R] {
+            $($setup)*
+            let (w, a) = blocks::<$block, R>(n, w, a);
+            $crate::x86::blocks32::reference_sums!(R, w, a, min: $min,
+                isum: |$x, $y| $isum, ysum: |$y2| $ysum, d: |$xd| $d, m: |$xm| $m)
+        }
+
+        /// Eight rows' dots with one activation row, a row per lane (the same bits).
+        #[target_feature(enable = $features)]
+        pub(super) fn $dots8(n: usize, w: [&[u8]; 8], a: &[u8]) -> [f32; 8] {
+            $($setup)*
+            let (w, a) = blocks::<$block, 8>(n, w, a);
+            $crate::x86::blocks32::row_lane_sums!(w, a, min: $min,
+                isum: |$x, $y| $isum, ysum: |$y2| $ysum, d: |$xd| $d, m: |$xm| $m)
+        }
+    };
+}
+pub(crate) use dots_fns;
 
 /// One block of a group of `G` tokens' activations (Q8_0), one token per 32-bit lane: what the
 /// panels' inner loop reads, 64-byte aligned.
@@ -347,96 +393,28 @@ pub(crate) fn put_groups16(v: Vec<TokenBlock<16>>) {
     GROUPS16.set(v);
 }
 
-/// Below a panel's token minimum, whether a row of `nb` blocks runs four rows at a time
-/// (`min`: the format has a min, Q4_1/Q5_1). The single-row dot's serial per-block sum leaves a
-/// short row mostly latency, and four consecutive short rows are still one contiguous stream
-/// (latent attention's 128-column per-head rows: 1.2-1.5x). Longer rows streamed from memory
-/// ran 4-24 % slower four at a time (the interleaved streams of `crate::x86::tiles`), except
-/// for the min formats, whose heavier per-block float steps made four rows 1.2-1.4x faster up
-/// to 2048 columns from L2 or memory and no slower beyond (2-core Zen 3, `kernel_bench --only
-/// gemm --tokens 1`).
-fn four_rows_at_a_time(nb: usize, min: bool) -> bool {
-    nb <= if min { 64 } else { 4 }
-}
-
-/// A level's single-row dot of a 32-element format (`legacy::dots_*`) for one row and for four
-/// rows at a time, as the `tokens_panel` of each level takes them.
-macro_rules! one_and_four_rows {
-    ($($dots:ident)::+) => {
-        (
-            |n, w: [&[u8]; 1], a: &[u8], pre: Option<&[$crate::x86::blocks32::YGroup]>| {
-                $($dots)::+::<1>(n, w, a, pre)
-            },
-            |n, w: [&[u8]; 4], a: &[u8], pre: Option<&[$crate::x86::blocks32::YGroup]>| {
-                $($dots)::+::<4>(n, w, a, pre)
-            },
-        )
-    };
-}
-pub(crate) use one_and_four_rows;
-
-/// A level's chunk-dots kernels for 32-element formats (see [`crate::panel::ChunkDots`]), each
-/// `$name = $dots` with `$dots` the format's single-row dot (`legacy::dots_*`, for one row)
-/// inlined, so a row's chunks cost no call each, and their sums, independent of each other,
-/// overlap in the core. Decode's
-/// exact chunked sums (attention output and FFN down projections) called the dot once per
-/// chunk and ran 1.3-1.7x slower than a plain product of the same matrix.
-macro_rules! chunk_dots_kernels {
-    ($features:literal; $($name:ident = $($dots:ident)::+),+ $(,)?) => {$(
-        /// The chunk-dots kernel of this format (the dot's bits per chunk).
-        ///
-        /// # Safety
-        /// As for [`crate::panel::ChunkDotsFn`].
-        #[target_feature(enable = $features)]
-        pub unsafe fn $name(cd: &$crate::panel::ChunkDots) {
-            for c in 0..cd.chunks {
-                // SAFETY: chunk c of the row and of the activations is readable (`w_bytes` and
-                // `a_bytes` bytes from the c-th offset, the kernel's contract) and not written
-                // while it runs.
-                let (w, a) = unsafe {
-                    (
-                        std::slice::from_raw_parts(cd.w.add(c * cd.w_bytes), cd.w_bytes),
-                        std::slice::from_raw_parts(cd.a.add(c * cd.a_bytes), cd.a_bytes),
-                    )
-                };
-                let [v] = $($dots)::+::<1>(cd.k, [w], a, None);
-                // SAFETY: output c < chunks is writable and aliases neither input.
-                unsafe { *cd.out.add(c) = v };
-            }
-        }
-    )+};
-}
-pub(crate) use chunk_dots_kernels;
-
-/// A level's chunk-rows kernels (see [`crate::panel::ChunkRowsFn`]) for the 32-element formats
-/// with a min, each `$name = $dots` with `$dots` the format's dot (`legacy::dots_*`): four rows
-/// at a time per chunk, with every chunk's [`YGroup`]s computed once for all rows, as the
-/// panels do below four tokens (the min formats gain from both, see [`four_rows_at_a_time`]).
-macro_rules! chunk_rows_kernels {
-    ($features:literal; $($name:ident = $($dots:ident)::+),+ $(,)?) => {$(
+/// A level's chunk-rows kernels (see [`crate::panel::ChunkRowsFn`]) with eight rows a row per
+/// lane, each `$name = $dots8` with `$dots8` the format's eight-row dot (`legacy::dots8_*`, from
+/// [`row_lane_sums`]): a task's rows eight at a time, chunk by chunk.
+macro_rules! chunk_row_lanes_kernels {
+    ($features:literal; $($name:ident = $($dots8:ident)::+),+ $(,)?) => {$(
         /// The chunk-rows kernel of this format (the dot's bits per chunk and row).
         ///
         /// # Safety
         /// As for [`crate::panel::ChunkRowsFn`].
         #[target_feature(enable = $features)]
         pub unsafe fn $name(cd: &$crate::panel::ChunkDots, rows: usize, w_stride: usize) {
-            use $crate::blocks::{BlockQ8_0, QK8_0};
             if rows == 0 || cd.chunks == 0 {
                 return;
             }
-            let nb = cd.k / QK8_0;
             // SAFETY: the token's chunks are `chunks` contiguous runs of `a_bytes` bytes (the
-            // kernel's contract), `nb` Q8_0 blocks each.
+            // kernel's contract).
             let acts = unsafe { std::slice::from_raw_parts(cd.a, cd.chunks * cd.a_bytes) };
-            let blocks: &[BlockQ8_0] = bytemuck::cast_slice(acts);
-            let per_chunk = nb.div_ceil(8);
-            let pre: Vec<$crate::x86::blocks32::YGroup> = blocks
-                .chunks_exact(nb)
-                .flat_map(|a| $crate::x86::blocks32::y_groups(a, true))
-                .collect();
-            for r0 in (0..rows).step_by(4) {
+            let ahead = $crate::prefetch::stream_prefetch();
+            for r0 in (0..rows).step_by(8) {
+                $crate::x86::blocks32::next_group_ahead(cd.w, r0, rows, w_stride, ahead);
                 for c in 0..cd.chunks {
-                    let w: [&[u8]; 4] = std::array::from_fn(|i| {
+                    let w: [&[u8]; 8] = std::array::from_fn(|i| {
                         let r = (r0 + i).min(rows - 1);
                         // SAFETY: chunk c of row r < rows is readable (the contract).
                         unsafe {
@@ -447,8 +425,7 @@ macro_rules! chunk_rows_kernels {
                         }
                     });
                     let a = &acts[c * cd.a_bytes..(c + 1) * cd.a_bytes];
-                    let pre = &pre[c * per_chunk..(c + 1) * per_chunk];
-                    let v = $($dots)::+::<4>(cd.k, w, a, Some(pre));
+                    let v = $($dots8)::+(cd.k, w, a);
                     for (i, &x) in v.iter().enumerate().take(rows - r0) {
                         // SAFETY: output (r0 + i, c) is one of the `rows · chunks` writable
                         // values, aliasing no input.
@@ -459,70 +436,58 @@ macro_rules! chunk_rows_kernels {
         }
     )+};
 }
-pub(crate) use chunk_rows_kernels;
+pub(crate) use chunk_row_lanes_kernels;
 
-/// A panel of fewer tokens than a level's `tokens_panel` packs: the single-row dot per (row,
-/// token) from `(dots, dots4)` (one row, four rows at a time: [`one_and_four_rows`]), four rows
-/// at a time where [`four_rows_at_a_time`] says that pays; `B` is the weight block, `min`
-/// whether the format has a min.
+/// Before eight rows a row per lane run, asks for the next eight rows' bytes (`rows` rows
+/// `stride` bytes apart from `base`) where this machine prefetches decode streams of this
+/// size (`ahead`, `crate::prefetch`) and they are at most 16 KiB. Their lanes read eight rows at once, so
+/// the rows-ahead ranges of the single-row loops do not fit: in SmolLM2-135M's decode (cold
+/// weights, 2 threads, Xeon) this took tg64 from 76-93 to 99-121 t/s in four alternating
+/// rounds, where no prefetch gave 82-106 and rows-ahead 90-122. Longer groups stream well
+/// without it (Q8_0 8192x8192, one thread: 2.4 ms; 4.3 ms with rows-ahead).
+#[inline(always)]
+pub(crate) fn next_group_ahead(
+    base: *const u8,
+    r0: usize,
+    rows: usize,
+    stride: usize,
+    ahead: crate::prefetch::StreamPrefetch,
+) {
+    const MAX_GROUP: usize = 16 * 1024;
+    if ahead.distance == 0 || 8 * stride > MAX_GROUP || rows * stride > ahead.max_block {
+        return;
+    }
+    let (from, to) = ((r0 + 8).min(rows) * stride, (r0 + 16).min(rows) * stride);
+    crate::prefetch::prefetch(base.wrapping_add(from), to - from);
+}
+
+/// A panel of fewer tokens than a level's `tokens_panel` packs, eight rows at a time with a row
+/// per lane (`dots8`: the format's `legacy::dots8_*`); the last rows repeat the panel's last
+/// row to fill a call, and only the panel's outputs are written. Each row stays one stream, and
+/// the eight streams advance together; [`next_group_ahead`] asks for the next eight rows.
 ///
 /// # Safety
 /// As for [`crate::panel::PanelFn`], for a 32-element format with blocks `B`.
 #[inline(always)]
-pub(crate) unsafe fn few_tokens<B>(
+pub(crate) unsafe fn few_tokens_row_lanes<B>(
     p: &Panel,
-    min: bool,
-    (dots, dots4): (
-        impl Fn(usize, [&[u8]; 1], &[u8], Option<&[YGroup]>) -> [f32; 1],
-        impl Fn(usize, [&[u8]; 4], &[u8], Option<&[YGroup]>) -> [f32; 4],
-    ),
+    dots8: impl Fn(usize, [&[u8]; 8], &[u8]) -> [f32; 8],
 ) {
     let nb = p.k / crate::blocks::QK8_0;
     let (w_bytes, a_bytes) = (nb * size_of::<B>(), nb * size_of::<BlockQ8_0>());
-    // SAFETY: the panel's contract (ours).
-    unsafe {
-        if four_rows_at_a_time(nb, min) {
-            row_dots(p, w_bytes, a_bytes, min, dots4)
-        } else {
-            row_dots(p, w_bytes, a_bytes, min, dots)
-        }
-    }
-}
-
-/// The panel's values from `dots` (`R` rows' dots with one token, e.g. a level's `dots_q4_0`)
-/// for every token, `R` rows at a time, with each token's [`YGroup`]s computed once where the
-/// format has a min (`min`); the last rows repeat the panel's last row to fill a call, and only the
-/// panel's outputs are written.
-///
-/// # Safety
-/// The panel's rows (`w_bytes` each), tokens (`a_bytes` each) and outputs are in bounds, as
-/// for [`crate::panel::PanelFn`].
-#[inline(always)]
-pub(crate) unsafe fn row_dots<const R: usize>(
-    p: &Panel,
-    w_bytes: usize,
-    a_bytes: usize,
-    min: bool,
-    dots: impl Fn(usize, [&[u8]; R], &[u8], Option<&[YGroup]>) -> [f32; R],
-) {
-    // Decode streams each row once: ask for the bytes ahead (`crate::prefetch`).
     let ahead = crate::prefetch::decode_prefetch(p.n);
     for t in 0..p.n {
-        // SAFETY: token t < n has `a_bytes` readable bytes (the contract above), not written
+        // SAFETY: token t < n has `a_bytes` readable bytes (the panel's contract), not written
         // while the panel runs.
         let a = unsafe { std::slice::from_raw_parts(p.a.add(t * p.a_stride), a_bytes) };
-        // Only the min formats gain from it (their Σy per block: Q4_1 2048×576 at one token
-        // 94.8 → 85.6 µs); for the others it saved 1-3 % and cost as much on short panels.
-        // SAFETY: the panels that call this run with AVX2 and F16C (their contract).
-        let pre = min.then(|| unsafe { y_groups(bytemuck::cast_slice(a), true) });
-        for r0 in (0..p.rows).step_by(R) {
-            crate::prefetch::panel_rows_ahead(p, r0, R, ahead);
-            let w: [&[u8]; R] = std::array::from_fn(|i| {
+        for r0 in (0..p.rows).step_by(8) {
+            next_group_ahead(p.w, r0, p.rows, p.w_stride, ahead);
+            let w: [&[u8]; 8] = std::array::from_fn(|i| {
                 let r = (r0 + i).min(p.rows - 1);
                 // SAFETY: row r < rows has `w_bytes` readable bytes, likewise.
                 unsafe { std::slice::from_raw_parts(p.w.add(r * p.w_stride), w_bytes) }
             });
-            let v = dots(p.k, w, a, pre.as_deref());
+            let v = dots8(p.k, w, a);
             for (i, &x) in v.iter().enumerate().take(p.rows - r0) {
                 // SAFETY: output (t, r0 + i) lies inside the panel, writable and unaliased.
                 unsafe { *p.out.add(t * p.out_stride + r0 + i) = x };

@@ -17,7 +17,7 @@ use gguf::GgmlType;
 use super::mul_sum_i8_pairs;
 use crate::blocks::*;
 use crate::formats::iq_grids::KVALUES_IQ4NL;
-use crate::x86::blocks32::{Pre, reference_sums};
+use crate::x86::blocks32::dots_fns;
 use crate::x86::dot_wrapper;
 use crate::x86::simd256::{load128_of, load256_of};
 
@@ -105,141 +105,133 @@ fn unsigned_dot(q: __m256i, y: __m256i, ones: __m256i) -> __m256i {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q4_0::<1>(n, [w], a, None);
+    let [s] = dots_q4_0::<1>(n, [w], a);
     s
 }
 
-/// `R` rows' [`dot_q4_0_impl`] with one activation row (`pre`: its
-/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_q4_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let k8 = _mm256_set1_epi8(8);
-    let ones = _mm256_set1_epi16(1);
-    let (w, a) = blocks::<BlockQ4_0, R>(n, w, a);
-    reference_sums!(R, w, a, pre, min: false,
-        isum: |x, y| offset_dot(nibbles(&x.qs, m4), load256_of(&y.qs), k8, ones),
-        ysum: |_y| _mm256_setzero_si256(),
-        d: |x| x.d,
-        m: |x| x.d,
-    )
-}
+dots_fns!(
+    "avx2,fma,f16c";
+    /// `R` rows' [`dot_q4_0_impl`] with one activation row.
+    dots_q4_0, dots8_q4_0, BlockQ4_0, min: false,
+    setup: {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let k8 = _mm256_set1_epi8(8);
+        let ones = _mm256_set1_epi16(1);
+    },
+    isum: |x, y| offset_dot(nibbles(&x.qs, m4), load256_of(&y.qs), k8, ones),
+    ysum: |_y| _mm256_setzero_si256(),
+    d: |x| x.d,
+    m: |x| x.d,
+);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q4_1::<1>(n, [w], a, None);
+    let [s] = dots_q4_1::<1>(n, [w], a);
     s
 }
 
-/// `R` rows' [`dot_q4_1_impl`] with one activation row (`pre`: its
-/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_q4_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let k1 = _mm256_set1_epi8(1);
-    let ones = _mm256_set1_epi16(1);
-    let (w, a) = blocks::<BlockQ4_1, R>(n, w, a);
-    reference_sums!(R, w, a, pre, min: true,
-        isum: |x, y| unsigned_dot(nibbles(&x.qs, m4), load256_of(&y.qs), ones),
-        ysum: |y| unsigned_dot(k1, load256_of(&y.qs), ones),
-        d: |x| x.d,
-        m: |x| x.m,
-    )
-}
+dots_fns!(
+    "avx2,fma,f16c";
+    /// `R` rows' [`dot_q4_1_impl`] with one activation row.
+    dots_q4_1, dots8_q4_1, BlockQ4_1, min: true,
+    setup: {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let k1 = _mm256_set1_epi8(1);
+        let ones = _mm256_set1_epi16(1);
+    },
+    isum: |x, y| unsigned_dot(nibbles(&x.qs, m4), load256_of(&y.qs), ones),
+    ysum: |y| unsigned_dot(k1, load256_of(&y.qs), ones),
+    d: |x| x.d,
+    m: |x| x.m,
+);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q5_0::<1>(n, [w], a, None);
+    let [s] = dots_q5_0::<1>(n, [w], a);
     s
 }
 
-/// `R` rows' [`dot_q5_0_impl`] with one activation row (`pre`: its
-/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_q5_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    let fifth = FifthBits::new();
-    let (w, a) = blocks::<BlockQ5_0, R>(n, w, a);
-    reference_sums!(R, w, a, pre, min: false,
-        isum: |x, y| {
+dots_fns!(
+    "avx2,fma,f16c";
+    /// `R` rows' [`dot_q5_0_impl`] with one activation row.
+    dots_q5_0, dots8_q5_0, BlockQ5_0, min: false,
+    setup: {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let fifth = FifthBits::new();
+    },
+    isum: |x, y| {
         let q = fifth.quants(&x.qh, &x.qs, m4);
         offset_dot(q, load256_of(&y.qs), fifth.k16, ones)
     },
-        ysum: |_y| _mm256_setzero_si256(),
-        d: |x| x.d,
-        m: |x| x.d,
-    )
-}
+    ysum: |_y| _mm256_setzero_si256(),
+    d: |x| x.d,
+    m: |x| x.d,
+);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q5_1::<1>(n, [w], a, None);
+    let [s] = dots_q5_1::<1>(n, [w], a);
     s
 }
 
-/// `R` rows' [`dot_q5_1_impl`] with one activation row (`pre`: its
-/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_q5_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let k1 = _mm256_set1_epi8(1);
-    let ones = _mm256_set1_epi16(1);
-    let fifth = FifthBits::new();
-    let (w, a) = blocks::<BlockQ5_1, R>(n, w, a);
-    reference_sums!(R, w, a, pre, min: true,
-        isum: |x, y| {
-        unsigned_dot(fifth.quants(&x.qh, &x.qs, m4), load256_of(&y.qs), ones)
+dots_fns!(
+    "avx2,fma,f16c";
+    /// `R` rows' [`dot_q5_1_impl`] with one activation row.
+    dots_q5_1, dots8_q5_1, BlockQ5_1, min: true,
+    setup: {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let k1 = _mm256_set1_epi8(1);
+        let ones = _mm256_set1_epi16(1);
+        let fifth = FifthBits::new();
     },
-        ysum: |y| unsigned_dot(k1, load256_of(&y.qs), ones),
-        d: |x| x.d,
-        m: |x| x.m,
-    )
-}
+    isum: |x, y| unsigned_dot(fifth.quants(&x.qh, &x.qs, m4), load256_of(&y.qs), ones),
+    ysum: |y| unsigned_dot(k1, load256_of(&y.qs), ones),
+    d: |x| x.d,
+    m: |x| x.m,
+);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q8_0::<1>(n, [w], a, None);
+    let [s] = dots_q8_0::<1>(n, [w], a);
     s
 }
 
-/// `R` rows' [`dot_q8_0_impl`] with one activation row (`pre`: its
-/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_q8_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
-    let ones = _mm256_set1_epi16(1);
-    let (w, a) = blocks::<BlockQ8_0, R>(n, w, a);
-    reference_sums!(R, w, a, pre, min: false,
-        isum: |x, y| mul_sum_i8_pairs(load256_of(&x.qs), load256_of(&y.qs), ones),
-        ysum: |_y| _mm256_setzero_si256(),
-        d: |x| x.d,
-        m: |x| x.d,
-    )
-}
+dots_fns!(
+    "avx2,fma,f16c";
+    /// `R` rows' [`dot_q8_0_impl`] with one activation row.
+    dots_q8_0, dots8_q8_0, BlockQ8_0, min: false,
+    setup: {
+        let ones = _mm256_set1_epi16(1);
+    },
+    isum: |x, y| mul_sum_i8_pairs(load256_of(&x.qs), load256_of(&y.qs), ones),
+    ysum: |_y| _mm256_setzero_si256(),
+    d: |x| x.d,
+    m: |x| x.d,
+);
 
 /// IQ4_NL: Q4_0's nibbles mapped through the 16 levels with one `vpshufb`, then Q8_0's signed
 /// product (levels reach -127, whose magnitude still fits the unsigned operand).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_iq4_nl_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_iq4_nl::<1>(n, [w], a, None);
+    let [s] = dots_iq4_nl::<1>(n, [w], a);
     s
 }
 
-/// `R` rows' [`dot_iq4_nl_impl`] with one activation row (`pre`: its
-/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dots_iq4_nl<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
-    let ones = _mm256_set1_epi16(1);
-    let m4 = _mm256_set1_epi8(0x0F);
-    let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
-    let (w, a) = blocks::<BlockIq4Nl, R>(n, w, a);
-    reference_sums!(R, w, a, pre, min: false,
-        isum: |x, y| {
+dots_fns!(
+    "avx2,fma,f16c";
+    /// `R` rows' [`dot_iq4_nl_impl`] with one activation row.
+    dots_iq4_nl, dots8_iq4_nl, BlockIq4Nl, min: false,
+    setup: {
+        let ones = _mm256_set1_epi16(1);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
+    },
+    isum: |x, y| {
         let v = _mm256_shuffle_epi8(levels, nibbles(&x.qs, m4));
         mul_sum_i8_pairs(v, load256_of(&y.qs), ones)
     },
-        ysum: |_y| _mm256_setzero_si256(),
-        d: |x| x.d,
-        m: |x| x.d,
-    )
-}
+    ysum: |_y| _mm256_setzero_si256(),
+    d: |x| x.d,
+    m: |x| x.d,
+);

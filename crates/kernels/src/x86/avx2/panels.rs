@@ -22,8 +22,8 @@ use bytemuck::Pod;
 use super::legacy;
 use crate::panel::Panel;
 use crate::x86::blocks32::{
-    TokenBlock, YGroup, chunk_dots_kernels, chunk_rows_kernels, dwords, few_tokens,
-    one_and_four_rows, pack_tokens, put_groups8, store_tokens, take_groups8,
+    TokenBlock, chunk_row_lanes_kernels, dwords, few_tokens_row_lanes, pack_tokens, put_groups8,
+    store_tokens, take_groups8,
 };
 use crate::x86::kq256::Q6K_SCALE;
 use crate::x86::simd256::{bcast_f16, hsums, lanes, load128_of, load256, load256_of};
@@ -152,7 +152,8 @@ dot_tile!(
     QK_K
 );
 
-/// Below this many tokens a 32-element panel runs the single-row dot per (row, token).
+/// Below this many tokens a 32-element panel runs eight rows a row per lane per token
+/// ([`few_tokens_row_lanes`]).
 const TOKENS_MIN: usize = 4;
 
 /// How a 32-element format's weight bytes meet `vpmaddubsw`, whose first operand is unsigned.
@@ -181,15 +182,12 @@ unsafe fn tokens_panel<B: Pod, const MIN: bool>(
     values: impl Fn(&B) -> __m256i + Copy,
     d: impl Fn(&B) -> [u8; 2] + Copy,
     m: impl Fn(&B) -> [u8; 2] + Copy,
-    dots: (
-        impl Fn(usize, [&[u8]; 1], &[u8], Option<&[YGroup]>) -> [f32; 1],
-        impl Fn(usize, [&[u8]; 4], &[u8], Option<&[YGroup]>) -> [f32; 4],
-    ),
+    dots8: impl Fn(usize, [&[u8]; 8], &[u8]) -> [f32; 8],
 ) {
     let nb = p.k / QK8_0;
     if p.n < TOKENS_MIN {
         // SAFETY: the panel's contract (above).
-        unsafe { few_tokens::<B>(p, MIN, dots) };
+        unsafe { few_tokens_row_lanes::<B>(p, dots8) };
         return;
     }
     let mut groups = take_groups8();
@@ -282,9 +280,9 @@ unsafe fn tokens_tile<B: Pod, const R: usize, const MIN: bool>(
 pub unsafe fn panel_q4_0(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let values = |x: &BlockQ4_0| legacy::nibbles(&x.qs, m4);
-    let dots = one_and_four_rows!(legacy::dots_q4_0);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q4_0(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 8, values, |x| x.d, |x| x.d, dots) }
+    unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 8, values, |x| x.d, |x| x.d, dots8) }
 }
 
 /// Q4_1 × Q8_0 (see [`tokens_panel`]): nibbles, scale and min.
@@ -295,9 +293,9 @@ pub unsafe fn panel_q4_0(p: &Panel) {
 pub unsafe fn panel_q4_1(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let values = |x: &BlockQ4_1| legacy::nibbles(&x.qs, m4);
-    let dots = one_and_four_rows!(legacy::dots_q4_1);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q4_1(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots) }
+    unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots8) }
 }
 
 /// Q5_0 × Q8_0 (see [`tokens_panel`]): five-bit quants, offset 16.
@@ -309,9 +307,9 @@ pub unsafe fn panel_q5_0(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let fifth = legacy::FifthBits::new();
     let values = |x: &BlockQ5_0| fifth.quants(&x.qh, &x.qs, m4);
-    let dots = one_and_four_rows!(legacy::dots_q5_0);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q5_0(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 16, values, |x| x.d, |x| x.d, dots) }
+    unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 16, values, |x| x.d, |x| x.d, dots8) }
 }
 
 /// Q5_1 × Q8_0 (see [`tokens_panel`]): five-bit quants, scale and min.
@@ -323,9 +321,9 @@ pub unsafe fn panel_q5_1(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let fifth = legacy::FifthBits::new();
     let values = |x: &BlockQ5_1| fifth.quants(&x.qh, &x.qs, m4);
-    let dots = one_and_four_rows!(legacy::dots_q5_1);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q5_1(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots) }
+    unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots8) }
 }
 
 /// Q8_0 × Q8_0 (see [`tokens_panel`]): signed bytes.
@@ -335,9 +333,9 @@ pub unsafe fn panel_q5_1(p: &Panel) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn panel_q8_0(p: &Panel) {
     let values = |x: &BlockQ8_0| load256_of(&x.qs);
-    let dots = one_and_four_rows!(legacy::dots_q8_0);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q8_0(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots) }
+    unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots8) }
 }
 
 /// IQ4_NL × Q8_0 (see [`tokens_panel`]): the nibbles mapped through the 16 levels (signed).
@@ -349,9 +347,9 @@ pub unsafe fn panel_iq4_nl(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
     let values = |x: &BlockIq4Nl| _mm256_shuffle_epi8(levels, legacy::nibbles(&x.qs, m4));
-    let dots = one_and_four_rows!(legacy::dots_iq4_nl);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_iq4_nl(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots) }
+    unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots8) }
 }
 
 q2k_rows!(q2k_tile, "avx2,fma,f16c", madd_acc);
@@ -387,16 +385,11 @@ dot_tile!(
     QK_K
 );
 
-chunk_dots_kernels!("avx2,fma,f16c";
-    chunks_q4_0 = legacy::dots_q4_0,
-    chunks_q4_1 = legacy::dots_q4_1,
-    chunks_q5_0 = legacy::dots_q5_0,
-    chunks_q5_1 = legacy::dots_q5_1,
-    chunks_q8_0 = legacy::dots_q8_0,
-    chunks_iq4_nl = legacy::dots_iq4_nl,
-);
-
-chunk_rows_kernels!("avx2,fma,f16c";
-    chunk_rows_q4_1 = legacy::dots_q4_1,
-    chunk_rows_q5_1 = legacy::dots_q5_1,
+chunk_row_lanes_kernels!("avx2,fma,f16c";
+    chunk_rows_q4_0 = legacy::dots8_q4_0,
+    chunk_rows_q4_1 = legacy::dots8_q4_1,
+    chunk_rows_q5_0 = legacy::dots8_q5_0,
+    chunk_rows_q5_1 = legacy::dots8_q5_1,
+    chunk_rows_q8_0 = legacy::dots8_q8_0,
+    chunk_rows_iq4_nl = legacy::dots8_iq4_nl,
 );

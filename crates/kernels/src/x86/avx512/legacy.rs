@@ -16,7 +16,7 @@ use gguf::GgmlType;
 
 use crate::blocks::*;
 use crate::formats::iq_grids::KVALUES_IQ4NL;
-use crate::x86::blocks32::{Pre, reference_sums};
+use crate::x86::blocks32::dots_fns;
 use crate::x86::dot_wrapper;
 use crate::x86::simd256::{load128_of, load256_of};
 
@@ -59,123 +59,119 @@ fn blocks<'a, B: bytemuck::Pod, const R: usize>(
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q4_0::<1>(n, [w], a, None);
+    let [s] = dots_q4_0::<1>(n, [w], a);
     s
 }
 
-/// `R` rows' [`dot_q4_0_impl`] with one activation row (`pre`: its
-/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q4_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let k8 = _mm256_set1_epi8(8);
-    let zero = _mm256_setzero_si256();
-    let (w, a) = blocks::<BlockQ4_0, R>(n, w, a);
-    reference_sums!(R, w, a, pre, min: false,
-        isum: |x, y| {
+dots_fns!(
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
+    /// `R` rows' [`dot_q4_0_impl`] with one activation row.
+    dots_q4_0, dots8_q4_0, BlockQ4_0, min: false,
+    setup: {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let k8 = _mm256_set1_epi8(8);
+        let zero = _mm256_setzero_si256();
+    },
+    isum: |x, y| {
         let (q, y) = (nibbles(&x.qs, m4), load256_of(&y.qs));
         _mm256_sub_epi32(
             _mm256_dpbusd_epi32(zero, q, y),
             _mm256_dpbusd_epi32(zero, k8, y),
         )
     },
-        ysum: |_y| _mm256_setzero_si256(),
-        d: |x| x.d,
-        m: |x| x.d,
-    )
-}
+    ysum: |_y| _mm256_setzero_si256(),
+    d: |x| x.d,
+    m: |x| x.d,
+);
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q4_1::<1>(n, [w], a, None);
+    let [s] = dots_q4_1::<1>(n, [w], a);
     s
 }
 
-/// `R` rows' [`dot_q4_1_impl`] with one activation row (`pre`: its
-/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q4_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let k1 = _mm256_set1_epi8(1);
-    let zero = _mm256_setzero_si256();
-    let (w, a) = blocks::<BlockQ4_1, R>(n, w, a);
-    reference_sums!(R, w, a, pre, min: true,
-        isum: |x, y| {
+dots_fns!(
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
+    /// `R` rows' [`dot_q4_1_impl`] with one activation row.
+    dots_q4_1, dots8_q4_1, BlockQ4_1, min: true,
+    setup: {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let k1 = _mm256_set1_epi8(1);
+        let zero = _mm256_setzero_si256();
+    },
+    isum: |x, y| {
         _mm256_dpbusd_epi32(zero, nibbles(&x.qs, m4), load256_of(&y.qs))
     },
-        ysum: |y| _mm256_dpbusd_epi32(zero, k1, load256_of(&y.qs)),
-        d: |x| x.d,
-        m: |x| x.m,
-    )
-}
+    ysum: |y| _mm256_dpbusd_epi32(zero, k1, load256_of(&y.qs)),
+    d: |x| x.d,
+    m: |x| x.m,
+);
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q5_0::<1>(n, [w], a, None);
+    let [s] = dots_q5_0::<1>(n, [w], a);
     s
 }
 
-/// `R` rows' [`dot_q5_0_impl`] with one activation row (`pre`: its
-/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q5_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let k16 = _mm256_set1_epi8(16);
-    let (w, a) = blocks::<BlockQ5_0, R>(n, w, a);
-    reference_sums!(R, w, a, pre, min: false,
-        isum: |x, y| {
+dots_fns!(
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
+    /// `R` rows' [`dot_q5_0_impl`] with one activation row.
+    dots_q5_0, dots8_q5_0, BlockQ5_0, min: false,
+    setup: {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let k16 = _mm256_set1_epi8(16);
+    },
+    isum: |x, y| {
         let q = nibbles(&x.qs, m4);
         // A weight is q - 16 where its fifth bit (bit j of qh for element j) is clear:
         // negative, magnitude 16 - q. Where the bit is set it is q.
         let neg = _cvtu32_mask32(!u32::from_le_bytes(x.qh));
         signed_dot(_mm256_mask_sub_epi8(q, neg, k16, q), neg, load256_of(&y.qs))
     },
-        ysum: |_y| _mm256_setzero_si256(),
-        d: |x| x.d,
-        m: |x| x.d,
-    )
-}
+    ysum: |_y| _mm256_setzero_si256(),
+    d: |x| x.d,
+    m: |x| x.d,
+);
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q5_1::<1>(n, [w], a, None);
+    let [s] = dots_q5_1::<1>(n, [w], a);
     s
 }
 
-/// `R` rows' [`dot_q5_1_impl`] with one activation row (`pre`: its
-/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q5_1<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let k1 = _mm256_set1_epi8(1);
-    let k16 = _mm256_set1_epi8(16);
-    let zero = _mm256_setzero_si256();
-    let (w, a) = blocks::<BlockQ5_1, R>(n, w, a);
-    reference_sums!(R, w, a, pre, min: true,
-        isum: |x, y| {
+dots_fns!(
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
+    /// `R` rows' [`dot_q5_1_impl`] with one activation row.
+    dots_q5_1, dots8_q5_1, BlockQ5_1, min: true,
+    setup: {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let k1 = _mm256_set1_epi8(1);
+        let k16 = _mm256_set1_epi8(16);
+        let zero = _mm256_setzero_si256();
+    },
+    isum: |x, y| {
         let q = nibbles(&x.qs, m4);
         let q = _mm256_mask_add_epi8(q, _cvtu32_mask32(u32::from_le_bytes(x.qh)), q, k16);
         _mm256_dpbusd_epi32(zero, q, load256_of(&y.qs))
     },
-        ysum: |y| _mm256_dpbusd_epi32(zero, k1, load256_of(&y.qs)),
-        d: |x| x.d,
-        m: |x| x.m,
-    )
-}
+    ysum: |y| _mm256_dpbusd_epi32(zero, k1, load256_of(&y.qs)),
+    d: |x| x.d,
+    m: |x| x.m,
+);
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q8_0::<1>(n, [w], a, None);
+    let [s] = dots_q8_0::<1>(n, [w], a);
     s
 }
 
-/// `R` rows' [`dot_q8_0_impl`] with one activation row (`pre`: its
-/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q8_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
-    let (w, a) = blocks::<BlockQ8_0, R>(n, w, a);
-    reference_sums!(R, w, a, pre, min: false,
-        isum: |x, y| {
+dots_fns!(
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
+    /// `R` rows' [`dot_q8_0_impl`] with one activation row.
+    dots_q8_0, dots8_q8_0, BlockQ8_0, min: false,
+    setup: {
+    },
+    isum: |x, y| {
         // |x| read as unsigned is exact even for -128.
         let x = load256_of(&x.qs);
         signed_dot(
@@ -184,29 +180,28 @@ pub(super) fn dots_q8_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: 
             load256_of(&y.qs),
         )
     },
-        ysum: |_y| _mm256_setzero_si256(),
-        d: |x| x.d,
-        m: |x| x.d,
-    )
-}
+    ysum: |_y| _mm256_setzero_si256(),
+    d: |x| x.d,
+    m: |x| x.d,
+);
 
 /// IQ4_NL: Q4_0's nibbles mapped through the 16 levels with one `vpshufb`, then Q8_0's signed
 /// product.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_iq4_nl_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_iq4_nl::<1>(n, [w], a, None);
+    let [s] = dots_iq4_nl::<1>(n, [w], a);
     s
 }
 
-/// `R` rows' [`dot_iq4_nl_impl`] with one activation row (`pre`: its
-/// [`YGroup`](crate::x86::blocks32::YGroup)s, when computed once for many rows).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_iq4_nl<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre: Pre) -> [f32; R] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
-    let (w, a) = blocks::<BlockIq4Nl, R>(n, w, a);
-    reference_sums!(R, w, a, pre, min: false,
-        isum: |x, y| {
+dots_fns!(
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
+    /// `R` rows' [`dot_iq4_nl_impl`] with one activation row.
+    dots_iq4_nl, dots8_iq4_nl, BlockIq4Nl, min: false,
+    setup: {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
+    },
+    isum: |x, y| {
         let v = _mm256_shuffle_epi8(levels, nibbles(&x.qs, m4));
         signed_dot(
             _mm256_abs_epi8(v),
@@ -214,8 +209,7 @@ pub(super) fn dots_iq4_nl<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8], pre
             load256_of(&y.qs),
         )
     },
-        ysum: |_y| _mm256_setzero_si256(),
-        d: |x| x.d,
-        m: |x| x.d,
-    )
-}
+    ysum: |_y| _mm256_setzero_si256(),
+    d: |x| x.d,
+    m: |x| x.d,
+);

@@ -69,8 +69,12 @@ pub fn dot(dtype: GgmlType) -> Option<DotFn> {
 pub fn chunk_rows(dtype: GgmlType) -> Option<crate::panel::ChunkRowsFn> {
     use GgmlType as T;
     Some(match dtype {
+        T::Q4_0 => panels::chunk_rows_q4_0,
         T::Q4_1 => panels::chunk_rows_q4_1,
+        T::Q5_0 => panels::chunk_rows_q5_0,
         T::Q5_1 => panels::chunk_rows_q5_1,
+        T::Q8_0 => panels::chunk_rows_q8_0,
+        T::Iq4Nl => panels::chunk_rows_iq4_nl,
         _ => return None,
     })
 }
@@ -85,12 +89,6 @@ pub fn chunk_dots(dtype: GgmlType) -> Option<ChunkDotsFn> {
         T::Q4K => q4k_octets::chunks_q4_k,
         T::Q5K => panels::chunks_q5_k,
         T::Q6K => panels::chunks_q6_k,
-        T::Q4_0 => panels::chunks_q4_0,
-        T::Q4_1 => panels::chunks_q4_1,
-        T::Q5_0 => panels::chunks_q5_0,
-        T::Q5_1 => panels::chunks_q5_1,
-        T::Q8_0 => panels::chunks_q8_0,
-        T::Iq4Nl => panels::chunks_iq4_nl,
         _ => return None,
     })
 }

@@ -35,8 +35,8 @@ use bytemuck::Pod;
 use super::legacy;
 use crate::panel::Panel;
 use crate::x86::blocks32::{
-    TokenBlock, YGroup, chunk_dots_kernels, chunk_rows_kernels, dwords, few_tokens,
-    one_and_four_rows, pack_tokens, put_groups16, store_tokens, take_groups16,
+    TokenBlock, chunk_row_lanes_kernels, dwords, few_tokens_row_lanes, pack_tokens, put_groups16,
+    store_tokens, take_groups16,
 };
 use crate::x86::kq256::{K4_MINS, q4k_float_step};
 use crate::x86::scales::unpack_k4;
@@ -323,19 +323,16 @@ dot_tile!(
     QK_K
 );
 
-/// Below this many tokens a 32-element panel runs the single-row dot per (row, token): a group
-/// of 16 lanes would be mostly padding.
+/// Below this many tokens a 32-element panel runs eight rows a row per lane per token
+/// ([`few_tokens_row_lanes`]): a group of 16 token lanes would be mostly padding.
 const TOKENS_MIN: usize = 4;
 
 /// The panel of a 32-element format (see `crate::x86::blocks32`) with its weights made unsigned
 /// bytes `values(x)` (the weight plus `k`; Q4_1/Q5_1: `MIN`, `k` = 0): groups of 16 tokens are
 /// transposed once, then each row's block integers come from eight `vpdpbusd` with the
 /// weights' 4-byte groups broadcast, one token per lane, and the reference's float steps run
-/// on the 16 tokens at once. Below [`TOKENS_MIN`] tokens, `dots` (the level's single-row dot,
-/// the same bits) runs per (row, token): two or four rows' serial sums side by side were faster
-/// on L2-resident weights but up to 2.3× slower on expert rows streamed from memory
-/// (deepseek-v2-lite Q8_0 downs), the interleaved streams of `crate::x86::tiles`; `dots4` takes
-/// four rows where [`four_rows_at_a_time`] says that pays (short rows, the min formats).
+/// on the 16 tokens at once. Below [`TOKENS_MIN`] tokens, `dots8` (the level's eight-row dot,
+/// one row per lane, the same bits) runs per token ([`few_tokens_row_lanes`]).
 ///
 /// # Safety
 /// As for [`crate::panel::PanelFn`]: the panel's rows (blocks `B`), tokens (Q8_0) and outputs
@@ -348,15 +345,12 @@ unsafe fn tokens_panel<B: Pod, const MIN: bool>(
     values: impl Fn(&B) -> __m256i + Copy,
     d: impl Fn(&B) -> [u8; 2] + Copy,
     m: impl Fn(&B) -> [u8; 2] + Copy,
-    dots: (
-        impl Fn(usize, [&[u8]; 1], &[u8], Option<&[YGroup]>) -> [f32; 1],
-        impl Fn(usize, [&[u8]; 4], &[u8], Option<&[YGroup]>) -> [f32; 4],
-    ),
+    dots8: impl Fn(usize, [&[u8]; 8], &[u8]) -> [f32; 8],
 ) {
     let nb = p.k / QK8_0;
     if p.n < TOKENS_MIN {
         // SAFETY: the panel's contract (above).
-        unsafe { few_tokens::<B>(p, MIN, dots) };
+        unsafe { few_tokens_row_lanes::<B>(p, dots8) };
         return;
     }
     let mut groups = take_groups16();
@@ -479,9 +473,9 @@ fn fifth_bit_quants(qh: &[u8; 4], qs: &[u8; 16]) -> __m256i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q4_0(p: &Panel) {
     let values = |x: &BlockQ4_0| nibbles(&x.qs);
-    let dots = one_and_four_rows!(legacy::dots_q4_0);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q4_0(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, 8, values, |x| x.d, |x| x.d, dots) }
+    unsafe { tokens_panel::<_, false>(p, 8, values, |x| x.d, |x| x.d, dots8) }
 }
 
 /// Q4_1 × Q8_0 (see [`tokens_panel`]): nibbles, scale and min.
@@ -491,9 +485,9 @@ pub unsafe fn panel_q4_0(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q4_1(p: &Panel) {
     let values = |x: &BlockQ4_1| nibbles(&x.qs);
-    let dots = one_and_four_rows!(legacy::dots_q4_1);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q4_1(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots) }
+    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots8) }
 }
 
 /// Q5_0 × Q8_0 (see [`tokens_panel`]): five-bit quants, offset 16.
@@ -503,9 +497,9 @@ pub unsafe fn panel_q4_1(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q5_0(p: &Panel) {
     let values = |x: &BlockQ5_0| fifth_bit_quants(&x.qh, &x.qs);
-    let dots = one_and_four_rows!(legacy::dots_q5_0);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q5_0(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, 16, values, |x| x.d, |x| x.d, dots) }
+    unsafe { tokens_panel::<_, false>(p, 16, values, |x| x.d, |x| x.d, dots8) }
 }
 
 /// Q5_1 × Q8_0 (see [`tokens_panel`]): five-bit quants, scale and min.
@@ -515,9 +509,9 @@ pub unsafe fn panel_q5_0(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q5_1(p: &Panel) {
     let values = |x: &BlockQ5_1| fifth_bit_quants(&x.qh, &x.qs);
-    let dots = one_and_four_rows!(legacy::dots_q5_1);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q5_1(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots) }
+    unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots8) }
 }
 
 /// Q8_0 × Q8_0 (see [`tokens_panel`]): the signed bytes made unsigned, offset 128.
@@ -528,9 +522,9 @@ pub unsafe fn panel_q5_1(p: &Panel) {
 pub unsafe fn panel_q8_0(p: &Panel) {
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let values = |x: &BlockQ8_0| _mm256_xor_si256(load256_of(&x.qs), k80);
-    let dots = one_and_four_rows!(legacy::dots_q8_0);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q8_0(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots) }
+    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots8) }
 }
 
 /// IQ4_NL × Q8_0 (see [`tokens_panel`]): the nibbles mapped through the 16 levels, made
@@ -544,9 +538,9 @@ pub unsafe fn panel_iq4_nl(p: &Panel) {
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let values =
         |x: &BlockIq4Nl| _mm256_xor_si256(_mm256_shuffle_epi8(levels, nibbles(&x.qs)), k80);
-    let dots = one_and_four_rows!(legacy::dots_iq4_nl);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_iq4_nl(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
-    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots) }
+    unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots8) }
 }
 
 q2k_rows!(
@@ -594,16 +588,11 @@ dot_tile!(
     QK_K
 );
 
-chunk_dots_kernels!("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
-    chunks_q4_0 = legacy::dots_q4_0,
-    chunks_q4_1 = legacy::dots_q4_1,
-    chunks_q5_0 = legacy::dots_q5_0,
-    chunks_q5_1 = legacy::dots_q5_1,
-    chunks_q8_0 = legacy::dots_q8_0,
-    chunks_iq4_nl = legacy::dots_iq4_nl,
-);
-
-chunk_rows_kernels!("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
-    chunk_rows_q4_1 = legacy::dots_q4_1,
-    chunk_rows_q5_1 = legacy::dots_q5_1,
+chunk_row_lanes_kernels!("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
+    chunk_rows_q4_0 = legacy::dots8_q4_0,
+    chunk_rows_q4_1 = legacy::dots8_q4_1,
+    chunk_rows_q5_0 = legacy::dots8_q5_0,
+    chunk_rows_q5_1 = legacy::dots8_q5_1,
+    chunk_rows_q8_0 = legacy::dots8_q8_0,
+    chunk_rows_iq4_nl = legacy::dots8_iq4_nl,
 );
