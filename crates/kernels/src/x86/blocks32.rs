@@ -210,7 +210,7 @@ macro_rules! dots_fns {
 
         /// Eight rows' dots with one activation row, a row per lane (the same bits).
         #[target_feature(enable = $features)]
-        pub(super) fn $dots8(n: usize, w: [&[u8]; 8], a: &[u8]) -> [f32; 8] {
+        pub(crate) fn $dots8(n: usize, w: [&[u8]; 8], a: &[u8]) -> [f32; 8] {
             $($setup)*
             let (w, a) = blocks::<$block, 8>(n, w, a);
             $crate::x86::blocks32::row_lane_sums!(w, a, min: $min,

@@ -6,6 +6,8 @@ mod float;
 mod iquants;
 mod kquants;
 mod legacy;
+/// The AVX-512 level decodes Q8_0 with this level's row lanes (see its `panel_q8_0`).
+pub(crate) use legacy::dots8_q8_0;
 mod panels;
 mod row_lanes;
 

@@ -16,7 +16,7 @@ use gguf::GgmlType;
 
 use crate::blocks::*;
 use crate::formats::iq_grids::KVALUES_IQ4NL;
-use crate::x86::blocks32::dots_fns;
+use crate::x86::blocks32::{dots_fns, reference_sums};
 use crate::x86::dot_wrapper;
 use crate::x86::simd256::{load128_of, load256_of};
 
@@ -165,25 +165,22 @@ pub(super) fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
-dots_fns!(
-    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
-    /// `R` rows' [`dot_q8_0_impl`] with one activation row.
-    dots_q8_0, dots8_q8_0, BlockQ8_0, min: false,
-    setup: {
-    },
-    isum: |x, y| {
-        // |x| read as unsigned is exact even for -128.
-        let x = load256_of(&x.qs);
-        signed_dot(
-            _mm256_abs_epi8(x),
-            _mm256_movepi8_mask(x),
-            load256_of(&y.qs),
-        )
-    },
-    ysum: |_y| _mm256_setzero_si256(),
-    d: |x| x.d,
-    m: |x| x.d,
-);
+/// `R` rows' [`dot_q8_0_impl`] with one activation row. (No eight-row form at this level: the
+/// panels take the AVX2 level's, `crate::x86::avx2::dots8_q8_0`, which measured faster.)
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(super) fn dots_q8_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
+    let (w, a) = blocks::<BlockQ8_0, R>(n, w, a);
+    reference_sums!(R, w, a, min: false,
+        isum: |x, y| {
+            // |x| read as unsigned is exact even for -128.
+            let x = load256_of(&x.qs);
+            signed_dot(_mm256_abs_epi8(x), _mm256_movepi8_mask(x), load256_of(&y.qs))
+        },
+        ysum: |_y| _mm256_setzero_si256(),
+        d: |x| x.d,
+        m: |x| x.d,
+    )
+}
 
 /// IQ4_NL: Q4_0's nibbles mapped through the 16 levels with one `vpshufb`, then Q8_0's signed
 /// product.

@@ -33,7 +33,12 @@ use crate::formats::iq_grids::KVALUES_IQ4NL;
 use bytemuck::Pod;
 
 use super::legacy;
+// Q8_0's row lanes at the AVX2 level's arithmetic (`vpmaddubsw` on the magnitudes, signs moved
+// onto the activations): one or two instructions fewer per row and block than the masked
+// `vpdpbusd` of `legacy::dots8_q8_0`, 5-20 % faster (one thread: 1536x576 39-42 against
+// 47-48 us, 8192x8192 2.6-2.9 against 3.0 ms), the same bits.
 use crate::panel::Panel;
+use crate::x86::avx2::dots8_q8_0 as avx2_dots8_q8_0;
 use crate::x86::blocks32::{
     TokenBlock, chunk_row_lanes_kernels, dwords, few_tokens_row_lanes, pack_tokens, put_groups16,
     store_tokens, take_groups16,
@@ -522,7 +527,7 @@ pub unsafe fn panel_q5_1(p: &Panel) {
 pub unsafe fn panel_q8_0(p: &Panel) {
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let values = |x: &BlockQ8_0| _mm256_xor_si256(load256_of(&x.qs), k80);
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q8_0(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| avx2_dots8_q8_0(n, w, a);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots8) }
 }
@@ -593,6 +598,6 @@ chunk_row_lanes_kernels!("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma
     chunk_rows_q4_1 = legacy::dots8_q4_1,
     chunk_rows_q5_0 = legacy::dots8_q5_0,
     chunk_rows_q5_1 = legacy::dots8_q5_1,
-    chunk_rows_q8_0 = legacy::dots8_q8_0,
+    chunk_rows_q8_0 = avx2_dots8_q8_0,
     chunk_rows_iq4_nl = legacy::dots8_iq4_nl,
 );
