@@ -148,14 +148,18 @@ macro_rules! row_lane_sums {
         let a: &[$crate::blocks::BlockQ8_0] = $a;
         let nb = a.len();
         let w: [&[_]; 8] = w.map(|r| &r[..nb]);
-        // Eight rows' f16 field of block j as f32 lanes.
+        // Eight rows' f16 field of block j as f32 lanes. Composed in two 64-bit integers and
+        // moved over once each: `_mm_setr_epi16` became eight `vpinsrw`, each a shuffle on the
+        // one port that the horizontal sums also need.
         macro_rules! field8 {
             ($j:expr, |$f:ident| $e:expr) => {{
-                let h: [i16; 8] = std::array::from_fn(|r| {
+                let h: [u64; 8] = std::array::from_fn(|r| {
                     let $f = &w[r][$j];
-                    i16::from_le_bytes($e)
+                    u16::from_le_bytes($e) as u64
                 });
-                _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]))
+                let lo = h[0] | h[1] << 16 | h[2] << 32 | h[3] << 48;
+                let hi = h[4] | h[5] << 16 | h[6] << 32 | h[7] << 48;
+                _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
             }};
         }
         let mut sum = _mm256_setzero_ps();
