@@ -103,16 +103,9 @@ fn unsigned_dot(q: __m256i, y: __m256i, ones: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q4_0::<1>(n, [w], a);
-    s
-}
-
 dots_fns!(
     "avx2,fma,f16c";
-    /// `R` rows' [`dot_q4_0_impl`] with one activation row.
-    dots_q4_0, dots8_q4_0, BlockQ4_0, min: false,
+    dot_q4_0_impl, dots8_q4_0, BlockQ4_0, min: false,
     setup: {
         let m4 = _mm256_set1_epi8(0x0F);
         let k8 = _mm256_set1_epi8(8);
@@ -124,16 +117,9 @@ dots_fns!(
     m: |x| x.d,
 );
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q4_1::<1>(n, [w], a);
-    s
-}
-
 dots_fns!(
     "avx2,fma,f16c";
-    /// `R` rows' [`dot_q4_1_impl`] with one activation row.
-    dots_q4_1, dots8_q4_1, BlockQ4_1, min: true,
+    dot_q4_1_impl, dots8_q4_1, BlockQ4_1, min: true,
     setup: {
         let m4 = _mm256_set1_epi8(0x0F);
         let k1 = _mm256_set1_epi8(1);
@@ -145,16 +131,9 @@ dots_fns!(
     m: |x| x.m,
 );
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q5_0::<1>(n, [w], a);
-    s
-}
-
 dots_fns!(
     "avx2,fma,f16c";
-    /// `R` rows' [`dot_q5_0_impl`] with one activation row.
-    dots_q5_0, dots8_q5_0, BlockQ5_0, min: false,
+    dot_q5_0_impl, dots8_q5_0, BlockQ5_0, min: false,
     setup: {
         let m4 = _mm256_set1_epi8(0x0F);
         let ones = _mm256_set1_epi16(1);
@@ -169,16 +148,9 @@ dots_fns!(
     m: |x| x.d,
 );
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q5_1::<1>(n, [w], a);
-    s
-}
-
 dots_fns!(
     "avx2,fma,f16c";
-    /// `R` rows' [`dot_q5_1_impl`] with one activation row.
-    dots_q5_1, dots8_q5_1, BlockQ5_1, min: true,
+    dot_q5_1_impl, dots8_q5_1, BlockQ5_1, min: true,
     setup: {
         let m4 = _mm256_set1_epi8(0x0F);
         let k1 = _mm256_set1_epi8(1);
@@ -191,16 +163,9 @@ dots_fns!(
     m: |x| x.m,
 );
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q8_0::<1>(n, [w], a);
-    s
-}
-
 dots_fns!(
     "avx2,fma,f16c";
-    /// `R` rows' [`dot_q8_0_impl`] with one activation row.
-    dots_q8_0, dots8_q8_0, BlockQ8_0, min: false,
+    dot_q8_0_impl, dots8_q8_0, BlockQ8_0, min: false,
     setup: {
         let ones = _mm256_set1_epi16(1);
     },
@@ -210,18 +175,11 @@ dots_fns!(
     m: |x| x.d,
 );
 
-/// IQ4_NL: Q4_0's nibbles mapped through the 16 levels with one `vpshufb`, then Q8_0's signed
-/// product (levels reach -127, whose magnitude still fits the unsigned operand).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_iq4_nl_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_iq4_nl::<1>(n, [w], a);
-    s
-}
-
 dots_fns!(
     "avx2,fma,f16c";
-    /// `R` rows' [`dot_iq4_nl_impl`] with one activation row.
-    dots_iq4_nl, dots8_iq4_nl, BlockIq4Nl, min: false,
+    /// IQ4_NL: Q4_0's nibbles mapped through the 16 levels with one `vpshufb`, then Q8_0's signed
+    /// product (levels reach -127, whose magnitude still fits the unsigned operand).
+    dot_iq4_nl_impl, dots8_iq4_nl, BlockIq4Nl, min: false,
     setup: {
         let ones = _mm256_set1_epi16(1);
         let m4 = _mm256_set1_epi8(0x0F);

@@ -57,16 +57,9 @@ fn blocks<'a, B: bytemuck::Pod, const R: usize>(
     )
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q4_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q4_0::<1>(n, [w], a);
-    s
-}
-
 dots_fns!(
     "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
-    /// `R` rows' [`dot_q4_0_impl`] with one activation row.
-    dots_q4_0, dots8_q4_0, BlockQ4_0, min: false,
+    dot_q4_0_impl, dots8_q4_0, BlockQ4_0, min: false,
     setup: {
         let m4 = _mm256_set1_epi8(0x0F);
         let k8 = _mm256_set1_epi8(8);
@@ -84,16 +77,9 @@ dots_fns!(
     m: |x| x.d,
 );
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q4_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q4_1::<1>(n, [w], a);
-    s
-}
-
 dots_fns!(
     "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
-    /// `R` rows' [`dot_q4_1_impl`] with one activation row.
-    dots_q4_1, dots8_q4_1, BlockQ4_1, min: true,
+    dot_q4_1_impl, dots8_q4_1, BlockQ4_1, min: true,
     setup: {
         let m4 = _mm256_set1_epi8(0x0F);
         let k1 = _mm256_set1_epi8(1);
@@ -107,16 +93,9 @@ dots_fns!(
     m: |x| x.m,
 );
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q5_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q5_0::<1>(n, [w], a);
-    s
-}
-
 dots_fns!(
     "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
-    /// `R` rows' [`dot_q5_0_impl`] with one activation row.
-    dots_q5_0, dots8_q5_0, BlockQ5_0, min: false,
+    dot_q5_0_impl, dots8_q5_0, BlockQ5_0, min: false,
     setup: {
         let m4 = _mm256_set1_epi8(0x0F);
         let k16 = _mm256_set1_epi8(16);
@@ -133,16 +112,9 @@ dots_fns!(
     m: |x| x.d,
 );
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q5_1_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q5_1::<1>(n, [w], a);
-    s
-}
-
 dots_fns!(
     "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
-    /// `R` rows' [`dot_q5_1_impl`] with one activation row.
-    dots_q5_1, dots8_q5_1, BlockQ5_1, min: true,
+    dot_q5_1_impl, dots8_q5_1, BlockQ5_1, min: true,
     setup: {
         let m4 = _mm256_set1_epi8(0x0F);
         let k1 = _mm256_set1_epi8(1);
@@ -159,18 +131,13 @@ dots_fns!(
     m: |x| x.m,
 );
 
+/// Q8_0: the weight's magnitude against the activation with the weight's sign. (No eight-row
+/// form at this level: the panels take the AVX2 level's, `crate::x86::avx2::dots8_q8_0`, which
+/// measured faster.)
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_q8_0::<1>(n, [w], a);
-    s
-}
-
-/// `R` rows' [`dot_q8_0_impl`] with one activation row. (No eight-row form at this level: the
-/// panels take the AVX2 level's, `crate::x86::avx2::dots8_q8_0`, which measured faster.)
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dots_q8_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f32; R] {
-    let (w, a) = blocks::<BlockQ8_0, R>(n, w, a);
-    reference_sums!(R, w, a, min: false,
+    let (w, a) = blocks::<BlockQ8_0, 1>(n, [w], a);
+    let [s] = reference_sums!(1, w, a, min: false,
         isum: |x, y| {
             // |x| read as unsigned is exact even for -128.
             let x = load256_of(&x.qs);
@@ -179,21 +146,15 @@ pub(super) fn dots_q8_0<const R: usize>(n: usize, w: [&[u8]; R], a: &[u8]) -> [f
         ysum: |_y| _mm256_setzero_si256(),
         d: |x| x.d,
         m: |x| x.d,
-    )
-}
-
-/// IQ4_NL: Q4_0's nibbles mapped through the 16 levels with one `vpshufb`, then Q8_0's signed
-/// product.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_iq4_nl_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let [s] = dots_iq4_nl::<1>(n, [w], a);
+    );
     s
 }
 
 dots_fns!(
     "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
-    /// `R` rows' [`dot_iq4_nl_impl`] with one activation row.
-    dots_iq4_nl, dots8_iq4_nl, BlockIq4Nl, min: false,
+    /// IQ4_NL: Q4_0's nibbles mapped through the 16 levels with one `vpshufb`, then Q8_0's signed
+    /// product.
+    dot_iq4_nl_impl, dots8_iq4_nl, BlockIq4Nl, min: false,
     setup: {
         let m4 = _mm256_set1_epi8(0x0F);
         let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
