@@ -22,8 +22,8 @@ use bytemuck::Pod;
 use super::legacy;
 use crate::panel::Panel;
 use crate::x86::blocks32::{
-    TokenBlock, chunk_row_lanes_kernels, dwords, few_tokens_row_lanes, pack_tokens, put_groups8,
-    store_tokens, take_groups8,
+    TokenBlock, YSide, chunk_row_lanes_kernels, dwords, few_tokens_row_lanes, pack_tokens,
+    put_groups8, store_tokens, take_groups8,
 };
 use crate::x86::kq256::Q6K_SCALE;
 use crate::x86::simd256::{bcast_f16, hsums, lanes, load128_of, load256, load256_of};
@@ -182,7 +182,7 @@ unsafe fn tokens_panel<B: Pod, const MIN: bool>(
     values: impl Fn(&B) -> __m256i + Copy,
     d: impl Fn(&B) -> [u8; 2] + Copy,
     m: impl Fn(&B) -> [u8; 2] + Copy,
-    dots8: impl Fn(usize, [&[u8]; 8], &[u8]) -> [f32; 8],
+    dots8: impl Fn(usize, [&[u8]; 8], &[u8], &[YSide]) -> [f32; 8],
 ) {
     let nb = p.k / QK8_0;
     if p.n < TOKENS_MIN {
@@ -280,7 +280,7 @@ unsafe fn tokens_tile<B: Pod, const R: usize, const MIN: bool>(
 pub unsafe fn panel_q4_0(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let values = |x: &BlockQ4_0| legacy::nibbles(&x.qs, m4);
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q4_0(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8], s: &[YSide]| legacy::dots8_q4_0(n, w, a, s);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 8, values, |x| x.d, |x| x.d, dots8) }
 }
@@ -293,7 +293,7 @@ pub unsafe fn panel_q4_0(p: &Panel) {
 pub unsafe fn panel_q4_1(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let values = |x: &BlockQ4_1| legacy::nibbles(&x.qs, m4);
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q4_1(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8], s: &[YSide]| legacy::dots8_q4_1(n, w, a, s);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots8) }
 }
@@ -307,7 +307,7 @@ pub unsafe fn panel_q5_0(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let fifth = legacy::FifthBits::new();
     let values = |x: &BlockQ5_0| fifth.quants(&x.qh, &x.qs, m4);
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q5_0(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8], s: &[YSide]| legacy::dots8_q5_0(n, w, a, s);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, Weights32::Unsigned, 16, values, |x| x.d, |x| x.d, dots8) }
 }
@@ -321,7 +321,7 @@ pub unsafe fn panel_q5_1(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let fifth = legacy::FifthBits::new();
     let values = |x: &BlockQ5_1| fifth.quants(&x.qh, &x.qs, m4);
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q5_1(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8], s: &[YSide]| legacy::dots8_q5_1(n, w, a, s);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, true>(p, Weights32::Unsigned, 0, values, |x| x.d, |x| x.m, dots8) }
 }
@@ -333,7 +333,7 @@ pub unsafe fn panel_q5_1(p: &Panel) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn panel_q8_0(p: &Panel) {
     let values = |x: &BlockQ8_0| load256_of(&x.qs);
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q8_0(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8], s: &[YSide]| legacy::dots8_q8_0(n, w, a, s);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots8) }
 }
@@ -347,7 +347,7 @@ pub unsafe fn panel_iq4_nl(p: &Panel) {
     let m4 = _mm256_set1_epi8(0x0F);
     let levels = _mm256_broadcastsi128_si256(load128_of(&KVALUES_IQ4NL));
     let values = |x: &BlockIq4Nl| _mm256_shuffle_epi8(levels, legacy::nibbles(&x.qs, m4));
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_iq4_nl(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8], s: &[YSide]| legacy::dots8_iq4_nl(n, w, a, s);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, Weights32::Signed, 0, values, |x| x.d, |x| x.d, dots8) }
 }

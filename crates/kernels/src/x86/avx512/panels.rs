@@ -40,8 +40,8 @@ use super::legacy;
 use crate::panel::Panel;
 use crate::x86::avx2::dots8_q8_0 as avx2_dots8_q8_0;
 use crate::x86::blocks32::{
-    TokenBlock, chunk_row_lanes_kernels, dwords, few_tokens_row_lanes, pack_tokens, put_groups16,
-    store_tokens, take_groups16,
+    TokenBlock, YSide, chunk_row_lanes_kernels, dwords, few_tokens_row_lanes, pack_tokens,
+    put_groups16, store_tokens, take_groups16,
 };
 use crate::x86::kq256::{K4_MINS, q4k_float_step};
 use crate::x86::scales::unpack_k4;
@@ -350,7 +350,7 @@ unsafe fn tokens_panel<B: Pod, const MIN: bool>(
     values: impl Fn(&B) -> __m256i + Copy,
     d: impl Fn(&B) -> [u8; 2] + Copy,
     m: impl Fn(&B) -> [u8; 2] + Copy,
-    dots8: impl Fn(usize, [&[u8]; 8], &[u8]) -> [f32; 8],
+    dots8: impl Fn(usize, [&[u8]; 8], &[u8], &[YSide]) -> [f32; 8],
 ) {
     let nb = p.k / QK8_0;
     if p.n < TOKENS_MIN {
@@ -478,7 +478,7 @@ fn fifth_bit_quants(qh: &[u8; 4], qs: &[u8; 16]) -> __m256i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q4_0(p: &Panel) {
     let values = |x: &BlockQ4_0| nibbles(&x.qs);
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q4_0(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8], s: &[YSide]| legacy::dots8_q4_0(n, w, a, s);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 8, values, |x| x.d, |x| x.d, dots8) }
 }
@@ -490,7 +490,7 @@ pub unsafe fn panel_q4_0(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q4_1(p: &Panel) {
     let values = |x: &BlockQ4_1| nibbles(&x.qs);
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q4_1(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8], s: &[YSide]| legacy::dots8_q4_1(n, w, a, s);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots8) }
 }
@@ -502,7 +502,7 @@ pub unsafe fn panel_q4_1(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q5_0(p: &Panel) {
     let values = |x: &BlockQ5_0| fifth_bit_quants(&x.qh, &x.qs);
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q5_0(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8], s: &[YSide]| legacy::dots8_q5_0(n, w, a, s);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 16, values, |x| x.d, |x| x.d, dots8) }
 }
@@ -514,7 +514,7 @@ pub unsafe fn panel_q5_0(p: &Panel) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn panel_q5_1(p: &Panel) {
     let values = |x: &BlockQ5_1| fifth_bit_quants(&x.qh, &x.qs);
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_q5_1(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8], s: &[YSide]| legacy::dots8_q5_1(n, w, a, s);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, true>(p, 0, values, |x| x.d, |x| x.m, dots8) }
 }
@@ -527,7 +527,7 @@ pub unsafe fn panel_q5_1(p: &Panel) {
 pub unsafe fn panel_q8_0(p: &Panel) {
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let values = |x: &BlockQ8_0| _mm256_xor_si256(load256_of(&x.qs), k80);
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| avx2_dots8_q8_0(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8], s: &[YSide]| avx2_dots8_q8_0(n, w, a, s);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots8) }
 }
@@ -543,7 +543,7 @@ pub unsafe fn panel_iq4_nl(p: &Panel) {
     let k80 = _mm256_set1_epi8(0x80u8 as i8);
     let values =
         |x: &BlockIq4Nl| _mm256_xor_si256(_mm256_shuffle_epi8(levels, nibbles(&x.qs)), k80);
-    let dots8 = |n, w: [&[u8]; 8], a: &[u8]| legacy::dots8_iq4_nl(n, w, a);
+    let dots8 = |n, w: [&[u8]; 8], a: &[u8], s: &[YSide]| legacy::dots8_iq4_nl(n, w, a, s);
     // SAFETY: the contract above, which is `tokens_panel`'s.
     unsafe { tokens_panel::<_, false>(p, 128, values, |x| x.d, |x| x.d, dots8) }
 }
