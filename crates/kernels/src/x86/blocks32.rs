@@ -219,7 +219,7 @@ macro_rules! row_lane_sums {
 pub(crate) use row_lane_sums;
 
 /// [`row_lane_sums`] for the formats whose block is an f16 scale (and, where `min`, an f16 min
-/// right after it) followed by 32 quants as 16 bytes of nibbles (Q4_0, Q4_1): the eight rows'
+/// right after it) followed by 32 quants as 16 bytes of nibbles (Q4_0, Q4_1, IQ4_NL): the eight rows'
 /// bytes are transposed in registers, so that lane r holds row r's bytes. One activation dword,
 /// broadcast, then meets all eight rows in one `$dot4` (`|acc, q, y|`: `acc` plus, per 32-bit
 /// lane, the sum of the four byte products of unsigned `q` and signed `y`), and the eight lanes
@@ -229,12 +229,14 @@ pub(crate) use row_lane_sums;
 /// rows the loop went from about 130 instructions to 68; Q4_1 1536×576, one thread, one token:
 /// 41 → 28–32 µs (Xeon, AVX-512 level), with four sums so that the dependent products stay
 /// short chains (two sums: 31–34 µs).
-/// `$offset` is subtracted from every quant (Q4_0's 8) as `offset·Σy` from the exact integer.
+/// `map: |q|` turns the nibbles into the values that `$dot4` multiplies (IQ4_NL's levels);
+/// `$offset` is subtracted from every value (Q4_0's 8) as `offset·Σy` from the exact integer.
 /// The activation side of each block (its scale, `Σy`, `Σy·dy`) comes from `$side`
 /// ([`y_sides`]), computed once per token for all the groups of eight rows. The same bits as
 /// [`row_lane_sums`]: the integers are exact, and the float steps are the same.
 macro_rules! nibble_row_lane_sums {
     ($w:expr, $a:expr, $side:expr, $block:ty, min: $min:expr, offset: $offset:expr,
+     map: |$mq:ident| $map:expr,
      dot4: |$acc:ident, $q:ident, $yq:ident| $dot4:expr $(,)?) => {{
         use $crate::x86::simd256::{lanes, load128_of};
         const {
@@ -316,8 +318,14 @@ macro_rules! nibble_row_lane_sums {
                 let ylo = _mm256_set1_epi32(unsafe { yd.add(k).read_unaligned() });
                 // SAFETY: in bounds by the checks above.
                 let yhi = _mm256_set1_epi32(unsafe { yd.add(4 + k).read_unaligned() });
-                let lo = _mm256_and_si256(g[k], m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(g[k]), m4);
+                let lo = {
+                    let $mq = _mm256_and_si256(g[k], m4);
+                    $map
+                };
+                let hi = {
+                    let $mq = _mm256_and_si256(_mm256_srli_epi16::<4>(g[k]), m4);
+                    $map
+                };
                 let (c0, c1) = (2 * (k % 2), 2 * (k % 2) + 1);
                 acc[c0] = {
                     let ($acc, $q, $yq) = (acc[c0], lo, ylo);
@@ -400,7 +408,11 @@ macro_rules! dots_fns {
      ysum: |$y2:ident| $ysum:expr,
      d: |$xd:ident| $d:expr,
      m: |$xm:ident| $m:expr,
-     nibbles: { offset: $offset:expr, dot4: |$acc:ident, $q:ident, $yq:ident| $dot4:expr $(,)? } $(,)?) => {
+     nibbles: {
+         offset: $offset:expr,
+         map: |$mq:ident| $map:expr,
+         dot4: |$acc:ident, $q:ident, $yq:ident| $dot4:expr $(,)?
+     } $(,)?) => {
         $(#[$doc])*
         #[target_feature(enable = $features)]
         pub(super) fn $dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
@@ -425,7 +437,7 @@ macro_rules! dots_fns {
             $($setup)*
             let (w, a) = blocks::<$block, 8>(n, w, a);
             $crate::x86::blocks32::nibble_row_lane_sums!(w, a, side, $block, min: $min,
-                offset: $offset, dot4: |$acc, $q, $yq| $dot4)
+                offset: $offset, map: |$mq| $map, dot4: |$acc, $q, $yq| $dot4)
         }
     };
 }

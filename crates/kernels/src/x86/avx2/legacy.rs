@@ -120,7 +120,7 @@ dots_fns!(
     ysum: |y| unsigned_dot(k1, load256_of(&y.qs), ones),
     d: |x| x.d,
     m: |x| x.d,
-    nibbles: { offset: 8, dot4: |acc, q, y| _mm256_add_epi32(acc, unsigned_dot(q, y, ones)) },
+    nibbles: { offset: 8, map: |q| q, dot4: |acc, q, y| _mm256_add_epi32(acc, unsigned_dot(q, y, ones)) },
 );
 
 dots_fns!(
@@ -135,7 +135,7 @@ dots_fns!(
     ysum: |y| unsigned_dot(k1, load256_of(&y.qs), ones),
     d: |x| x.d,
     m: |x| x.m,
-    nibbles: { offset: 0, dot4: |acc, q, y| _mm256_add_epi32(acc, unsigned_dot(q, y, ones)) },
+    nibbles: { offset: 0, map: |q| q, dot4: |acc, q, y| _mm256_add_epi32(acc, unsigned_dot(q, y, ones)) },
 );
 
 dots_fns!(
@@ -199,4 +199,9 @@ dots_fns!(
     ysum: |_y| _mm256_setzero_si256(),
     d: |x| x.d,
     m: |x| x.d,
+    nibbles: {
+        offset: 0,
+        map: |q| _mm256_shuffle_epi8(levels, q),
+        dot4: |acc, q, y| _mm256_add_epi32(acc, mul_sum_i8_pairs(q, y, ones)),
+    },
 );

@@ -80,7 +80,7 @@ dots_fns!(
     ysum: |y| _mm256_dpbusd_epi32(zero, k1, load256_of(&y.qs)),
     d: |x| x.d,
     m: |x| x.d,
-    nibbles: { offset: 8, dot4: |acc, q, y| _mm256_dpbusd_epi32(acc, q, y) },
+    nibbles: { offset: 8, map: |q| q, dot4: |acc, q, y| _mm256_dpbusd_epi32(acc, q, y) },
 );
 
 dots_fns!(
@@ -97,7 +97,7 @@ dots_fns!(
     ysum: |y| _mm256_dpbusd_epi32(zero, k1, load256_of(&y.qs)),
     d: |x| x.d,
     m: |x| x.m,
-    nibbles: { offset: 0, dot4: |acc, q, y| _mm256_dpbusd_epi32(acc, q, y) },
+    nibbles: { offset: 0, map: |q| q, dot4: |acc, q, y| _mm256_dpbusd_epi32(acc, q, y) },
 );
 
 dots_fns!(
@@ -160,7 +160,8 @@ pub(super) fn dot_q8_0_impl(n: usize, w: &[u8], a: &[u8]) -> f32 {
 dots_fns!(
     "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c";
     /// IQ4_NL: Q4_0's nibbles mapped through the 16 levels with one `vpshufb`, then Q8_0's signed
-    /// product.
+    /// product. The eight-row form maps them to the levels + 128 (1..=241, unsigned), so that
+    /// one `vpdpbusd` takes them as they are, and subtracts `128·Σy`.
     dot_iq4_nl_impl, dots8_iq4_nl, BlockIq4Nl, min: false,
     setup: {
         let m4 = _mm256_set1_epi8(0x0F);
@@ -177,4 +178,9 @@ dots_fns!(
     ysum: |_y| _mm256_setzero_si256(),
     d: |x| x.d,
     m: |x| x.d,
+    nibbles: {
+        offset: 128,
+        map: |q| _mm256_shuffle_epi8(_mm256_xor_si256(levels, _mm256_set1_epi8(0x80u8 as i8)), q),
+        dot4: |acc, q, y| _mm256_dpbusd_epi32(acc, q, y),
+    },
 );
