@@ -22,11 +22,10 @@ use crate::blocks::BlockQ8_0;
 use crate::panel::Panel;
 use crate::x86::simd256::{f16_scalar, hsum_epi32, load128_of, load256_of};
 
-/// The f16 values `field(k)` for `k < n ≤ 8` (a field of a row's first `n` blocks, or of block
-/// j of eight rows), as lanes of f32 (lanes `n..8` zero). They are put together in two 64-bit
-/// integers and moved over once each: `_mm_setr_epi16` would be eight `vpinsrw`, each a shuffle
-/// on the one port that the horizontal sums also need (Q4_1 1536×576, one thread, one token:
-/// 39.5 → 35.0 µs).
+/// The f16 values `field(k)` for `k < n ≤ 8` (a field of a row's first `n` blocks), as lanes of
+/// f32 (lanes `n..8` zero). They are put together in two 64-bit integers and moved over once
+/// each: `_mm_setr_epi16` would be eight `vpinsrw`, each a shuffle on the one port that the
+/// horizontal sums also need. (Eight rows' scales come from [`scales8`] instead.)
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) fn f16xn(n: usize, field: impl Fn(usize) -> [u8; 2]) -> __m256 {
@@ -40,6 +39,38 @@ pub(crate) fn f16xn(n: usize, field: impl Fn(usize) -> [u8; 2]) -> __m256 {
         }
     }
     _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
+}
+
+/// The f16 pairs that start eight blocks (`heads[r]`: row r's block, at least 16 readable
+/// bytes) as two vectors of f32 with one row per lane: the first f16 of each (the scale) and the
+/// second (the min of Q4_1/Q5_1; whatever else for the other formats). The blocks' first 16
+/// bytes, rows r and r + 4 in one register, go through a transpose of their first dwords and
+/// two shuffles: composing the same lanes from sixteen 16-bit loads and their shifts took about
+/// fifty instructions per block of eight rows.
+///
+/// # Safety
+/// Each `heads[r]` has 16 readable bytes.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn scales8(heads: [*const u8; 8]) -> (__m256, __m256) {
+    // SAFETY: 16 readable bytes at each head (the contract).
+    let load = |r: usize| unsafe { _mm_loadu_si128(heads[r].cast()) };
+    let pair =
+        |r: usize| _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(load(r)), load(r + 4));
+    let (p0, p1, p2, p3) = (pair(0), pair(1), pair(2), pair(3));
+    // Lane r: row r's first dword, [scale | second f16].
+    let first = _mm256_unpacklo_epi64(_mm256_unpacklo_epi32(p0, p1), _mm256_unpacklo_epi32(p2, p3));
+    // Each half [s0 m0 s1 m1 s2 m2 s3 m3] (16-bit) to [s0 s1 s2 s3 m0 m1 m2 m3], then the
+    // scales in the low 128 bits and the seconds in the high.
+    let split = _mm256_setr_epi8(
+        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, //
+        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+    );
+    let sm = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(first, split));
+    (
+        _mm256_cvtph_ps(_mm256_castsi256_si128(sm)),
+        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(sm)),
+    )
 }
 
 /// `R` rows' dots with one activation row, in the reference's order: `$w` is `[&[B]; R]`,
@@ -148,25 +179,33 @@ macro_rules! reference_group {
 }
 pub(crate) use reference_group;
 
-/// Eight rows' dots with one activation row, one row per f32 lane: `$w` is `[&[B]; 8]`, `$a`
-/// the `&[BlockQ8_0]` (rows at least as long); `isum`, `ysum`, `d` and `m` as for
-/// [`reference_sums`]. Per block, the eight rows' exact integers come out of one `hsums` and
-/// the reference's float steps (`isum·(dx·dy)`, plus `m·(Σy·dy)` where `min`) run for the eight
+/// Eight rows' dots with one activation row, one row per f32 lane: `$w` is `[&[B]; 8]` of
+/// blocks whose f16 scale is their first field (and whose min, where `min`, the second), `$a`
+/// the `&[BlockQ8_0]` (rows at least as long), `$side` their [`YSide`]s; `isum` as for
+/// [`reference_sums`]. Per block, the eight rows' exact integers come out of one `hsums`, the
+/// eight scales (and mins) of one transpose of the blocks' first dwords ([`scales8`]), and the
+/// reference's float steps (`isum·(dx·dy)`, plus `m·(Σy·dy)` where `min`) run for the eight
 /// rows at once, each added to its row's lane in block order: the reference's bits, as in
 /// [`reference_sums`], but with nothing per group (no partial last group, no lanes added one by
-/// one) and the activation side computed once per block for eight rows. Evaluates to
-/// `[f32; 8]`; expands where [`reference_sums`] does.
+/// one) and the activation side computed once per token. Evaluates to `[f32; 8]`; expands where
+/// [`reference_sums`] does.
 macro_rules! row_lane_sums {
-    ($w:expr, $a:expr, min: $min:expr,
-     isum: |$x:ident, $y:ident| $isum:expr,
-     ysum: |$y2:ident| $ysum:expr,
-     d: |$xd:ident| $d:expr,
-     m: |$xm:ident| $m:expr $(,)?) => {{
-        use $crate::x86::blocks32::f16xn;
-        use $crate::x86::simd256::{f16_scalar, hsum_epi32, hsums, lanes};
-        let w: [&[_]; 8] = $w;
+    ($w:expr, $a:expr, $side:expr, $block:ty, min: $min:expr,
+     isum: |$x:ident, $y:ident| $isum:expr $(,)?) => {{
+        use $crate::x86::blocks32::scales8;
+        use $crate::x86::simd256::{hsums, lanes};
+        const {
+            assert!(std::mem::offset_of!($block, d) == 0);
+            assert!(size_of::<$block>() >= 16);
+        }
+        let w: [&[$block]; 8] = $w;
         let a: &[$crate::blocks::BlockQ8_0] = $a;
+        let side: &[$crate::x86::blocks32::YSide] = $side;
         let nb = a.len();
+        assert!(
+            side.len() >= nb,
+            "the activations' sides are shorter than their blocks"
+        );
         // The rows' lengths are checked once here, so that the block loop reads through
         // pointers: indexing eight slices there kept eight length checks (a reload, a compare
         // and a branch each) in every block, as many instructions as the products of a row.
@@ -178,38 +217,29 @@ macro_rules! row_lane_sums {
             );
             rows[r] = w[r].as_ptr();
         }
-        // SAFETY (every `unsafe` below): block j < nb of each row and of the activations is in
-        // bounds by the checks above.
+        // Every `unsafe` below reads block j < nb of a row, of the activations or of their
+        // sides, in bounds by the checks above.
         // SAFETY: in bounds by the checks above.
         let block = |r: usize, j: usize| unsafe { &*rows[r].add(j) };
         let mut sum = _mm256_setzero_ps();
         for j in 0..nb {
             // SAFETY: in bounds by the checks above.
             let y = unsafe { &*a.as_ptr().add(j) };
-            let dy_s = f16_scalar(&y.d);
-            let dy = _mm256_set1_ps(dy_s);
+            // SAFETY: in bounds by the checks above.
+            let ys = unsafe { &*side.as_ptr().add(j) };
+            let dy = _mm256_set1_ps(ys.dy);
             let mut iv = [_mm256_setzero_si256(); 8];
             for r in 0..8 {
                 let ($x, $y) = (block(r, j), y);
                 iv[r] = $isum;
             }
-            let dx = f16xn(8, |r| {
-                let $xd = block(r, j);
-                $d
-            });
+            // SAFETY: each block is at least 16 bytes (asserted above), in bounds.
+            let (dx, mx) = unsafe { scales8(std::array::from_fn(|r| rows[r].add(j).cast())) };
             let dxdy = _mm256_mul_ps(dx, dy);
             let mut v = _mm256_mul_ps(_mm256_cvtepi32_ps(hsums(&iv)), dxdy);
             if $min {
-                let sy = {
-                    let $y2 = y;
-                    hsum_epi32($ysum)
-                };
-                let sydy = _mm256_set1_ps(sy as f32 * dy_s);
-                let mx = f16xn(8, |r| {
-                    let $xm = block(r, j);
-                    $m
-                });
-                v = _mm256_add_ps(v, _mm256_mul_ps(mx, sydy));
+                const { assert!(!$min || std::mem::offset_of!($block, qs) >= 4) };
+                v = _mm256_add_ps(v, _mm256_mul_ps(mx, _mm256_set1_ps(ys.sydy)));
             }
             sum = _mm256_add_ps(sum, v);
         }
@@ -238,6 +268,7 @@ macro_rules! nibble_row_lane_sums {
     ($w:expr, $a:expr, $side:expr, $block:ty, min: $min:expr, offset: $offset:expr,
      map: |$mq:ident| $map:expr,
      dot4: |$acc:ident, $q:ident, $yq:ident| $dot4:expr $(,)?) => {{
+        use $crate::x86::blocks32::scales8;
         use $crate::x86::simd256::{lanes, load128_of};
         const {
             assert!(std::mem::offset_of!($block, d) == 0);
@@ -266,10 +297,6 @@ macro_rules! nibble_row_lane_sums {
         // activation block's `qs` 32, eight dwords).
         // SAFETY: in bounds by the checks above.
         let block = |r: usize, j: usize| unsafe { &*rows[r].add(j) };
-        let head = |r: usize, j: usize| {
-            // SAFETY: in bounds by the checks above.
-            unsafe { _mm_loadu_si128(rows[r].add(j) as *const __m128i) }
-        };
         // Rows r and r + 4 share a register, [row r's 16 bytes | row r+4's]; a 4×4 transpose
         // of dwords in each half then gives, in g[k], dword k of row r in lane r.
         let transpose = |p: [__m256i; 4]| {
@@ -288,11 +315,6 @@ macro_rules! nibble_row_lane_sums {
                 _mm256_unpackhi_epi64(t1, t3),
             ]
         };
-        // Each 128-bit half [s0 m0 s1 m1 s2 m2 s3 m3] (16-bit) to [s0 s1 s2 s3 m0 m1 m2 m3].
-        let split = _mm256_setr_epi8(
-            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3,
-            6, 7, 10, 11, 14, 15,
-        );
         let offset: i32 = $offset;
         let m4 = _mm256_set1_epi8(0x0F);
         let mut sum = _mm256_setzero_ps();
@@ -343,20 +365,12 @@ macro_rules! nibble_row_lane_sums {
             if offset != 0 {
                 isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(offset * ys.sy));
             }
-            // Lane r: row r's scale (low 16 bits) and min (high 16 bits), then the scales in
-            // the low 128 bits and the mins in the high.
-            let hp = |r: usize| {
-                _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(head(r, j)), head(r + 4, j))
-            };
-            let sm = transpose([hp(0), hp(1), hp(2), hp(3)])[0];
-            let sm = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(sm, split));
-            let dx = _mm256_cvtph_ps(_mm256_castsi256_si128(sm));
+            // SAFETY: each block is at least 16 bytes (asserted above), in bounds.
+            let (dx, mx) = unsafe { scales8(std::array::from_fn(|r| rows[r].add(j).cast())) };
             let dxdy = _mm256_mul_ps(dx, dy);
             let mut v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), dxdy);
             if $min {
-                let sydy = _mm256_set1_ps(ys.sydy);
-                let mx = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(sm));
-                v = _mm256_add_ps(v, _mm256_mul_ps(mx, sydy));
+                v = _mm256_add_ps(v, _mm256_mul_ps(mx, _mm256_set1_ps(ys.sydy)));
             }
             sum = _mm256_add_ps(sum, v);
         }
@@ -386,19 +400,21 @@ macro_rules! dots_fns {
             s
         }
 
-        /// Eight rows' dots with one activation row, a row per lane (the same bits as `$dot`;
-        /// the activations' sides are for the nibble formats' form).
+        /// Eight rows' dots with one activation row, a row per lane (the same bits as `$dot`),
+        /// the activations' sides from [`y_sides`].
+        // The setup is the single-row dot's; this form uses what its `isum` names.
+        #[allow(unused_variables)]
         #[target_feature(enable = $features)]
         pub(crate) fn $dots8(
             n: usize,
             w: [&[u8]; 8],
             a: &[u8],
-            _side: &[$crate::x86::blocks32::YSide],
+            side: &[$crate::x86::blocks32::YSide],
         ) -> [f32; 8] {
             $($setup)*
             let (w, a) = blocks::<$block, 8>(n, w, a);
-            $crate::x86::blocks32::row_lane_sums!(w, a, min: $min,
-                isum: |$x, $y| $isum, ysum: |$y2| $ysum, d: |$xd| $d, m: |$xm| $m)
+            $crate::x86::blocks32::row_lane_sums!(w, a, side, $block, min: $min,
+                isum: |$x, $y| $isum)
         }
     };
     // The nibble formats: `$dots8` transposes the rows' nibbles ([`nibble_row_lane_sums`]).
