@@ -86,6 +86,43 @@ extern "C" __global__ void rms_norm_quant(const float* __restrict__ x,
                         q80 ? q80 + (long long)r * (d / 32) * 34 : 0);
 }
 
+// An MoE layer's end and the next layer's start in one launch: row r's weighted sum of its
+// experts' output rows (offsets[r]..offsets[r + 1] index `rows` and `weights`, as
+// weighted_sum) added into x, then the RMSNorm of the new row times w and its quantized forms
+// (as rms_norm_quant). The same threads take the same columns in both kernels, so every value
+// is the two launches' bit for bit. One block per row (blockDim 256); shared memory: d floats.
+extern "C" __global__ void sum_norm_quant(const unsigned int* __restrict__ offsets,
+                                          const u64* __restrict__ rows,
+                                          const float* __restrict__ weights,
+                                          float* __restrict__ x, const float* __restrict__ w,
+                                          int d, float eps, float* __restrict__ out, u8* q8k,
+                                          u8* q80) {
+    extern __shared__ float row[];
+    __shared__ double partial[32];
+    const int r = blockIdx.x;
+    const unsigned int e0 = offsets[r], e1 = offsets[r + 1];
+    float* xr = x + (long long)r * d;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float acc = 0.0f;
+        for (unsigned int e = e0; e < e1; e++) acc += weights[e] * ((const float*)rows[e])[i];
+        const float v = xr[i] + acc;
+        xr[i] = v;
+        row[i] = v;
+        ss += (double)v * (double)v;
+    }
+    ss = block_sum(ss, partial);
+    const float scale = 1.0f / sqrtf((float)(ss / d) + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float v = w[i] * (row[i] * scale);
+        row[i] = v;
+        if (out) out[(long long)r * d + i] = v;
+    }
+    __syncthreads();
+    quantize_shared_row(row, d, q8k ? q8k + (long long)r * (d / 256) * Q8K_BYTES : 0,
+                        q80 ? q80 + (long long)r * (d / 32) * 34 : 0);
+}
+
 // Rows of x (f32, `width` each) quantized; one block per row, shared memory: width floats.
 extern "C" __global__ void quantize_rows(const float* __restrict__ x, int width, u8* q8k,
                                          u8* q80) {
@@ -479,15 +516,35 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        int a = 0;
-        unsigned int off = 0;
-        for (int e = 0; e < n_expert; e++) {
-            first[e] = off;
-            off += count[e];
-            if (count[e]) active[a++] = e;
+    // Each expert's first slot and the active experts in ascending order: warp 0 scans, a lane
+    // per run of consecutive experts (one thread walking all of them was a serial 128+ steps
+    // in every decode layer).
+    if (warp == 0) {
+        const int per_lane = (n_expert + 31) / 32;
+        const int e0 = min(lane * per_lane, n_expert), e1 = min(e0 + per_lane, n_expert);
+        unsigned int slots_here = 0, active_here = 0;
+        for (int e = e0; e < e1; e++) {
+            slots_here += count[e];
+            active_here += count[e] != 0;
         }
-        n_active = a;
+        unsigned int slots_before = slots_here, active_before = active_here;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned int s = __shfl_up_sync(0xffffffffu, slots_before, o);
+            const unsigned int a = __shfl_up_sync(0xffffffffu, active_before, o);
+            if (lane >= o) {
+                slots_before += s;
+                active_before += a;
+            }
+        }
+        if (lane == 31) n_active = (int)active_before;
+        slots_before -= slots_here;
+        active_before -= active_here;
+        for (int e = e0; e < e1; e++) {
+            first[e] = slots_before;
+            slots_before += count[e];
+            if (count[e]) active[active_before++] = e;
+        }
     }
     __syncthreads();
     // Each active expert's rows in row order, and where each slot's output row lands.
@@ -497,17 +554,40 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
         slot_row[i] = at;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned int gu_block = 0, down_block = 0;
-        for (int j = 0; j < n_active; j++) {
+    // Each active expert's first gate/up and down block: the same scan over the active
+    // experts (job_blocks divides in 64 bits, which one thread did 3 times per expert).
+    if (warp == 0) {
+        const int per_lane = (n_active + 31) / 32;
+        const int j0 = min(lane * per_lane, n_active), j1 = min(j0 + per_lane, n_active);
+        unsigned int gu_here = 0, down_here = 0;
+        for (int j = j0; j < j1; j++) {
             const u64 c = count[active[j]];
-            gu_first[j] = gu_block;
-            down_first[j] = down_block;
-            gu_block += job_blocks(n_ff, c, gate_type) + job_blocks(n_ff, c, up_type);
-            down_block += job_blocks(n_embd, c, down_type);
+            gu_here += (unsigned int)(job_blocks(n_ff, c, gate_type) + job_blocks(n_ff, c, up_type));
+            down_here += (unsigned int)job_blocks(n_embd, c, down_type);
         }
-        gu_total = gu_block;
-        down_total = down_block;
+        unsigned int gu_before = gu_here, down_before = down_here;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned int g = __shfl_up_sync(0xffffffffu, gu_before, o);
+            const unsigned int d = __shfl_up_sync(0xffffffffu, down_before, o);
+            if (lane >= o) {
+                gu_before += g;
+                down_before += d;
+            }
+        }
+        if (lane == 31) {
+            gu_total = gu_before;
+            down_total = down_before;
+        }
+        gu_before -= gu_here;
+        down_before -= down_here;
+        for (int j = j0; j < j1; j++) {
+            const u64 c = count[active[j]];
+            gu_first[j] = gu_before;
+            down_first[j] = down_before;
+            gu_before += (unsigned int)(job_blocks(n_ff, c, gate_type) + job_blocks(n_ff, c, up_type));
+            down_before += (unsigned int)job_blocks(n_embd, c, down_type);
+        }
     }
     __syncthreads();
     // A thread per job writes its records.
