@@ -56,6 +56,7 @@ __device__ __forceinline__ int ld_i16(const u8* p) {
 // Q4_K and Q5_K share the rest of a sub-block: its 6-bit scale and min (packed in 12 bytes
 // after d and dmin), and the dot with the Q8_K activations (their 16-value sums give the min's
 // share).
+template <int NT>
 __device__ __forceinline__ void sub_block_k4(const u8* wb, int sub, const u32* q, int blk,
                                              const u8* const* arow, int nt, float* acc) {
     const u8* sc = wb + 4;
@@ -70,7 +71,7 @@ __device__ __forceinline__ void sub_block_k4(const u8* wb, int sub, const u32* q
     const float d = f16_to_f32(((const u16*)wb)[0]) * scale;
     const float m = f16_to_f32(((const u16*)wb)[1]) * mn;
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
+    for (int t = 0; t < NT; t++) {
         if (t < nt) {
             const u8* ab = arow[t] + blk * Q8K_BYTES;
             const int* q8 = (const int*)(ab + 4 + 32 * sub);
@@ -84,6 +85,7 @@ __device__ __forceinline__ void sub_block_k4(const u8* wb, int sub, const u32* q
 }
 
 // Q4_K: d, dmin (f16), scales[12] (6-bit scale and min of 8 sub-blocks), qs[128].
+template <int NT>
 __device__ __forceinline__ void seg_q4_k(const u8* w, int s, const u8* const* arow,
                                          int nt, float* acc) {
     const int blk = s >> 3, sub = s & 7;
@@ -93,10 +95,11 @@ __device__ __forceinline__ void seg_q4_k(const u8* w, int s, const u8* const* ar
     u32 q[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) q[i] = (qs[i] >> shift) & 0x0F0F0F0Fu;
-    sub_block_k4(wb, sub, q, blk, arow, nt, acc);
+    sub_block_k4<NT>(wb, sub, q, blk, arow, nt, acc);
 }
 
 // Q5_K: d, dmin, scales[12], qh[32] (bit `sub` of byte l: the fifth bit), qs[128].
+template <int NT>
 __device__ __forceinline__ void seg_q5_k(const u8* w, int s, const u8* const* arow,
                                          int nt, float* acc) {
     const int blk = s >> 3, sub = s & 7;
@@ -108,11 +111,12 @@ __device__ __forceinline__ void seg_q5_k(const u8* w, int s, const u8* const* ar
 #pragma unroll
     for (int i = 0; i < 8; i++)
         q[i] = ((qs[i] >> shift) & 0x0F0F0F0Fu) | (((qh[i] >> sub) & 0x01010101u) << 4);
-    sub_block_k4(wb, sub, q, blk, arow, nt, acc);
+    sub_block_k4<NT>(wb, sub, q, blk, arow, nt, acc);
 }
 
 // Q6_K: ql[128], qh[64], scales[16] i8, d f16; value = d * scale * (q6 - 32). Segment s covers
 // values 128*(s/4) + 32*(s%4) .. +32, two scale groups of 16.
+template <int NT>
 __device__ __forceinline__ void seg_q6_k(const u8* w, int s, const u8* const* arow,
                                          int nt, float* acc) {
     const int blk = s >> 3, half = (s >> 2) & 1, part = s & 3;
@@ -132,7 +136,7 @@ __device__ __forceinline__ void seg_q6_k(const u8* w, int s, const u8* const* ar
     const float s0 = d * sc[0], s1 = d * sc[1];
     const int group = 8 * half + 2 * part;
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
+    for (int t = 0; t < NT; t++) {
         if (t < nt) {
             const u8* ab = arow[t] + blk * Q8K_BYTES;
             const int* q8 = (const int*)(ab + 4 + 128 * half + 32 * part);
@@ -151,7 +155,7 @@ __device__ __forceinline__ void seg_q6_k(const u8* w, int s, const u8* const* ar
 // The legacy formats, one 32-value block per segment, against Q8_0 activations.
 // Q4_0: d f16, qs[16] (low nibbles values 0..15, high 16..31); value = d * (q - 8).
 // Q4_1: d, m f16, qs[16]; value = d * q + m.  Q8_0: d f16, qs[32] i8.
-template <int TYPE>
+template <int TYPE, int NT>
 __device__ __forceinline__ void seg_legacy(const u8* w, int s, const u8* const* arow,
                                            int nt, float* acc) {
     const int bytes = TYPE == T_Q4_0 ? 18 : TYPE == T_Q4_1 ? 20 : 34;
@@ -174,7 +178,7 @@ __device__ __forceinline__ void seg_legacy(const u8* w, int s, const u8* const* 
         if (TYPE == T_Q4_1) m = f16_to_f32(*(const u16*)(wb + 2));
     }
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
+    for (int t = 0; t < NT; t++) {
         if (t < nt) {
             const u8* ab = arow[t] + s * Q8_0_BYTES;
             int sumi = 0, sum8 = 0;
@@ -196,7 +200,7 @@ __device__ __forceinline__ void seg_legacy(const u8* w, int s, const u8* const* 
 
 // Float weights (f32, f16, bf16) against f32 activations: lane l takes columns l, l + 32, ...
 // of the whole row, so a warp's loads of weights and activations are contiguous.
-template <int TYPE>
+template <int TYPE, int NT>
 __device__ __forceinline__ void row_float(const u8* w, int cols, int lane,
                                           const u8* const* arow, int nt, float* acc) {
     for (int c = lane; c < cols; c += 32) {
@@ -205,7 +209,7 @@ __device__ __forceinline__ void row_float(const u8* w, int cols, int lane,
         else if (TYPE == T_F16) v = f16_to_f32(((const u16*)w)[c]);
         else v = bf16_to_f32(((const u16*)w)[c]);
 #pragma unroll
-        for (int t = 0; t < TT; t++) {
+        for (int t = 0; t < NT; t++) {
             if (t < nt) acc[t] += v * ((const float*)arow[t])[c];
         }
     }
@@ -491,6 +495,9 @@ __device__ void mma_block(const u64* job, long long local, MmaShared* sh) {
 }
 
 // Block `local` of a job on the dp4a path: each warp one weight row against up to TT tokens.
+// NT is how many tokens a warp is compiled for: TT, or 1 for steps of one token (decode),
+// whose jobs have at most one; its registers go from 80 to fewer, so more blocks are resident.
+template <int NT>
 __device__ void dp4a_block(const u64* job, long long local) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long rows = (long long)job[5];
@@ -501,55 +508,55 @@ __device__ void dp4a_block(const u64* job, long long local) {
     // Whole warps leave together: the shuffles below need every lane.
     if (row >= rows || t0l >= n) return;
     const int t0 = (int)t0l;
-    const int nt = min(TT, n - t0);
+    const int nt = min(NT, n - t0);
     const long long a_stride = (long long)job[4];
     const u8* w = (const u8*)job[0] + row * (long long)job[3];
     const unsigned int* gather = (const unsigned int*)job[10];
-    const u8* arow[TT];
+    const u8* arow[NT];
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
+    for (int t = 0; t < NT; t++) {
         const int tt = min(t0 + t, n - 1);
         arow[t] = (const u8*)job[1] + (long long)(gather ? gather[tt] : (unsigned int)tt) * a_stride;
     }
     const int cols = (int)job[6];
-    float acc[TT];
+    float acc[NT];
 #pragma unroll
-    for (int t = 0; t < TT; t++) acc[t] = 0.f;
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
     const int n_seg = (cols + 31) / 32;
     switch ((int)job[8]) {
     case T_Q4_K:
-        for (int s = lane; s < n_seg; s += 32) seg_q4_k(w, s, arow, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_q4_k<NT>(w, s, arow, nt, acc);
         break;
     case T_Q5_K:
-        for (int s = lane; s < n_seg; s += 32) seg_q5_k(w, s, arow, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_q5_k<NT>(w, s, arow, nt, acc);
         break;
     case T_Q6_K:
-        for (int s = lane; s < n_seg; s += 32) seg_q6_k(w, s, arow, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_q6_k<NT>(w, s, arow, nt, acc);
         break;
     case T_Q4_0:
-        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q4_0>(w, s, arow, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q4_0, NT>(w, s, arow, nt, acc);
         break;
     case T_Q4_1:
-        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q4_1>(w, s, arow, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q4_1, NT>(w, s, arow, nt, acc);
         break;
     case T_Q8_0:
-        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q8_0>(w, s, arow, nt, acc);
+        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q8_0, NT>(w, s, arow, nt, acc);
         break;
     case T_F32:
-        row_float<T_F32>(w, cols, lane, arow, nt, acc);
+        row_float<T_F32, NT>(w, cols, lane, arow, nt, acc);
         break;
     case T_F16:
-        row_float<T_F16>(w, cols, lane, arow, nt, acc);
+        row_float<T_F16, NT>(w, cols, lane, arow, nt, acc);
         break;
     case T_BF16:
-        row_float<T_BF16>(w, cols, lane, arow, nt, acc);
+        row_float<T_BF16, NT>(w, cols, lane, arow, nt, acc);
         break;
     default:
         break;
     }
     float* out = (float*)job[2];
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
+    for (int t = 0; t < NT; t++) {
         if (t < nt) {
             float v = acc[t];
 #pragma unroll
@@ -597,14 +604,25 @@ __device__ __forceinline__ long long table_blocks(const u64* table, int n_jobs) 
     return (long long)(last[9] + job_blocks(last[5], last[7], last[8]));
 }
 
-extern "C" __global__ void matmul_grouped(const u64* __restrict__ table, int n_jobs) {
+template <int NT>
+__device__ __forceinline__ void matmul_dp4a(const u64* __restrict__ table, int n_jobs) {
     if (n_jobs <= 0) return;
     const long long total = table_blocks(table, n_jobs);
     for (long long b = blockIdx.x; b < total; b += gridDim.x) {
         long long local;
         const u64* job = find_job(table, n_jobs, b, &local);
-        if (job && !mma_path(job[8], job[7])) dp4a_block(job, local);
+        if (job && !mma_path(job[8], job[7])) dp4a_block<NT>(job, local);
     }
+}
+
+extern "C" __global__ void matmul_grouped(const u64* __restrict__ table, int n_jobs) {
+    matmul_dp4a<TT>(table, n_jobs);
+}
+
+// The same for tables whose jobs have at most one token each (the host launches it for steps
+// of one row only).
+extern "C" __global__ void matmul_one(const u64* __restrict__ table, int n_jobs) {
+    matmul_dp4a<1>(table, n_jobs);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 4) matmul_mma(const u64* __restrict__ table,

@@ -63,6 +63,8 @@ struct DevLayer {
 
 struct Kernels {
     matmul: CudaFunction,
+    /// matmul_grouped compiled for one token per job: steps of one row (decode).
+    matmul_one: CudaFunction,
     matmul_mma: CudaFunction,
     glu: CudaFunction,
     weighted_sum: CudaFunction,
@@ -290,6 +292,7 @@ impl ResidentModel {
         };
         let f = Kernels {
             matmul: load("matmul_grouped")?,
+            matmul_one: load("matmul_one")?,
             matmul_mma: load("matmul_mma")?,
             glu: load("glu_quantize")?,
             weighted_sum: load("weighted_sum")?,

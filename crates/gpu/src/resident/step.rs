@@ -369,8 +369,14 @@ impl model::LayerDevice for ResidentModel {
             };
             let matmul = |table: u64, n_jobs: usize, grids: Grids| -> model::Result<()> {
                 let n_jobs = n_jobs as i32;
+                // A one-row step's jobs have one token at most.
+                let dp4a = if n == 1 {
+                    &self.f.matmul_one
+                } else {
+                    &self.f.matmul
+                };
                 for (f, grid, name) in [
-                    (&self.f.matmul, grids.dp4a, "matmul"),
+                    (dp4a, grids.dp4a, "matmul"),
                     (&self.f.matmul_mma, grids.mma, "matmul_mma"),
                 ] {
                     if grid == 0 {
