@@ -86,43 +86,6 @@ extern "C" __global__ void rms_norm_quant(const float* __restrict__ x,
                         q80 ? q80 + (long long)r * (d / 32) * 34 : 0);
 }
 
-// An MoE layer's end and the next layer's start in one launch: row r's weighted sum of its
-// experts' output rows (offsets[r]..offsets[r + 1] index `rows` and `weights`, as
-// weighted_sum) added into x, then the RMSNorm of the new row times w and its quantized forms
-// (as rms_norm_quant). The same threads take the same columns in both kernels, so every value
-// is the two launches' bit for bit. One block per row (blockDim 256); shared memory: d floats.
-extern "C" __global__ void sum_norm_quant(const unsigned int* __restrict__ offsets,
-                                          const u64* __restrict__ rows,
-                                          const float* __restrict__ weights,
-                                          float* __restrict__ x, const float* __restrict__ w,
-                                          int d, float eps, float* __restrict__ out, u8* q8k,
-                                          u8* q80) {
-    extern __shared__ float row[];
-    __shared__ double partial[32];
-    const int r = blockIdx.x;
-    const unsigned int e0 = offsets[r], e1 = offsets[r + 1];
-    float* xr = x + (long long)r * d;
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float acc = 0.0f;
-        for (unsigned int e = e0; e < e1; e++) acc += weights[e] * ((const float*)rows[e])[i];
-        const float v = xr[i] + acc;
-        xr[i] = v;
-        row[i] = v;
-        ss += (double)v * (double)v;
-    }
-    ss = block_sum(ss, partial);
-    const float scale = 1.0f / sqrtf((float)(ss / d) + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        const float v = w[i] * (row[i] * scale);
-        row[i] = v;
-        if (out) out[(long long)r * d + i] = v;
-    }
-    __syncthreads();
-    quantize_shared_row(row, d, q8k ? q8k + (long long)r * (d / 256) * Q8K_BYTES : 0,
-                        q80 ? q80 + (long long)r * (d / 32) * 34 : 0);
-}
-
 // Rows of x (f32, `width` each) quantized; one block per row, shared memory: width floats.
 extern "C" __global__ void quantize_rows(const float* __restrict__ x, int width, u8* q8k,
                                          u8* q80) {

@@ -427,24 +427,18 @@ impl model::LayerDevice for ResidentModel {
             let (nl_i, round_i) = (n_layers as i32, (kv_type == KvType::F16) as i32);
             let (rows_k, rows_v, rows_s, rows_p) =
                 (input(rk_in), input(rv_in), input(rs_in), input(pos_in));
-            // The attention norm's forms each layer's q/k/v read.
-            let qkv_forms = |l: &super::DevLayer| {
+            for (il, (l, t)) in self.layers.iter().zip(&tables).enumerate() {
+                let il_i = il as i32;
                 let qkv: [&DevMat; 3] = [&l.q, &l.k, &l.v];
-                (
+                norm(
+                    x_dev,
+                    null,
+                    l.attn_norm,
+                    n,
                     form(needs(&qkv, ActKind::F32), o.hn),
                     form(needs(&qkv, ActKind::Q8K), o.hq8k),
                     form(needs(&qkv, ActKind::Q8_0), o.hq80),
-                )
-            };
-            // Whether the layer before (an MoE layer's sum_norm_quant) normed this layer's input.
-            let mut normed_ahead = false;
-            for (il, (l, t)) in self.layers.iter().zip(&tables).enumerate() {
-                let il_i = il as i32;
-                if !normed_ahead {
-                    let (f32_at, q8k_at, q80_at) = qkv_forms(l);
-                    norm(x_dev, null, l.attn_norm, n, f32_at, q8k_at, q80_at)?;
-                }
-                normed_ahead = false;
+                )?;
                 matmul(input(t.qkv.0), 3, t.qkv.1)?;
                 {
                     let (qn, kn) = l.qk_norm.unwrap_or((0, 0));
@@ -630,39 +624,17 @@ impl model::LayerDevice for ResidentModel {
                         matmul(at(o.down_table), max_jobs, grids(d))?;
                         let (offs, rows, wts, x_at, acc) =
                             (input(offs_in), at(o.sum_rows), at(o.sum_w), x_dev, 1i32);
-                        if let Some(next) = self.layers.get(il + 1) {
-                            // The sum and the next layer's attention norm in one launch.
-                            let (f32_at, q8k_at, q80_at) = qkv_forms(next);
-                            let mut b = self.stream.launch_builder(&self.f.sum_norm_quant);
-                            b.arg(&offs)
-                                .arg(&rows)
-                                .arg(&wts)
-                                .arg(&x_at)
-                                .arg(&next.attn_norm)
-                                .arg(&d_i)
-                                .arg(&eps)
-                                .arg(&f32_at)
-                                .arg(&q8k_at)
-                                .arg(&q80_at);
-                            // SAFETY: as weighted_sum's below (n + 1 offsets over n·k slot rows
-                            // of d floats, n rows of x), then as rms_norm_quant's (d weights, n
-                            // rows of each asked form); shared memory holds d floats.
-                            unsafe { b.launch(cfg((n as u32, 1), 256, 4 * d as u32)) }
-                                .map_err(|e| launch_err("sum_norm_quant", e))?;
-                            normed_ahead = true;
-                        } else {
-                            let mut b = self.stream.launch_builder(&self.f.weighted_sum);
-                            b.arg(&offs)
-                                .arg(&rows)
-                                .arg(&wts)
-                                .arg(&d_i)
-                                .arg(&x_at)
-                                .arg(&acc);
-                            // SAFETY: n + 1 offsets over n·k slot rows (down outputs of d floats
-                            // in the arena) and weights; adds n rows of d floats into x.
-                            unsafe { b.launch(cfg((n as u32, (d as u32).div_ceil(256)), 256, 0)) }
-                                .map_err(|e| launch_err("weighted_sum", e))?;
-                        }
+                        let mut b = self.stream.launch_builder(&self.f.weighted_sum);
+                        b.arg(&offs)
+                            .arg(&rows)
+                            .arg(&wts)
+                            .arg(&d_i)
+                            .arg(&x_at)
+                            .arg(&acc);
+                        // SAFETY: n + 1 offsets over n·k slot rows (down outputs of d floats in
+                        // the arena) and weights; adds n rows of d floats into x.
+                        unsafe { b.launch(cfg((n as u32, (d as u32).div_ceil(256)), 256, 0)) }
+                            .map_err(|e| launch_err("weighted_sum", e))?;
                     }
                 }
             }
