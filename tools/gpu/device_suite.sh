@@ -2,8 +2,9 @@
 # The GPU suite and the qwen3-30b-a3b benchmark on the device host, from binaries built here.
 # Prepare (on this machine): build `moeshard` (release) and `cargo test --release -p gpu --no-run`,
 # strip them into PACK/bins.tar.xz as moeshard_new, gpu_kernels, gpu_model; tar the qwen3moe and
-# llama fixture folders into PACK/fixtures.tar.xz and llama.cpp's source (without models, docs,
-# examples, tests) into PACK/llama-src.tar.xz; move crates/model/tests/fixtures aside so the
+# llama fixture folders into PACK/fixtures.tar.xz and llama.cpp's source (without the top-level
+# models/ of vocab files, docs, examples, tests; src/models and tools/mtmd are needed: a tarball
+# that dropped every `models` folder failed to build on 2026-12-05) into PACK/llama-src.tar.xz; move crates/model/tests/fixtures aside so the
 # working tree stays under the 64 MiB the device call carries; carry PACK.
 # Run there: bash PACK/device_suite.sh > $OUT/run.txt 2>&1
 # A variant of this script ran on 2026-12-05 (docs/measurements/2026-12-05-gpu-tensor-cores-q30.txt,
@@ -22,7 +23,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
 ( mkdir -p /var/tmp/ll && tar xJf "$P/llama-src.tar.xz" -C /var/tmp/ll && cd /var/tmp/ll &&
   cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=OFF \
     -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_CURL=OFF \
     > /var/tmp/llcfg.log 2>&1 &&
   cmake --build build -j 12 --target llama-bench > /var/tmp/llbuild.log 2>&1
   echo "llama.cpp build rc=$?" ) &
