@@ -41,6 +41,27 @@ pub(crate) fn f16xn(n: usize, field: impl Fn(usize) -> [u8; 2]) -> __m256 {
     _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
 }
 
+/// The eight rows' first blocks as pointers, after checking once that every row and the
+/// activations' sides hold `nb` blocks: the eight-row loops then read through the pointers.
+/// Indexing eight slices there kept eight length checks (a reload, a compare and a branch each)
+/// in every block, as many instructions as the products of a row.
+#[inline(always)]
+pub(crate) fn checked_rows<B>(w: [&[B]; 8], nb: usize, sides: usize) -> [*const B; 8] {
+    assert!(
+        sides >= nb,
+        "the activations' sides are shorter than their blocks"
+    );
+    let mut rows = [std::ptr::null(); 8];
+    for (r, (row, w)) in rows.iter_mut().zip(w).enumerate() {
+        assert!(
+            w.len() >= nb,
+            "row {r} of an eight-row dot is shorter than its activations"
+        );
+        *row = w.as_ptr();
+    }
+    rows
+}
+
 /// The f16 pairs that start eight blocks (`heads[r]`: row r's block, at least 16 readable
 /// bytes) as two vectors of f32 with one row per lane: the first f16 of each (the scale) and the
 /// second (the min of Q4_1/Q5_1; whatever else for the other formats). The blocks' first 16
@@ -202,21 +223,7 @@ macro_rules! row_lane_sums {
         let a: &[$crate::blocks::BlockQ8_0] = $a;
         let side: &[$crate::x86::blocks32::YSide] = $side;
         let nb = a.len();
-        assert!(
-            side.len() >= nb,
-            "the activations' sides are shorter than their blocks"
-        );
-        // The rows' lengths are checked once here, so that the block loop reads through
-        // pointers: indexing eight slices there kept eight length checks (a reload, a compare
-        // and a branch each) in every block, as many instructions as the products of a row.
-        let mut rows = [std::ptr::null(); 8];
-        for r in 0..8 {
-            assert!(
-                w[r].len() >= nb,
-                "row {r} of an eight-row dot is shorter than its activations"
-            );
-            rows[r] = w[r].as_ptr();
-        }
+        let rows = $crate::x86::blocks32::checked_rows(w, nb, side.len());
         // Every `unsafe` below reads block j < nb of a row, of the activations or of their
         // sides, in bounds by the checks above.
         // SAFETY: in bounds by the checks above.
@@ -280,18 +287,7 @@ macro_rules! nibble_row_lane_sums {
         let a: &[$crate::blocks::BlockQ8_0] = $a;
         let side: &[$crate::x86::blocks32::YSide] = $side;
         let nb = a.len();
-        assert!(
-            side.len() >= nb,
-            "the activations' sides are shorter than their blocks"
-        );
-        let mut rows = [std::ptr::null(); 8];
-        for r in 0..8 {
-            assert!(
-                w[r].len() >= nb,
-                "row {r} of an eight-row dot is shorter than its activations"
-            );
-            rows[r] = w[r].as_ptr();
-        }
+        let rows = $crate::x86::blocks32::checked_rows(w, nb, side.len());
         // Every `unsafe` below reads block j < nb of a row, of the activations or of their
         // sides, in bounds by the checks above (a weight block is at least 16 bytes, an
         // activation block's `qs` 32, eight dwords).
@@ -390,32 +386,11 @@ macro_rules! dots_fns {
      ysum: |$y2:ident| $ysum:expr,
      d: |$xd:ident| $d:expr,
      m: |$xm:ident| $m:expr $(,)?) => {
-        $(#[$doc])*
-        #[target_feature(enable = $features)]
-        pub(super) fn $dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            $($setup)*
-            let (w, a) = blocks::<$block, 1>(n, [w], a);
-            let [s] = $crate::x86::blocks32::reference_sums!(1, w, a, min: $min,
-                isum: |$x, $y| $isum, ysum: |$y2| $ysum, d: |$xd| $d, m: |$xm| $m);
-            s
-        }
-
-        /// Eight rows' dots with one activation row, a row per lane (the same bits as `$dot`),
-        /// the activations' sides from [`y_sides`].
-        // The setup is the single-row dot's; this form uses what its `isum` names.
-        #[allow(unused_variables)]
-        #[target_feature(enable = $features)]
-        pub(crate) fn $dots8(
-            n: usize,
-            w: [&[u8]; 8],
-            a: &[u8],
-            side: &[$crate::x86::blocks32::YSide],
-        ) -> [f32; 8] {
-            $($setup)*
-            let (w, a) = blocks::<$block, 8>(n, w, a);
-            $crate::x86::blocks32::row_lane_sums!(w, a, side, $block, min: $min,
-                isum: |$x, $y| $isum)
-        }
+        $crate::x86::blocks32::dots_fns!(@fns $features; $(#[$doc])* $dot, $dots8, $block,
+            min: $min, setup: { $($setup)* }, isum: |$x, $y| $isum, ysum: |$y2| $ysum,
+            d: |$xd| $d, m: |$xm| $m,
+            rows8: |w, a, side| $crate::x86::blocks32::row_lane_sums!(w, a, side, $block,
+                min: $min, isum: |$x, $y| $isum));
     };
     // The nibble formats: `$dots8` transposes the rows' nibbles ([`nibble_row_lane_sums`]).
     ($features:literal; $(#[$doc:meta])* $dot:ident, $dots8:ident, $block:ty, min: $min:literal,
@@ -429,6 +404,20 @@ macro_rules! dots_fns {
          map: |$mq:ident| $map:expr,
          dot4: |$acc:ident, $q:ident, $yq:ident| $dot4:expr $(,)?
      } $(,)?) => {
+        $crate::x86::blocks32::dots_fns!(@fns $features; $(#[$doc])* $dot, $dots8, $block,
+            min: $min, setup: { $($setup)* }, isum: |$x, $y| $isum, ysum: |$y2| $ysum,
+            d: |$xd| $d, m: |$xm| $m,
+            rows8: |w, a, side| $crate::x86::blocks32::nibble_row_lane_sums!(w, a, side, $block,
+                min: $min, offset: $offset, map: |$mq| $map, dot4: |$acc, $q, $yq| $dot4));
+    };
+    (@fns $features:literal; $(#[$doc:meta])* $dot:ident, $dots8:ident, $block:ty,
+     min: $min:literal,
+     setup: { $($setup:tt)* },
+     isum: |$x:ident, $y:ident| $isum:expr,
+     ysum: |$y2:ident| $ysum:expr,
+     d: |$xd:ident| $d:expr,
+     m: |$xm:ident| $m:expr,
+     rows8: |$w:ident, $a:ident, $side:ident| $rows8:expr) => {
         $(#[$doc])*
         #[target_feature(enable = $features)]
         pub(super) fn $dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
@@ -441,19 +430,18 @@ macro_rules! dots_fns {
 
         /// Eight rows' dots with one activation row, a row per lane (the same bits as `$dot`),
         /// the activations' sides from [`y_sides`].
-        // The setup is the single-row dot's; this form uses what its `dot4` names.
+        // The setup is the single-row dot's; this form uses what its own arithmetic names.
         #[allow(unused_variables)]
         #[target_feature(enable = $features)]
         pub(crate) fn $dots8(
             n: usize,
-            w: [&[u8]; 8],
-            a: &[u8],
-            side: &[$crate::x86::blocks32::YSide],
+            $w: [&[u8]; 8],
+            $a: &[u8],
+            $side: &[$crate::x86::blocks32::YSide],
         ) -> [f32; 8] {
             $($setup)*
-            let (w, a) = blocks::<$block, 8>(n, w, a);
-            $crate::x86::blocks32::nibble_row_lane_sums!(w, a, side, $block, min: $min,
-                offset: $offset, map: |$mq| $map, dot4: |$acc, $q, $yq| $dot4)
+            let ($w, $a) = blocks::<$block, 8>(n, $w, $a);
+            $rows8
         }
     };
 }
