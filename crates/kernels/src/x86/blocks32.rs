@@ -62,10 +62,37 @@ pub(crate) fn checked_rows<B>(w: [&[B]; 8], nb: usize, sides: usize) -> [*const 
     rows
 }
 
+/// The first 16 bytes at each of eight places (`at[r]`, row r's block) as four dword lanes:
+/// lane r of the k-th vector holds dword k of row r. Rows r and r + 4 share a register, [row r's
+/// 16 bytes | row r+4's], and a 4×4 transpose of dwords in each half does the rest (eight
+/// shuffles), so eight rows' bytes meet one broadcast activation dword without any horizontal
+/// sum ([`nibble_row_lane_sums`]), and the blocks' first dwords give the eight scales
+/// ([`scales8`]).
+///
+/// # Safety
+/// Each `at[r]` has 16 readable bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn transposed_dwords(at: [*const u8; 8]) -> [__m256i; 4] {
+    // SAFETY: 16 readable bytes at each place (the contract).
+    let load = |r: usize| unsafe { _mm_loadu_si128(at[r].cast()) };
+    let pair =
+        |r: usize| _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(load(r)), load(r + 4));
+    let (p0, p1, p2, p3) = (pair(0), pair(1), pair(2), pair(3));
+    let (t0, t1) = (_mm256_unpacklo_epi32(p0, p1), _mm256_unpackhi_epi32(p0, p1));
+    let (t2, t3) = (_mm256_unpacklo_epi32(p2, p3), _mm256_unpackhi_epi32(p2, p3));
+    [
+        _mm256_unpacklo_epi64(t0, t2),
+        _mm256_unpackhi_epi64(t0, t2),
+        _mm256_unpacklo_epi64(t1, t3),
+        _mm256_unpackhi_epi64(t1, t3),
+    ]
+}
+
 /// The f16 pairs that start eight blocks (`heads[r]`: row r's block, at least 16 readable
 /// bytes) as two vectors of f32 with one row per lane: the first f16 of each (the scale) and the
-/// second (the min of Q4_1/Q5_1; whatever else for the other formats). The blocks' first 16
-/// bytes, rows r and r + 4 in one register, go through a transpose of their first dwords and
+/// second (the min of Q4_1/Q5_1; whatever else for the other formats), from the blocks' first
+/// dwords ([`transposed_dwords`]; the compiler keeps only the shuffles that the first needs) and
 /// two shuffles: composing the same lanes from sixteen 16-bit loads and their shifts took about
 /// fifty instructions per block of eight rows.
 ///
@@ -74,13 +101,8 @@ pub(crate) fn checked_rows<B>(w: [&[B]; 8], nb: usize, sides: usize) -> [*const 
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn scales8(heads: [*const u8; 8]) -> (__m256, __m256) {
-    // SAFETY: 16 readable bytes at each head (the contract).
-    let load = |r: usize| unsafe { _mm_loadu_si128(heads[r].cast()) };
-    let pair =
-        |r: usize| _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(load(r)), load(r + 4));
-    let (p0, p1, p2, p3) = (pair(0), pair(1), pair(2), pair(3));
-    // Lane r: row r's first dword, [scale | second f16].
-    let first = _mm256_unpacklo_epi64(_mm256_unpacklo_epi32(p0, p1), _mm256_unpacklo_epi32(p2, p3));
+    // SAFETY: the contract above, which is `transposed_dwords`'.
+    let [first, ..] = unsafe { transposed_dwords(heads) };
     // Each half [s0 m0 s1 m1 s2 m2 s3 m3] (16-bit) to [s0 s1 s2 s3 m0 m1 m2 m3], then the
     // scales in the low 128 bits and the seconds in the high.
     let split = _mm256_setr_epi8(
@@ -217,6 +239,8 @@ macro_rules! row_lane_sums {
         use $crate::x86::simd256::{hsums, lanes};
         const {
             assert!(std::mem::offset_of!($block, d) == 0);
+            // The min, where there is one, is the f16 right after the scale, before the quants.
+            assert!(!$min || std::mem::offset_of!($block, qs) >= 4);
             assert!(size_of::<$block>() >= 16);
         }
         let w: [&[$block]; 8] = $w;
@@ -245,7 +269,6 @@ macro_rules! row_lane_sums {
             let dxdy = _mm256_mul_ps(dx, dy);
             let mut v = _mm256_mul_ps(_mm256_cvtepi32_ps(hsums(&iv)), dxdy);
             if $min {
-                const { assert!(!$min || std::mem::offset_of!($block, qs) >= 4) };
                 v = _mm256_add_ps(v, _mm256_mul_ps(mx, _mm256_set1_ps(ys.sydy)));
             }
             sum = _mm256_add_ps(sum, v);
@@ -275,8 +298,8 @@ macro_rules! nibble_row_lane_sums {
     ($w:expr, $a:expr, $side:expr, $block:ty, min: $min:expr, offset: $offset:expr,
      map: |$mq:ident| $map:expr,
      dot4: |$acc:ident, $q:ident, $yq:ident| $dot4:expr $(,)?) => {{
-        use $crate::x86::blocks32::scales8;
-        use $crate::x86::simd256::{lanes, load128_of};
+        use $crate::x86::blocks32::{scales8, transposed_dwords};
+        use $crate::x86::simd256::lanes;
         const {
             assert!(std::mem::offset_of!($block, d) == 0);
             // The min, where there is one, is the f16 between the scale and the quants.
@@ -293,24 +316,6 @@ macro_rules! nibble_row_lane_sums {
         // activation block's `qs` 32, eight dwords).
         // SAFETY: in bounds by the checks above.
         let block = |r: usize, j: usize| unsafe { &*rows[r].add(j) };
-        // Rows r and r + 4 share a register, [row r's 16 bytes | row r+4's]; a 4×4 transpose
-        // of dwords in each half then gives, in g[k], dword k of row r in lane r.
-        let transpose = |p: [__m256i; 4]| {
-            let (t0, t1) = (
-                _mm256_unpacklo_epi32(p[0], p[1]),
-                _mm256_unpackhi_epi32(p[0], p[1]),
-            );
-            let (t2, t3) = (
-                _mm256_unpacklo_epi32(p[2], p[3]),
-                _mm256_unpackhi_epi32(p[2], p[3]),
-            );
-            [
-                _mm256_unpacklo_epi64(t0, t2),
-                _mm256_unpackhi_epi64(t0, t2),
-                _mm256_unpacklo_epi64(t1, t3),
-                _mm256_unpackhi_epi64(t1, t3),
-            ]
-        };
         let offset: i32 = $offset;
         let m4 = _mm256_set1_epi8(0x0F);
         let mut sum = _mm256_setzero_ps();
@@ -320,13 +325,9 @@ macro_rules! nibble_row_lane_sums {
             // SAFETY: in bounds by the checks above.
             let ys = unsafe { &*side.as_ptr().add(j) };
             let dy = _mm256_set1_ps(ys.dy);
-            let pair = |r: usize| {
-                _mm256_inserti128_si256::<1>(
-                    _mm256_castsi128_si256(load128_of(&block(r, j).qs)),
-                    load128_of(&block(r + 4, j).qs),
-                )
-            };
-            let g = transpose([pair(0), pair(1), pair(2), pair(3)]);
+            // g[k], lane r: dword k of row r's nibbles.
+            // SAFETY: each block's `qs` is 16 bytes, in bounds.
+            let g = unsafe { transposed_dwords(std::array::from_fn(|r| block(r, j).qs.as_ptr())) };
             let yd = y.qs.as_ptr() as *const i32;
             let mut acc = [_mm256_setzero_si256(); 4];
             for k in 0..4 {
