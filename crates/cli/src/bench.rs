@@ -414,25 +414,60 @@ fn prompt_tokens_test(engine: &mut Engine, toks: &[u32], batch: usize) -> anyhow
 }
 
 /// The phase totals of one test (all repetitions) against its measured time, on stderr so the
-/// table (or JSON) on stdout stays what it was.
+/// table (or JSON) on stdout stays what it was. The pool columns say why a phase is slow at many
+/// threads: "in jobs" is the share of its time the pool's threads worked together (the rest the
+/// caller worked alone), "busy" the share of the jobs' thread time spent working (the rest
+/// waiting for the slowest thread or for work), "threads" how many took part in a job on
+/// average, "join" how long a worker took to enter a job.
 fn print_profile(test: &str, test_secs: f64) {
     let totals = model::profile::totals();
-    let covered: f64 = totals.iter().map(|t| t.1).sum();
+    let covered: f64 = totals.iter().map(|t| t.seconds).sum();
     eprintln!("profile of {test}: {test_secs:.3} s measured");
-    eprintln!("| phase | s | % | calls |");
-    eprintln!("| --- | ---: | ---: | ---: |");
-    for (phase, secs, calls) in totals {
+    eprintln!("| phase | s | % | calls | pool jobs | in jobs % | busy % | threads | join µs |");
+    eprintln!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let mut all = kernels::pool_stats::PoolTotals::ZERO;
+    for t in &totals {
+        all = all.plus(&t.pool);
         eprintln!(
-            "| {} | {secs:.3} | {:.1} | {calls} |",
-            phase.name(),
-            100.0 * secs / test_secs.max(1e-12)
+            "| {} | {:.3} | {:.1} | {} | {} |",
+            t.phase.name(),
+            t.seconds,
+            100.0 * t.seconds / test_secs.max(1e-12),
+            t.calls,
+            pool_columns(&t.pool, t.seconds)
         );
     }
+    eprintln!(
+        "| (all phases) | {covered:.3} | {:.1} | | {} |",
+        100.0 * covered / test_secs.max(1e-12),
+        pool_columns(&all, covered)
+    );
     let rest = test_secs - covered;
     eprintln!(
-        "| (outside the phases) | {rest:.3} | {:.1} | |",
+        "| (outside the phases) | {rest:.3} | {:.1} | | | | | | |",
         100.0 * rest / test_secs.max(1e-12)
     );
+}
+
+/// The pool columns of [`print_profile`] for jobs that ran within `secs` of phase time.
+fn pool_columns(pool: &kernels::pool_stats::PoolTotals, secs: f64) -> String {
+    if pool.jobs == 0 {
+        return "0 | 0.0 | | |".to_string();
+    }
+    let per_job = |v: u64| v as f64 / pool.jobs as f64;
+    let workers = pool.participants.saturating_sub(pool.jobs);
+    let join_us = if workers == 0 {
+        String::new()
+    } else {
+        format!("{:.2}", pool.join_nanos as f64 * 1e-3 / workers as f64)
+    };
+    format!(
+        "{} | {:.1} | {:.1} | {:.1} | {join_us}",
+        pool.jobs,
+        100.0 * pool.job_nanos as f64 * 1e-9 / secs.max(1e-12),
+        100.0 * pool.busy_nanos as f64 / pool.capacity_nanos.max(1) as f64,
+        per_job(pool.participants),
+    )
 }
 
 /// ds4-bench style: grow one session's context step by step; at each depth measure the prefill

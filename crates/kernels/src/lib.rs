@@ -12,6 +12,7 @@ pub mod matmul;
 pub mod offload;
 pub mod panel;
 pub mod pool;
+pub mod pool_stats;
 pub mod prefetch;
 #[cfg(target_arch = "x86_64")]
 mod x86;

@@ -13,10 +13,12 @@
 
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use crate::pool_stats;
 
 /// How long an idle worker spins before it sleeps. Long enough to cover the serial work between
 /// two matmuls of a decode step (norms, router, attention bookkeeping), short enough that an idle
@@ -36,6 +38,10 @@ struct Shared {
     /// Workers inside the current job.
     active: AtomicUsize,
     stop: AtomicBool,
+    /// Whether the current job is counted in [`crate::pool_stats`], and when it was published
+    /// (both written before `open` is set).
+    counting: AtomicBool,
+    published_at: AtomicU64,
     panicked: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     sleep_lock: Mutex<()>,
     wake: Condvar,
@@ -102,6 +108,8 @@ impl ThreadPool {
             open: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
+            counting: AtomicBool::new(false),
+            published_at: AtomicU64::new(0),
             panicked: Mutex::new(None),
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -156,6 +164,12 @@ impl ThreadPool {
         // SAFETY: no worker reads `job` now: `open` is false (the previous job cleared it and
         // waited for `active` to reach zero before returning), and callers hold `busy`.
         unsafe { *self.shared.job.get() = Some(job) };
+        let counting = pool_stats::enabled();
+        let published_at = if counting { pool_stats::now_nanos() } else { 0 };
+        self.shared.counting.store(counting, Ordering::Relaxed);
+        self.shared
+            .published_at
+            .store(published_at, Ordering::Relaxed);
         self.shared.open.store(true, Ordering::SeqCst);
         // A worker registers in `sleepers` under the lock before it checks `generation` and
         // waits; with both sides SeqCst, either it sees the new generation or we see it
@@ -170,9 +184,17 @@ impl ThreadPool {
             self.shared.wake.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        let caller_done = if counting { pool_stats::now_nanos() } else { 0 };
         self.shared.open.store(false, Ordering::SeqCst);
         while self.shared.active.load(Ordering::SeqCst) != 0 {
             std::hint::spin_loop();
+        }
+        if counting {
+            pool_stats::add_participant(caller_done.saturating_sub(published_at), 0);
+            pool_stats::add_job(
+                pool_stats::now_nanos().saturating_sub(published_at),
+                self.n_threads(),
+            );
         }
         // SAFETY: `open` is false and `active` is zero, so every worker that joined is done, and
         // one that increments `active` from now on sees `open` false and does not read `job`.
@@ -340,9 +362,19 @@ fn worker_loop(shared: &Shared, tid: usize) {
             // before we read it and the caller does not write it again until `active` drops
             // back to zero.
             if let Some(job) = unsafe { *shared.job.get() } {
+                // Written before `open` was set, which we saw.
+                let counting = shared.counting.load(Ordering::Relaxed);
+                let entered = if counting { pool_stats::now_nanos() } else { 0 };
                 // SAFETY: the closure lives on the caller's stack until `run_open` returns, which
                 // it does only after `active` is zero again, after this call; it is `Sync`.
                 let result = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(tid) }));
+                if counting {
+                    let published = shared.published_at.load(Ordering::Relaxed);
+                    pool_stats::add_participant(
+                        pool_stats::now_nanos().saturating_sub(entered),
+                        entered.saturating_sub(published),
+                    );
+                }
                 if let Err(p) = result {
                     *shared.panicked.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
                 }

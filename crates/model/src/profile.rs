@@ -3,8 +3,11 @@
 //! default; then a phase costs one relaxed atomic load. The phases nest nowhere, so their sum is
 //! the forward's time less what no phase covers (reported as such by the caller).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
+
+use kernels::pool_stats::PoolTotals;
 
 /// The parts of a forward pass that are timed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,12 +107,18 @@ impl Phase {
     }
 }
 
-static ENABLED: AtomicBool = AtomicBool::new(false);
-static NANOS: [AtomicU64; Phase::ALL.len()] = [const { AtomicU64::new(0) }; Phase::ALL.len()];
-static CALLS: [AtomicU64; Phase::ALL.len()] = [const { AtomicU64::new(0) }; Phase::ALL.len()];
+const N_PHASES: usize = Phase::ALL.len();
 
-/// Turns timing on or off for the whole process.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static NANOS: [AtomicU64; N_PHASES] = [const { AtomicU64::new(0) }; N_PHASES];
+static CALLS: [AtomicU64; N_PHASES] = [const { AtomicU64::new(0) }; N_PHASES];
+/// The thread pool's counters while each phase ran; guarded by its own lock because a span adds
+/// six counters at once, and spans end at most a few thousand times a second.
+static POOL: Mutex<[PoolTotals; N_PHASES]> = Mutex::new([PoolTotals::ZERO; N_PHASES]);
+
+/// Turns timing on or off for the whole process (the thread pool's job counters with it).
 pub fn set_enabled(on: bool) {
+    kernels::pool_stats::set_enabled(on);
     ENABLED.store(on, Ordering::Relaxed);
 }
 
@@ -119,28 +128,40 @@ pub fn reset() {
         n.store(0, Ordering::Relaxed);
         c.store(0, Ordering::Relaxed);
     }
+    *POOL.lock().unwrap_or_else(|e| e.into_inner()) = [PoolTotals::ZERO; N_PHASES];
 }
 
-/// (phase, seconds, times entered) of every phase entered since the last reset.
-pub fn totals() -> Vec<(Phase, f64, u64)> {
+/// One phase's totals since the last reset.
+#[derive(Clone, Copy, Debug)]
+pub struct PhaseTotal {
+    pub phase: Phase,
+    pub seconds: f64,
+    /// Times the phase was entered.
+    pub calls: u64,
+    /// The thread pool's jobs inside the phase.
+    pub pool: PoolTotals,
+}
+
+/// Every phase entered since the last reset.
+pub fn totals() -> Vec<PhaseTotal> {
+    let pool = *POOL.lock().unwrap_or_else(|e| e.into_inner());
     Phase::ALL
         .iter()
         .enumerate()
-        .map(|(i, &p)| {
-            (
-                p,
-                NANOS[i].load(Ordering::Relaxed) as f64 * 1e-9,
-                CALLS[i].load(Ordering::Relaxed),
-            )
+        .map(|(i, &phase)| PhaseTotal {
+            phase,
+            seconds: NANOS[i].load(Ordering::Relaxed) as f64 * 1e-9,
+            calls: CALLS[i].load(Ordering::Relaxed),
+            pool: pool[i],
         })
-        .filter(|&(_, _, calls)| calls > 0)
+        .filter(|t| t.calls > 0)
         .collect()
 }
 
 /// Times the scope it lives in as `phase` (when enabled).
 pub struct Span {
     phase: usize,
-    start: Option<Instant>,
+    start: Option<(Instant, PoolTotals)>,
 }
 
 /// Starts timing `phase` until the returned span drops.
@@ -149,15 +170,20 @@ pub fn span(phase: Phase) -> Span {
     Span {
         // `ALL` lists the variants in declaration order, so the discriminant is the index.
         phase: phase as usize,
-        start: ENABLED.load(Ordering::Relaxed).then(Instant::now),
+        start: ENABLED
+            .load(Ordering::Relaxed)
+            .then(|| (Instant::now(), kernels::pool_stats::totals())),
     }
 }
 
 impl Drop for Span {
     fn drop(&mut self) {
-        if let Some(t0) = self.start {
+        if let Some((t0, pool_at_start)) = self.start {
             NANOS[self.phase].fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             CALLS[self.phase].fetch_add(1, Ordering::Relaxed);
+            let jobs = kernels::pool_stats::totals().since(&pool_at_start);
+            let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+            pool[self.phase] = pool[self.phase].plus(&jobs);
         }
     }
 }
@@ -190,13 +216,31 @@ mod tests {
         timed(Phase::Route, || {
             std::thread::sleep(std::time::Duration::from_millis(2))
         });
+        let pool = kernels::ThreadPool::with_backend(3, kernels::PoolBackend::Spin);
+        timed(Phase::Router, || {
+            pool.for_each_chunk(64, 1, |_| {
+                std::thread::sleep(std::time::Duration::from_micros(50))
+            })
+        });
         set_enabled(false);
         drop(span(Phase::Route));
         let t = totals();
-        assert_eq!(t.len(), 1);
-        assert_eq!(t[0].0, Phase::Route);
-        assert_eq!(t[0].2, 1);
-        assert!(t[0].1 >= 0.002, "{:?}", t[0]);
+        assert_eq!(t.len(), 2);
+        // In declaration order: the router matmul, then routing.
+        let (router, route) = (&t[0], &t[1]);
+        assert_eq!(route.phase, Phase::Route);
+        assert_eq!(route.calls, 1);
+        assert!(route.seconds >= 0.002, "{route:?}");
+        assert_eq!(route.pool.jobs, 0, "{route:?}");
+        // The router span saw the pool's job: every thread that took part was busy inside it
+        // for at most the job's wall time, the caller for most of it.
+        let jobs = router.pool;
+        assert_eq!(router.phase, Phase::Router);
+        assert_eq!(jobs.jobs, 1, "{jobs:?}");
+        assert!((1..=3).contains(&jobs.participants), "{jobs:?}");
+        assert!(jobs.busy_nanos <= jobs.capacity_nanos, "{jobs:?}");
+        assert!(jobs.capacity_nanos == 3 * jobs.job_nanos, "{jobs:?}");
+        assert!(jobs.busy_nanos >= 50_000, "{jobs:?}");
         reset();
     }
 }
