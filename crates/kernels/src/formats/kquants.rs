@@ -165,10 +165,20 @@ pub fn nearest_int(v: f32) -> i32 {
     (bits & 0x007f_ffff) - 0x0040_0000
 }
 
+/// [`quantize_q8_k_reference`]'s bits, in SIMD where the CPU has AVX2.
+pub fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA, checked above.
+        return unsafe { crate::x86::act_quant::quantize_q8_k(src, dst) };
+    }
+    quantize_q8_k_reference(src, dst)
+}
+
 /// ggml's `quantize_row_q8_K_ref`: scale from the signed value of largest magnitude, values
 /// rounded half to even, plus exact sums of each group of 16. An all-zero block gets zero sums
 /// (ggml leaves them unwritten).
-pub fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+pub fn quantize_q8_k_reference(src: &[f32], dst: &mut [u8]) {
     let dst: &mut [BlockQ8K] = bytemuck::cast_slice_mut(dst);
     for (x, y) in src.chunks_exact(QK_K).zip(dst) {
         let (mut amax, mut max) = (0.0f32, 0.0f32);

@@ -183,25 +183,17 @@ pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
 /// quantizer ([`quantize_q8_0`]) divides by `amax / 127` and rounds half away from zero; using
 /// llama.cpp's runtime form here keeps our activations equal to the ones it computes with.
 pub fn quantize_q8_0_activations(src: &[f32], dst: &mut [u8]) {
-    // The baseline x86-64 target has no rounding instruction, so `round_ties_even` becomes a
-    // libm call per element (a third of a small Q8_0 matmul's time); compiled for AVX2 the same
-    // code rounds inline and vectorizes, with the same results.
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked above.
-        return unsafe { quantize_q8_0_activations_avx2(src, dst) };
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA, checked above.
+        return unsafe { crate::x86::act_quant::quantize_q8_0(src, dst) };
     }
-    quantize_q8_0_activations_inline(src, dst)
+    quantize_q8_0_activations_reference(src, dst)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn quantize_q8_0_activations_avx2(src: &[f32], dst: &mut [u8]) {
-    quantize_q8_0_activations_inline(src, dst)
-}
-
-#[inline(always)]
-fn quantize_q8_0_activations_inline(src: &[f32], dst: &mut [u8]) {
+/// Q8_0 activation blocks: scale from the largest magnitude, values rounded half to even (the
+/// scalar reference of [`quantize_q8_0_activations`]).
+pub fn quantize_q8_0_activations_reference(src: &[f32], dst: &mut [u8]) {
     let dst: &mut [BlockQ8_0] = bytemuck::cast_slice_mut(dst);
     for (x, y) in src.chunks_exact(QK8_0).zip(dst) {
         let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));

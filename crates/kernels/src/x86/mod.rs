@@ -14,6 +14,7 @@
 //! pointers (each block says why the bytes are in bounds) and entering a kernel from code
 //! compiled without those features (only after `crate::isa` detected them).
 
+pub(crate) mod act_quant;
 pub mod amx;
 pub mod avx2;
 pub mod avx512;
