@@ -216,7 +216,7 @@ pub(crate) const EXP_C: [f32; 7] = [
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{EXP_C, KvElem, LN2_HI, LN2_LO, Rows};
+    use super::{KvElem, Rows};
 
     /// Independent accumulators per step of the score and weighted-sum loops: enough to cover
     /// an FMA's latency at two a cycle.
@@ -417,25 +417,7 @@ mod x86 {
         for i in (0..n8).step_by(8) {
             // SAFETY: elements i..i + 8 of `x` (i + 8 <= n8 <= x.len()).
             let v = unsafe { _mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vmax) };
-            let v = _mm256_min_ps(
-                _mm256_max_ps(v, _mm256_set1_ps(-87.3)),
-                _mm256_set1_ps(88.3),
-            );
-            let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                _mm256_mul_ps(v, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-            );
-            let nk = _mm256_sub_ps(_mm256_setzero_ps(), k);
-            let r = _mm256_fmadd_ps(nk, _mm256_set1_ps(LN2_HI), v);
-            let r = _mm256_fmadd_ps(nk, _mm256_set1_ps(LN2_LO), r);
-            let mut p = _mm256_set1_ps(EXP_C[6]);
-            for &c in EXP_C[..6].iter().rev() {
-                p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-            }
-            let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-                _mm256_cvtps_epi32(k),
-                _mm256_set1_epi32(127),
-            )));
-            let e = _mm256_mul_ps(p, pow2);
+            let e = crate::activation::x86::exp8(v);
             // SAFETY: as for the load above.
             unsafe { _mm256_storeu_ps(x.as_mut_ptr().add(i), e) };
             sum = _mm256_add_ps(sum, e);

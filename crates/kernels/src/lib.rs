@@ -4,6 +4,7 @@
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
+pub mod activation;
 pub mod attn;
 pub mod blocks;
 pub mod formats;

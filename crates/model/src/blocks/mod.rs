@@ -209,9 +209,8 @@ impl Compute {
     }
 }
 
-/// SiLU(gate) ⊙ up, in place into `gate`.
+/// SiLU(gate) ⊙ up, in place into `gate` (the kernels' SIMD form, one polynomial e^x on
+/// every path).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
+    kernels::activation::silu_mul(gate, up);
 }
