@@ -308,7 +308,8 @@ pub fn moe_ffn(
 
 /// One ready expert's buffers through its FFN.
 struct ExpertWork {
-    /// The rows of the tokens it serves, in the gate/up activation form.
+    /// The rows of the tokens it serves, in the gate/up activation form (left empty for a
+    /// single token, which every expert reads from the quantized input itself).
     rows_in: Vec<u8>,
     gate: Vec<f32>,
     up: Vec<f32>,
@@ -463,13 +464,21 @@ fn run_experts_here(
             down: Vec::new(),
         })
         .collect();
-    cx.pool.for_each_mut(&mut work, |i, w| {
+    let prepare = |i: usize, w: &mut ExpertWork| {
         let (e, m) = &batch[i];
         let slots = &groups[*e];
-        w.rows_in = gather_rows(acts, arb, slots, slots_per_token);
+        if n_tokens > 1 {
+            w.rows_in = gather_rows(acts, arb, slots, slots_per_token);
+        }
         w.gate = vec![0f32; slots.len() * m.gate.rows];
         w.up = vec![0f32; slots.len() * m.up.rows];
-    });
+    };
+    if n_tokens > 1 {
+        cx.pool.for_each_mut(&mut work, prepare);
+    } else {
+        // Decode: nothing to gather, and a dispatch would cost more than these allocations.
+        work.iter_mut().enumerate().for_each(|(i, w)| prepare(i, w));
+    }
     drop(gather_span);
     let gate_up_span = span(Phase::ExpertGateUp);
     {
@@ -479,6 +488,7 @@ fn run_experts_here(
             let ExpertWork {
                 rows_in, gate, up, ..
             } = w;
+            let rows_in: &[u8] = if n_tokens > 1 { rows_in } else { &acts[..arb] };
             jobs.push(MatmulJob {
                 w: m.gate,
                 acts: rows_in,
