@@ -21,11 +21,12 @@ pub struct ExpertFfn<'a> {
 
 /// gpt-oss' clamped SwiGLU, in place into `gate` (as llama.cpp's `swiglu_oai` and HF).
 pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let x = g.min(limit);
-        let y = u.clamp(-limit, limit);
-        *g = x / (1.0 + (-alpha * x).exp()) * (y + 1.0);
-    }
+    let glu = kernels::activation::ClampedGlu {
+        alpha,
+        limit,
+        up_plus_one: true,
+    };
+    kernels::activation::clamped_silu_mul(gate, up, glu);
 }
 
 /// `ln(1 + e^x)`, linear above 20 as torch's `F.softplus` (threshold 20).
@@ -35,10 +36,12 @@ pub fn softplus(x: f32) -> f32 {
 
 /// DeepSeek V4's clamped SwiGLU, in place into `gate`: `silu(min(g, limit)) · clamp(u, ±limit)`.
 pub fn clamped_silu(gate: &mut [f32], up: &[f32], limit: f32) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let x = g.min(limit);
-        *g = x / (1.0 + (-x).exp()) * u.clamp(-limit, limit);
-    }
+    let glu = kernels::activation::ClampedGlu {
+        alpha: 1.0,
+        limit,
+        up_plus_one: false,
+    };
+    kernels::activation::clamped_silu_mul(gate, up, glu);
 }
 
 /// The routing decision for a batch of tokens: `k` (expert, weight) slots per token, in
