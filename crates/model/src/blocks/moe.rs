@@ -440,6 +440,8 @@ fn run_experts_here(
     let k_slots = slot_out.len() / n_embd;
     let n_tokens = x.n();
     let slots_per_token = k_slots / n_tokens.max(1);
+    // One token: every expert serves exactly one slot.
+    let one_slot_each = n_tokens == 1 && batch.iter().all(|(e, _)| groups[*e].len() == 1);
     // Gather each expert's token rows from the input quantized once for the gate/up format.
     let gather_span = span(Phase::ExpertGather);
     let format_of = |m: &kernels::Weights| {
@@ -532,10 +534,44 @@ fn run_experts_here(
         {
             act.quantize_row(src, dst);
         }
-        w.down = vec![0f32; groups[*e].len() * m.down.rows];
+        if !one_slot_each {
+            w.down = vec![0f32; groups[*e].len() * m.down.rows];
+        }
     });
     drop(activation_span);
     let down_span = span(Phase::ExpertDown);
+    if one_slot_each {
+        // Decode: each expert's down projection writes its slot's row, nothing to scatter.
+        let mut rows: Vec<Option<&mut [f32]>> =
+            slot_out.chunks_exact_mut(n_embd).map(Some).collect();
+        let mut jobs = Vec::with_capacity(batch.len());
+        for ((e, m), w) in batch.iter().zip(work.iter()) {
+            let slot = groups[*e][0];
+            let out = rows.get_mut(slot).and_then(Option::take).ok_or_else(|| {
+                ModelError::Experts(format!("expert {e}: slot {slot} is not free"))
+            })?;
+            jobs.push(MatmulJob {
+                w: m.down,
+                acts: &w.hidden,
+                n: 1,
+                out,
+            });
+        }
+        cx.matmul_batch(&mut jobs)?;
+        drop(jobs);
+        drop(down_span);
+        if let Some(b) = kind.biases {
+            let _combine = span(Phase::ExpertCombine);
+            for (e, _) in batch {
+                let slot = groups[*e][0];
+                add_to_rows(
+                    &mut slot_out[slot * n_embd..(slot + 1) * n_embd],
+                    b.of(*e).2,
+                );
+            }
+        }
+        return Ok(());
+    }
     {
         let mut jobs = Vec::with_capacity(batch.len());
         for ((e, m), w) in batch.iter().zip(work.iter_mut()) {
