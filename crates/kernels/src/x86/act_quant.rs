@@ -85,24 +85,19 @@ fn q8_0_ints(v: __m256, scale: __m256) -> __m256i {
     _mm256_cvtps_epi32(p)
 }
 
-/// 32 integers in [-128, 127] (four vectors of eight, in order) as 32 bytes, in order.
+/// 32 integers (four vectors of eight, in order) as 32 bytes, in order: in [-128, 127] as
+/// signed bytes, or with `UNSIGNED` in [0, 255] as unsigned ones.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn pack32(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m256i {
+fn pack32<const UNSIGNED: bool>(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m256i {
     // The packs work per 128-bit lane; the permute puts the four-value groups back in order.
     let ab = _mm256_packs_epi32(a, b);
     let cd = _mm256_packs_epi32(c, d);
-    let abcd = _mm256_packs_epi16(ab, cd);
-    _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
-}
-
-/// 32 integers in [0, 255] (four vectors of eight, in order) as 32 bytes, in order.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn pack32_unsigned(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m256i {
-    let ab = _mm256_packs_epi32(a, b);
-    let cd = _mm256_packs_epi32(c, d);
-    let abcd = _mm256_packus_epi16(ab, cd);
+    let abcd = if UNSIGNED {
+        _mm256_packus_epi16(ab, cd)
+    } else {
+        _mm256_packs_epi16(ab, cd)
+    };
     _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
@@ -134,7 +129,7 @@ pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
             };
             let (a, b, cc, d) = (q(0), q(8), q(16), q(24));
             // SAFETY: `out` holds 32 bytes.
-            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), pack32_unsigned(a, b, cc, d)) };
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), pack32::<true>(a, b, cc, d)) };
             // The sums of the two groups of 16, of the bytes read as signed.
             let signed = |v: __m256i| _mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(v));
             let g0 = _mm256_add_epi32(signed(a), signed(b));
@@ -166,7 +161,7 @@ pub(crate) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
             let v = unsafe { _mm256_loadu_ps(x.as_ptr().add(i)) };
             q8_0_ints(v, scale)
         };
-        let bytes = pack32(q(0), q(8), q(16), q(24));
+        let bytes = pack32::<false>(q(0), q(8), q(16), q(24));
         // SAFETY: `qs` holds 32 bytes.
         unsafe { _mm256_storeu_si256(y.qs.as_mut_ptr().cast(), bytes) };
     }
