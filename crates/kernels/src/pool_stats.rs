@@ -78,15 +78,16 @@ impl PoolTotals {
         }
     }
 
-    /// What happened between `earlier` and `self`.
+    /// What happened between `earlier` and `self` (the counters only grow; saturating in case
+    /// they ever do not).
     pub fn since(&self, earlier: &PoolTotals) -> PoolTotals {
         PoolTotals {
-            jobs: self.jobs - earlier.jobs,
-            job_nanos: self.job_nanos - earlier.job_nanos,
-            capacity_nanos: self.capacity_nanos - earlier.capacity_nanos,
-            busy_nanos: self.busy_nanos - earlier.busy_nanos,
-            participants: self.participants - earlier.participants,
-            join_nanos: self.join_nanos - earlier.join_nanos,
+            jobs: self.jobs.saturating_sub(earlier.jobs),
+            job_nanos: self.job_nanos.saturating_sub(earlier.job_nanos),
+            capacity_nanos: self.capacity_nanos.saturating_sub(earlier.capacity_nanos),
+            busy_nanos: self.busy_nanos.saturating_sub(earlier.busy_nanos),
+            participants: self.participants.saturating_sub(earlier.participants),
+            join_nanos: self.join_nanos.saturating_sub(earlier.join_nanos),
         }
     }
 }

@@ -113,7 +113,9 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 static NANOS: [AtomicU64; N_PHASES] = [const { AtomicU64::new(0) }; N_PHASES];
 static CALLS: [AtomicU64; N_PHASES] = [const { AtomicU64::new(0) }; N_PHASES];
 /// The thread pool's counters while each phase ran; guarded by its own lock because a span adds
-/// six counters at once, and spans end at most a few thousand times a second.
+/// six counters at once, and spans end at most a few thousand times a second. The counters are
+/// process-wide, so a phase gets every pool job that ran while it was open: right while one
+/// thread drives the forward (a GPU's helper threads use no pool), mixed if several did.
 static POOL: Mutex<[PoolTotals; N_PHASES]> = Mutex::new([PoolTotals::ZERO; N_PHASES]);
 
 /// Turns timing on or off for the whole process (the thread pool's job counters with it).

@@ -145,7 +145,7 @@ pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// `quantize_q8_0_reference` of whole blocks of 32 values.
+/// `quantize_q8_0_activations_reference` of whole blocks of 32 values.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
     let dst: &mut [BlockQ8_0] = bytemuck::cast_slice_mut(dst);

@@ -311,8 +311,8 @@ pub fn moe_ffn(
 
 /// One ready expert's buffers through its FFN.
 struct ExpertWork {
-    /// The rows of the tokens it serves, in the gate/up activation form (left empty for a
-    /// single token, which every expert reads from the quantized input itself).
+    /// The rows of the tokens it serves, in the gate/up activation form (left empty when each
+    /// expert serves the one token, whose quantized input row every expert reads itself).
     rows_in: Vec<u8>,
     gate: Vec<f32>,
     up: Vec<f32>,
@@ -440,7 +440,8 @@ fn run_experts_here(
     let k_slots = slot_out.len() / n_embd;
     let n_tokens = x.n();
     let slots_per_token = k_slots / n_tokens.max(1);
-    // One token: every expert serves exactly one slot.
+    // One token whose experts are all different (top-k routing always; hash routing could
+    // name one twice): each expert serves exactly one slot, the token's row.
     let one_slot_each = n_tokens == 1 && batch.iter().all(|(e, _)| groups[*e].len() == 1);
     // Gather each expert's token rows from the input quantized once for the gate/up format.
     let gather_span = span(Phase::ExpertGather);
@@ -472,13 +473,13 @@ fn run_experts_here(
     let prepare = |i: usize, w: &mut ExpertWork| {
         let (e, m) = &batch[i];
         let slots = &groups[*e];
-        if n_tokens > 1 {
+        if !one_slot_each {
             w.rows_in = gather_rows(acts, arb, slots, slots_per_token);
         }
         w.gate = vec![0f32; slots.len() * m.gate.rows];
         w.up = vec![0f32; slots.len() * m.up.rows];
     };
-    if n_tokens > 1 {
+    if !one_slot_each {
         cx.pool.for_each_mut(&mut work, prepare);
     } else {
         // Decode: nothing to gather, and a dispatch would cost more than these allocations.
@@ -493,7 +494,7 @@ fn run_experts_here(
             let ExpertWork {
                 rows_in, gate, up, ..
             } = w;
-            let rows_in: &[u8] = if n_tokens > 1 { rows_in } else { &acts[..arb] };
+            let rows_in: &[u8] = if one_slot_each { &acts[..arb] } else { rows_in };
             jobs.push(MatmulJob {
                 w: m.gate,
                 acts: rows_in,
@@ -635,6 +636,41 @@ fn add_to_rows(x: &mut [f32], bias: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One token whose two slots name the same expert (hash routing could): each slot gets the
+    /// expert's whole output, and they add up in slot order, exactly as one slot of weight one
+    /// gives that output alone.
+    #[test]
+    fn a_token_routed_twice_to_one_expert_gets_both_slots() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/qwen3moe/model-f32.gguf");
+        let model = crate::Model::load(&path).expect("the qwen3moe fixture loads");
+        let n_embd = model.hp.n_embd;
+        let n_expert = model.hp.moe.as_ref().expect("a MoE fixture").n_expert;
+        let cx = Compute::new(2);
+        let x: Vec<f32> = (0..n_embd)
+            .map(|i| ((i * 37 % 17) as f32 - 8.0) / 9.0)
+            .collect();
+        let input = Input::new(&x, 1, n_embd).expect("one row");
+        let kind = ExpertFfn {
+            glu: Glu::Silu,
+            biases: None,
+        };
+        let experts = crate::experts::ResidentExperts::new(&model);
+        let run = |picks: &[usize], weights: &[f32]| {
+            let routing = Routing {
+                k: picks.len(),
+                experts: picks.to_vec(),
+                weights: weights.to_vec(),
+            };
+            moe_ffn(&cx, 0, &input, &routing, n_expert, n_embd, &kind, &experts)
+                .expect("the experts run")
+        };
+        let alone = run(&[1], &[1.0]);
+        let twice = run(&[1, 1], &[0.75, 0.5]);
+        let want: Vec<f64> = alone.iter().map(|&y| 0.75 * y + 0.5 * y).collect();
+        assert_eq!(twice, want);
+    }
 
     fn params(gating: Gating, k: usize, n_group: usize, n_group_used: usize) -> MoeParams {
         MoeParams {
