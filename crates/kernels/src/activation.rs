@@ -2,7 +2,7 @@
 //! SIMD with the scalar form's bits. In decode it runs on one thread per expert between two
 //! matmuls; with libm's `expf` per element it cost as much as a small matmul at 16 threads.
 
-use crate::attn::exp_poly;
+use crate::exp::exp_poly;
 
 /// `gate[i] = silu(gate[i]) · up[i]`, where silu(g) = g / (1 + e^-g) with
 /// [`exp_poly`]'s e^x, on the widest SIMD this CPU has; the bits of
@@ -72,33 +72,7 @@ fn clamped_silu_times(g: f32, u: f32, glu: ClampedGlu) -> f32 {
 pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
-    use crate::attn::{EXP_C, LN2_HI, LN2_LO};
-
-    /// e^v of eight floats by [`crate::attn::exp_poly`]'s operations (same bits for every
-    /// non-NaN input).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn exp8(v: __m256) -> __m256 {
-        let v = _mm256_min_ps(
-            _mm256_max_ps(v, _mm256_set1_ps(-87.3)),
-            _mm256_set1_ps(88.3),
-        );
-        let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(v, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let nk = _mm256_sub_ps(_mm256_setzero_ps(), k);
-        let r = _mm256_fmadd_ps(nk, _mm256_set1_ps(LN2_HI), v);
-        let r = _mm256_fmadd_ps(nk, _mm256_set1_ps(LN2_LO), r);
-        let mut p = _mm256_set1_ps(EXP_C[6]);
-        for &c in EXP_C[..6].iter().rev() {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-        }
-        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(k),
-            _mm256_set1_epi32(127),
-        )));
-        _mm256_mul_ps(p, pow2)
-    }
+    use crate::exp::x86::exp8;
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn clamped_silu_mul_avx2(gate: &mut [f32], up: &[f32], glu: super::ClampedGlu) {

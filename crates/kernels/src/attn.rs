@@ -7,6 +7,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::Isa;
+use crate::exp::exp_poly;
 
 mod heads;
 pub use heads::{attend_heads, scores_heads, weighted_sum_heads};
@@ -184,33 +185,6 @@ pub fn weighted_sum(isa: Isa, p: &[f32], values: Rows, out: &mut [f32]) {
         }
     }
 }
-
-/// e^x by range reduction (x = k·ln2 + r) and a degree-6 polynomial for e^r; the same
-/// operations as the SIMD paths, so every path gives the same bits.
-pub fn exp_poly(x: f32) -> f32 {
-    let x = x.clamp(-87.3, 88.3);
-    let k = (x * std::f32::consts::LOG2_E).round_ties_even();
-    let r = (-k).mul_add(LN2_HI, x);
-    let r = (-k).mul_add(LN2_LO, r);
-    let mut p = EXP_C[6];
-    for &c in EXP_C[..6].iter().rev() {
-        p = p.mul_add(r, c);
-    }
-    p * f32::from_bits(((k as i32 + 127) as u32) << 23)
-}
-
-pub(crate) const LN2_HI: f32 = 0.693_359_4;
-pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
-/// Taylor coefficients of e^r on |r| ≤ ln2/2: 1, 1, 1/2, 1/6, 1/24, 1/120, 1/720.
-pub(crate) const EXP_C: [f32; 7] = [
-    1.0,
-    1.0,
-    0.5,
-    0.166_666_67,
-    0.041_666_668,
-    0.008_333_334,
-    0.001_388_889,
-];
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -408,7 +382,7 @@ mod x86 {
         }
     }
 
-    /// `x[i] = e^(x[i] - max)`, returning the sum (same operations as `super::exp_poly`).
+    /// `x[i] = e^(x[i] - max)`, returning the sum (same operations as `crate::exp::exp_poly`).
     #[target_feature(enable = "avx2,fma")]
     pub fn exp_sub_sum_avx2(x: &mut [f32], max: f32) -> f32 {
         let n8 = x.len() / 8 * 8;
@@ -417,7 +391,7 @@ mod x86 {
         for i in (0..n8).step_by(8) {
             // SAFETY: elements i..i + 8 of `x` (i + 8 <= n8 <= x.len()).
             let v = unsafe { _mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vmax) };
-            let e = crate::activation::x86::exp8(v);
+            let e = crate::exp::x86::exp8(v);
             // SAFETY: as for the load above.
             unsafe { _mm256_storeu_ps(x.as_mut_ptr().add(i), e) };
             sum = _mm256_add_ps(sum, e);
@@ -426,7 +400,7 @@ mod x86 {
         let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
         let mut s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
         for v in x[n8..].iter_mut() {
-            *v = super::exp_poly(*v - max);
+            *v = crate::exp::exp_poly(*v - max);
             s += *v;
         }
         s
@@ -705,16 +679,5 @@ mod tests {
                 assert!(total < 1.0, "{isa:?}: the sink takes a share");
             }
         }
-    }
-
-    #[test]
-    fn exp_poly_is_accurate() {
-        let mut worst = 0f64;
-        for i in -8700..=8830 {
-            let x = i as f32 / 100.0;
-            let e = (x as f64).exp();
-            worst = worst.max(((exp_poly(x) as f64 - e) / e).abs());
-        }
-        assert!(worst < 4e-7, "relative error {worst}");
     }
 }

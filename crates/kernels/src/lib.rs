@@ -7,6 +7,7 @@ mod aarch64;
 pub mod activation;
 pub mod attn;
 pub mod blocks;
+pub mod exp;
 pub mod formats;
 pub mod isa;
 pub mod matmul;

@@ -11,7 +11,8 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use crate::attn::{EXP_C, KvElem, LN2_HI, LN2_LO, Rows};
+use crate::attn::{KvElem, Rows};
+use crate::exp::{EXP_C, LN2_HI, LN2_LO};
 
 /// 8 f16 bit patterns as two vectors of 4 f32 (exact).
 #[inline(always)]
@@ -241,7 +242,7 @@ fn weighted_sum_neon(p: &[f32], values: Rows, out: &mut [f32]) {
 }
 
 /// `x[i] = e^(x[i] - max)`, returning the sum; per value the operations of
-/// [`crate::attn::exp_poly`] (same bits), summed in 4 lanes.
+/// [`crate::exp::exp_poly`] (same bits), summed in 4 lanes.
 pub(crate) fn exp_sub_sum(x: &mut [f32], max: f32) -> f32 {
     // SAFETY: NEON, which every AArch64 target enables (checked in `super`).
     unsafe { exp_sub_sum_neon(x, max) }
@@ -272,7 +273,7 @@ fn exp_sub_sum_neon(x: &mut [f32], max: f32) -> f32 {
     }
     let mut s = vaddvq_f32(sum);
     for v in x[n4..].iter_mut() {
-        *v = crate::attn::exp_poly(*v - max);
+        *v = crate::exp::exp_poly(*v - max);
         s += *v;
     }
     s
