@@ -232,6 +232,26 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
     }
 }
 
+// Exclusive prefix sums across a full warp of two per-lane counts, in place; returns the
+// warp's two totals (to every lane).
+__device__ __forceinline__ uint2 warp_exclusive_scan2(unsigned int& a, unsigned int& b, int lane) {
+    unsigned int sum_a = a, sum_b = b;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned int up_a = __shfl_up_sync(0xffffffffu, sum_a, o);
+        const unsigned int up_b = __shfl_up_sync(0xffffffffu, sum_b, o);
+        if (lane >= o) {
+            sum_a += up_a;
+            sum_b += up_b;
+        }
+    }
+    const uint2 totals = make_uint2(__shfl_sync(0xffffffffu, sum_a, 31),
+                                    __shfl_sync(0xffffffffu, sum_b, 31));
+    a = sum_a - a;
+    b = sum_b - b;
+    return totals;
+}
+
 #define MAX_GROUP 8
 #define GROUP_DK 256
 // Columns lane, lane + 32, ... of a row of d floats (zeros past d): the warp holds the row.
@@ -491,18 +511,8 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
             active_here += count[e] != 0;
         }
         unsigned int slots_before = slots_here, active_before = active_here;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const unsigned int s = __shfl_up_sync(0xffffffffu, slots_before, o);
-            const unsigned int a = __shfl_up_sync(0xffffffffu, active_before, o);
-            if (lane >= o) {
-                slots_before += s;
-                active_before += a;
-            }
-        }
-        if (lane == 31) n_active = (int)active_before;
-        slots_before -= slots_here;
-        active_before -= active_here;
+        const uint2 totals = warp_exclusive_scan2(slots_before, active_before, lane);
+        if (lane == 31) n_active = (int)totals.y;
         for (int e = e0; e < e1; e++) {
             first[e] = slots_before;
             slots_before += count[e];
@@ -529,21 +539,11 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
             down_here += (unsigned int)job_blocks(n_embd, c, down_type);
         }
         unsigned int gu_before = gu_here, down_before = down_here;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const unsigned int g = __shfl_up_sync(0xffffffffu, gu_before, o);
-            const unsigned int d = __shfl_up_sync(0xffffffffu, down_before, o);
-            if (lane >= o) {
-                gu_before += g;
-                down_before += d;
-            }
-        }
+        const uint2 totals = warp_exclusive_scan2(gu_before, down_before, lane);
         if (lane == 31) {
-            gu_total = gu_before;
-            down_total = down_before;
+            gu_total = totals.x;
+            down_total = totals.y;
         }
-        gu_before -= gu_here;
-        down_before -= down_here;
         for (int j = j0; j < j1; j++) {
             const u64 c = count[active[j]];
             gu_first[j] = gu_before;
