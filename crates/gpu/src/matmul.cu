@@ -742,13 +742,41 @@ extern "C" __global__ void glu_quantize(const u64* __restrict__ table, int n_job
 // Each token's weighted sum of its experts' output rows. offsets[t]..offsets[t + 1] index
 // `rows` (device addresses of f32 rows of `width`) and `weights`. Grid (tokens, column
 // chunks): a thread per column of its chunk, so one token's sum is spread over the device. With
-// `accumulate` the sum is added to `out` (the residual stream) instead of written.
+// `accumulate` the sum is added to `out` (the residual stream) instead of written. Up to
+// SUM_SLOTS experts a token, every address and weight is loaded before the first row value and
+// every row value before the first sum: one after the other, a decode token's eight experts
+// were sixteen memory latencies in a row (4.4 µs on the H200). The sum keeps the slots' order.
+#define SUM_SLOTS 16
 extern "C" __global__ void weighted_sum(const unsigned int* __restrict__ offsets,
                                         const u64* __restrict__ rows,
                                         const float* __restrict__ weights, int width,
                                         float* __restrict__ out, int accumulate) {
     const int t = blockIdx.x;
     const unsigned int e0 = offsets[t], e1 = offsets[t + 1];
+    const unsigned int ne = e1 - e0;
+    if (ne <= SUM_SLOTS) {
+        const float* src[SUM_SLOTS];
+        float wt[SUM_SLOTS];
+#pragma unroll
+        for (unsigned int j = 0; j < SUM_SLOTS; j++) {
+            src[j] = j < ne ? (const float*)rows[e0 + j] : nullptr;
+            wt[j] = j < ne ? weights[e0 + j] : 0.0f;
+        }
+        for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < width;
+             c += blockDim.x * gridDim.y) {
+            float* o = out + (long long)t * width + c;
+            const float prior = accumulate ? *o : 0.0f;
+            float v[SUM_SLOTS];
+#pragma unroll
+            for (unsigned int j = 0; j < SUM_SLOTS; j++) v[j] = j < ne ? src[j][c] : 0.0f;
+            float acc = 0.0f;
+#pragma unroll
+            for (unsigned int j = 0; j < SUM_SLOTS; j++)
+                if (j < ne) acc += wt[j] * v[j];
+            *o = accumulate ? prior + acc : acc;
+        }
+        return;
+    }
     for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < width; c += blockDim.x * gridDim.y) {
         float acc = 0.0f;
         for (unsigned int e = e0; e < e1; e++) acc += weights[e] * ((const float*)rows[e])[c];

@@ -414,10 +414,11 @@ impl model::LayerDevice for ResidentModel {
                     .arg(&out)
                     .arg(&q8k)
                     .arg(&q80);
+                let chunks = (d as u32).div_ceil(256);
                 // SAFETY: rms_norm_quant reads out_rows rows of d floats of x (or the rows named by
                 // `rows`), d weights, and writes out_rows rows of each form asked for, all in the
-                // arena or uploaded constants; shared memory holds d floats.
-                unsafe { l.launch(cfg((out_rows as u32, 1), 256, 4 * d as u32)) }
+                // arena or uploaded constants; a block per (row, 256 columns), 256 threads.
+                unsafe { l.launch(cfg((out_rows as u32, chunks), 256, 0)) }
                     .map(|_| ())
                     .map_err(|e| launch_err("rms_norm_quant", e))
             };
@@ -521,9 +522,10 @@ impl model::LayerDevice for ResidentModel {
                     );
                     let mut b = self.stream.launch_builder(&self.f.quantize_rows);
                     b.arg(&src).arg(&width).arg(&q8k).arg(&q80);
+                    let chunks = (width as u32).div_ceil(256);
                     // SAFETY: n rows of `width` floats in, the asked form out, all in the arena;
-                    // shared memory holds one row.
-                    unsafe { b.launch(cfg((n as u32, 1), 256, 4 * width as u32)) }
+                    // a block per (row, 256 columns), 256 threads.
+                    unsafe { b.launch(cfg((n as u32, chunks), 256, 0)) }
                         .map_err(|e| launch_err("quantize_rows", e))?;
                 }
                 matmul(input(t.o.0), 1, t.o.1)?;
