@@ -5,13 +5,13 @@
 use crate::exp::exp_poly;
 
 /// `gate[i] = silu(gate[i]) · up[i]`, where silu(g) = g / (1 + e^-g) with
-/// [`exp_poly`]'s e^x, on the widest SIMD this CPU has; the bits of
+/// [`exp_poly`]'s e^x, in AVX2 where [`crate::isa::Isa::detect`]'s level allows it; the bits of
 /// [`silu_mul_reference`].
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "gate and up rows differ in length");
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA, checked above.
+    if crate::isa::Isa::detect().allows_avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (`allows_avx2` checks the level is supported).
         return unsafe { x86::silu_mul_avx2(gate, up) };
     }
     silu_mul_reference(gate, up)
@@ -39,13 +39,13 @@ pub struct ClampedGlu {
     pub up_plus_one: bool,
 }
 
-/// `gate[i] = ` the clamped SwiGLU of `gate[i]` and `up[i]`, in SIMD where the CPU has AVX2;
+/// `gate[i] = ` the clamped SwiGLU of `gate[i]` and `up[i]`, in AVX2 where the chosen level allows;
 /// the bits of [`clamped_silu_mul_reference`].
 pub fn clamped_silu_mul(gate: &mut [f32], up: &[f32], glu: ClampedGlu) {
     assert_eq!(gate.len(), up.len(), "gate and up rows differ in length");
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA, checked above.
+    if crate::isa::Isa::detect().allows_avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (`allows_avx2` checks the level is supported).
         return unsafe { x86::clamped_silu_mul_avx2(gate, up, glu) };
     }
     clamped_silu_mul_reference(gate, up, glu)

@@ -110,6 +110,13 @@ impl Isa {
         })
     }
 
+    /// Whether the kernels outside the per-format tables (activation quantizers, gated
+    /// activations) take their AVX2 form at this level. With [`Isa::detect`]'s level this also
+    /// says the CPU has AVX2 and FMA, and `MOESHARD_ISA=scalar` keeps them scalar too.
+    pub fn allows_avx2(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512 | Isa::Amx) && self.is_supported()
+    }
+
     /// Every level this CPU supports, lowest first.
     pub fn supported() -> Vec<Isa> {
         Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
@@ -271,4 +278,18 @@ fn token_lane_panels(isa: Isa, dtype: GgmlType) -> bool {
             dtype,
             T::Q4_0 | T::Q4_1 | T::Q5_0 | T::Q5_1 | T::Q8_0 | T::Iq4Nl
         )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_supported_x86_levels_allow_the_avx2_helpers() {
+        for isa in Isa::ALL {
+            let x86_simd = matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx);
+            assert_eq!(isa.allows_avx2(), x86_simd && isa.is_supported(), "{isa:?}");
+        }
+        assert!(!Isa::Scalar.allows_avx2());
+    }
 }

@@ -165,11 +165,12 @@ pub fn nearest_int(v: f32) -> i32 {
     (bits & 0x007f_ffff) - 0x0040_0000
 }
 
-/// [`quantize_q8_k_reference`]'s bits, in SIMD where the CPU has AVX2.
+/// [`quantize_q8_k_reference`]'s bits, in AVX2 where [`crate::isa::Isa::detect`]'s level
+/// allows it.
 pub fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA, checked above.
+    if crate::isa::Isa::detect().allows_avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (`allows_avx2` checks the level is supported).
         return unsafe { crate::x86::act_quant::quantize_q8_k(src, dst) };
     }
     quantize_q8_k_reference(src, dst)

@@ -184,8 +184,8 @@ pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
 /// llama.cpp's runtime form here keeps our activations equal to the ones it computes with.
 pub fn quantize_q8_0_activations(src: &[f32], dst: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA, checked above.
+    if crate::isa::Isa::detect().allows_avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (`allows_avx2` checks the level is supported).
         return unsafe { crate::x86::act_quant::quantize_q8_0(src, dst) };
     }
     quantize_q8_0_activations_reference(src, dst)
