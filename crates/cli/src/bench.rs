@@ -418,13 +418,17 @@ fn prompt_tokens_test(engine: &mut Engine, toks: &[u32], batch: usize) -> anyhow
 /// threads: "in jobs" is the share of its time the pool's threads worked together (the rest the
 /// caller worked alone), "busy" the share of the jobs' thread time spent working (the rest
 /// waiting for the slowest thread or for work), "threads" how many took part in a job on
-/// average, "join" how long a worker took to enter a job.
+/// average, "join" how long a worker took to enter a job, "tail" how long a job's threads
+/// idled between the first running out of work and the last finishing (about one task when the
+/// work is balanced; much more when a thread was slow or descheduled holding a task).
 fn print_profile(test: &str, test_secs: f64) {
     let totals = model::profile::totals();
     let covered: f64 = totals.iter().map(|t| t.seconds).sum();
     eprintln!("profile of {test}: {test_secs:.3} s measured");
-    eprintln!("| phase | s | % | calls | pool jobs | in jobs % | busy % | threads | join µs |");
-    eprintln!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    eprintln!(
+        "| phase | s | % | calls | pool jobs | in jobs % | busy % | threads | join µs | tail µs |"
+    );
+    eprintln!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut all = kernels::pool_stats::PoolTotals::ZERO;
     for t in &totals {
         all = all.plus(&t.pool);
@@ -444,7 +448,7 @@ fn print_profile(test: &str, test_secs: f64) {
     );
     let rest = test_secs - covered;
     eprintln!(
-        "| (outside the phases) | {rest:.3} | {:.1} | | | | | | |",
+        "| (outside the phases) | {rest:.3} | {:.1} | | | | | | | |",
         100.0 * rest / test_secs.max(1e-12)
     );
 }
@@ -452,7 +456,7 @@ fn print_profile(test: &str, test_secs: f64) {
 /// The pool columns of [`print_profile`] for jobs that ran within `secs` of phase time.
 fn pool_columns(pool: &kernels::pool_stats::PoolTotals, secs: f64) -> String {
     if pool.jobs == 0 {
-        return "0 | 0.0 | | |".to_string();
+        return "0 | 0.0 | | | |".to_string();
     }
     let per_job = |v: u64| v as f64 / pool.jobs as f64;
     let workers = pool.participants.saturating_sub(pool.jobs);
@@ -462,11 +466,12 @@ fn pool_columns(pool: &kernels::pool_stats::PoolTotals, secs: f64) -> String {
         format!("{:.2}", pool.join_nanos as f64 * 1e-3 / workers as f64)
     };
     format!(
-        "{} | {:.1} | {:.1} | {:.1} | {join_us}",
+        "{} | {:.1} | {:.1} | {:.1} | {join_us} | {:.2}",
         pool.jobs,
         100.0 * pool.job_nanos as f64 * 1e-9 / secs.max(1e-12),
         100.0 * pool.busy_nanos as f64 / pool.capacity_nanos.max(1) as f64,
         per_job(pool.participants),
+        per_job(pool.tail_nanos) * 1e-3,
     )
 }
 

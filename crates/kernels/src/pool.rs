@@ -42,6 +42,10 @@ struct Shared {
     /// (both written before `open` is set).
     counting: AtomicBool,
     published_at: AtomicU64,
+    /// When the first and the last participant of a counted job finished (nanoseconds on
+    /// [`pool_stats`]' clock): the gap is how long the job's threads idled for want of work.
+    first_done: AtomicU64,
+    last_done: AtomicU64,
     panicked: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     sleep_lock: Mutex<()>,
     wake: Condvar,
@@ -110,6 +114,8 @@ impl ThreadPool {
             stop: AtomicBool::new(false),
             counting: AtomicBool::new(false),
             published_at: AtomicU64::new(0),
+            first_done: AtomicU64::new(u64::MAX),
+            last_done: AtomicU64::new(0),
             panicked: Mutex::new(None),
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -170,6 +176,10 @@ impl ThreadPool {
         self.shared
             .published_at
             .store(published_at, Ordering::Relaxed);
+        if counting {
+            self.shared.first_done.store(u64::MAX, Ordering::Relaxed);
+            self.shared.last_done.store(0, Ordering::Relaxed);
+        }
         self.shared.open.store(true, Ordering::SeqCst);
         // A worker registers in `sleepers` under the lock before it checks `generation` and
         // waits; with both sides SeqCst, either it sees the new generation or we see it
@@ -191,9 +201,21 @@ impl ThreadPool {
         }
         if counting {
             pool_stats::add_participant(caller_done.saturating_sub(published_at), 0);
+            // Every worker that joined is done (`active` is zero), so both marks are final.
+            let first = self
+                .shared
+                .first_done
+                .load(Ordering::Relaxed)
+                .min(caller_done);
+            let last = self
+                .shared
+                .last_done
+                .load(Ordering::Relaxed)
+                .max(caller_done);
             pool_stats::add_job(
                 pool_stats::now_nanos().saturating_sub(published_at),
                 self.n_threads(),
+                last.saturating_sub(first),
             );
         }
         // SAFETY: `open` is false and `active` is zero, so every worker that joined is done, and
@@ -370,8 +392,11 @@ fn worker_loop(shared: &Shared, tid: usize) {
                 let result = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(tid) }));
                 if counting {
                     let published = shared.published_at.load(Ordering::Relaxed);
+                    let done = pool_stats::now_nanos();
+                    shared.first_done.fetch_min(done, Ordering::Relaxed);
+                    shared.last_done.fetch_max(done, Ordering::Relaxed);
                     pool_stats::add_participant(
-                        pool_stats::now_nanos().saturating_sub(entered),
+                        done.saturating_sub(entered),
                         entered.saturating_sub(published),
                     );
                 }

@@ -14,6 +14,7 @@ static CAPACITY_NANOS: AtomicU64 = AtomicU64::new(0);
 static BUSY_NANOS: AtomicU64 = AtomicU64::new(0);
 static PARTICIPANTS: AtomicU64 = AtomicU64::new(0);
 static JOIN_NANOS: AtomicU64 = AtomicU64::new(0);
+static TAIL_NANOS: AtomicU64 = AtomicU64::new(0);
 
 /// Counts jobs from now on (or stops counting). The totals are kept; see [`totals`].
 pub fn set_enabled(on: bool) {
@@ -54,6 +55,10 @@ pub struct PoolTotals {
     pub participants: u64,
     /// How long after the job was published each worker entered it, summed over workers.
     pub join_nanos: u64,
+    /// Summed over jobs: from the first participant running out of work to the last one
+    /// finishing. Near one task's time when the work is balanced; much more when a thread was
+    /// slow or descheduled while it held a task.
+    pub tail_nanos: u64,
 }
 
 impl PoolTotals {
@@ -64,6 +69,7 @@ impl PoolTotals {
         busy_nanos: 0,
         participants: 0,
         join_nanos: 0,
+        tail_nanos: 0,
     };
 
     /// Both totals together.
@@ -75,6 +81,7 @@ impl PoolTotals {
             busy_nanos: self.busy_nanos + other.busy_nanos,
             participants: self.participants + other.participants,
             join_nanos: self.join_nanos + other.join_nanos,
+            tail_nanos: self.tail_nanos + other.tail_nanos,
         }
     }
 
@@ -88,6 +95,7 @@ impl PoolTotals {
             busy_nanos: self.busy_nanos.saturating_sub(earlier.busy_nanos),
             participants: self.participants.saturating_sub(earlier.participants),
             join_nanos: self.join_nanos.saturating_sub(earlier.join_nanos),
+            tail_nanos: self.tail_nanos.saturating_sub(earlier.tail_nanos),
         }
     }
 }
@@ -101,6 +109,7 @@ pub fn totals() -> PoolTotals {
         busy_nanos: BUSY_NANOS.load(Ordering::Relaxed),
         participants: PARTICIPANTS.load(Ordering::Relaxed),
         join_nanos: JOIN_NANOS.load(Ordering::Relaxed),
+        tail_nanos: TAIL_NANOS.load(Ordering::Relaxed),
     }
 }
 
@@ -112,8 +121,9 @@ pub(crate) fn add_participant(busy_nanos: u64, joined_after_nanos: u64) {
 }
 
 /// One finished job of a pool of `n_threads`.
-pub(crate) fn add_job(job_nanos: u64, n_threads: usize) {
+pub(crate) fn add_job(job_nanos: u64, n_threads: usize, tail_nanos: u64) {
     JOBS.fetch_add(1, Ordering::Relaxed);
     JOB_NANOS.fetch_add(job_nanos, Ordering::Relaxed);
     CAPACITY_NANOS.fetch_add(job_nanos * n_threads as u64, Ordering::Relaxed);
+    TAIL_NANOS.fetch_add(tail_nanos, Ordering::Relaxed);
 }

@@ -243,6 +243,8 @@ mod tests {
         assert!(jobs.busy_nanos <= jobs.capacity_nanos, "{jobs:?}");
         assert!(jobs.capacity_nanos == 3 * jobs.job_nanos, "{jobs:?}");
         assert!(jobs.busy_nanos >= 50_000, "{jobs:?}");
+        // The gap between the first and the last participant finishing lies within the job.
+        assert!(jobs.tail_nanos <= jobs.job_nanos, "{jobs:?}");
         reset();
     }
 }
