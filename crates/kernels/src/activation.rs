@@ -11,7 +11,8 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "gate and up rows differ in length");
     #[cfg(target_arch = "x86_64")]
     if crate::isa::Isa::detect().allows_avx2() {
-        // SAFETY: the CPU has AVX2 and FMA (`allows_avx2` checks the level is supported).
+        // SAFETY: `Isa::detect` returns only levels the CPU supports, and AVX2 and above
+        // have AVX2 and FMA.
         return unsafe { x86::silu_mul_avx2(gate, up) };
     }
     silu_mul_reference(gate, up)
@@ -45,7 +46,8 @@ pub fn clamped_silu_mul(gate: &mut [f32], up: &[f32], glu: ClampedGlu) {
     assert_eq!(gate.len(), up.len(), "gate and up rows differ in length");
     #[cfg(target_arch = "x86_64")]
     if crate::isa::Isa::detect().allows_avx2() {
-        // SAFETY: the CPU has AVX2 and FMA (`allows_avx2` checks the level is supported).
+        // SAFETY: `Isa::detect` returns only levels the CPU supports, and AVX2 and above
+        // have AVX2 and FMA.
         return unsafe { x86::clamped_silu_mul_avx2(gate, up, glu) };
     }
     clamped_silu_mul_reference(gate, up, glu)

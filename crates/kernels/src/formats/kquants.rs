@@ -170,7 +170,8 @@ pub fn nearest_int(v: f32) -> i32 {
 pub fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa::Isa::detect().allows_avx2() {
-        // SAFETY: the CPU has AVX2 and FMA (`allows_avx2` checks the level is supported).
+        // SAFETY: `Isa::detect` returns only levels the CPU supports, and AVX2 and above
+        // have AVX2 and FMA.
         return unsafe { crate::x86::act_quant::quantize_q8_k(src, dst) };
     }
     quantize_q8_k_reference(src, dst)

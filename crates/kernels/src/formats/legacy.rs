@@ -185,7 +185,8 @@ pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
 pub fn quantize_q8_0_activations(src: &[f32], dst: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa::Isa::detect().allows_avx2() {
-        // SAFETY: the CPU has AVX2 and FMA (`allows_avx2` checks the level is supported).
+        // SAFETY: `Isa::detect` returns only levels the CPU supports, and AVX2 and above
+        // have AVX2 and FMA.
         return unsafe { crate::x86::act_quant::quantize_q8_0(src, dst) };
     }
     quantize_q8_0_activations_reference(src, dst)
