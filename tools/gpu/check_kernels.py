@@ -14,15 +14,24 @@ import subprocess
 import sys
 import tempfile
 
-import nvidia.cuda_nvcc
-import nvidia.cuda_nvrtc
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# The order crates/gpu/src/cuda.rs concatenates them in.
-SOURCES = ["crates/gpu/src/matmul.cu", "crates/gpu/src/resident.cu"]
+
+
+def kernel_source() -> str:
+    """The text `--gpu` hands NVRTC (lookup tables written from the CPU kernels' tables, then
+    crates/gpu's .cu files), as `gpu::kernel_source` builds it."""
+    r = subprocess.run(
+        ["cargo", "run", "-q", "-p", "gpu", "--example", "kernel_source"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    if r.returncode or not r.stdout:
+        sys.exit(f"cargo run --example kernel_source failed:\n{r.stderr}")
+    return r.stdout
 
 
 def nvrtc_library():
+    import nvidia.cuda_nvrtc
+
     lib_dir = pathlib.Path(list(nvidia.cuda_nvrtc.__path__)[0]) / "lib"
     return ctypes.CDLL(str(sorted(lib_dir.glob("libnvrtc.so*"))[0]))
 
@@ -55,7 +64,9 @@ def main():
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("-v", action="store_true", help="ptxas's register and spill report")
     args = ap.parse_args()
-    source = "".join((ROOT / s).read_text() for s in SOURCES)
+    import nvidia.cuda_nvcc
+
+    source = kernel_source()
     ptx = compile_ptx(source, args.arch)
     ptxas = pathlib.Path(list(nvidia.cuda_nvcc.__path__)[0]) / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:

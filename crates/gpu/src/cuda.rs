@@ -19,6 +19,12 @@ use crate::{DeviceInfo, GpuError, supports};
 
 /// The matrix products, then the kernels between them of whole layers on the device.
 const SOURCE: &str = concat!(include_str!("matmul.cu"), include_str!("resident.cu"));
+
+/// The whole CUDA source NVRTC compiles when a device opens: the formats' lookup tables, then
+/// the kernels (`tools/gpu/check_kernels.py` compiles the same text without a GPU).
+pub fn kernel_source() -> String {
+    crate::lookup_tables::cuda_source() + SOURCE
+}
 /// Host bytes `[host, host + len)` live on the device at `dev`.
 struct Region {
     len: usize,
@@ -100,7 +106,7 @@ impl CudaOffload {
             .map_err(driver_err("reading its compute capability"))?;
         let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
         let ptx = compile_ptx_with_opts(
-            SOURCE,
+            kernel_source(),
             CompileOptions {
                 arch: Some(arch),
                 name: Some("matmul.cu".into()),

@@ -3,11 +3,14 @@
 //! products, against the same quantized activations the CPU kernels use. The CUDA driver and
 //! NVRTC are loaded when a device is opened, so the binary builds and runs without them.
 //!
-//! Formats with a GPU kernel: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K. Matrices
-//! of other formats stay on the CPU.
+//! Formats with a GPU kernel: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K,
+//! Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M and MXFP4
+//! (the ternary TQ1_0/TQ2_0 are not). Matrices of other formats stay on the CPU.
 
 use gguf::GgmlType;
 
+#[cfg(any(target_os = "linux", target_os = "windows"))]
+mod lookup_tables;
 mod placement;
 pub use placement::{OffloadReport, upload_model};
 
@@ -19,7 +22,7 @@ mod matmul_table;
 mod resident;
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]
-pub use cuda::CudaOffload;
+pub use cuda::{CudaOffload, kernel_source};
 #[cfg(not(any(target_os = "linux", target_os = "windows")))]
 mod no_cuda;
 #[cfg(not(any(target_os = "linux", target_os = "windows")))]
@@ -46,7 +49,29 @@ pub fn supports(dtype: GgmlType) -> bool {
     use GgmlType as T;
     matches!(
         dtype,
-        T::F32 | T::F16 | T::Bf16 | T::Q4_0 | T::Q4_1 | T::Q8_0 | T::Q4K | T::Q5K | T::Q6K
+        T::F32
+            | T::F16
+            | T::Bf16
+            | T::Q4_0
+            | T::Q4_1
+            | T::Q5_0
+            | T::Q5_1
+            | T::Q8_0
+            | T::Q2K
+            | T::Q3K
+            | T::Q4K
+            | T::Q5K
+            | T::Q6K
+            | T::Iq4Nl
+            | T::Iq4Xs
+            | T::Iq2Xxs
+            | T::Iq2Xs
+            | T::Iq2S
+            | T::Iq3Xxs
+            | T::Iq3S
+            | T::Iq1S
+            | T::Iq1M
+            | T::Mxfp4
     )
 }
 

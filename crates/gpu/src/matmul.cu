@@ -22,11 +22,25 @@ typedef unsigned long long u64;
 #define T_F16 1
 #define T_Q4_0 2
 #define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q5_1 7
 #define T_Q8_0 8
+#define T_Q2_K 10
+#define T_Q3_K 11
 #define T_Q4_K 12
 #define T_Q5_K 13
 #define T_Q6_K 14
+#define T_IQ2_XXS 16
+#define T_IQ2_XS 17
+#define T_IQ3_XXS 18
+#define T_IQ1_S 19
+#define T_IQ4_NL 20
+#define T_IQ3_S 21
+#define T_IQ2_S 22
+#define T_IQ4_XS 23
+#define T_IQ1_M 29
 #define T_BF16 30
+#define T_MXFP4 39
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
@@ -46,6 +60,38 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
 
 __device__ __forceinline__ int ld_i16(const u8* p) {
     return (int)*(const short*)p;
+}
+
+// Four bytes at any address (MXFP4's blocks are 17 bytes).
+__device__ __forceinline__ u32 ld_u32_a1(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+// Each byte of `idx` (0..15) replaced by that entry of a 16-entry int8 table packed into four
+// words (the non-linear levels of IQ4_NL/IQ4_XS and MXFP4): two byte permutes, each over half
+// the table, and the index's bit 3 picks between them.
+__device__ __forceinline__ u32 lookup16(u32 idx, u32 t0, u32 t1, u32 t2, u32 t3) {
+    const u32 x = idx & 0x07070707u;
+    const u32 sel = (x & 0x7u) | ((x >> 4) & 0x70u) | ((x >> 8) & 0x700u) | ((x >> 12) & 0x7000u);
+    const u32 lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
+    const u32 m = ((idx >> 3) & 0x01010101u) * 0xFFu;
+    return (lo & ~m) | (hi & m);
+}
+
+// Four bits to the fifth bit (value 16) of four bytes: Q5_0/Q5_1's high bits.
+__device__ __forceinline__ u32 high_bits4(u32 b) {
+    return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
+}
+
+// Four grid magnitudes (bytes below 128) negated where the low four bits of `signs` say.
+__device__ __forceinline__ u32 signed4(u32 v, u32 signs) {
+    const u32 m = (((signs & 0xFu) * 0x00204081u) & 0x01010101u) * 0xFFu;
+    return __vsub4(v ^ m, m);
+}
+
+// MXFP4's shared exponent as a float, halved (its levels are stored doubled).
+__device__ __forceinline__ float e8m0_half(u8 e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : ((u32)e - 1) << 23);
 }
 
 // Q8_K activation block: d f32, qs[256] i8, bsums[16] i16.
@@ -152,31 +198,68 @@ __device__ __forceinline__ void seg_q6_k(const u8* w, int s, const u8* const* ar
     }
 }
 
-// The legacy formats, one 32-value block per segment, against Q8_0 activations.
+// The 32-value formats, one block per segment, against Q8_0 activations.
 // Q4_0: d f16, qs[16] (low nibbles values 0..15, high 16..31); value = d * (q - 8).
 // Q4_1: d, m f16, qs[16]; value = d * q + m.  Q8_0: d f16, qs[32] i8.
+// Q5_0: d, qh[4] (bit j: value j's fifth bit), qs[16]; value = d * (q - 16).
+// Q5_1: d, m, qh[4], qs[16]; value = d * q + m.  IQ4_NL: d, qs[16]; value = d * level[q].
+// MXFP4: e (E8M0), qs[16]; value = 2^(e - 127) * fp4[q] (levels stored doubled).
+template <int TYPE>
+__device__ __forceinline__ int legacy_bytes() {
+    return TYPE == T_Q4_0 || TYPE == T_IQ4_NL ? 18
+         : TYPE == T_Q4_1                    ? 20
+         : TYPE == T_Q5_0                    ? 22
+         : TYPE == T_Q5_1                    ? 24
+         : TYPE == T_MXFP4                   ? 17
+                                             : 34;
+}
+
 template <int TYPE, int NT>
 __device__ __forceinline__ void seg_legacy(const u8* w, int s, const u8* const* arow,
                                            int nt, float* acc) {
-    const int bytes = TYPE == T_Q4_0 ? 18 : TYPE == T_Q4_1 ? 20 : 34;
-    const u8* wb = w + s * bytes;
+    const u8* wb = w + s * legacy_bytes<TYPE>();
     u32 q[8];
     float d, m = 0.f;
     if (TYPE == T_Q8_0) {
 #pragma unroll
         for (int i = 0; i < 8; i++) q[i] = ld_u32_a2(wb + 2 + 4 * i);
         d = f16_to_f32(*(const u16*)wb);
+    } else if (TYPE == T_MXFP4) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 v = ld_u32_a1(wb + 1 + 4 * i);
+            q[i] = lookup16(v & 0x0F0F0F0Fu, KVALUES_MXFP4_W0, KVALUES_MXFP4_W1,
+                            KVALUES_MXFP4_W2, KVALUES_MXFP4_W3);
+            q[i + 4] = lookup16((v >> 4) & 0x0F0F0F0Fu, KVALUES_MXFP4_W0, KVALUES_MXFP4_W1,
+                                KVALUES_MXFP4_W2, KVALUES_MXFP4_W3);
+        }
+        d = e8m0_half(wb[0]);
     } else {
-        const u8* qs = wb + (TYPE == T_Q4_0 ? 2 : 4);
+        const int qs_at = TYPE == T_Q4_1 ? 4 : TYPE == T_Q5_0 ? 6 : TYPE == T_Q5_1 ? 8 : 2;
+        const u8* qs = wb + qs_at;
+        u32 qh = 0;
+        if (TYPE == T_Q5_0 || TYPE == T_Q5_1) qh = ld_u32_a2(wb + (TYPE == T_Q5_0 ? 2 : 4));
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const u32 v = ld_u32_a2(qs + 4 * i);
-            q[i] = v & 0x0F0F0F0Fu;
-            q[i + 4] = (v >> 4) & 0x0F0F0F0Fu;
+            u32 lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+            if (TYPE == T_Q5_0 || TYPE == T_Q5_1) {
+                lo |= high_bits4(qh >> (4 * i));
+                hi |= high_bits4(qh >> (16 + 4 * i));
+            }
+            if (TYPE == T_IQ4_NL) {
+                lo = lookup16(lo, KVALUES_IQ4NL_W0, KVALUES_IQ4NL_W1, KVALUES_IQ4NL_W2,
+                              KVALUES_IQ4NL_W3);
+                hi = lookup16(hi, KVALUES_IQ4NL_W0, KVALUES_IQ4NL_W1, KVALUES_IQ4NL_W2,
+                              KVALUES_IQ4NL_W3);
+            }
+            q[i] = lo;
+            q[i + 4] = hi;
         }
         d = f16_to_f32(*(const u16*)wb);
-        if (TYPE == T_Q4_1) m = f16_to_f32(*(const u16*)(wb + 2));
+        if (TYPE == T_Q4_1 || TYPE == T_Q5_1) m = f16_to_f32(*(const u16*)(wb + 2));
     }
+    const bool sums = TYPE == T_Q4_0 || TYPE == T_Q4_1 || TYPE == T_Q5_0 || TYPE == T_Q5_1;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if (t < nt) {
@@ -186,14 +269,329 @@ __device__ __forceinline__ void seg_legacy(const u8* w, int s, const u8* const* 
             for (int i = 0; i < 8; i++) {
                 const int x = (int)ld_u32_a2(ab + 2 + 4 * i);
                 sumi = __dp4a((int)q[i], x, sumi);
-                if (TYPE != T_Q8_0) sum8 = __dp4a(0x01010101, x, sum8);
+                if (sums) sum8 = __dp4a(0x01010101, x, sum8);
             }
             const float da = f16_to_f32(*(const u16*)ab);
             float v;
             if (TYPE == T_Q4_0) v = d * (float)(sumi - 8 * sum8);
-            else if (TYPE == T_Q4_1) v = d * (float)sumi + m * (float)sum8;
+            else if (TYPE == T_Q5_0) v = d * (float)(sumi - 16 * sum8);
+            else if (TYPE == T_Q4_1 || TYPE == T_Q5_1) v = d * (float)sumi + m * (float)sum8;
             else v = d * (float)sumi;
             acc[t] += da * v;
+        }
+    }
+}
+
+// The 256-value formats below take a 32-value sub-block per segment against Q8_K activations,
+// like the K-quants above: `blk` the superblock, `sub` the sub-block within it.
+
+// A sub-block's two 16-value halves (q[0..4] and q[4..8]) against token t's activations:
+// their integer sums.
+__device__ __forceinline__ void dot_halves(const u32* q, const u8* ab, int sub, int* s0,
+                                           int* s1) {
+    const int* q8 = (const int*)(ab + 4 + 32 * sub);
+    int a = 0, b = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) a = __dp4a((int)q[i], q8[i], a);
+#pragma unroll
+    for (int i = 4; i < 8; i++) b = __dp4a((int)q[i], q8[i], b);
+    *s0 = a;
+    *s1 = b;
+}
+
+// The activations' sum over 16-value group g of a Q8_K block.
+__device__ __forceinline__ int bsum16(const u8* ab, int g) {
+    return ld_i16(ab + 260 + 2 * g);
+}
+
+// Q2_K: scales[16] (low nibble scale, high nibble min, per 16 values), qs[64], d, dmin.
+// Sub-block c is bits 2(c%4) of qs[32(c/4)..+32]; value = d * sc * q - dmin * mn.
+template <int NT>
+__device__ __forceinline__ void seg_q2_k(const u8* w, int s, const u8* const* arow,
+                                         int nt, float* acc) {
+    const int blk = s >> 3, c = s & 7;
+    const u8* wb = w + blk * 84;
+    const u32* qs = (const u32*)(wb + 16 + 32 * (c >> 2));
+    const int shift = 2 * (c & 3);
+    u32 q[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) q[i] = (qs[i] >> shift) & 0x03030303u;
+    const int sc0 = wb[2 * c], sc1 = wb[2 * c + 1];
+    const float d = f16_to_f32(*(const u16*)(wb + 80)), dmin = f16_to_f32(*(const u16*)(wb + 82));
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t < nt) {
+            const u8* ab = arow[t] + blk * Q8K_BYTES;
+            int s0, s1;
+            dot_halves(q, ab, c, &s0, &s1);
+            const int mins = (sc0 >> 4) * bsum16(ab, 2 * c) + (sc1 >> 4) * bsum16(ab, 2 * c + 1);
+            acc[t] += *(const float*)ab *
+                      (d * (float)((sc0 & 0xF) * s0 + (sc1 & 0xF) * s1) - dmin * (float)mins);
+        }
+    }
+}
+
+// Q3_K: hmask[32] (bit c of byte l: value l of sub-block c has its third bit), qs[64] (as
+// Q2_K), scales[12] (sixteen 6-bit scales, offset by 32), d; value = d * sc * (q - 4 + 4 h).
+template <int NT>
+__device__ __forceinline__ void seg_q3_k(const u8* w, int s, const u8* const* arow,
+                                         int nt, float* acc) {
+    const int blk = s >> 3, c = s & 7;
+    const u8* wb = w + blk * 110;
+    const u8* qs = wb + 32 + 32 * (c >> 2);
+    const int shift = 2 * (c & 3);
+    u32 q[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const u32 lo = (ld_u32_a2(qs + 4 * i) >> shift) & 0x03030303u;
+        const u32 h = (ld_u32_a2(wb + 4 * i) >> c) & 0x01010101u;
+        q[i] = lo | (h << 2);
+    }
+    const u8* raw = wb + 96;
+    int sc[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int i = 2 * c + k;
+        const int low = i < 8 ? raw[i] & 0xF : raw[i - 8] >> 4;
+        sc[k] = (low | (((raw[8 + (i & 3)] >> (2 * (i >> 2))) & 3) << 4)) - 32;
+    }
+    const float d = f16_to_f32(*(const u16*)(wb + 108));
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t < nt) {
+            const u8* ab = arow[t] + blk * Q8K_BYTES;
+            int s0, s1;
+            dot_halves(q, ab, c, &s0, &s1);
+            const int sumi = sc[0] * (s0 - 4 * bsum16(ab, 2 * c)) +
+                             sc[1] * (s1 - 4 * bsum16(ab, 2 * c + 1));
+            acc[t] += *(const float*)ab * d * (float)sumi;
+        }
+    }
+}
+
+// A sub-block of integer values q[0..8] scaled by ds0 (first 16 values) and ds1 (last 16),
+// plus `delta` times the sub-block's activation sum (IQ1_S), into every token's sum.
+template <int NT>
+__device__ __forceinline__ void sub_block_iq(const u32* q, int blk, int sub, float ds0, float ds1,
+                                             const u8* const* arow, int nt, float* acc) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t < nt) {
+            const u8* ab = arow[t] + blk * Q8K_BYTES;
+            int s0, s1;
+            dot_halves(q, ab, sub, &s0, &s1);
+            acc[t] += *(const float*)ab * (ds0 * (float)s0 + ds1 * (float)s1);
+        }
+    }
+}
+
+// IQ4_XS: d, scales_h (u16, 2 bits a sub-block), scales_l[4] (4 bits a sub-block), qs[128]
+// (16 bytes a sub-block, nibbles as IQ4_NL); value = d * (ls - 32) * level[q].
+template <int NT>
+__device__ __forceinline__ void seg_iq4_xs(const u8* w, int s, const u8* const* arow,
+                                           int nt, float* acc) {
+    const int blk = s >> 3, sub = s & 7;
+    const u8* wb = w + blk * 136;
+    const int ls = ((wb[4 + (sub >> 1)] >> (4 * (sub & 1))) & 0xF) |
+                   (((*(const u16*)(wb + 2) >> (2 * sub)) & 3) << 4);
+    const float dl = f16_to_f32(*(const u16*)wb) * (float)(ls - 32);
+    const u32* qs = (const u32*)(wb + 8 + 16 * sub);
+    u32 q[8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const u32 v = qs[i];
+        q[i] = lookup16(v & 0x0F0F0F0Fu, KVALUES_IQ4NL_W0, KVALUES_IQ4NL_W1, KVALUES_IQ4NL_W2,
+                        KVALUES_IQ4NL_W3);
+        q[i + 4] = lookup16((v >> 4) & 0x0F0F0F0Fu, KVALUES_IQ4NL_W0, KVALUES_IQ4NL_W1,
+                            KVALUES_IQ4NL_W2, KVALUES_IQ4NL_W3);
+    }
+    sub_block_iq<NT>(q, blk, sub, dl, dl, arow, nt, acc);
+}
+
+// IQ2_XXS: d, then per sub-block two words: four 8-bit grid indices, and four 7-bit sign
+// indices with a 4-bit scale on top; value = d * (0.5 + ls) / 4 * grid * sign.
+template <int NT>
+__device__ __forceinline__ void seg_iq2_xxs(const u8* w, int s, const u8* const* arow,
+                                            int nt, float* acc) {
+    const int blk = s >> 3, sub = s & 7;
+    const u8* wb = w + blk * 66;
+    const u32 idx = ld_u32_a2(wb + 2 + 8 * sub), aux = ld_u32_a2(wb + 6 + 8 * sub);
+    u32 q[8];
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        const u64 g = IQ2XXS_GRID[(idx >> (8 * l)) & 0xFF];
+        const u32 sg = KSIGNS_IQ2XS[(aux >> (7 * l)) & 127];
+        q[2 * l] = signed4((u32)g, sg);
+        q[2 * l + 1] = signed4((u32)(g >> 32), sg >> 4);
+    }
+    const float db = f16_to_f32(*(const u16*)wb) * (0.5f + (float)(aux >> 28)) * 0.25f;
+    sub_block_iq<NT>(q, blk, sub, db, db, arow, nt, acc);
+}
+
+// IQ2_XS: d, qs[32] u16 (9-bit grid index, 7-bit sign index), scales[8] (a nibble per 16
+// values); value = d * (0.5 + ls) / 4 * grid * sign.
+template <int NT>
+__device__ __forceinline__ void seg_iq2_xs(const u8* w, int s, const u8* const* arow,
+                                           int nt, float* acc) {
+    const int blk = s >> 3, sub = s & 7;
+    const u8* wb = w + blk * 74;
+    const u16* qs = (const u16*)(wb + 2 + 8 * sub);
+    u32 q[8];
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        const u32 v = qs[l];
+        const u64 g = IQ2XS_GRID[v & 511];
+        const u32 sg = KSIGNS_IQ2XS[v >> 9];
+        q[2 * l] = signed4((u32)g, sg);
+        q[2 * l + 1] = signed4((u32)(g >> 32), sg >> 4);
+    }
+    const int sc = wb[66 + sub];
+    const float d = f16_to_f32(*(const u16*)wb);
+    sub_block_iq<NT>(q, blk, sub, d * (0.5f + (float)(sc & 0xF)) * 0.25f,
+                     d * (0.5f + (float)(sc >> 4)) * 0.25f, arow, nt, acc);
+}
+
+// IQ2_S: d, qs[32] (low 8 bits of 10-bit grid indices), signs[32], qh[8] (the indices' top
+// two bits), scales[8]; value = d * (0.5 + ls) / 4 * grid * sign.
+template <int NT>
+__device__ __forceinline__ void seg_iq2_s(const u8* w, int s, const u8* const* arow,
+                                          int nt, float* acc) {
+    const int blk = s >> 3, sub = s & 7;
+    const u8* wb = w + blk * 82;
+    const u8* qs = wb + 2 + 4 * sub;
+    const u8* signs = wb + 34 + 4 * sub;
+    const u32 qh = wb[66 + sub];
+    u32 q[8];
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        const u64 g = IQ2S_GRID[qs[l] | ((qh << (8 - 2 * l)) & 0x300)];
+        const u32 sg = signs[l];
+        q[2 * l] = signed4((u32)g, sg);
+        q[2 * l + 1] = signed4((u32)(g >> 32), sg >> 4);
+    }
+    const int sc = wb[74 + sub];
+    const float d = f16_to_f32(*(const u16*)wb);
+    sub_block_iq<NT>(q, blk, sub, d * (0.5f + (float)(sc & 0xF)) * 0.25f,
+                     d * (0.5f + (float)(sc >> 4)) * 0.25f, arow, nt, acc);
+}
+
+// IQ3_XXS: d, qs[64] (8-bit grid indices of 4 values), then a word per sub-block: four
+// 7-bit sign indices and a 4-bit scale; value = d * (0.5 + ls) / 2 * grid * sign.
+template <int NT>
+__device__ __forceinline__ void seg_iq3_xxs(const u8* w, int s, const u8* const* arow,
+                                            int nt, float* acc) {
+    const int blk = s >> 3, sub = s & 7;
+    const u8* wb = w + blk * 98;
+    const u8* qs = wb + 2 + 8 * sub;
+    const u32 aux = ld_u32_a2(wb + 66 + 4 * sub);
+    u32 q[8];
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        const u32 sg = KSIGNS_IQ2XS[(aux >> (7 * l)) & 127];
+        q[2 * l] = signed4(IQ3XXS_GRID[qs[2 * l]], sg);
+        q[2 * l + 1] = signed4(IQ3XXS_GRID[qs[2 * l + 1]], sg >> 4);
+    }
+    const float db = f16_to_f32(*(const u16*)wb) * (0.5f + (float)(aux >> 28)) * 0.5f;
+    sub_block_iq<NT>(q, blk, sub, db, db, arow, nt, acc);
+}
+
+// IQ3_S: d, qs[64] (low 8 bits of 9-bit grid indices), qh[8], signs[32], scales[4] (a
+// nibble per sub-block); value = d * (1 + 2 ls) * grid * sign.
+template <int NT>
+__device__ __forceinline__ void seg_iq3_s(const u8* w, int s, const u8* const* arow,
+                                          int nt, float* acc) {
+    const int blk = s >> 3, sub = s & 7;
+    const u8* wb = w + blk * 110;
+    const u8* qs = wb + 2 + 8 * sub;
+    const u32 qh = wb[66 + sub];
+    const u8* signs = wb + 74 + 4 * sub;
+    u32 q[8];
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        const u32 sg = signs[l];
+        q[2 * l] = signed4(IQ3S_GRID[qs[2 * l] | ((qh << (8 - 2 * l)) & 256)], sg);
+        q[2 * l + 1] = signed4(IQ3S_GRID[qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256)], sg >> 4);
+    }
+    const int ls = (wb[106 + (sub >> 1)] >> (4 * (sub & 1))) & 0xF;
+    const float db = f16_to_f32(*(const u16*)wb) * (float)(1 + 2 * ls);
+    sub_block_iq<NT>(q, blk, sub, db, db, arow, nt, acc);
+}
+
+// IQ1_S and IQ1_M: grid values -1, 0, 1 (int8 bytes) plus a shift of ±1/8 per group.
+#define IQ1_DELTA 0.125f
+
+// IQ1_S: d, qs[32] (low 8 bits of 11-bit grid indices), qh[8] u16 (per sub-block: the
+// indices' top 3 bits, a 3-bit scale, the shift's sign); value = d (2 ls + 1) (grid ± 1/8).
+template <int NT>
+__device__ __forceinline__ void seg_iq1_s(const u8* w, int s, const u8* const* arow,
+                                          int nt, float* acc) {
+    const int blk = s >> 3, sub = s & 7;
+    const u8* wb = w + blk * 50;
+    const u8* qs = wb + 2 + 4 * sub;
+    const u32 qh = *(const u16*)(wb + 34 + 2 * sub);
+    u32 q[8];
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        const u64 g = IQ1S_GRID[qs[l] | (((qh >> (3 * l)) & 7) << 8)];
+        q[2 * l] = (u32)g;
+        q[2 * l + 1] = (u32)(g >> 32);
+    }
+    const float dl = f16_to_f32(*(const u16*)wb) * (float)(2 * ((qh >> 12) & 7) + 1);
+    const float delta = (qh & 0x8000) ? -IQ1_DELTA : IQ1_DELTA;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t < nt) {
+            const u8* ab = arow[t] + blk * Q8K_BYTES;
+            int s0, s1;
+            dot_halves(q, ab, sub, &s0, &s1);
+            const int bsum = bsum16(ab, 2 * sub) + bsum16(ab, 2 * sub + 1);
+            acc[t] += *(const float*)ab * dl * ((float)(s0 + s1) + delta * (float)bsum);
+        }
+    }
+}
+
+// IQ1_M: qs[32], qh[16] (per 8 values: the index's top 3 bits and the shift's sign),
+// scales[8] (four u16: 3-bit scales per 16 values, and the f16 d in their top nibbles);
+// value = d (2 ls + 1) (grid ± 1/8).
+template <int NT>
+__device__ __forceinline__ void seg_iq1_m(const u8* w, int s, const u8* const* arow,
+                                          int nt, float* acc) {
+    const int blk = s >> 3, sub = s & 7;
+    const u8* wb = w + blk * 56;
+    const u8* qs = wb + 4 * sub;
+    const u8* qh = wb + 32 + 2 * sub;
+    const u16* sc = (const u16*)(wb + 48);
+    const u16 d16 = (u16)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) |
+                          (sc[3] & 0xF000));
+    const float d = f16_to_f32(d16);
+    const int shift = 6 * (sub & 1);
+    const float dl1 = d * (float)(2 * ((sc[sub >> 1] >> shift) & 7) + 1);
+    const float dl2 = d * (float)(2 * ((sc[sub >> 1] >> (shift + 3)) & 7) + 1);
+    u32 q[8];
+    float delta[4];
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        const u32 h = qh[l >> 1] >> (4 * (l & 1));
+        const u64 g = IQ1S_GRID[qs[l] | ((h & 7) << 8)];
+        q[2 * l] = (u32)g;
+        q[2 * l + 1] = (u32)(g >> 32);
+        delta[l] = (h & 8) ? -IQ1_DELTA : IQ1_DELTA;
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t < nt) {
+            const u8* ab = arow[t] + blk * Q8K_BYTES;
+            const int* q8 = (const int*)(ab + 4 + 32 * sub);
+            float part[2] = {0.f, 0.f};
+#pragma unroll
+            for (int l = 0; l < 4; l++) {
+                const int sumi = __dp4a((int)q[2 * l + 1], q8[2 * l + 1],
+                                        __dp4a((int)q[2 * l], q8[2 * l], 0));
+                const int sum8 = __dp4a(0x01010101, q8[2 * l + 1],
+                                        __dp4a(0x01010101, q8[2 * l], 0));
+                part[l >> 1] += (float)sumi + delta[l] * (float)sum8;
+            }
+            acc[t] += *(const float*)ab * (dl1 * part[0] + dl2 * part[1]);
         }
     }
 }
@@ -214,6 +612,69 @@ __device__ __forceinline__ void row_float(const u8* w, int cols, int lane,
         }
     }
 }
+
+#define SEGMENTS(f)                                                                 \
+    for (int s = lane; s < n_seg; s += 32) f<NT>(w, s, arow, nt, acc);             \
+    break
+#define LEGACY(T)                                                                   \
+    for (int s = lane; s < n_seg; s += 32) seg_legacy<T, NT>(w, s, arow, nt, acc); \
+    break
+
+// The formats less often met: the low-bit and non-linear ones.
+template <int NT>
+__device__ __forceinline__ void row_dot_other(int type, const u8* w, int n_seg, int lane,
+                                              const u8* const* arow, int nt, float* acc) {
+    switch (type) {
+    case T_Q2_K: SEGMENTS(seg_q2_k);
+    case T_Q3_K: SEGMENTS(seg_q3_k);
+    case T_IQ4_XS: SEGMENTS(seg_iq4_xs);
+    case T_IQ2_XXS: SEGMENTS(seg_iq2_xxs);
+    case T_IQ2_XS: SEGMENTS(seg_iq2_xs);
+    case T_IQ2_S: SEGMENTS(seg_iq2_s);
+    case T_IQ3_XXS: SEGMENTS(seg_iq3_xxs);
+    case T_IQ3_S: SEGMENTS(seg_iq3_s);
+    case T_IQ1_S: SEGMENTS(seg_iq1_s);
+    case T_IQ1_M: SEGMENTS(seg_iq1_m);
+    case T_Q5_0: LEGACY(T_Q5_0);
+    case T_Q5_1: LEGACY(T_Q5_1);
+    case T_IQ4_NL: LEGACY(T_IQ4_NL);
+    case T_MXFP4: LEGACY(T_MXFP4);
+    default: break;
+    }
+}
+
+// Whether `type` is one of row_dot_other's.
+__device__ __forceinline__ bool other_format(int type) {
+    return !(type == T_Q4_K || type == T_Q5_K || type == T_Q6_K || type == T_Q4_0 ||
+             type == T_Q4_1 || type == T_Q8_0 || type == T_F32 || type == T_F16 || type == T_BF16);
+}
+
+// One lane's share of a weight row of `type` (segments lane, lane + 32, ...; float rows
+// column by column) against a tile of tokens: the common formats, or (OTHER) the others.
+// Every type `supports` (lib.rs) names is one or the other.
+template <int NT, bool OTHER>
+__device__ __forceinline__ void row_dot(int type, const u8* w, int cols, int lane,
+                                        const u8* const* arow, int nt, float* acc) {
+    const int n_seg = (cols + 31) / 32;
+    if (OTHER) {
+        row_dot_other<NT>(type, w, n_seg, lane, arow, nt, acc);
+        return;
+    }
+    switch (type) {
+    case T_Q4_K: SEGMENTS(seg_q4_k);
+    case T_Q5_K: SEGMENTS(seg_q5_k);
+    case T_Q6_K: SEGMENTS(seg_q6_k);
+    case T_Q4_0: LEGACY(T_Q4_0);
+    case T_Q4_1: LEGACY(T_Q4_1);
+    case T_Q8_0: LEGACY(T_Q8_0);
+    case T_F32: row_float<T_F32, NT>(w, cols, lane, arow, nt, acc); break;
+    case T_F16: row_float<T_F16, NT>(w, cols, lane, arow, nt, acc); break;
+    case T_BF16: row_float<T_BF16, NT>(w, cols, lane, arow, nt, acc); break;
+    default: break;
+    }
+}
+#undef SEGMENTS
+#undef LEGACY
 
 // The tensor-core path: a block of 4 warps computes MMA_ROWS weight rows × MMA_TOKENS tokens
 // of a K-quant job with MMA_MIN_TOKENS or more tokens, a 16-row × 8-token int8 `mma` per
@@ -497,14 +958,14 @@ __device__ void mma_block(const u64* job, long long local, MmaShared* sh) {
 // Block `local` of a job on the dp4a path: each warp one weight row against up to TT tokens.
 // NT is how many tokens a warp is compiled for: TT, or 1 for steps of one token (decode),
 // whose jobs have at most one; its registers go from 80 to fewer, so more blocks are resident.
-template <int NT>
-__device__ void dp4a_block(const u64* job, long long local) {
+template <int NT, bool OTHER>
+__device__ __forceinline__ void dp4a_rows(const u64* job, long long local, int t_off) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long rows = (long long)job[5];
     const long long rb = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
     const int n = (int)job[7];
     const long long row = (local % rb) * ROWS_PER_BLOCK + warp;
-    const long long t0l = (local / rb) * TT;
+    const long long t0l = (local / rb) * TT + t_off;
     // Whole warps leave together: the shuffles below need every lane.
     if (row >= rows || t0l >= n) return;
     const int t0 = (int)t0l;
@@ -522,38 +983,7 @@ __device__ void dp4a_block(const u64* job, long long local) {
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    const int n_seg = (cols + 31) / 32;
-    switch ((int)job[8]) {
-    case T_Q4_K:
-        for (int s = lane; s < n_seg; s += 32) seg_q4_k<NT>(w, s, arow, nt, acc);
-        break;
-    case T_Q5_K:
-        for (int s = lane; s < n_seg; s += 32) seg_q5_k<NT>(w, s, arow, nt, acc);
-        break;
-    case T_Q6_K:
-        for (int s = lane; s < n_seg; s += 32) seg_q6_k<NT>(w, s, arow, nt, acc);
-        break;
-    case T_Q4_0:
-        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q4_0, NT>(w, s, arow, nt, acc);
-        break;
-    case T_Q4_1:
-        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q4_1, NT>(w, s, arow, nt, acc);
-        break;
-    case T_Q8_0:
-        for (int s = lane; s < n_seg; s += 32) seg_legacy<T_Q8_0, NT>(w, s, arow, nt, acc);
-        break;
-    case T_F32:
-        row_float<T_F32, NT>(w, cols, lane, arow, nt, acc);
-        break;
-    case T_F16:
-        row_float<T_F16, NT>(w, cols, lane, arow, nt, acc);
-        break;
-    case T_BF16:
-        row_float<T_BF16, NT>(w, cols, lane, arow, nt, acc);
-        break;
-    default:
-        break;
-    }
+    row_dot<NT, OTHER>((int)job[8], w, cols, lane, arow, nt, acc);
     float* out = (float*)job[2];
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -567,6 +997,26 @@ __device__ void dp4a_block(const u64* job, long long local) {
             }
         }
     }
+}
+
+// The other formats' blocks in a function of their own, called rather than inlined, and a
+// tile of eight tokens in two passes of four: their registers then do not raise those of the
+// common formats' loops (matmul_one stays at 56 registers, matmul_grouped at 80, neither
+// spilling).
+template <int NT>
+__device__ __noinline__ void dp4a_block_other(const u64* job, long long local) {
+    if (NT == 1) {
+        dp4a_rows<1, true>(job, local, 0);
+    } else {
+#pragma unroll 1
+        for (int t = 0; t < TT; t += 2) dp4a_rows<2, true>(job, local, t);
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void dp4a_block(const u64* job, long long local) {
+    if (other_format((int)job[8])) dp4a_block_other<NT>(job, local);
+    else dp4a_rows<NT, false>(job, local, 0);
 }
 
 // table: n_jobs records of JOB_FIELDS u64s: weights, activations, output (device addresses),
@@ -615,13 +1065,15 @@ __device__ __forceinline__ void matmul_dp4a(const u64* __restrict__ table, int n
     }
 }
 
-extern "C" __global__ void matmul_grouped(const u64* __restrict__ table, int n_jobs) {
+extern "C" __global__ void __launch_bounds__(128, 6) matmul_grouped(const u64* __restrict__ table,
+                                                                  int n_jobs) {
     matmul_dp4a<TT>(table, n_jobs);
 }
 
 // The same for tables whose jobs have at most one token each (the host launches it for steps
 // of one row only).
-extern "C" __global__ void matmul_one(const u64* __restrict__ table, int n_jobs) {
+extern "C" __global__ void __launch_bounds__(128, 9) matmul_one(const u64* __restrict__ table,
+                                                              int n_jobs) {
     matmul_dp4a<1>(table, n_jobs);
 }
 

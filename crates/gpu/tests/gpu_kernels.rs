@@ -36,28 +36,70 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn quantized(dtype: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-    let quantize = kernels::format(dtype)
-        .and_then(|f| f.quantize)
-        .expect("format has a quantizer");
     let row_bytes = dtype.row_bytes(cols as u64).expect("whole blocks") as usize;
-    let src = values(rows * cols, seed);
     let mut out = vec![0u8; rows * row_bytes];
+    let Some(quantize) = kernels::format(dtype).and_then(|f| f.quantize) else {
+        return random_blocks(dtype, rows * cols, seed);
+    };
+    let src = values(rows * cols, seed);
     for (x, y) in src.chunks_exact(cols).zip(out.chunks_exact_mut(row_bytes)) {
         quantize(x, y);
     }
     out
 }
 
-const FORMATS: [GgmlType; 9] = [
+/// Blocks of a format without a quantizer here (the IQ formats come quantized): random quants,
+/// with their f16 scales set to small values (no NaN or infinity).
+fn random_blocks(dtype: GgmlType, n: usize, seed: u64) -> Vec<u8> {
+    let (bs, ts) = (dtype.block_size(), dtype.type_size());
+    let mut s = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut out: Vec<u8> = (0..n / bs * ts).map(|_| next() as u8).collect();
+    for block in out.chunks_exact_mut(ts) {
+        let scale = |r: u64| half::f16::from_f32(0.001 + 0.02 * (r % 1000) as f32 / 1000.0);
+        for &off in kernels::blocks::f16_scale_fields(dtype) {
+            block[off..off + 2].copy_from_slice(&scale(next()).to_le_bytes());
+        }
+        if dtype == GgmlType::Iq1M {
+            // IQ1_M's f16 scale is the top nibbles of its four scale words (bytes 49..55).
+            let d = scale(next()).to_bits();
+            for (i, o) in [49, 51, 53, 55].into_iter().enumerate() {
+                block[o] = (block[o] & 0x0F) | ((((d >> (4 * i)) & 0xF) as u8) << 4);
+            }
+        }
+    }
+    out
+}
+
+const FORMATS: [GgmlType; 23] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Bf16,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
     GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq3S,
+    GgmlType::Iq1S,
+    GgmlType::Iq1M,
+    GgmlType::Mxfp4,
 ];
 
 fn close(gpu: &[f32], cpu: &[f32], what: &str) {
@@ -184,13 +226,13 @@ fn what_was_not_uploaded_is_not_held() {
     let (rows, cols) = (8, 256);
     let kept = Arc::new(quantized(GgmlType::Q4K, rows, cols, 1));
     let other = quantized(GgmlType::Q4K, rows, cols, 2);
-    let q2 = Arc::new(quantized(GgmlType::Q2K, rows, cols, 3));
+    let tq2 = Arc::new(quantized(GgmlType::Tq2_0, rows, cols, 3));
     dev.upload(kept.clone(), &kept).unwrap();
-    dev.upload(q2.clone(), &q2).unwrap();
+    dev.upload(tq2.clone(), &tq2).unwrap();
     assert!(dev.holds(&Weights::new(GgmlType::Q4K, rows, cols, &kept).unwrap()));
     assert!(!dev.holds(&Weights::new(GgmlType::Q4K, rows, cols, &other).unwrap()));
-    // Uploaded, but no GPU kernel for Q2_K: the CPU computes it.
-    assert!(!dev.holds(&Weights::new(GgmlType::Q2K, rows, cols, &q2).unwrap()));
+    // Uploaded, but no GPU kernel for TQ2_0: the CPU computes it.
+    assert!(!dev.holds(&Weights::new(GgmlType::Tq2_0, rows, cols, &tq2).unwrap()));
     assert!(
         dev.upload(kept.clone(), &kept[..100]).is_err(),
         "overlapping upload"

@@ -125,6 +125,25 @@ fn gpu_present() -> bool {
     }
 }
 
+/// The fixture files of each architecture, F32 first (the others' quantization noise is
+/// measured against it): the formats every fixture has, then those some have (olmoe every IQ
+/// format, qwen3moe IQ4_NL and IQ4_XS, gpt-oss MXFP4 experts).
+const QUANTIZATIONS: [&str; 13] = [
+    "model-f32.gguf",
+    "model-q8_0.gguf",
+    "model-q4_k.gguf",
+    "model-mxfp4.gguf",
+    "model-iq4_nl.gguf",
+    "model-iq4_xs.gguf",
+    "model-iq3_s.gguf",
+    "model-iq3_xxs.gguf",
+    "model-iq2_s.gguf",
+    "model-iq2_xs.gguf",
+    "model-iq2_xxs.gguf",
+    "model-iq1_m.gguf",
+    "model-iq1_s.gguf",
+];
+
 /// Runs `f` on every fixture model (F32 first, then its quantized files) with the CPU's
 /// prompt logits and greedy tokens; returns how many there were.
 fn for_each_fixture(mut f: impl FnMut(CpuRun)) -> usize {
@@ -140,7 +159,7 @@ fn for_each_fixture(mut f: impl FnMut(CpuRun)) -> usize {
     ] {
         let dir = fixtures().join(arch);
         let mut f32_logits: Option<Vec<f32>> = None;
-        for file in ["model-f32.gguf", "model-q8_0.gguf", "model-q4_k.gguf"] {
+        for file in QUANTIZATIONS {
             let path = dir.join(file);
             if !path.exists() {
                 continue;
