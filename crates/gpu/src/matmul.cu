@@ -89,6 +89,12 @@ __device__ __forceinline__ u32 signed4(u32 v, u32 signs) {
     return __vsub4(v ^ m, m);
 }
 
+// Eight grid magnitudes (byte j element j) with their eight sign bits: two words of q.
+__device__ __forceinline__ void signed8(u64 g, u32 signs, u32* q) {
+    q[0] = signed4((u32)g, signs);
+    q[1] = signed4((u32)(g >> 32), signs >> 4);
+}
+
 // MXFP4's shared exponent as a float, halved (its levels are stored doubled).
 __device__ __forceinline__ float e8m0_half(u8 e) {
     return __uint_as_float(e < 2 ? 0x00200000u << e : ((u32)e - 1) << 23);
@@ -419,13 +425,20 @@ __device__ __forceinline__ void seg_iq2_xxs(const u8* w, int s, const u8* const*
     u32 q[8];
 #pragma unroll
     for (int l = 0; l < 4; l++) {
-        const u64 g = IQ2XXS_GRID[(idx >> (8 * l)) & 0xFF];
-        const u32 sg = KSIGNS_IQ2XS[(aux >> (7 * l)) & 127];
-        q[2 * l] = signed4((u32)g, sg);
-        q[2 * l + 1] = signed4((u32)(g >> 32), sg >> 4);
+        signed8(IQ2XXS_GRID[(idx >> (8 * l)) & 0xFF], KSIGNS_IQ2XS[(aux >> (7 * l)) & 127],
+                q + 2 * l);
     }
     const float db = f16_to_f32(*(const u16*)wb) * (0.5f + (float)(aux >> 28)) * 0.25f;
     sub_block_iq<NT>(q, blk, sub, db, db, arow, nt, acc);
+}
+
+// IQ2_XS and IQ2_S: a sub-block's halves scaled by d (0.5 + ls) / 4, ls the two nibbles of
+// its scale byte.
+template <int NT>
+__device__ __forceinline__ void iq2_nibble_scales(const u32* q, int blk, int sub, float d, int sc,
+                                                  const u8* const* arow, int nt, float* acc) {
+    sub_block_iq<NT>(q, blk, sub, d * (0.5f + (float)(sc & 0xF)) * 0.25f,
+                     d * (0.5f + (float)(sc >> 4)) * 0.25f, arow, nt, acc);
 }
 
 // IQ2_XS: d, qs[32] u16 (9-bit grid index, 7-bit sign index), scales[8] (a nibble per 16
@@ -440,15 +453,9 @@ __device__ __forceinline__ void seg_iq2_xs(const u8* w, int s, const u8* const* 
 #pragma unroll
     for (int l = 0; l < 4; l++) {
         const u32 v = qs[l];
-        const u64 g = IQ2XS_GRID[v & 511];
-        const u32 sg = KSIGNS_IQ2XS[v >> 9];
-        q[2 * l] = signed4((u32)g, sg);
-        q[2 * l + 1] = signed4((u32)(g >> 32), sg >> 4);
+        signed8(IQ2XS_GRID[v & 511], KSIGNS_IQ2XS[v >> 9], q + 2 * l);
     }
-    const int sc = wb[66 + sub];
-    const float d = f16_to_f32(*(const u16*)wb);
-    sub_block_iq<NT>(q, blk, sub, d * (0.5f + (float)(sc & 0xF)) * 0.25f,
-                     d * (0.5f + (float)(sc >> 4)) * 0.25f, arow, nt, acc);
+    iq2_nibble_scales<NT>(q, blk, sub, f16_to_f32(*(const u16*)wb), wb[66 + sub], arow, nt, acc);
 }
 
 // IQ2_S: d, qs[32] (low 8 bits of 10-bit grid indices), signs[32], qh[8] (the indices' top
@@ -464,15 +471,9 @@ __device__ __forceinline__ void seg_iq2_s(const u8* w, int s, const u8* const* a
     u32 q[8];
 #pragma unroll
     for (int l = 0; l < 4; l++) {
-        const u64 g = IQ2S_GRID[qs[l] | ((qh << (8 - 2 * l)) & 0x300)];
-        const u32 sg = signs[l];
-        q[2 * l] = signed4((u32)g, sg);
-        q[2 * l + 1] = signed4((u32)(g >> 32), sg >> 4);
+        signed8(IQ2S_GRID[qs[l] | ((qh << (8 - 2 * l)) & 0x300)], signs[l], q + 2 * l);
     }
-    const int sc = wb[74 + sub];
-    const float d = f16_to_f32(*(const u16*)wb);
-    sub_block_iq<NT>(q, blk, sub, d * (0.5f + (float)(sc & 0xF)) * 0.25f,
-                     d * (0.5f + (float)(sc >> 4)) * 0.25f, arow, nt, acc);
+    iq2_nibble_scales<NT>(q, blk, sub, f16_to_f32(*(const u16*)wb), wb[74 + sub], arow, nt, acc);
 }
 
 // IQ3_XXS: d, qs[64] (8-bit grid indices of 4 values), then a word per sub-block: four
@@ -487,9 +488,8 @@ __device__ __forceinline__ void seg_iq3_xxs(const u8* w, int s, const u8* const*
     u32 q[8];
 #pragma unroll
     for (int l = 0; l < 4; l++) {
-        const u32 sg = KSIGNS_IQ2XS[(aux >> (7 * l)) & 127];
-        q[2 * l] = signed4(IQ3XXS_GRID[qs[2 * l]], sg);
-        q[2 * l + 1] = signed4(IQ3XXS_GRID[qs[2 * l + 1]], sg >> 4);
+        const u64 g = IQ3XXS_GRID[qs[2 * l]] | ((u64)IQ3XXS_GRID[qs[2 * l + 1]] << 32);
+        signed8(g, KSIGNS_IQ2XS[(aux >> (7 * l)) & 127], q + 2 * l);
     }
     const float db = f16_to_f32(*(const u16*)wb) * (0.5f + (float)(aux >> 28)) * 0.5f;
     sub_block_iq<NT>(q, blk, sub, db, db, arow, nt, acc);
@@ -508,9 +508,9 @@ __device__ __forceinline__ void seg_iq3_s(const u8* w, int s, const u8* const* a
     u32 q[8];
 #pragma unroll
     for (int l = 0; l < 4; l++) {
-        const u32 sg = signs[l];
-        q[2 * l] = signed4(IQ3S_GRID[qs[2 * l] | ((qh << (8 - 2 * l)) & 256)], sg);
-        q[2 * l + 1] = signed4(IQ3S_GRID[qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256)], sg >> 4);
+        const u64 g = IQ3S_GRID[qs[2 * l] | ((qh << (8 - 2 * l)) & 256)] |
+                      ((u64)IQ3S_GRID[qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256)] << 32);
+        signed8(g, signs[l], q + 2 * l);
     }
     const int ls = (wb[106 + (sub >> 1)] >> (4 * (sub & 1))) & 0xF;
     const float db = f16_to_f32(*(const u16*)wb) * (float)(1 + 2 * ls);

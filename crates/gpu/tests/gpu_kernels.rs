@@ -6,6 +6,9 @@ use std::sync::Arc;
 use gguf::GgmlType;
 use kernels::{Input, Kernels, MatmulJob, Offload, ThreadPool, Weights};
 
+#[path = "../../kernels/tests/common.rs"]
+mod kernels_common;
+
 fn device() -> Option<gpu::CudaOffload> {
     match gpu::open(0) {
         Ok(d) => {
@@ -39,7 +42,9 @@ fn quantized(dtype: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let row_bytes = dtype.row_bytes(cols as u64).expect("whole blocks") as usize;
     let mut out = vec![0u8; rows * row_bytes];
     let Some(quantize) = kernels::format(dtype).and_then(|f| f.quantize) else {
-        return random_blocks(dtype, rows * cols, seed);
+        // The IQ formats come quantized: random quants with sane scales.
+        let mut rng = kernels_common::Rng::new(seed);
+        return kernels_common::random_row(&mut rng, dtype, rows * cols);
     };
     let src = values(rows * cols, seed);
     for (x, y) in src.chunks_exact(cols).zip(out.chunks_exact_mut(row_bytes)) {
@@ -48,59 +53,15 @@ fn quantized(dtype: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// Blocks of a format without a quantizer here (the IQ formats come quantized): random quants,
-/// with their f16 scales set to small values (no NaN or infinity).
-fn random_blocks(dtype: GgmlType, n: usize, seed: u64) -> Vec<u8> {
-    let (bs, ts) = (dtype.block_size(), dtype.type_size());
-    let mut s = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    let mut out: Vec<u8> = (0..n / bs * ts).map(|_| next() as u8).collect();
-    for block in out.chunks_exact_mut(ts) {
-        let scale = |r: u64| half::f16::from_f32(0.001 + 0.02 * (r % 1000) as f32 / 1000.0);
-        for &off in kernels::blocks::f16_scale_fields(dtype) {
-            block[off..off + 2].copy_from_slice(&scale(next()).to_le_bytes());
-        }
-        if dtype == GgmlType::Iq1M {
-            // IQ1_M's f16 scale is the top nibbles of its four scale words (bytes 49..55).
-            let d = scale(next()).to_bits();
-            for (i, o) in [49, 51, 53, 55].into_iter().enumerate() {
-                block[o] = (block[o] & 0x0F) | ((((d >> (4 * i)) & 0xF) as u8) << 4);
-            }
-        }
-    }
-    out
+/// Every format the CPU computes with that has a GPU kernel (all but the ternary ones).
+fn formats() -> Vec<GgmlType> {
+    let f: Vec<GgmlType> = kernels_common::COMPUTE_TYPES
+        .into_iter()
+        .filter(|&t| gpu::supports(t))
+        .collect();
+    assert_eq!(f.len(), 23, "{f:?}");
+    f
 }
-
-const FORMATS: [GgmlType; 23] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Bf16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-    GgmlType::Iq4Nl,
-    GgmlType::Iq4Xs,
-    GgmlType::Iq2Xxs,
-    GgmlType::Iq2Xs,
-    GgmlType::Iq2S,
-    GgmlType::Iq3Xxs,
-    GgmlType::Iq3S,
-    GgmlType::Iq1S,
-    GgmlType::Iq1M,
-    GgmlType::Mxfp4,
-];
 
 fn close(gpu: &[f32], cpu: &[f32], what: &str) {
     let scale = cpu.iter().fold(1f32, |m, v| m.max(v.abs()));
@@ -126,7 +87,7 @@ fn every_format_matches_the_cpu_kernels() {
     // one partial tile of 32 tokens, 33 a full one and one token, 70 two and a partial).
     let (rows, cols) = (37, 1280);
     let mut mats = Vec::new();
-    for (i, &dtype) in FORMATS.iter().enumerate() {
+    for (i, dtype) in formats().into_iter().enumerate() {
         let bytes = Arc::new(quantized(dtype, rows, cols, i as u64 + 1));
         dev.upload(bytes.clone(), &bytes).expect("upload");
         mats.push((dtype, bytes));
