@@ -601,6 +601,24 @@ __device__ __forceinline__ void seg_iq1_m(const u8* w, int s, const u8* const* a
 template <int TYPE, int NT>
 __device__ __forceinline__ void row_float(const u8* w, int cols, int lane,
                                           const u8* const* arow, int nt, float* acc) {
+    // One token of f32 (a decode router: 128 rows on 32 blocks): 16-byte loads, two
+    // iterations' in flight per lane, or each SM's four warps keep too few bytes in flight.
+    if (NT == 1 && TYPE == T_F32 && (cols & 3) == 0 &&
+        (((unsigned long long)w | (unsigned long long)arow[0]) & 15) == 0) {
+        const float4* w4 = (const float4*)w;
+        const float4* a4 = (const float4*)arow[0];
+        float s = 0.0f;
+#pragma unroll 2
+        for (int c = lane; c < cols / 4; c += 32) {
+            const float4 x = w4[c], y = a4[c];
+            s += x.x * y.x;
+            s += x.y * y.y;
+            s += x.z * y.z;
+            s += x.w * y.w;
+        }
+        acc[0] += s;
+        return;
+    }
     for (int c = lane; c < cols; c += 32) {
         float v;
         if (TYPE == T_F32) v = ((const float*)w)[c];
