@@ -50,7 +50,6 @@ PRELUDE = r"""
 #define __noinline__
 #define __global__
 #define __restrict__
-struct float4 { float x, y, z, w; };
 static inline int __dp4a(int a, int b, int c) {
     for (int k = 0; k < 4; k++) c += (int)(signed char)(a >> (8 * k)) * (int)(signed char)(b >> (8 * k));
     return c;

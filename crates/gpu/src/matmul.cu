@@ -166,6 +166,25 @@ __device__ __forceinline__ void seg_q5_k(const u8* w, int s, const u8* const* ar
     sub_block_k4<NT>(wb, sub, q, blk, arow, nt, acc);
 }
 
+// A sub-block's two 16-value halves (q[0..4] and q[4..8]) against token t's activations:
+// their integer sums.
+__device__ __forceinline__ void dot_halves(const u32* q, const u8* ab, int sub, int* s0,
+                                           int* s1) {
+    const int* q8 = (const int*)(ab + 4 + 32 * sub);
+    int a = 0, b = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) a = __dp4a((int)q[i], q8[i], a);
+#pragma unroll
+    for (int i = 4; i < 8; i++) b = __dp4a((int)q[i], q8[i], b);
+    *s0 = a;
+    *s1 = b;
+}
+
+// The activations' sum over 16-value group g of a Q8_K block.
+__device__ __forceinline__ int bsum16(const u8* ab, int g) {
+    return ld_i16(ab + 260 + 2 * g);
+}
+
 // Q6_K: ql[128], qh[64], scales[16] i8, d f16; value = d * scale * (q6 - 32). Segment s covers
 // values 128*(s/4) + 32*(s%4) .. +32, two scale groups of 16.
 template <int NT>
@@ -186,20 +205,16 @@ __device__ __forceinline__ void seg_q6_k(const u8* w, int s, const u8* const* ar
     }
     const float d = f16_to_f32(*(const u16*)(wb + 208));
     const float s0 = d * sc[0], s1 = d * sc[1];
-    const int group = 8 * half + 2 * part;
+    // Segment s's 32 values are the superblock's sub-block s % 8 (= 4 half + part).
+    const int sub = s & 7;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if (t < nt) {
             const u8* ab = arow[t] + blk * Q8K_BYTES;
-            const int* q8 = (const int*)(ab + 4 + 128 * half + 32 * part);
-            int sum0 = 0, sum1 = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) sum0 = __dp4a((int)q[i], q8[i], sum0);
-#pragma unroll
-            for (int i = 4; i < 8; i++) sum1 = __dp4a((int)q[i], q8[i], sum1);
-            const int b0 = ld_i16(ab + 260 + 2 * group), b1 = ld_i16(ab + 262 + 2 * group);
-            acc[t] += *(const float*)ab *
-                      (s0 * (float)(sum0 - 32 * b0) + s1 * (float)(sum1 - 32 * b1));
+            int sum0, sum1;
+            dot_halves(q, ab, sub, &sum0, &sum1);
+            acc[t] += *(const float*)ab * (s0 * (float)(sum0 - 32 * bsum16(ab, 2 * sub)) +
+                                           s1 * (float)(sum1 - 32 * bsum16(ab, 2 * sub + 1)));
         }
     }
 }
@@ -290,25 +305,6 @@ __device__ __forceinline__ void seg_legacy(const u8* w, int s, const u8* const* 
 
 // The 256-value formats below take a 32-value sub-block per segment against Q8_K activations,
 // like the K-quants above: `blk` the superblock, `sub` the sub-block within it.
-
-// A sub-block's two 16-value halves (q[0..4] and q[4..8]) against token t's activations:
-// their integer sums.
-__device__ __forceinline__ void dot_halves(const u32* q, const u8* ab, int sub, int* s0,
-                                           int* s1) {
-    const int* q8 = (const int*)(ab + 4 + 32 * sub);
-    int a = 0, b = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) a = __dp4a((int)q[i], q8[i], a);
-#pragma unroll
-    for (int i = 4; i < 8; i++) b = __dp4a((int)q[i], q8[i], b);
-    *s0 = a;
-    *s1 = b;
-}
-
-// The activations' sum over 16-value group g of a Q8_K block.
-__device__ __forceinline__ int bsum16(const u8* ab, int g) {
-    return ld_i16(ab + 260 + 2 * g);
-}
 
 // Q2_K: scales[16] (low nibble scale, high nibble min, per 16 values), qs[64], d, dmin.
 // Sub-block c is bits 2(c%4) of qs[32(c/4)..+32]; value = d * sc * q - dmin * mn.
@@ -601,24 +597,6 @@ __device__ __forceinline__ void seg_iq1_m(const u8* w, int s, const u8* const* a
 template <int TYPE, int NT>
 __device__ __forceinline__ void row_float(const u8* w, int cols, int lane,
                                           const u8* const* arow, int nt, float* acc) {
-    // One token of f32 (a decode router: 128 rows on 32 blocks): 16-byte loads, two
-    // iterations' in flight per lane, or each SM's four warps keep too few bytes in flight.
-    if (NT == 1 && TYPE == T_F32 && (cols & 3) == 0 &&
-        (((unsigned long long)w | (unsigned long long)arow[0]) & 15) == 0) {
-        const float4* w4 = (const float4*)w;
-        const float4* a4 = (const float4*)arow[0];
-        float s = 0.0f;
-#pragma unroll 2
-        for (int c = lane; c < cols / 4; c += 32) {
-            const float4 x = w4[c], y = a4[c];
-            s += x.x * y.x;
-            s += x.y * y.y;
-            s += x.z * y.z;
-            s += x.w * y.w;
-        }
-        acc[0] += s;
-        return;
-    }
     for (int c = lane; c < cols; c += 32) {
         float v;
         if (TYPE == T_F32) v = ((const float*)w)[c];
