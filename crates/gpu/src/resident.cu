@@ -99,11 +99,19 @@ extern "C" __global__ void quantize_rows(const float* __restrict__ x, int width,
     quantize_chunk(v, chunk, width, r, q8k, q80);
 }
 
+// Element i of a row list in the host cache's type: f16 (rounded to nearest even, as the
+// host's own conversion) or f32.
+__device__ __forceinline__ void store_cache_value(u8* base, long long i, float x, int f16) {
+    if (f16) ((u16*)base)[i] = f32_to_f16(x);
+    else ((float*)base)[i] = x;
+}
+
 // Per head of row t: the per-head RMSNorm (when its weights are given), RoPE from the step's
 // table (n_rot/2 cos and sin per row; `neox` pairs i with i + n_rot/2, else 2i with 2i + 1),
 // and for key heads the store of the key and its value head into the row's mirror at its
 // position (rounded to f16 first when the host cache keeps f16) and into the step's list of
-// new rows (`fresh`: per row, per layer, keys then values) that goes back to the host.
+// new rows that goes back to the host (`fresh`: per layer, the step's rows of keys, then of
+// values, in the host cache's own element type, so the host copies them as they are).
 // Grid (rows, query heads + kv heads); block: head_dim threads rounded up to a warp.
 extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
                                          const float* __restrict__ v,
@@ -116,7 +124,7 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
                                          const u64* __restrict__ row_v,
                                          const u64* __restrict__ row_stride,
                                          const unsigned int* __restrict__ row_pos, int layer,
-                                         int n_layers, int round_f16, float* __restrict__ fresh) {
+                                         int n_layers, int round_f16, u8* __restrict__ fresh) {
     __shared__ float head[1024];
     __shared__ float partial[32];
     const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
@@ -158,11 +166,13 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
     const long long pos = row_pos[t];
     float* km = (float*)row_k[t] + (long long)layer * row_stride[t] * kd + pos * kd;
     km[kh * dk + i] = kv_val;
-    float* fk = fresh + ((long long)t * n_layers + layer) * (kd + vd);
-    fk[kh * dk + i] = val;
+    const long long rows = gridDim.x, es = round_f16 ? 2 : 4;
+    u8* fk = fresh + (long long)layer * rows * (kd + vd) * es;
+    u8* fv = fk + rows * kd * es;
+    store_cache_value(fk, (long long)t * kd + kh * dk + i, val, round_f16);
     for (int j = i; j < dv; j += blockDim.x) {
         float vv = v[(long long)t * vd + kh * dv + j];
-        fk[kd + kh * dv + j] = vv;
+        store_cache_value(fv, (long long)t * vd + kh * dv + j, vv, round_f16);
         if (round_f16) vv = f16_to_f32(f32_to_f16(vv));
         float* vm = (float*)row_v[t] + (long long)layer * row_stride[t] * vd + pos * vd;
         vm[kh * dv + j] = vv;
@@ -368,6 +378,225 @@ extern "C" __global__ void attention_grouped(const float* __restrict__ q, float*
     }
 }
 
+// Causal attention of a tile of rows of one sequence (the rows share the first row's mirror)
+// for kv head `blockIdx.x` and the query heads of its group: up to AT_VEC query vectors (rows
+// × heads of the group) against key and value tiles of AT_POS positions in shared memory, the
+// softmax kept online (a running maximum and sum per vector, the value sums rescaled when the
+// maximum moves), so each key and value row is read once per tile of rows instead of once per
+// row and head. Thread 8a + c serves vector a: its scores at positions c, c + 8, ... of a tile
+// and its value sums at dimensions 4c + 32i..+3. FP32 throughout, as the CPU.
+// Grid (kv heads, row tiles of AT_VEC / group rows); block 256 threads; dk = dv ≤ AT_DK, a
+// multiple of 4; group ≤ AT_VEC / 4.
+#define AT_VEC 32
+#define AT_POS 32
+#define AT_DK 128
+#define AT_STRIDE (AT_DK + 4)
+extern "C" __global__ void __launch_bounds__(256) attention_tile(
+    const float* __restrict__ q, float* __restrict__ out, const u64* __restrict__ row_k,
+    const u64* __restrict__ row_v, const u64* __restrict__ row_stride,
+    const unsigned int* __restrict__ row_pos, int n, int layer, int nh, int nkv, int dk,
+    float scale) {
+    __shared__ __align__(16) float qs[AT_VEC * AT_STRIDE];
+    // A tile of keys, then of values, in the same place.
+    __shared__ __align__(16) float kv[AT_POS * AT_STRIDE];
+    __shared__ float ps[AT_VEC * (AT_POS + 1)];
+    __shared__ unsigned int last_pos;
+    const int group = nh / nkv, tile_rows = AT_VEC / group, n_vec = tile_rows * group;
+    const int kh = blockIdx.x, r0 = blockIdx.y * tile_rows;
+    const int a = threadIdx.x >> 3, c = threadIdx.x & 7, d4s = dk / 4;
+    const long long kd = (long long)nkv * dk;
+    const long long layer_at = (long long)layer * row_stride[r0] * kd + kh * dk;
+    const float* kbase = (const float*)row_k[r0] + layer_at;
+    const float* vbase = (const float*)row_v[r0] + layer_at;
+    const int ar = r0 + a / group;
+    const bool a_valid = a < n_vec && ar < n;
+    const long long a_pos = a_valid ? (long long)row_pos[ar] : -1;
+    for (int i = threadIdx.x; i < AT_VEC * d4s; i += blockDim.x) {
+        const int v = i / d4s, d4 = i % d4s, vr = r0 + v / group;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (v < n_vec && vr < n)
+            x = *(const float4*)(q + ((long long)vr * nh + kh * group + v % group) * dk + 4 * d4);
+        *(float4*)(qs + v * AT_STRIDE + 4 * d4) = x;
+    }
+    if (threadIdx.x == 0) {
+        unsigned int m = 0;
+        for (int r = r0; r < min(n, r0 + tile_rows); r++) m = max(m, row_pos[r]);
+        last_pos = m;
+    }
+    __syncthreads();
+    const long long n_pos = (long long)last_pos + 1;
+    float m_run = -INFINITY, l_run = 0.0f;
+    float4 o[AT_DK / 32];
+#pragma unroll
+    for (int i = 0; i < AT_DK / 32; i++) o[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float* qa = qs + a * AT_STRIDE;
+    for (long long p0 = 0; p0 < n_pos; p0 += AT_POS) {
+        const int np = (int)min((long long)AT_POS, n_pos - p0);
+        for (int i = threadIdx.x; i < AT_POS * d4s; i += blockDim.x) {
+            const int j = i / d4s, d4 = i % d4s;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (j < np) x = *(const float4*)(kbase + (p0 + j) * kd + 4 * d4);
+            *(float4*)(kv + j * AT_STRIDE + 4 * d4) = x;
+        }
+        __syncthreads();
+        float sc[AT_POS / 8];
+#pragma unroll
+        for (int m = 0; m < AT_POS / 8; m++) sc[m] = 0.0f;
+        for (int d = 0; d < dk; d += 4) {
+            const float4 x = *(const float4*)(qa + d);
+#pragma unroll
+            for (int m = 0; m < AT_POS / 8; m++) {
+                const float4 y = *(const float4*)(kv + (c + 8 * m) * AT_STRIDE + d);
+                sc[m] = fmaf(x.x, y.x, sc[m]);
+                sc[m] = fmaf(x.y, y.y, sc[m]);
+                sc[m] = fmaf(x.z, y.z, sc[m]);
+                sc[m] = fmaf(x.w, y.w, sc[m]);
+            }
+        }
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int m = 0; m < AT_POS / 8; m++) {
+            const int j = c + 8 * m;
+            sc[m] = j < np && p0 + j <= a_pos ? sc[m] * scale : -INFINITY;
+            tile_max = fmaxf(tile_max, sc[m]);
+        }
+#pragma unroll
+        for (int o8 = 1; o8 < 8; o8 <<= 1)
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o8));
+        const float m_new = fmaxf(m_run, tile_max);
+        // A vector with nothing to attend to yet (or none at all) keeps zeros.
+        const float alpha = m_new == -INFINITY ? 1.0f : expf(m_run - m_new);
+        float tile_sum = 0.0f;
+#pragma unroll
+        for (int m = 0; m < AT_POS / 8; m++) {
+            const float e = sc[m] == -INFINITY ? 0.0f : expf(sc[m] - m_new);
+            ps[a * (AT_POS + 1) + c + 8 * m] = e;
+            tile_sum += e;
+        }
+#pragma unroll
+        for (int o8 = 1; o8 < 8; o8 <<= 1)
+            tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, o8);
+        l_run = l_run * alpha + tile_sum;
+        m_run = m_new;
+#pragma unroll
+        for (int i = 0; i < AT_DK / 32; i++) {
+            o[i].x *= alpha;
+            o[i].y *= alpha;
+            o[i].z *= alpha;
+            o[i].w *= alpha;
+        }
+        // Every score is read from the keys: the values may take their place.
+        __syncthreads();
+        for (int i = threadIdx.x; i < AT_POS * d4s; i += blockDim.x) {
+            const int j = i / d4s, d4 = i % d4s;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (j < np) x = *(const float4*)(vbase + (p0 + j) * kd + 4 * d4);
+            *(float4*)(kv + j * AT_STRIDE + 4 * d4) = x;
+        }
+        __syncthreads();
+        for (int j = 0; j < np; j++) {
+            const float e = ps[a * (AT_POS + 1) + j];
+#pragma unroll
+            for (int i = 0; i < AT_DK / 32; i++) {
+                if (4 * c + 32 * i < dk) {
+                    const float4 y = *(const float4*)(kv + j * AT_STRIDE + 4 * c + 32 * i);
+                    o[i].x = fmaf(e, y.x, o[i].x);
+                    o[i].y = fmaf(e, y.y, o[i].y);
+                    o[i].z = fmaf(e, y.z, o[i].z);
+                    o[i].w = fmaf(e, y.w, o[i].w);
+                }
+            }
+        }
+        // The next tile's keys overwrite these values.
+        __syncthreads();
+    }
+    if (!a_valid) return;
+    const float inv = 1.0f / l_run;
+    float* dst = out + ((long long)ar * nh + kh * group + a % group) * dk;
+#pragma unroll
+    for (int i = 0; i < AT_DK / 32; i++) {
+        if (4 * c + 32 * i < dk)
+            *(float4*)(dst + 4 * c + 32 * i) =
+                make_float4(o[i].x * inv, o[i].y * inv, o[i].z * inv, o[i].w * inv);
+    }
+}
+
+// Row r's routing by one warp: the softmax over its router logits, its top k (ties to the
+// lower expert), the weights (renormalized when `norm_topk`, times `w_scale`) into ids and wts;
+// for k ≤ 32, lane `slot` also keeps its slot's expert and final weight in my_id / my_w.
+// p: n_expert floats of shared memory of the warp's own (lane l holds experts l, l + 32, ...).
+__device__ __forceinline__ void route_row(const float* __restrict__ logits, int r, int n_expert,
+                                          int k, int norm_topk, float w_scale, float* p,
+                                          unsigned int* __restrict__ ids,
+                                          float* __restrict__ wts, int lane,
+                                          unsigned int& my_id, float& my_w) {
+    const float* lr = logits + (long long)r * n_expert;
+    float mx = -INFINITY;
+    for (int e = lane; e < n_expert; e += 32) {
+        p[e] = lr[e];
+        mx = fmaxf(mx, p[e]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float s = 0.0f;
+    for (int e = lane; e < n_expert; e += 32) {
+        p[e] = expf(p[e] - mx);
+        s += p[e];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    float wsum = 0.0f;
+    // Up to 32 slots, lane `slot` keeps its slot's expert and probability and writes them
+    // once the sum is known: lane 0 reading each weight back from global memory to scale it
+    // was k memory latencies in a row in every layer.
+    float my_prob = 0.0f;
+    for (int slot = 0; slot < k; slot++) {
+        float best = -1.0f;
+        int best_e = 0x7fffffff;
+        for (int e = lane; e < n_expert; e += 32) {
+            if (p[e] > best || (p[e] == best && e < best_e)) {
+                best = p[e];
+                best_e = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+            if (ob > best || (ob == best && oe < best_e)) {
+                best = ob;
+                best_e = oe;
+            }
+        }
+        const float prob = best / s;
+        if (k > 32 && lane == 0) {
+            ids[r * k + slot] = best_e;
+            wts[r * k + slot] = prob;
+        }
+        if (lane == slot) {
+            my_prob = prob;
+            my_id = (unsigned int)best_e;
+        }
+        wsum += prob;
+        if ((best_e & 31) == lane) p[best_e] = -2.0f;
+        __syncwarp();
+    }
+    const float norm = norm_topk ? 1.0f / fmaxf(wsum, 6.1035156e-5f) : 1.0f;
+    if (k <= 32 && lane < k) {
+        float wv = my_prob;
+        if (norm_topk) wv *= norm;
+        my_w = wv * w_scale;
+        ids[r * k + lane] = my_id;
+        wts[r * k + lane] = my_w;
+    } else if (k > 32 && lane == 0) {
+        for (int slot = 0; slot < k; slot++) {
+            float wv = wts[r * k + slot];
+            if (norm_topk) wv *= norm;
+            wts[r * k + slot] = wv * w_scale;
+        }
+    }
+}
+
 // Routing and the expert tables of one MoE layer, in one block (256 threads): each row's
 // softmax over the router logits, its top k (ties to the lower expert), the weights
 // (renormalized when `norm_topk`, times `w_scale`); then, per expert that any row picked
@@ -377,6 +606,9 @@ extern "C" __global__ void attention_grouped(const float* __restrict__ q, float*
 //   down: the down projections, their outputs at consecutive rows of `down_out`,
 //   sum:  per row, its k output rows (addresses) and weights in slot order.
 // Unused table entries get no tokens and the total block count as their first block.
+// With `counted` (steps of many rows), moe_topk has routed the rows and moe_count has ranked
+// the slots (in slot_row) and counted each expert's (counted[e]): this block only builds the
+// tables. Both give the same tables.
 // desc (u64): n_expert, k, norm_topk, w_scale bits, gate / up / down expert address tables,
 // gate / up / down row strides, n_ff, n_embd, gate / up / down ggml types, the down
 // projection's activation type and row bytes, the gate activation row bytes.
@@ -391,7 +623,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
                                      unsigned int* __restrict__ gather, u64* __restrict__ gu,
                                      u64* __restrict__ glu, u64* __restrict__ down,
                                      u64* __restrict__ sum_rows, float* __restrict__ sum_w,
-                                     int max_jobs) {
+                                     int max_jobs, const unsigned int* __restrict__ counted) {
     __shared__ unsigned int count[MAX_EXPERTS];
     __shared__ unsigned int first[MAX_EXPERTS];
     __shared__ int active[MAX_EXPERTS];
@@ -449,80 +681,17 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
     // Lanes below k of warp 0 hold their slot's expert and final weight for one-row steps.
     unsigned int my_id = 0;
     float my_w = 0.0f;
-    // A warp per row: lane l holds experts l, l + 32, ...
-    float* p = probs[warp];
-    for (int r = warp; r < n; r += warps) {
-        const float* lr = logits + (long long)r * n_expert;
-        float mx = -INFINITY;
-        for (int e = lane; e < n_expert; e += 32) {
-            p[e] = lr[e];
-            mx = fmaxf(mx, p[e]);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        float s = 0.0f;
-        for (int e = lane; e < n_expert; e += 32) {
-            p[e] = expf(p[e] - mx);
-            s += p[e];
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        float wsum = 0.0f;
-        // Up to 32 slots, lane `slot` keeps its slot's expert and probability and writes them
-        // once the sum is known: lane 0 reading each weight back from global memory to scale it
-        // was k memory latencies in a row in every layer.
-        float my_prob = 0.0f;
-        for (int slot = 0; slot < k; slot++) {
-            float best = -1.0f;
-            int best_e = 0x7fffffff;
-            for (int e = lane; e < n_expert; e += 32) {
-                if (p[e] > best || (p[e] == best && e < best_e)) {
-                    best = p[e];
-                    best_e = e;
-                }
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-                const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-                if (ob > best || (ob == best && oe < best_e)) {
-                    best = ob;
-                    best_e = oe;
-                }
-            }
-            const float prob = best / s;
-            if (k > 32 && lane == 0) {
-                ids[r * k + slot] = best_e;
-                wts[r * k + slot] = prob;
-            }
-            if (lane == slot) {
-                my_prob = prob;
-                my_id = (unsigned int)best_e;
-            }
-            wsum += prob;
-            if ((best_e & 31) == lane) p[best_e] = -2.0f;
-            __syncwarp();
-        }
-        const float norm = norm_topk ? 1.0f / fmaxf(wsum, 6.1035156e-5f) : 1.0f;
-        if (k <= 32 && lane < k) {
-            float wv = my_prob;
-            if (norm_topk) wv *= norm;
-            my_w = wv * w_scale;
-            ids[r * k + lane] = my_id;
-            wts[r * k + lane] = my_w;
-        } else if (k > 32 && lane == 0) {
-            for (int slot = 0; slot < k; slot++) {
-                float wv = wts[r * k + slot];
-                if (norm_topk) wv *= norm;
-                wts[r * k + slot] = wv * w_scale;
-            }
-        }
+    // A warp per row (unless moe_topk and moe_count did the rows and the counts).
+    if (!counted) {
+        for (int r = warp; r < n; r += warps)
+            route_row(logits, r, n_expert, k, norm_topk, w_scale, probs[warp], ids, wts, lane,
+                      my_id, my_w);
     }
     // A decode step (one row, up to 32 distinct experts, one job each): warp 0 writes every
     // table from its registers, the job of each slot's expert at the expert's rank among the
     // row's (the order the general path below gives): no block-wide passes over shared
     // counts, which made this kernel 9-10 µs of a 100 µs decode layer on the H200.
-    if (n == 1 && k <= 32 && max_jobs == k) {
+    if (!counted && n == 1 && k <= 32 && max_jobs == k) {
         if (warp != 0) return;
         unsigned int rank = 0;
         for (int j = 0; j < k; j++) {
@@ -546,8 +715,9 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
     // counting sort over chunks of one slot per thread: within a warp the lanes that picked the
     // same expert find each other (match_any), across the chunk's warps and the chunks before
     // it the counts add up. Ranks go in slot_row for now.
-    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
-    for (int base = 0; base < slots; base += blockDim.x) {
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = counted ? counted[e] : 0;
+    if (counted) __syncthreads();
+    for (int base = 0; !counted && base < slots; base += blockDim.x) {
         for (int x = threadIdx.x; x < warps * n_expert; x += blockDim.x)
             warp_count[x / n_expert][x % n_expert] = 0;
         __syncthreads();
@@ -655,4 +825,38 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
         sum_rows[i] = down_out + 4 * (u64)slot_row[i] * n_embd;
         sum_w[i] = wts[i];
     }
+}
+
+// The rows of a step of many rows routed in parallel, a warp per row (moe_route's rows, which
+// one block did a warp at a time: 273 µs of a 512-row layer on the H100). 256 threads.
+extern "C" __global__ void moe_topk(const float* __restrict__ logits, int n,
+                                    const u64* __restrict__ desc,
+                                    unsigned int* __restrict__ ids, float* __restrict__ wts) {
+    __shared__ float probs[8][MAX_EXPERTS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * 8 + warp;
+    if (r >= n) return;
+    unsigned int id = 0;
+    float w = 0.0f;
+    route_row(logits, r, (int)desc[0], (int)desc[1], (int)desc[2],
+              __uint_as_float((unsigned int)desc[3]), probs[warp], ids, wts, lane, id, w);
+}
+
+// Each expert's slots in slot order, a warp per expert reading the slots' experts 32 at a time:
+// slot_row[i] = slot i's rank among its expert's slots, counted[e] = how many it has (what
+// moe_route's counting sort gives). 256 threads.
+extern "C" __global__ void moe_count(const unsigned int* __restrict__ ids, int slots,
+                                     int n_expert, unsigned int* __restrict__ slot_row,
+                                     unsigned int* __restrict__ counted) {
+    const int e = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (e >= n_expert) return;
+    unsigned int c = 0;
+    for (int base = 0; base < slots; base += 32) {
+        const int i = base + lane;
+        const bool mine = i < slots && ids[i] == (unsigned int)e;
+        const unsigned int m = __ballot_sync(0xffffffffu, mine);
+        if (mine) slot_row[i] = c + __popc(m & ((1u << lane) - 1u));
+        c += __popc(m);
+    }
+    if (lane == 0) counted[e] = c;
 }

@@ -243,17 +243,18 @@ fn hybrid_placement_matches_the_cpu() {
     }
 }
 
-/// Logits of `tokens` in chunks of 4 over one f16 cache, chunk `i` on `pick(i)`; then a rewind
-/// of 2 positions and those 2 again on the last compute.
+/// Logits of `tokens` in chunks of 4 over one cache of `kv_type`, chunk `i` on `pick(i)`; then
+/// a rewind of 2 positions and those 2 again on the last compute.
 fn mixed(
     model: &Model,
     computes: &[&Compute],
     pick: impl Fn(usize) -> usize,
     tokens: &[u32],
+    kv_type: model::KvType,
 ) -> Vec<f32> {
-    use model::{KvCache, KvType};
+    use model::KvCache;
     let last = model.n_layer() - 1;
-    let mut kv = KvCache::new(model.kv_layout(KvType::F16, 0..=last, 1024));
+    let mut kv = KvCache::new(model.kv_layout(kv_type, 0..=last, 1024));
     let mut out = Vec::new();
     let step = |kv: &mut KvCache, cx: &Compute, part: &[u32], out: &mut Vec<f32>| {
         out.extend(common::forward_logits(model, cx, kv, part));
@@ -305,11 +306,18 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
         let (how, stepped) = check_close(&got, &r.want, n_vocab, what, noise);
         eprintln!("{what}: whole steps {steps}; prompt logits {how}");
         check_greedy(&got_tokens, &r.want_tokens, stepped, what);
-        let want = mixed(model, &[cpu], |_| 0, tokens);
-        let got = mixed(model, &[cpu, &on_gpu], |i| i % 2, tokens);
-        let chunks = format!("{what} (CPU/GPU alternating chunks, f16 cache)");
-        let (how, _) = check_close(&got, &want, n_vocab, &chunks, noise);
-        eprintln!("{chunks}: {how}");
+        // The CPU's chunks read the rows the GPU's handed back into the host cache, in
+        // either element type.
+        for (kv_type, name) in [
+            (model::KvType::F16, "f16"),
+            (model::KvType::F32, "single-precision"),
+        ] {
+            let want = mixed(model, &[cpu], |_| 0, tokens, kv_type);
+            let got = mixed(model, &[cpu, &on_gpu], |i| i % 2, tokens, kv_type);
+            let chunks = format!("{what} (CPU/GPU alternating chunks, {name} cache)");
+            let (how, _) = check_close(&got, &want, n_vocab, &chunks, noise);
+            eprintln!("{chunks}: {how}");
+        }
         if what.contains("f32") {
             // A long prompt in two steps of 330 rows: hundreds of rows per expert (many
             // token tiles, routing over many chunks of slots), attention over earlier

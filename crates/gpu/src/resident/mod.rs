@@ -73,7 +73,12 @@ struct Kernels {
     qk_rope_store: CudaFunction,
     attention: CudaFunction,
     attention_grouped: CudaFunction,
+    /// Steps of many rows from one sequence: a block per tile of rows and kv head.
+    attention_tile: CudaFunction,
     moe_route: CudaFunction,
+    /// Steps of many rows: the rows routed and the slots counted before `moe_route`.
+    moe_topk: CudaFunction,
+    moe_count: CudaFunction,
 }
 
 /// One sequence's keys and values on the device: `[layer][position][kv dim]` f32.
@@ -167,11 +172,12 @@ pub struct ResidentModel {
 }
 
 /// Host preparation, the device's work (launches to synchronize) and the copy into the host
-/// caches, summed per step shape (prompt steps and single-row steps) and printed every 64
-/// single-row steps and when the model is dropped.
+/// caches, summed per number of rows in a step (a prompt's chunks, a warm-up's short prompt
+/// and decode rows apart, so no average mixes them) and printed every 64 single-row steps and
+/// when the model is dropped.
 #[derive(Default)]
 struct StepTiming {
-    sums: Mutex<[(u64, [std::time::Duration; 3]); 2]>,
+    sums: Mutex<std::collections::BTreeMap<usize, (u64, [std::time::Duration; 3])>>,
 }
 
 impl StepTiming {
@@ -179,7 +185,7 @@ impl StepTiming {
         let Ok(mut sums) = self.sums.lock() else {
             return;
         };
-        let (count, total) = &mut sums[(rows == 1) as usize];
+        let (count, total) = sums.entry(rows).or_default();
         *count += 1;
         for (t, p) in total.iter_mut().zip(parts) {
             *t += p;
@@ -189,17 +195,16 @@ impl StepTiming {
         }
     }
 
-    fn print(sums: &[(u64, [std::time::Duration; 3]); 2]) {
-        for (what, (count, total)) in ["steps of several rows", "one-row steps"].iter().zip(sums) {
-            if *count > 0 {
-                let us = |d: &std::time::Duration| d.as_secs_f64() * 1e6 / *count as f64;
-                eprintln!(
-                    "gpu timing: {count} {what}: host {:.0} µs, device {:.0} µs, caches {:.0} µs a step",
-                    us(&total[0]),
-                    us(&total[1]),
-                    us(&total[2])
-                );
-            }
+    fn print(sums: &std::collections::BTreeMap<usize, (u64, [std::time::Duration; 3])>) {
+        for (rows, (count, total)) in sums {
+            let us = |d: &std::time::Duration| d.as_secs_f64() * 1e6 / *count as f64;
+            let what = if *rows == 1 { "row" } else { "rows" };
+            eprintln!(
+                "gpu timing: {count} steps of {rows} {what}: host {:.0} µs, device {:.0} µs, caches {:.0} µs a step",
+                us(&total[0]),
+                us(&total[1]),
+                us(&total[2])
+            );
         }
     }
 }
@@ -246,6 +251,8 @@ struct Offsets {
     wts: usize,
     slot_row: usize,
     gather: usize,
+    /// Per expert, its slots in the step (moe_count's, for moe_route).
+    counted: usize,
     gu_table: usize,
     glu_table: usize,
     down_table: usize,
@@ -300,7 +307,10 @@ impl ResidentModel {
             qk_rope_store: load("qk_rope_store")?,
             attention: load("attention")?,
             attention_grouped: load("attention_grouped")?,
+            attention_tile: load("attention_tile")?,
             moe_route: load("moe_route")?,
+            moe_topk: load("moe_topk")?,
+            moe_count: load("moe_count")?,
         };
         let WholeModelPlan {
             layers,
@@ -562,6 +572,7 @@ impl ResidentModel {
             wts: a.take(4 * slots),
             slot_row: a.take(4 * slots),
             gather: a.take(4 * slots),
+            counted: a.take(4 * self.max_expert.max(1)),
             gu_table: a.take(2 * max_jobs * JOB_FIELDS * 8),
             glu_table: a.take(max_jobs * GLU_FIELDS * 8),
             down_table: a.take(max_jobs * JOB_FIELDS * 8),

@@ -14,8 +14,16 @@ use crate::matmul_table::{
 };
 
 /// Rows from which a step's attention runs a block per kv head and row (its query heads
-/// together) instead of a block per head and row.
+/// together) instead of a block per head and row; with one sequence, a block per kv head and
+/// tile of rows.
 const GROUPED_MIN_ROWS: usize = 16;
+/// The widest head the tiled attention holds (resident.cu `AT_DK`) and the query vectors of
+/// its tiles (`AT_VEC`).
+const TILE_MAX_DK: usize = 128;
+const TILE_VECTORS: usize = 32;
+/// Rows from which a step routes its rows (moe_topk) and counts its slots (moe_count) across
+/// the device before moe_route builds the tables in one block.
+const ROUTE_SPLIT_MIN_ROWS: usize = 8;
 
 /// Converts cache bytes of `t` to f32.
 fn cache_floats(t: KvType, bytes: &[u8]) -> Vec<f32> {
@@ -59,6 +67,7 @@ impl model::LayerDevice for ResidentModel {
             return Ok(None);
         }
         let kd = nkv * dk;
+        let one_sequence = seqs.len() == 1;
         // Caches of the model's whole shape only.
         let mut kv_type = None;
         for s in seqs.iter() {
@@ -353,7 +362,8 @@ impl model::LayerDevice for ResidentModel {
         let t_prepared = std::time::Instant::now();
         let cu = self.stream.cu_stream();
         let logits_len = m_rows * self.n_vocab;
-        let fresh_len = n * n_layers * 2 * kd;
+        // The new rows come back in the host cache's element type (f16 is half a float).
+        let fresh_len = n * n_layers * 2 * kd * kv_type.bytes() / 4;
         let enqueue = |host_in: &[u8], host_out: &mut [f32]| -> model::Result<()> {
             // SAFETY: host_in is page-locked and untouched until the synchronize below; the arena
             // holds the input region at o.input.
@@ -471,7 +481,8 @@ impl model::LayerDevice for ResidentModel {
                     let block = (dk as u32).next_multiple_of(32);
                     // SAFETY: one block per (row, head) of q and k (n × heads × dk floats in the
                     // arena); each row's mirror (per-row addresses copied in) has room for its
-                    // position (capacity checked above); `fresh` holds n × layers × 2·kd floats.
+                    // position (capacity checked above); `fresh` holds n × layers × 2·kd
+                    // elements of at most 4 bytes.
                     unsafe { b.launch(cfg((n as u32, (self.nh + nkv) as u32), block, 0)) }
                         .map_err(|e| launch_err("qk_rope_store", e))?;
                 }
@@ -485,33 +496,68 @@ impl model::LayerDevice for ResidentModel {
                     // device: its one-row step took 6.72 ms with them against 6.07 ms with a
                     // block per head (docs/perf.md, "Tensor-core prefill").
                     let group = self.nh / nkv;
+                    // A prompt's rows (one sequence, so one mirror) read each key and value row
+                    // once per tile of rows: a 512-row layer's attention took 715 µs on the
+                    // H100 with a block per kv head and row (docs/perf.md).
+                    let tiled = one_sequence
+                        && n >= GROUPED_MIN_ROWS
+                        && (1..=TILE_VECTORS / 4).contains(&group)
+                        && self.nh.is_multiple_of(nkv)
+                        && dk <= TILE_MAX_DK
+                        && dk.is_multiple_of(4);
                     let grouped = (2..=8).contains(&group) && dk <= 256 && n >= GROUPED_MIN_ROWS;
-                    let (f, grid) = if grouped {
-                        (&self.f.attention_grouped, (nkv as u32, n as u32))
+                    if tiled {
+                        let n_i = n as i32;
+                        let mut b = self.stream.launch_builder(&self.f.attention_tile);
+                        b.arg(&q_at)
+                            .arg(&att_at)
+                            .arg(&rows_k)
+                            .arg(&rows_v)
+                            .arg(&rows_s)
+                            .arg(&rows_p)
+                            .arg(&n_i)
+                            .arg(&il_i)
+                            .arg(&nh_i)
+                            .arg(&nkv_i)
+                            .arg(&dk_i)
+                            .arg(&scale);
+                        let grid = (nkv as u32, n.div_ceil(TILE_VECTORS / group) as u32);
+                        // SAFETY: one block per (kv head, tile of rows of the one sequence);
+                        // each reads its rows' q (n × nh × dk floats in the arena) and the
+                        // sequence's mirror up to the tile's last position (< capacity), and
+                        // writes dk floats of `att` per row and head; dk ≤ AT_DK and a multiple
+                        // of 4, so its 16-byte loads stay aligned (256-byte aligned bases).
+                        unsafe { b.launch(cfg(grid, 256, 0)) }
+                            .map_err(|e| launch_err("attention_tile", e))?;
                     } else {
-                        (&self.f.attention, (self.nh as u32, n as u32))
-                    };
-                    let mut b = self.stream.launch_builder(f);
-                    b.arg(&q_at)
-                        .arg(&att_at)
-                        .arg(&rows_k)
-                        .arg(&rows_v)
-                        .arg(&rows_s)
-                        .arg(&rows_p)
-                        .arg(&il_i)
-                        .arg(&nh_i)
-                        .arg(&nkv_i)
-                        .arg(&dk_i)
-                        .arg(&dk_i)
-                        .arg(&scale)
-                        .arg(&sc_at)
-                        .arg(&cap);
-                    // SAFETY: one block per (head or kv head, row); each reads its row's mirror
-                    // up to its position (< capacity) and writes dk floats of `att` per head and
-                    // at most ctx_cap scores per head (every position ≤ ctx_needed ≤ ctx_cap);
-                    // the grouped kernel's shared arrays hold 8 heads of 256 floats.
-                    unsafe { b.launch(cfg(grid, 256, 0)) }
-                        .map_err(|e| launch_err("attention", e))?;
+                        let (f, grid) = if grouped {
+                            (&self.f.attention_grouped, (nkv as u32, n as u32))
+                        } else {
+                            (&self.f.attention, (self.nh as u32, n as u32))
+                        };
+                        let mut b = self.stream.launch_builder(f);
+                        b.arg(&q_at)
+                            .arg(&att_at)
+                            .arg(&rows_k)
+                            .arg(&rows_v)
+                            .arg(&rows_s)
+                            .arg(&rows_p)
+                            .arg(&il_i)
+                            .arg(&nh_i)
+                            .arg(&nkv_i)
+                            .arg(&dk_i)
+                            .arg(&dk_i)
+                            .arg(&scale)
+                            .arg(&sc_at)
+                            .arg(&cap);
+                        // SAFETY: one block per (head or kv head, row); each reads its row's
+                        // mirror up to its position (< capacity) and writes dk floats of `att`
+                        // per head and at most ctx_cap scores per head (every position ≤
+                        // ctx_needed ≤ ctx_cap); the grouped kernel's shared arrays hold 8
+                        // heads of 256 floats.
+                        unsafe { b.launch(cfg(grid, 256, 0)) }
+                            .map_err(|e| launch_err("attention", e))?;
+                    }
                 }
                 if l.o.act != ActKind::F32 {
                     let width = (self.nh * dk) as i32;
@@ -596,12 +642,41 @@ impl model::LayerDevice for ResidentModel {
                             at(o.sum_rows),
                             at(o.sum_w),
                         ];
+                        // Many rows: routed a warp per row and counted a warp per expert
+                        // across the device first (one block did both in 273 µs of a 512-row
+                        // layer on the H100); moe_route then only builds the tables.
+                        let counted = if n >= ROUTE_SPLIT_MIN_ROWS {
+                            let (ids, wts, slot_row, counted) =
+                                (at(o.ids), at(o.wts), at(o.slot_row), at(o.counted));
+                            let (slots_i, ne_i) = (slots as i32, *n_expert as i32);
+                            let mut b = self.stream.launch_builder(&self.f.moe_topk);
+                            b.arg(&ptrs[0]).arg(&n_i).arg(desc).arg(&ids).arg(&wts);
+                            // SAFETY: a warp per row (8 per block) reads its n_expert router
+                            // logits and the descriptor and writes its k ids and weights, in
+                            // the arena sized for n·k slots; n_expert ≤ MAX_EXPERTS (checked
+                            // when the model was built).
+                            unsafe { b.launch(cfg((n.div_ceil(8) as u32, 1), 256, 0)) }
+                                .map_err(|e| launch_err("moe_topk", e))?;
+                            let mut b = self.stream.launch_builder(&self.f.moe_count);
+                            b.arg(&ids)
+                                .arg(&slots_i)
+                                .arg(&ne_i)
+                                .arg(&slot_row)
+                                .arg(&counted);
+                            // SAFETY: a warp per expert reads the n·k slot ids and writes the
+                            // ranks of its slots and its count, all in the arena.
+                            unsafe { b.launch(cfg((n_expert.div_ceil(8) as u32, 1), 256, 0)) }
+                                .map_err(|e| launch_err("moe_count", e))?;
+                            counted
+                        } else {
+                            null
+                        };
                         let mut b = self.stream.launch_builder(&self.f.moe_route);
                         b.arg(&ptrs[0]).arg(&n_i);
                         for p in &ptrs[1..] {
                             b.arg(p);
                         }
-                        b.arg(&mj_i);
+                        b.arg(&mj_i).arg(&counted);
                         // SAFETY: moe_route reads n rows of router logits and the layer's
                         // descriptor (uploaded constants) and writes tables for max_jobs experts
                         // and n·k slots into the arena, sized for them.
@@ -715,16 +790,18 @@ impl model::LayerDevice for ResidentModel {
             .map_err(|e| self.error("waiting for the GPU", e))?;
         let t_done = std::time::Instant::now();
         let logits = host_out[..logits_len].to_vec();
-        let fresh = &host_out[logits_len..logits_len + fresh_len];
+        // Per layer, the step's key rows then its value rows (resident.cu `qk_rope_store`).
+        let fresh: &[u8] = bytemuck::cast_slice(&host_out[logits_len..logits_len + fresh_len]);
+        let row_bytes = kd * kv_type.bytes();
         let mut row = 0;
         for ((s, &p0), &mi) in seqs.iter_mut().zip(pos0).zip(&mirror_of) {
-            for i in 0..s.n_tokens {
-                for il in 0..n_layers {
-                    let f = &fresh[(row * n_layers + il) * 2 * kd..][..2 * kd];
-                    s.kv.store(il, p0 + i, &f[..kd], &f[kd..])?;
-                }
-                row += 1;
+            let rows = row * row_bytes..(row + s.n_tokens) * row_bytes;
+            for il in 0..n_layers {
+                let layer = &fresh[il * 2 * n * row_bytes..][..2 * n * row_bytes];
+                let (keys, values) = layer.split_at(n * row_bytes);
+                s.kv.store_encoded_rows(il, p0, &keys[rows.clone()], &values[rows.clone()])?;
             }
+            row += s.n_tokens;
             let m = &mut state.mirrors[mi];
             m.version = s.kv.content_version();
             m.valid = p0 + s.n_tokens;

@@ -447,6 +447,47 @@ impl KvCache {
         Ok(())
     }
 
+    /// Stores the keys and values of positions `pos0..pos0 + n` of `layer` already in the
+    /// cache's element type (little-endian, position-major, all kv heads): what a device that
+    /// rounds to that type hands back, copied as it is instead of converted row by row.
+    pub fn store_encoded_rows(
+        &mut self,
+        layer: usize,
+        pos0: usize,
+        k: &[u8],
+        v: &[u8],
+    ) -> Result<()> {
+        let l = self.local(layer)?;
+        if !self.holds_rows(l) {
+            return Err(ModelError::Input(format!(
+                "layer {layer} keeps a recurrent state, no rows"
+            )));
+        }
+        let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
+        let n = k.len() / kr.max(1);
+        if k.len() != n * kr || v.len() != n * vr {
+            return Err(ModelError::Input(format!(
+                "layer {layer}: {} key and {} value bytes are not whole rows of {kr} and {vr}",
+                k.len(),
+                v.len()
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        if pos0 + n > self.len || pos0 < self.held_from(layer)? {
+            return Err(ModelError::Input(format!(
+                "positions {pos0}..{} were not reserved",
+                pos0 + n
+            )));
+        }
+        let i = self.row_index(l, pos0);
+        self.generation += 1;
+        self.k[l][i * kr..(i + n) * kr].copy_from_slice(k);
+        self.v[l][i * vr..(i + n) * vr].copy_from_slice(v);
+        Ok(())
+    }
+
     /// Keys of `layer` for the positions it holds (`held_from(layer)..len`), position-major.
     pub fn keys(&self, layer: usize) -> Result<&[u8]> {
         let l = self.local(layer)?;
@@ -779,6 +820,63 @@ mod tests {
         b.truncate(m).unwrap();
         for il in 3..=5 {
             b.export(il, m).unwrap();
+        }
+    }
+
+    /// Rows handed over already encoded land where `store` puts the same values, in both
+    /// element types; short, ragged or unreserved rows are refused and change nothing.
+    #[test]
+    fn encoded_rows_land_where_stored_rows_do() {
+        for kv_type in [KvType::F32, KvType::F16] {
+            let layout = KvLayout {
+                kv_type,
+                layers: 2..=3,
+                n_kv_head: 2,
+                head_dim_k: 4,
+                head_dim_v: 3,
+                n_ctx: 64,
+                sliding: None,
+                compression: None,
+                index_keys: None,
+                hybrid: None,
+            };
+            let (mut one_by_one, mut encoded) =
+                (KvCache::new(layout.clone()), KvCache::new(layout));
+            let value =
+                |il: usize, pos: usize, i: usize| (il * 1000 + pos * 10 + i) as f32 * 0.37 - 20.0;
+            for kv in [&mut one_by_one, &mut encoded] {
+                kv.reserve(0, 5).unwrap();
+            }
+            let encode = |xs: &[f32]| -> Vec<u8> {
+                match kv_type {
+                    KvType::F32 => xs.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    KvType::F16 => xs
+                        .iter()
+                        .flat_map(|&x| f16::from_f32(x).to_bits().to_le_bytes())
+                        .collect(),
+                }
+            };
+            for il in 2..=3 {
+                let (mut ks, mut vs) = (Vec::new(), Vec::new());
+                for pos in 1..5 {
+                    let k: Vec<f32> = (0..8).map(|i| value(il, pos, i)).collect();
+                    let v: Vec<f32> = (0..6).map(|i| -value(il, pos, i)).collect();
+                    one_by_one.store(il, pos, &k, &v).unwrap();
+                    ks.extend(k);
+                    vs.extend(v);
+                }
+                let (k, v) = (encode(&ks), encode(&vs));
+                let before = encoded.keys(il).unwrap().to_vec();
+                assert!(encoded.store_encoded_rows(il, 1, &k[1..], &v).is_err());
+                assert!(encoded.store_encoded_rows(il, 2, &k, &v).is_err());
+                let half = k.len() / 2;
+                assert!(encoded.store_encoded_rows(il, 1, &k[..half], &v).is_err());
+                assert_eq!(encoded.keys(il).unwrap(), &before[..]);
+                encoded.store_encoded_rows(il, 1, &k, &v).unwrap();
+                assert_eq!(encoded.keys(il).unwrap(), one_by_one.keys(il).unwrap());
+                assert_eq!(encoded.values(il).unwrap(), one_by_one.values(il).unwrap());
+            }
+            assert!(encoded.store_encoded_rows(4, 0, &[], &[]).is_err());
         }
     }
 }
