@@ -13,7 +13,8 @@ use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use kernels::{ActKind, ExpertFfnJob, MatmulError, MatmulJob, Offload, Weights};
 
 use crate::matmul_table::{
-    GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, THREADS_PER_BLOCK, mma_min_tokens, write_matmul_table,
+    GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, THREADS_PER_BLOCK, mma_compile_options,
+    write_matmul_table,
 };
 use crate::{DeviceInfo, GpuError, supports};
 
@@ -110,7 +111,7 @@ impl CudaOffload {
             CompileOptions {
                 arch: Some(arch),
                 name: Some("matmul.cu".into()),
-                options: vec![format!("-DMMA_MIN_TOKENS={}", mma_min_tokens())],
+                options: mma_compile_options(),
                 ..Default::default()
             },
         )

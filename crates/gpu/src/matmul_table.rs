@@ -17,15 +17,33 @@ const MMA_MIN_TOKENS: usize = 16;
 /// queue behind the resident ones (16 per SM on current parts) and cost their start.
 pub(crate) const MATMUL_GRID_CAP: u32 = 4096;
 
-/// The fewest tokens a job runs on the tensor cores with: MMA_MIN_TOKENS, or never with
-/// `MOESHARD_GPU_MMA=0` (to compare against the dp4a path). The kernels are compiled with the
-/// same number.
+/// The fewest tokens a job runs on the tensor cores with: MMA_MIN_TOKENS, `MOESHARD_GPU_MMA=N`
+/// for another threshold (N ≥ 1), or never with `MOESHARD_GPU_MMA=0` (to compare against the
+/// dp4a path). The kernels are compiled with the same number.
 pub(crate) fn mma_min_tokens() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| match std::env::var("MOESHARD_GPU_MMA") {
-        Ok(v) if v == "0" => 1 << 30,
-        _ => MMA_MIN_TOKENS,
-    })
+    *MIN.get_or_init(
+        || match std::env::var("MOESHARD_GPU_MMA").map(|v| v.parse::<usize>()) {
+            Ok(Ok(0)) => 1 << 30,
+            Ok(Ok(n)) => n,
+            _ => MMA_MIN_TOKENS,
+        },
+    )
+}
+
+/// The kernels' compile-time choices, as NVRTC options: the tensor-core threshold and how many
+/// blocks of the tensor-core kernel an SM must hold (its register budget,
+/// `MOESHARD_GPU_MMA_BLOCKS`, 1–8, default 4), for measuring them on other devices.
+pub(crate) fn mma_compile_options() -> Vec<String> {
+    let blocks = std::env::var("MOESHARD_GPU_MMA_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|v| (1..=8).contains(v))
+        .unwrap_or(4);
+    vec![
+        format!("-DMMA_MIN_TOKENS={}", mma_min_tokens()),
+        format!("-DMMA_MIN_BLOCKS={blocks}"),
+    ]
 }
 
 /// Whether a job of `n` tokens over `dtype` (a ggml type id) runs on the tensor cores.
