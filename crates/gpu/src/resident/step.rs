@@ -506,43 +506,34 @@ impl model::LayerDevice for ResidentModel {
                         && dk <= TILE_MAX_DK
                         && dk.is_multiple_of(4);
                     let grouped = (2..=8).contains(&group) && dk <= 256 && n >= GROUPED_MIN_ROWS;
+                    let (f, grid) = if tiled {
+                        let tile_rows = TILE_VECTORS / group;
+                        (
+                            &self.f.attention_tile,
+                            (nkv as u32, n.div_ceil(tile_rows) as u32),
+                        )
+                    } else if grouped {
+                        (&self.f.attention_grouped, (nkv as u32, n as u32))
+                    } else {
+                        (&self.f.attention, (self.nh as u32, n as u32))
+                    };
+                    let n_i = n as i32;
+                    let mut b = self.stream.launch_builder(f);
+                    b.arg(&q_at)
+                        .arg(&att_at)
+                        .arg(&rows_k)
+                        .arg(&rows_v)
+                        .arg(&rows_s)
+                        .arg(&rows_p);
                     if tiled {
-                        let n_i = n as i32;
-                        let mut b = self.stream.launch_builder(&self.f.attention_tile);
-                        b.arg(&q_at)
-                            .arg(&att_at)
-                            .arg(&rows_k)
-                            .arg(&rows_v)
-                            .arg(&rows_s)
-                            .arg(&rows_p)
-                            .arg(&n_i)
+                        b.arg(&n_i)
                             .arg(&il_i)
                             .arg(&nh_i)
                             .arg(&nkv_i)
                             .arg(&dk_i)
                             .arg(&scale);
-                        let grid = (nkv as u32, n.div_ceil(TILE_VECTORS / group) as u32);
-                        // SAFETY: one block per (kv head, tile of rows of the one sequence);
-                        // each reads its rows' q (n × nh × dk floats in the arena) and the
-                        // sequence's mirror up to the tile's last position (< capacity), and
-                        // writes dk floats of `att` per row and head; dk ≤ AT_DK and a multiple
-                        // of 4, so its 16-byte loads stay aligned (256-byte aligned bases).
-                        unsafe { b.launch(cfg(grid, 256, 0)) }
-                            .map_err(|e| launch_err("attention_tile", e))?;
                     } else {
-                        let (f, grid) = if grouped {
-                            (&self.f.attention_grouped, (nkv as u32, n as u32))
-                        } else {
-                            (&self.f.attention, (self.nh as u32, n as u32))
-                        };
-                        let mut b = self.stream.launch_builder(f);
-                        b.arg(&q_at)
-                            .arg(&att_at)
-                            .arg(&rows_k)
-                            .arg(&rows_v)
-                            .arg(&rows_s)
-                            .arg(&rows_p)
-                            .arg(&il_i)
+                        b.arg(&il_i)
                             .arg(&nh_i)
                             .arg(&nkv_i)
                             .arg(&dk_i)
@@ -550,14 +541,18 @@ impl model::LayerDevice for ResidentModel {
                             .arg(&scale)
                             .arg(&sc_at)
                             .arg(&cap);
-                        // SAFETY: one block per (head or kv head, row); each reads its row's
-                        // mirror up to its position (< capacity) and writes dk floats of `att`
-                        // per head and at most ctx_cap scores per head (every position ≤
-                        // ctx_needed ≤ ctx_cap); the grouped kernel's shared arrays hold 8
-                        // heads of 256 floats.
-                        unsafe { b.launch(cfg(grid, 256, 0)) }
-                            .map_err(|e| launch_err("attention", e))?;
                     }
+                    // SAFETY: attention_tile: one block per (kv head, tile of rows of the one
+                    // sequence); each reads its rows' q (n × nh × dk floats in the arena) and
+                    // the sequence's mirror up to the tile's last position (< capacity), and
+                    // writes dk floats of `att` per row and head; dk ≤ AT_DK and a multiple of
+                    // 4, so its 16-byte loads stay aligned (256-byte aligned bases). The others:
+                    // one block per (head or kv head, row); each reads its row's mirror up to
+                    // its position (< capacity) and writes dk floats of `att` per head and at
+                    // most ctx_cap scores per head (every position ≤ ctx_needed ≤ ctx_cap); the
+                    // grouped kernel's shared arrays hold 8 heads of 256 floats.
+                    unsafe { b.launch(cfg(grid, 256, 0)) }
+                        .map_err(|e| launch_err("attention", e))?;
                 }
                 if l.o.act != ActKind::F32 {
                     let width = (self.nh * dk) as i32;
@@ -684,10 +679,12 @@ impl model::LayerDevice for ResidentModel {
                             .map_err(|e| launch_err("moe_route", e))?;
                         // The tables are the device's: bound their blocks by every slot in
                         // tiles of the dp4a path (whose blocks are the smaller) plus a partial
-                        // tile per job; only a step of mma_min_tokens()+ slots can give an expert
-                        // that many tokens.
+                        // tile per job; a row picks an expert once, so only a step of
+                        // mma_min_tokens()+ rows can give an expert that many tokens (counting
+                        // slots instead launched an idle tensor-core grid per expert matmul in
+                        // decode under MOESHARD_GPU_MMA=8: tg64 236 -> 197 t/s on an H100).
                         let tiles = slots.div_ceil(TOKENS_PER_TILE) + max_jobs;
-                        let mma = slots >= mma_min_tokens();
+                        let mma = n >= mma_min_tokens();
                         let grids =
                             |rows: usize| Grids::bound(rows.div_ceil(ROWS_PER_BLOCK) * tiles, mma);
                         matmul(at(o.gu_table), 2 * max_jobs, grids(2 * *n_ff))?;
