@@ -653,4 +653,5 @@ struct InputLayout {
     len: usize,
 }
 
+mod mirrors;
 mod step;

@@ -6,7 +6,7 @@ use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use kernels::ActKind;
 use model::{DeviceStep, KvType, Model};
 
-use super::{DevFfn, DevMat, GraphKey, MIRRORS, Mirror, ResidentModel, StepGraph, graphs_enabled};
+use super::{DevFfn, DevMat, GraphKey, ResidentModel, StepGraph, graphs_enabled};
 use crate::cuda::ensure_pinned;
 use crate::matmul_table::{
     GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE,
@@ -24,20 +24,6 @@ const TILE_VECTORS: usize = 32;
 /// Rows from which a step routes its rows (moe_topk) and counts its slots (moe_count) across
 /// the device before moe_route builds the tables in one block.
 const ROUTE_SPLIT_MIN_ROWS: usize = 8;
-
-/// Converts cache bytes of `t` to f32.
-fn cache_floats(t: KvType, bytes: &[u8]) -> Vec<f32> {
-    match t {
-        KvType::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        KvType::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-    }
-}
 
 fn put<T: Copy>(buf: &mut [u8], at: usize, values: &[T]) {
     // SAFETY: T is a plain number type (u32, u64, f32); the bytes are copied as they are.
@@ -102,7 +88,6 @@ impl model::LayerDevice for ResidentModel {
         let state = &mut *guard;
         let t_start = std::time::Instant::now();
         state.clock += 1;
-        let clock = state.clock;
         let ctx_needed = seqs
             .iter()
             .zip(pos0)
@@ -110,66 +95,7 @@ impl model::LayerDevice for ResidentModel {
             .max()
             .unwrap_or(1);
 
-        // The sequences' mirrors, (re)made and filled where stale.
-        let mut mirror_of = Vec::with_capacity(seqs.len());
-        for (s, &p0) in seqs.iter().zip(pos0) {
-            let (id, _) = s.kv.content_version();
-            let need = p0 + s.n_tokens;
-            let n_ctx = s.kv.layout().n_ctx;
-            let found = state.mirrors.iter().position(|m| m.version.0 == id);
-            let i = match found {
-                Some(i) if state.mirrors[i].capacity >= need => i,
-                _ => {
-                    if let Some(i) = found {
-                        state.mirrors.swap_remove(i);
-                    }
-                    if state.mirrors.len() >= MIRRORS {
-                        let oldest = (0..state.mirrors.len())
-                            .min_by_key(|&i| state.mirrors[i].last_used)
-                            .expect("full");
-                        state.mirrors.swap_remove(oldest);
-                    }
-                    let capacity = need.next_multiple_of(1024).min(n_ctx).max(need);
-                    let len = n_layers * capacity * kd;
-                    let alloc = || {
-                        self.stream
-                            .alloc_zeros::<f32>(len)
-                            .map_err(|e| self.error("allocating a KV mirror", e))
-                    };
-                    state.mirrors.push(Mirror {
-                        version: (id, u64::MAX),
-                        valid: 0,
-                        capacity,
-                        k: alloc()?,
-                        v: alloc()?,
-                        last_used: clock,
-                    });
-                    state.mirrors.len() - 1
-                }
-            };
-            let m = &mut state.mirrors[i];
-            m.last_used = clock;
-            if m.version != s.kv.content_version() || m.valid < p0 {
-                // The host's rows of positions 0..p0, layer by layer.
-                for il in 0..n_layers {
-                    let row = kd * kv_type.bytes();
-                    let keys = cache_floats(kv_type, &s.kv.keys(il)?[..p0 * row]);
-                    let values = cache_floats(kv_type, &s.kv.values(il)?[..p0 * row]);
-                    let at = il * m.capacity * kd;
-                    for (src, dst) in [(&keys, &mut m.k), (&values, &mut m.v)] {
-                        if src.is_empty() {
-                            continue;
-                        }
-                        let mut view = dst.slice_mut(at..at + src.len());
-                        self.stream
-                            .memcpy_htod(src.as_slice(), &mut view)
-                            .map_err(|e| self.error("copying a KV cache in", e))?;
-                    }
-                }
-                m.valid = p0;
-            }
-            mirror_of.push(i);
-        }
+        let mirror_of = self.sync_mirrors(state, seqs, pos0, kv_type)?;
 
         // Buffers for n rows and ctx_needed positions.
         let b = &mut state.buffers;
@@ -789,20 +715,7 @@ impl model::LayerDevice for ResidentModel {
         let logits = host_out[..logits_len].to_vec();
         // Per layer, the step's key rows then its value rows (resident.cu `qk_rope_store`).
         let fresh: &[u8] = bytemuck::cast_slice(&host_out[logits_len..logits_len + fresh_len]);
-        let row_bytes = kd * kv_type.bytes();
-        let mut row = 0;
-        for ((s, &p0), &mi) in seqs.iter_mut().zip(pos0).zip(&mirror_of) {
-            let rows = row * row_bytes..(row + s.n_tokens) * row_bytes;
-            for il in 0..n_layers {
-                let layer = &fresh[il * 2 * n * row_bytes..][..2 * n * row_bytes];
-                let (keys, values) = layer.split_at(n * row_bytes);
-                s.kv.store_encoded_rows(il, p0, &keys[rows.clone()], &values[rows.clone()])?;
-            }
-            row += s.n_tokens;
-            let m = &mut state.mirrors[mi];
-            m.version = s.kv.content_version();
-            m.valid = p0 + s.n_tokens;
-        }
+        self.store_new_rows(state, seqs, pos0, &mirror_of, fresh, kv_type)?;
         self.steps
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(t) = &self.timing {

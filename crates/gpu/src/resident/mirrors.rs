@@ -1,0 +1,126 @@
+//! The sequences' KV mirrors in device memory: (re)made and filled from the host caches where
+//! stale before a step, and the step's new rows stored into the host caches after it (so the
+//! CPU path, rewinds and snapshots see what they always did).
+
+use model::{KvType, SeqInput};
+
+use super::{MIRRORS, Mirror, ResidentModel, State};
+
+/// Converts cache bytes of `t` to f32.
+fn cache_floats(t: KvType, bytes: &[u8]) -> Vec<f32> {
+    match t {
+        KvType::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        KvType::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+    }
+}
+
+impl ResidentModel {
+    /// Each sequence's mirror (its index in `state.mirrors`), made where missing or too short
+    /// and refilled with the host's rows of positions `0..pos0` where stale.
+    pub(super) fn sync_mirrors(
+        &self,
+        state: &mut State,
+        seqs: &[SeqInput],
+        pos0: &[usize],
+        kv_type: KvType,
+    ) -> model::Result<Vec<usize>> {
+        let (n_layers, kd, clock) = (self.layers.len(), self.nkv * self.dk, state.clock);
+        let mut mirror_of = Vec::with_capacity(seqs.len());
+        for (s, &p0) in seqs.iter().zip(pos0) {
+            let (id, _) = s.kv.content_version();
+            let need = p0 + s.n_tokens;
+            let n_ctx = s.kv.layout().n_ctx;
+            let found = state.mirrors.iter().position(|m| m.version.0 == id);
+            let i = match found {
+                Some(i) if state.mirrors[i].capacity >= need => i,
+                _ => {
+                    if let Some(i) = found {
+                        state.mirrors.swap_remove(i);
+                    }
+                    if state.mirrors.len() >= MIRRORS {
+                        let oldest = (0..state.mirrors.len())
+                            .min_by_key(|&i| state.mirrors[i].last_used)
+                            .expect("full");
+                        state.mirrors.swap_remove(oldest);
+                    }
+                    let capacity = need.next_multiple_of(1024).min(n_ctx).max(need);
+                    let len = n_layers * capacity * kd;
+                    let alloc = || {
+                        self.stream
+                            .alloc_zeros::<f32>(len)
+                            .map_err(|e| self.error("allocating a KV mirror", e))
+                    };
+                    state.mirrors.push(Mirror {
+                        version: (id, u64::MAX),
+                        valid: 0,
+                        capacity,
+                        k: alloc()?,
+                        v: alloc()?,
+                        last_used: clock,
+                    });
+                    state.mirrors.len() - 1
+                }
+            };
+            let m = &mut state.mirrors[i];
+            m.last_used = clock;
+            if m.version != s.kv.content_version() || m.valid < p0 {
+                // The host's rows of positions 0..p0, layer by layer.
+                for il in 0..n_layers {
+                    let row = kd * kv_type.bytes();
+                    let keys = cache_floats(kv_type, &s.kv.keys(il)?[..p0 * row]);
+                    let values = cache_floats(kv_type, &s.kv.values(il)?[..p0 * row]);
+                    let at = il * m.capacity * kd;
+                    for (src, dst) in [(&keys, &mut m.k), (&values, &mut m.v)] {
+                        if src.is_empty() {
+                            continue;
+                        }
+                        let mut view = dst.slice_mut(at..at + src.len());
+                        self.stream
+                            .memcpy_htod(src.as_slice(), &mut view)
+                            .map_err(|e| self.error("copying a KV cache in", e))?;
+                    }
+                }
+                m.valid = p0;
+            }
+            mirror_of.push(i);
+        }
+        Ok(mirror_of)
+    }
+
+    /// Stores a step's new keys and values (`fresh`: per layer, the step's key rows then its
+    /// value rows, in the caches' element type) into the sequences' host caches, and marks
+    /// their mirrors as holding those versions.
+    pub(super) fn store_new_rows(
+        &self,
+        state: &mut State,
+        seqs: &mut [SeqInput],
+        pos0: &[usize],
+        mirror_of: &[usize],
+        fresh: &[u8],
+        kv_type: KvType,
+    ) -> model::Result<()> {
+        let (n_layers, kd) = (self.layers.len(), self.nkv * self.dk);
+        let n: usize = seqs.iter().map(|s| s.n_tokens).sum();
+        let row_bytes = kd * kv_type.bytes();
+        let mut row = 0;
+        for ((s, &p0), &mi) in seqs.iter_mut().zip(pos0).zip(mirror_of) {
+            let rows = row * row_bytes..(row + s.n_tokens) * row_bytes;
+            for il in 0..n_layers {
+                let layer = &fresh[il * 2 * n * row_bytes..][..2 * n * row_bytes];
+                let (keys, values) = layer.split_at(n * row_bytes);
+                s.kv.store_encoded_rows(il, p0, &keys[rows.clone()], &values[rows.clone()])?;
+            }
+            row += s.n_tokens;
+            let m = &mut state.mirrors[mi];
+            m.version = s.kv.content_version();
+            m.valid = p0 + s.n_tokens;
+        }
+        Ok(())
+    }
+}
