@@ -13,7 +13,7 @@ use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use kernels::{ActKind, ExpertFfnJob, MatmulError, MatmulJob, Offload, Weights};
 
 use crate::matmul_table::{
-    GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, THREADS_PER_BLOCK, mma_compile_options,
+    GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, THREADS_PER_BLOCK, mma_compile_options, step_mma_min,
     write_matmul_table,
 };
 use crate::{DeviceInfo, GpuError, supports};
@@ -349,8 +349,14 @@ impl CudaOffload {
         })
     }
 
-    fn launch_matmul(&self, table: u64, n_jobs: usize, grids: Grids) -> Result<(), MatmulError> {
-        let n_jobs = n_jobs as i32;
+    fn launch_matmul(
+        &self,
+        table: u64,
+        n_jobs: usize,
+        grids: Grids,
+        mma_min: usize,
+    ) -> Result<(), MatmulError> {
+        let (n_jobs, mma_min) = (n_jobs as i32, mma_min as i32);
         for (f, grid, name) in [
             (&self.matmul, grids.dp4a, "launching matmul"),
             (&self.matmul_mma, grids.mma, "launching matmul_mma"),
@@ -358,14 +364,16 @@ impl CudaOffload {
             if grid == 0 {
                 continue;
             }
+            // Launched in order after the table's copy: nothing to fetch ahead of a wait.
+            let early = 0i32;
             let mut launch = self.stream.launch_builder(f);
-            launch.arg(&table).arg(&n_jobs);
+            launch.arg(&table).arg(&n_jobs).arg(&mma_min).arg(&early);
             let cfg = LaunchConfig {
                 grid_dim: (grid, 1, 1),
                 block_dim: (THREADS_PER_BLOCK, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: matmul_grouped / matmul_mma(const u64* table, int n_jobs) read a device
+            // SAFETY: matmul_grouped / matmul_mma(table, n_jobs, mma_min, early) read a device
             // table of n_jobs records (copied in before this launch, in stream order) whose
             // weight addresses lie in uploaded regions (`device_address` checked each job's
             // whole weight slice) and whose activations and outputs lie in this call's buffers,
@@ -498,7 +506,9 @@ impl Offload for CudaOffload {
                 accumulate: false,
             });
         }
-        let Some(grid) = write_matmul_table(&mut st.host_in[table..], &records) else {
+        // The batch's threshold by its longest job (a step of that many rows).
+        let mma_min = step_mma_min(jobs.iter().map(|j| j.n).max().unwrap_or(0));
+        let Some(grid) = write_matmul_table(&mut st.host_in[table..], &records, mma_min) else {
             return Err(self.device_error("matmul", "too many rows or tokens for one launch"));
         };
         if grid.is_empty() {
@@ -508,7 +518,9 @@ impl Offload for CudaOffload {
             st.host_in[off..off + len].copy_from_slice(jobs[i].acts);
         }
         let table_dev = st.in_base + table as u64;
-        self.round_trip(&mut st, || self.launch_matmul(table_dev, jobs.len(), grid))?;
+        self.round_trip(&mut st, || {
+            self.launch_matmul(table_dev, jobs.len(), grid, mma_min)
+        })?;
         for (job, &off) in jobs.iter_mut().zip(&out_at) {
             let len = job.out.len();
             job.out.copy_from_slice(&st.host_out[off..off + len]);
@@ -609,9 +621,10 @@ impl Offload for CudaOffload {
                 accumulate: false,
             });
         }
+        let mma_min = step_mma_min(n_tokens);
         let grids = (
-            write_matmul_table(&mut st.host_in[gu_table..], &gate_up),
-            write_matmul_table(&mut st.host_in[down_table..], &down),
+            write_matmul_table(&mut st.host_in[gu_table..], &gate_up, mma_min),
+            write_matmul_table(&mut st.host_in[down_table..], &down, mma_min),
         );
         let (Some(gu_grid), Some(down_grid)) = grids else {
             return Err(self.device_error("expert FFN", "too many rows or tokens for one launch"));
@@ -665,7 +678,7 @@ impl Offload for CudaOffload {
         let base = st.in_base;
         let out_base = st.out_base;
         self.round_trip(&mut st, || {
-            self.launch_matmul(base + gu_table as u64, 2 * e, gu_grid)?;
+            self.launch_matmul(base + gu_table as u64, 2 * e, gu_grid, mma_min)?;
             let table = base + glu_table as u64;
             let n_jobs = e as i32;
             let mut launch = self.stream.launch_builder(&self.glu);
@@ -679,7 +692,7 @@ impl Offload for CudaOffload {
             // before, in stream order) whose gate/up/hidden addresses lie in this call's device
             // buffer, sized for n rows of each expert's width; one block per row of all jobs.
             unsafe { launch.launch(cfg) }.map_err(|e| self.device_error("launching glu", e))?;
-            self.launch_matmul(base + down_table as u64, e, down_grid)?;
+            self.launch_matmul(base + down_table as u64, e, down_grid, mma_min)?;
             let (offsets, rows, weights) = (
                 base + sum_offsets as u64,
                 base + sum_rows as u64,

@@ -52,6 +52,19 @@ __device__ __forceinline__ float bf16_to_f32(u16 h) {
     return __uint_as_float(((u32)h) << 16);
 }
 
+// Programmatic dependent launch (compute capability 9.0+): a step's host (resident/launch.rs)
+// may launch a kernel while the one ahead of it in the stream still runs. Every kernel
+// therefore waits, before it reads or writes anything another kernel touches, until the
+// kernel ahead has finished and its memory is visible (which, each kernel waiting on its own
+// predecessor, covers every earlier one), then lets the kernel behind it start launching.
+// Both are no-ops for a kernel launched the ordinary way and on older devices.
+__device__ __forceinline__ void pdl_wait_then_release() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Four bytes at a 2-byte aligned address.
 __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
     const u16* q = (const u16*)p;
@@ -673,7 +686,7 @@ __device__ __forceinline__ void row_dot(int type, const u8* w, int cols, int lan
 #undef LEGACY
 
 // The tensor-core path: a block of 4 warps computes MMA_ROWS weight rows × MMA_TOKENS tokens
-// of a K-quant job with MMA_MIN_TOKENS or more tokens, a 16-row × 8-token int8 `mma` per
+// of a K-quant job with `mma_min` or more tokens, a 16-row × 8-token int8 `mma` per
 // 32-value sub-block (two 16-value ones for Q6_K, whose scales cover 16 values). The block's
 // tokens' Q8_K activations go through shared memory a superblock at a time; each warp keeps
 // its two weight rows per thread in registers and reuses them for all the block's tokens.
@@ -681,10 +694,6 @@ __device__ __forceinline__ void row_dot(int type, const u8* w, int cols, int lan
 // mins by the activations' 32-value sums) in int32 over a superblock, then once in float.
 #define MMA_ROWS 64
 #define MMA_TOKENS 32
-// The host compiles with -DMMA_MIN_TOKENS (cuda.rs `mma_min_tokens`, which must agree).
-#ifndef MMA_MIN_TOKENS
-#define MMA_MIN_TOKENS 16
-#endif
 // Blocks of matmul_mma an SM must hold: its register budget (cuda.rs `mma_compile_options`).
 // 4 (128 registers, some spilled) beat 2 (none spilled) by 1.2–1.4× on an H100.
 #ifndef MMA_MIN_BLOCKS
@@ -694,13 +703,15 @@ __device__ __forceinline__ void row_dot(int type, const u8* w, int cols, int lan
 // tokens of a B fragment load fall in distinct banks.
 #define MMA_ACT_STRIDE 272
 
-__device__ __forceinline__ bool mma_path(u64 type, u64 n) {
-    return n >= MMA_MIN_TOKENS && (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K);
+// Whether a job takes the tensor-core path. `mma_min`, the fewest tokens that do, is the
+// launch's (the host's `MmaMin` for the step; every kernel reading a table gets the same).
+__device__ __forceinline__ bool mma_path(u64 type, u64 n, int mma_min) {
+    return n >= (u64)mma_min && (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K);
 }
 
-// Blocks of one job (host: cuda.rs `job_blocks`, which must agree).
-__device__ __forceinline__ u64 job_blocks(u64 rows, u64 n, u64 type) {
-    if (mma_path(type, n))
+// Blocks of one job (host: matmul_table.rs `job_blocks`, which must agree).
+__device__ __forceinline__ u64 job_blocks(u64 rows, u64 n, u64 type, int mma_min) {
+    if (mma_path(type, n, mma_min))
         return ((rows + MMA_ROWS - 1) / MMA_ROWS) * ((n + MMA_TOKENS - 1) / MMA_TOKENS);
     return ((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK) * ((n + TT - 1) / TT);
 }
@@ -1097,50 +1108,78 @@ __device__ __forceinline__ const u64* record_of_block(const u64* table, int n, i
 }
 
 __device__ __forceinline__ const u64* find_job(const u64* table, int n_jobs, long long b,
-                                               long long* local) {
+                                               long long* local, int mma_min) {
     const u64* job = record_of_block(table, n_jobs, JOB_FIELDS, 9, b);
     *local = b - (long long)job[9];
-    if (*local < 0 || *local >= (long long)job_blocks(job[5], job[7], job[8])) return nullptr;
+    if (*local < 0 || *local >= (long long)job_blocks(job[5], job[7], job[8], mma_min))
+        return nullptr;
     return job;
 }
 
-__device__ __forceinline__ long long table_blocks(const u64* table, int n_jobs) {
+__device__ __forceinline__ long long table_blocks(const u64* table, int n_jobs, int mma_min) {
     const u64* last = table + (long long)(n_jobs - 1) * JOB_FIELDS;
-    return (long long)(last[9] + job_blocks(last[5], last[7], last[8]));
+    return (long long)(last[9] + job_blocks(last[5], last[7], last[8], mma_min));
+}
+
+// The weight rows of this block's first job block fetched into L2. Only for a table the host
+// copied in before the step's first kernel (`early`): it and the weights are then readable
+// before pdl_wait_then_release, and the rows' memory latency overlaps the kernel ahead.
+__device__ __forceinline__ void prefetch_first_rows(const u64* table, int n_jobs, int mma_min) {
+    long long local;
+    const u64* job = find_job(table, n_jobs, blockIdx.x, &local, mma_min);
+    if (!job || mma_path(job[8], job[7], mma_min)) return;
+    const long long rows = (long long)job[5];
+    const long long rb = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
+    const long long row = (local % rb) * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const unsigned long long start = job[0] + (unsigned long long)row * job[3];
+    const unsigned long long end = start + job[3];
+    for (unsigned long long p = (start & ~127ull) + (threadIdx.x & 31) * 128; p < end;
+         p += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 template <int NT>
-__device__ __forceinline__ void matmul_dp4a(const u64* __restrict__ table, int n_jobs) {
+__device__ __forceinline__ void matmul_dp4a(const u64* __restrict__ table, int n_jobs,
+                                            int mma_min, int early) {
+    if (early && n_jobs > 0) prefetch_first_rows(table, n_jobs, mma_min);
+    pdl_wait_then_release();
     if (n_jobs <= 0) return;
-    const long long total = table_blocks(table, n_jobs);
+    const long long total = table_blocks(table, n_jobs, mma_min);
     for (long long b = blockIdx.x; b < total; b += gridDim.x) {
         long long local;
-        const u64* job = find_job(table, n_jobs, b, &local);
-        if (job && !mma_path(job[8], job[7])) dp4a_block<NT>(job, local);
+        const u64* job = find_job(table, n_jobs, b, &local, mma_min);
+        if (job && !mma_path(job[8], job[7], mma_min)) dp4a_block<NT>(job, local);
     }
 }
 
+// `mma_min`: the fewest tokens of a job on the tensor-core path (mma_path); `early`: the table
+// was copied in before the step's first kernel (prefetch_first_rows).
 extern "C" __global__ void __launch_bounds__(128, 6) matmul_grouped(const u64* __restrict__ table,
-                                                                  int n_jobs) {
-    matmul_dp4a<TT>(table, n_jobs);
+                                                                  int n_jobs, int mma_min,
+                                                                  int early) {
+    matmul_dp4a<TT>(table, n_jobs, mma_min, early);
 }
 
 // The same for tables whose jobs have at most one token each (the host launches it for steps
 // of one row only).
 extern "C" __global__ void __launch_bounds__(128, 9) matmul_one(const u64* __restrict__ table,
-                                                              int n_jobs) {
-    matmul_dp4a<1>(table, n_jobs);
+                                                              int n_jobs, int mma_min,
+                                                              int early) {
+    matmul_dp4a<1>(table, n_jobs, mma_min, early);
 }
 
+// Arguments as matmul_grouped's (the tensor-core blocks fetch nothing ahead).
 extern "C" __global__ void __launch_bounds__(128, MMA_MIN_BLOCKS)
-    matmul_mma(const u64* __restrict__ table, int n_jobs) {
+    matmul_mma(const u64* __restrict__ table, int n_jobs, int mma_min, int early) {
     __shared__ MmaStages sh;
+    pdl_wait_then_release();
     if (n_jobs <= 0) return;
-    const long long total = table_blocks(table, n_jobs);
+    const long long total = table_blocks(table, n_jobs, mma_min);
     for (long long b = blockIdx.x; b < total; b += gridDim.x) {
         long long local;
-        const u64* job = find_job(table, n_jobs, b, &local);
-        if (job && mma_path(job[8], job[7])) mma_block(job, local, &sh);
+        const u64* job = find_job(table, n_jobs, b, &local, mma_min);
+        if (job && mma_path(job[8], job[7], mma_min)) mma_block(job, local, &sh);
     }
 }
 
@@ -1214,6 +1253,7 @@ __device__ __forceinline__ void warp_quant_q8_k(const float* v, u8* out, int lan
 }
 
 extern "C" __global__ void glu_quantize(const u64* __restrict__ table, int n_jobs) {
+    pdl_wait_then_release();
     const int b = blockIdx.x;
     const u64* job = record_of_block(table, n_jobs, GLU_FIELDS, 5, b);
     const long long r = b - (long long)job[5];
@@ -1258,6 +1298,7 @@ extern "C" __global__ void weighted_sum(const unsigned int* __restrict__ offsets
                                         const u64* __restrict__ rows,
                                         const float* __restrict__ weights, int width,
                                         float* __restrict__ out, int accumulate) {
+    pdl_wait_then_release();
     const int t = blockIdx.x;
     const unsigned int e0 = offsets[t], e1 = offsets[t + 1];
     const unsigned int ne = e1 - e0;

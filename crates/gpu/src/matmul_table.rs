@@ -8,56 +8,73 @@ pub(crate) const GLU_FIELDS: usize = 7;
 pub(crate) const ROWS_PER_BLOCK: usize = 4;
 pub(crate) const TOKENS_PER_TILE: usize = 8;
 pub(crate) const THREADS_PER_BLOCK: u32 = 32 * ROWS_PER_BLOCK as u32;
-/// The tensor-core path's block tile (matmul.cu `MMA_*`): K-quant jobs of MMA_MIN_TOKENS or
-/// more tokens run as blocks of MMA_ROWS weight rows × MMA_TOKENS tokens.
+/// The tensor-core path's block tile (matmul.cu `MMA_*`): K-quant jobs of `mma_min` or more
+/// tokens run as blocks of MMA_ROWS weight rows × MMA_TOKENS tokens.
 pub(crate) const MMA_ROWS: usize = 64;
 pub(crate) const MMA_TOKENS: usize = 32;
-const MMA_MIN_TOKENS: usize = 16;
+/// The fewest tokens of a job on the tensor cores, in steps of MMA_STEP_MIN_ROWS or more rows.
+/// A 512-row step of qwen3-30b-a3b took 65.1 ms on an H100 with 4, 67.5 with 8 and 72.5–73.1
+/// with 16 (docs/perf.md).
+const MMA_MIN_TOKENS: usize = 4;
+/// Steps of fewer rows (decode, batched decode) keep every job on the dp4a kernels: their
+/// expert tables are built on the device, so a tensor-core grid would be launched for jobs
+/// that may not exist, and an idle grid costs about as much as a small matmul (launched in
+/// every decode layer, tg64 went 236 -> 197 t/s on an H100).
+const MMA_STEP_MIN_ROWS: usize = 16;
+/// A threshold no job reaches.
+pub(crate) const MMA_NEVER: usize = i32::MAX as usize;
 /// The most blocks a matmul launch asks for: its blocks stride over a table's, so more only
 /// queue behind the resident ones (16 per SM on current parts) and cost their start.
 pub(crate) const MATMUL_GRID_CAP: u32 = 4096;
 
 /// The fewest tokens a job runs on the tensor cores with: MMA_MIN_TOKENS, `MOESHARD_GPU_MMA=N`
 /// for another threshold (N ≥ 1), or never with `MOESHARD_GPU_MMA=0` (to compare against the
-/// dp4a path). The kernels are compiled with the same number.
-pub(crate) fn mma_min_tokens() -> usize {
+/// dp4a path).
+fn mma_min_tokens() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MIN.get_or_init(
         || match std::env::var("MOESHARD_GPU_MMA").map(|v| v.parse::<usize>()) {
-            Ok(Ok(0)) => 1 << 30,
-            Ok(Ok(n)) => n,
+            Ok(Ok(0)) => MMA_NEVER,
+            Ok(Ok(n)) => n.min(MMA_NEVER),
             _ => MMA_MIN_TOKENS,
         },
     )
 }
 
-/// The kernels' compile-time choices, as NVRTC options: the tensor-core threshold and how many
-/// blocks of the tensor-core kernel an SM must hold (its register budget,
-/// `MOESHARD_GPU_MMA_BLOCKS`, 1–8, default 4), for measuring them on other devices.
+/// The tensor-core threshold of a step (or batch) of `rows` rows: every launch reading its
+/// tables, and every table's numbering, take the same (the kernels' `mma_min` argument).
+pub(crate) fn step_mma_min(rows: usize) -> usize {
+    if rows >= MMA_STEP_MIN_ROWS {
+        mma_min_tokens()
+    } else {
+        MMA_NEVER
+    }
+}
+
+/// The kernels' compile-time choices, as NVRTC options: how many blocks of the tensor-core
+/// kernel an SM must hold (its register budget, `MOESHARD_GPU_MMA_BLOCKS`, 1–8, default 4), for
+/// measuring them on other devices.
 pub(crate) fn mma_compile_options() -> Vec<String> {
     let blocks = std::env::var("MOESHARD_GPU_MMA_BLOCKS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|v| (1..=8).contains(v))
         .unwrap_or(4);
-    vec![
-        format!("-DMMA_MIN_TOKENS={}", mma_min_tokens()),
-        format!("-DMMA_MIN_BLOCKS={blocks}"),
-    ]
+    vec![format!("-DMMA_MIN_BLOCKS={blocks}")]
 }
 
 /// Whether a job of `n` tokens over `dtype` (a ggml type id) runs on the tensor cores.
-pub(crate) fn mma_path(dtype: u64, n: usize) -> bool {
+pub(crate) fn mma_path(dtype: u64, n: usize, mma_min: usize) -> bool {
     use gguf::GgmlType;
-    n >= mma_min_tokens()
+    n >= mma_min
         && [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K]
             .iter()
             .any(|&t| t as u64 == dtype)
 }
 
 /// A job's blocks, as matmul.cu's `job_blocks` numbers them.
-pub(crate) fn job_blocks(rows: usize, n: usize, dtype: u64) -> usize {
-    if mma_path(dtype, n) {
+pub(crate) fn job_blocks(rows: usize, n: usize, dtype: u64, mma_min: usize) -> usize {
+    if mma_path(dtype, n, mma_min) {
         rows.div_ceil(MMA_ROWS) * n.div_ceil(MMA_TOKENS)
     } else {
         rows.div_ceil(ROWS_PER_BLOCK) * n.div_ceil(TOKENS_PER_TILE)
@@ -101,8 +118,12 @@ pub(crate) struct MatRecord {
 }
 
 /// Writes `records` as a matmul table at `table` and returns the grids that run it (None when
-/// its jobs have more blocks than a u32 counts).
-pub(crate) fn write_matmul_table(table: &mut [u8], records: &[MatRecord]) -> Option<Grids> {
+/// its jobs have more blocks than a u32 counts); the launches must pass the same `mma_min`.
+pub(crate) fn write_matmul_table(
+    table: &mut [u8],
+    records: &[MatRecord],
+    mma_min: usize,
+) -> Option<Grids> {
     let mut first_block = 0u64;
     let (mut any_dp4a, mut any_mma) = (false, false);
     for (i, r) in records.iter().enumerate() {
@@ -125,9 +146,9 @@ pub(crate) fn write_matmul_table(table: &mut [u8], records: &[MatRecord]) -> Opt
             let at = (i * JOB_FIELDS + k) * 8;
             table[at..at + 8].copy_from_slice(&v.to_le_bytes());
         }
-        let blocks = job_blocks(rows, r.n, dtype);
+        let blocks = job_blocks(rows, r.n, dtype, mma_min);
         if blocks > 0 {
-            if mma_path(dtype, r.n) {
+            if mma_path(dtype, r.n, mma_min) {
                 any_mma = true;
             } else {
                 any_dp4a = true;

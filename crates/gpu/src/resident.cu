@@ -70,6 +70,7 @@ extern "C" __global__ void rms_norm_quant(const float* __restrict__ x,
                                           const unsigned int* __restrict__ rows,
                                           const float* __restrict__ w, int d, float eps,
                                           float* __restrict__ out, u8* q8k, u8* q80) {
+    pdl_wait_then_release();
     __shared__ double partial[32];
     __shared__ float chunk[256];
     const long long r = blockIdx.x;
@@ -92,6 +93,7 @@ extern "C" __global__ void rms_norm_quant(const float* __restrict__ x,
 // Rows of x (f32, `width` each) quantized. Grid (rows, 256-column chunks), 256 threads.
 extern "C" __global__ void quantize_rows(const float* __restrict__ x, int width, u8* q8k,
                                          u8* q80) {
+    pdl_wait_then_release();
     __shared__ float chunk[256];
     const long long r = blockIdx.x;
     const int c = blockIdx.y * 256 + threadIdx.x;
@@ -125,6 +127,7 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
                                          const u64* __restrict__ row_stride,
                                          const unsigned int* __restrict__ row_pos, int layer,
                                          int n_layers, int round_f16, u8* __restrict__ fresh) {
+    pdl_wait_then_release();
     __shared__ float head[1024];
     __shared__ float partial[32];
     const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
@@ -189,6 +192,7 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
                                      const unsigned int* __restrict__ row_pos, int layer, int nh,
                                      int nkv, int dk, int dv, float scale,
                                      float* __restrict__ scores, long long ctx_cap) {
+    pdl_wait_then_release();
     __shared__ float partial[32];
     __shared__ float acc_w[8][MAX_DV];
     const int h = blockIdx.x, t = blockIdx.y;
@@ -287,6 +291,7 @@ extern "C" __global__ void attention_grouped(const float* __restrict__ q, float*
                                              const unsigned int* __restrict__ row_pos, int layer,
                                              int nh, int nkv, int dk, int dv, float scale,
                                              float* __restrict__ scores, long long ctx_cap) {
+    pdl_wait_then_release();
     __shared__ float partial[32];
     __shared__ float qs[MAX_GROUP][GROUP_DK];
     __shared__ float red[8][GROUP_DK];
@@ -396,6 +401,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_tile(
     const u64* __restrict__ row_v, const u64* __restrict__ row_stride,
     const unsigned int* __restrict__ row_pos, int n, int layer, int nh, int nkv, int dk,
     float scale) {
+    pdl_wait_then_release();
     __shared__ __align__(16) float qs[AT_VEC * AT_STRIDE];
     // A tile of keys, then of values, in the same place.
     __shared__ __align__(16) float kv[AT_POS * AT_STRIDE];
@@ -623,7 +629,9 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
                                      unsigned int* __restrict__ gather, u64* __restrict__ gu,
                                      u64* __restrict__ glu, u64* __restrict__ down,
                                      u64* __restrict__ sum_rows, float* __restrict__ sum_w,
-                                     int max_jobs, const unsigned int* __restrict__ counted) {
+                                     int max_jobs, const unsigned int* __restrict__ counted,
+                                     int mma_min) {
+    pdl_wait_then_release();
     __shared__ unsigned int count[MAX_EXPERTS];
     __shared__ unsigned int first[MAX_EXPERTS];
     __shared__ int active[MAX_EXPERTS];
@@ -659,7 +667,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
                                              gate_type, gu_first_j, (u64)(gather + f), 0};
         const u64 up_fields[JOB_FIELDS] = {up_w[e], (u64)acts, up_out + 4 * f * n_ff,
                                            up_stride, act_bytes, n_ff, n_embd, c, up_type,
-                                           gu_first_j + job_blocks(n_ff, c, gate_type),
+                                           gu_first_j + job_blocks(n_ff, c, gate_type, mma_min),
                                            (u64)(gather + f), 0};
         const u64 down_fields[JOB_FIELDS] = {down_w[e], hidden + f * hidden_bytes,
                                              down_out + 4 * f * n_embd, down_stride,
@@ -699,9 +707,9 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
             rank += (unsigned int)(lane < k && other < my_id);
         }
         if (lane < k) {
-            const u64 per_gu = job_blocks(n_ff, 1, gate_type) + job_blocks(n_ff, 1, up_type);
+            const u64 per_gu = job_blocks(n_ff, 1, gate_type, mma_min) + job_blocks(n_ff, 1, up_type, mma_min);
             write_jobs((int)rank, (int)my_id, 1, rank, rank * per_gu,
-                       rank * job_blocks(n_embd, 1, down_type));
+                       rank * job_blocks(n_embd, 1, down_type, mma_min));
             gather[rank] = 0;
             slot_row[lane] = rank;
             sum_rows[lane] = down_out + 4 * (u64)rank * n_embd;
@@ -777,8 +785,8 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
         unsigned int gu_here = 0, down_here = 0;
         for (int j = j0; j < j1; j++) {
             const u64 c = count[active[j]];
-            gu_here += (unsigned int)(job_blocks(n_ff, c, gate_type) + job_blocks(n_ff, c, up_type));
-            down_here += (unsigned int)job_blocks(n_embd, c, down_type);
+            gu_here += (unsigned int)(job_blocks(n_ff, c, gate_type, mma_min) + job_blocks(n_ff, c, up_type, mma_min));
+            down_here += (unsigned int)job_blocks(n_embd, c, down_type, mma_min);
         }
         unsigned int gu_before = gu_here, down_before = down_here;
         const uint2 totals = warp_exclusive_scan2(gu_before, down_before, lane);
@@ -790,8 +798,8 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
             const u64 c = count[active[j]];
             gu_first[j] = gu_before;
             down_first[j] = down_before;
-            gu_before += (unsigned int)(job_blocks(n_ff, c, gate_type) + job_blocks(n_ff, c, up_type));
-            down_before += (unsigned int)job_blocks(n_embd, c, down_type);
+            gu_before += (unsigned int)(job_blocks(n_ff, c, gate_type, mma_min) + job_blocks(n_ff, c, up_type, mma_min));
+            down_before += (unsigned int)job_blocks(n_embd, c, down_type, mma_min);
         }
     }
     __syncthreads();
@@ -832,6 +840,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
 extern "C" __global__ void moe_topk(const float* __restrict__ logits, int n,
                                     const u64* __restrict__ desc,
                                     unsigned int* __restrict__ ids, float* __restrict__ wts) {
+    pdl_wait_then_release();
     __shared__ float probs[8][MAX_EXPERTS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = blockIdx.x * 8 + warp;
@@ -848,6 +857,7 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, int n,
 extern "C" __global__ void moe_count(const unsigned int* __restrict__ ids, int slots,
                                      int n_expert, unsigned int* __restrict__ slot_row,
                                      unsigned int* __restrict__ counted) {
+    pdl_wait_then_release();
     const int e = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (e >= n_expert) return;
     unsigned int c = 0;

@@ -169,6 +169,8 @@ pub struct ResidentModel {
     steps: std::sync::atomic::AtomicU64,
     /// `MOESHARD_GPU_TIMING=1`: where a step's time goes, on stderr.
     timing: Option<StepTiming>,
+    /// Whether a step's kernels may start while the one before them finishes (launch.rs).
+    overlap_launches: bool,
 }
 
 /// Host preparation, the device's work (launches to synchronize) and the copy into the host
@@ -529,6 +531,8 @@ impl ResidentModel {
         let output = mat(&output, "the output head")?;
         check_input(&output, d, "the output head")?;
         let output_norm = upload(&floats(output_norm))?;
+        let overlap_launches =
+            launch::overlap_supported(dev.ctx.compute_capability().unwrap_or((0, 0)));
         Ok(ResidentModel {
             dev,
             stream,
@@ -551,6 +555,7 @@ impl ResidentModel {
             _constants: constants,
             state: Mutex::new(State::default()),
             steps: std::sync::atomic::AtomicU64::new(0),
+            overlap_launches,
             timing: std::env::var("MOESHARD_GPU_TIMING")
                 .is_ok_and(|v| v == "1")
                 .then(StepTiming::default),
@@ -653,5 +658,6 @@ struct InputLayout {
     len: usize,
 }
 
+mod launch;
 mod mirrors;
 mod step;

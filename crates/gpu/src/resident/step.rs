@@ -2,15 +2,16 @@
 //! step's input written and copied in, every layer's launches, the logits and new keys and
 //! values copied out and stored into the host caches.
 
-use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, LaunchConfig};
 use kernels::ActKind;
 use model::{DeviceStep, KvType, Model};
 
+use super::launch::{Launch, prefetch_enabled};
 use super::{DevFfn, DevMat, GraphKey, ResidentModel, StepGraph, graphs_enabled};
 use crate::cuda::ensure_pinned;
 use crate::matmul_table::{
     GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE,
-    mma_min_tokens, write_matmul_table,
+    step_mma_min, write_matmul_table,
 };
 
 /// Rows from which a step's attention runs a block per kv head and row (its query heads
@@ -197,10 +198,12 @@ impl model::LayerDevice for ResidentModel {
         }
         let mut tables = Vec::with_capacity(n_layers);
         let mut cursor = 0usize;
+        // Every table of the step, and every launch reading one, has this tensor-core threshold.
+        let mma_min = step_mma_min(n);
         let mut write =
             |host_in: &mut [u8], records: &[MatRecord]| -> model::Result<(usize, Grids)> {
                 let here = cursor;
-                let grid = write_matmul_table(&mut host_in[here..], records)
+                let grid = write_matmul_table(&mut host_in[here..], records, mma_min)
                     .ok_or_else(|| self.error("resident step", "too many blocks for one launch"))?;
                 cursor += records.len() * JOB_FIELDS * 8;
                 Ok((here, grid))
@@ -295,6 +298,11 @@ impl model::LayerDevice for ResidentModel {
             // holds the input region at o.input.
             unsafe { cudarc::driver::result::memcpy_htod_async(at(o.input), host_in, cu) }
                 .map_err(|e| self.error("copying the step in", e))?;
+            // The first kernel follows the copy in; each later one may overlap the kernel
+            // before it (every kernel waits for its predecessor's memory: launch.rs).
+            let after_kernel = std::cell::Cell::new(false);
+            let overlap = || self.overlap_launches && after_kernel.replace(true);
+            let prefetch = self.overlap_launches && prefetch_enabled();
             let cfg = |grid: (u32, u32), block: u32, shared: u32| LaunchConfig {
                 grid_dim: (grid.0, grid.1, 1),
                 block_dim: (block, 1, 1),
@@ -303,33 +311,37 @@ impl model::LayerDevice for ResidentModel {
             let launch_err = |name: &str, e: cudarc::driver::DriverError| {
                 self.error(&format!("launching {name}"), e)
             };
-            let matmul = |table: u64, n_jobs: usize, grids: Grids| -> model::Result<()> {
-                let n_jobs = n_jobs as i32;
-                // A one-row step's jobs have one token at most.
-                let dp4a = if n == 1 {
-                    &self.f.matmul_one
-                } else {
-                    &self.f.matmul
-                };
-                for (f, grid, name) in [
-                    (dp4a, grids.dp4a, "matmul"),
-                    (&self.f.matmul_mma, grids.mma, "matmul_mma"),
-                ] {
-                    if grid == 0 {
-                        continue;
+            // `copied_in`: the table came in with the step's input (not built by a kernel), so
+            // a block may read it before waiting on the kernel ahead and fetch its weights.
+            let matmul =
+                |table: u64, n_jobs: usize, grids: Grids, copied_in: bool| -> model::Result<()> {
+                    let (n_jobs, mma_min) = (n_jobs as i32, mma_min as i32);
+                    let early = i32::from(copied_in && prefetch);
+                    // A one-row step's jobs have one token at most.
+                    let dp4a = if n == 1 {
+                        &self.f.matmul_one
+                    } else {
+                        &self.f.matmul
+                    };
+                    for (f, grid, name) in [
+                        (dp4a, grids.dp4a, "matmul"),
+                        (&self.f.matmul_mma, grids.mma, "matmul_mma"),
+                    ] {
+                        if grid == 0 {
+                            continue;
+                        }
+                        let mut l = Launch::new(f);
+                        l.arg(&table).arg(&n_jobs).arg(&mma_min).arg(&early);
+                        // SAFETY: matmul_grouped / matmul_mma read n_jobs records of a table in the
+                        // arena (copied in or written by moe_route, in stream order); their weights
+                        // lie in uploaded regions (checked when this model was built) and
+                        // activations and outputs in the arena, sized by `offsets` for these rows;
+                        // the blocks stride over the jobs' blocks.
+                        unsafe { l.launch(cu, cfg((grid, 1), THREADS_PER_BLOCK, 0), overlap()) }
+                            .map_err(|e| launch_err(name, e))?;
                     }
-                    let mut l = self.stream.launch_builder(f);
-                    l.arg(&table).arg(&n_jobs);
-                    // SAFETY: matmul_grouped / matmul_mma read n_jobs records of a table in the
-                    // arena (copied in or written by moe_route, in stream order); their weights
-                    // lie in uploaded regions (checked when this model was built) and
-                    // activations and outputs in the arena, sized by `offsets` for these rows;
-                    // the blocks stride over the jobs' blocks.
-                    unsafe { l.launch(cfg((grid, 1), THREADS_PER_BLOCK, 0)) }
-                        .map_err(|e| launch_err(name, e))?;
-                }
-                Ok(())
-            };
+                    Ok(())
+                };
             let null = 0u64;
             let form = |act_needed: bool, off: usize| if act_needed { at(off) } else { null };
             let (eps, d_i) = (self.eps, d as i32);
@@ -341,7 +353,7 @@ impl model::LayerDevice for ResidentModel {
                         q8k: u64,
                         q80: u64|
              -> model::Result<()> {
-                let mut l = self.stream.launch_builder(&self.f.rms_norm_quant);
+                let mut l = Launch::new(&self.f.rms_norm_quant);
                 l.arg(&x_at)
                     .arg(&rows)
                     .arg(&w)
@@ -354,7 +366,7 @@ impl model::LayerDevice for ResidentModel {
                 // SAFETY: rms_norm_quant reads out_rows rows of d floats of x (or the rows named by
                 // `rows`), d weights, and writes out_rows rows of each form asked for, all in the
                 // arena or uploaded constants; a block per (row, 256 columns), 256 threads.
-                unsafe { l.launch(cfg((out_rows as u32, chunks), 256, 0)) }
+                unsafe { l.launch(cu, cfg((out_rows as u32, chunks), 256, 0), overlap()) }
                     .map(|_| ())
                     .map_err(|e| launch_err("rms_norm_quant", e))
             };
@@ -376,12 +388,12 @@ impl model::LayerDevice for ResidentModel {
                     form(needs(&qkv, ActKind::Q8K), o.hq8k),
                     form(needs(&qkv, ActKind::Q8_0), o.hq80),
                 )?;
-                matmul(input(t.qkv.0), 3, t.qkv.1)?;
+                matmul(input(t.qkv.0), 3, t.qkv.1, true)?;
                 {
                     let (qn, kn) = l.qk_norm.unwrap_or((0, 0));
                     let (q_at, k_at, v_at, fresh) = (at(o.q), at(o.k), at(o.v), at(o.fresh));
                     let (cos_at, sin_at) = (input(cos_in), input(sin_in));
-                    let mut b = self.stream.launch_builder(&self.f.qk_rope_store);
+                    let mut b = Launch::new(&self.f.qk_rope_store);
                     b.arg(&q_at)
                         .arg(&k_at)
                         .arg(&v_at)
@@ -409,8 +421,14 @@ impl model::LayerDevice for ResidentModel {
                     // arena); each row's mirror (per-row addresses copied in) has room for its
                     // position (capacity checked above); `fresh` holds n × layers × 2·kd
                     // elements of at most 4 bytes.
-                    unsafe { b.launch(cfg((n as u32, (self.nh + nkv) as u32), block, 0)) }
-                        .map_err(|e| launch_err("qk_rope_store", e))?;
+                    unsafe {
+                        b.launch(
+                            cu,
+                            cfg((n as u32, (self.nh + nkv) as u32), block, 0),
+                            overlap(),
+                        )
+                    }
+                    .map_err(|e| launch_err("qk_rope_store", e))?;
                 }
                 {
                     let (q_at, att_at, sc_at) = (at(o.q), at(o.att), at(o.scores));
@@ -444,7 +462,7 @@ impl model::LayerDevice for ResidentModel {
                         (&self.f.attention, (self.nh as u32, n as u32))
                     };
                     let n_i = n as i32;
-                    let mut b = self.stream.launch_builder(f);
+                    let mut b = Launch::new(f);
                     b.arg(&q_at)
                         .arg(&att_at)
                         .arg(&rows_k)
@@ -477,7 +495,7 @@ impl model::LayerDevice for ResidentModel {
                     // its position (< capacity) and writes dk floats of `att` per head and at
                     // most ctx_cap scores per head (every position ≤ ctx_needed ≤ ctx_cap); the
                     // grouped kernel's shared arrays hold 8 heads of 256 floats.
-                    unsafe { b.launch(cfg(grid, 256, 0)) }
+                    unsafe { b.launch(cu, cfg(grid, 256, 0), overlap()) }
                         .map_err(|e| launch_err("attention", e))?;
                 }
                 if l.o.act != ActKind::F32 {
@@ -487,15 +505,15 @@ impl model::LayerDevice for ResidentModel {
                         form(l.o.act == ActKind::Q8K, o.att_q8k),
                         form(l.o.act == ActKind::Q8_0, o.att_q80),
                     );
-                    let mut b = self.stream.launch_builder(&self.f.quantize_rows);
+                    let mut b = Launch::new(&self.f.quantize_rows);
                     b.arg(&src).arg(&width).arg(&q8k).arg(&q80);
                     let chunks = (width as u32).div_ceil(256);
                     // SAFETY: n rows of `width` floats in, the asked form out, all in the arena;
                     // a block per (row, 256 columns), 256 threads.
-                    unsafe { b.launch(cfg((n as u32, chunks), 256, 0)) }
+                    unsafe { b.launch(cu, cfg((n as u32, chunks), 256, 0), overlap()) }
                         .map_err(|e| launch_err("quantize_rows", e))?;
                 }
-                matmul(input(t.o.0), 1, t.o.1)?;
+                matmul(input(t.o.0), 1, t.o.1, true)?;
                 match &l.ffn {
                     DevFfn::Dense { gate, up, .. } => {
                         let gu: [&DevMat; 2] = [gate, up];
@@ -508,15 +526,15 @@ impl model::LayerDevice for ResidentModel {
                             form(needs(&gu, ActKind::Q8K), o.hq8k),
                             form(needs(&gu, ActKind::Q8_0), o.hq80),
                         )?;
-                        matmul(input(t.first.0), 2, t.first.1)?;
+                        matmul(input(t.first.0), 2, t.first.1, true)?;
                         let (table, one) = (input(t.glu), 1i32);
-                        let mut b = self.stream.launch_builder(&self.f.glu);
+                        let mut b = Launch::new(&self.f.glu);
                         b.arg(&table).arg(&one);
                         // SAFETY: one job of n rows of the gate/up outputs into `hidden`, all in
                         // the arena (sized for the widest FFN).
-                        unsafe { b.launch(cfg((n as u32, 1), 256, 0)) }
+                        unsafe { b.launch(cu, cfg((n as u32, 1), 256, 0), overlap()) }
                             .map_err(|e| launch_err("glu_quantize", e))?;
-                        matmul(input(t.down.0), 1, t.down.1)?;
+                        matmul(input(t.down.0), 1, t.down.1, true)?;
                     }
                     DevFfn::Moe {
                         router,
@@ -536,7 +554,7 @@ impl model::LayerDevice for ResidentModel {
                             form(kind_of(ActKind::Q8K, ActKind::Q8K), o.hq8k),
                             form(kind_of(ActKind::Q8_0, ActKind::Q8_0), o.hq80),
                         )?;
-                        matmul(input(t.first.0), 1, t.first.1)?;
+                        matmul(input(t.first.0), 1, t.first.1, true)?;
                         let slots = n * k;
                         let max_jobs = slots.min(*n_expert);
                         let acts = match gate_act {
@@ -544,7 +562,7 @@ impl model::LayerDevice for ResidentModel {
                             ActKind::Q8K => at(o.hq8k),
                             ActKind::Q8_0 => at(o.hq80),
                         };
-                        let (n_i, mj_i) = (n as i32, max_jobs as i32);
+                        let (n_i, mj_i, mma_min_i) = (n as i32, max_jobs as i32, mma_min as i32);
                         let ptrs = [
                             at(o.router_logits),
                             *desc,
@@ -570,15 +588,17 @@ impl model::LayerDevice for ResidentModel {
                             let (ids, wts, slot_row, counted) =
                                 (at(o.ids), at(o.wts), at(o.slot_row), at(o.counted));
                             let (slots_i, ne_i) = (slots as i32, *n_expert as i32);
-                            let mut b = self.stream.launch_builder(&self.f.moe_topk);
+                            let mut b = Launch::new(&self.f.moe_topk);
                             b.arg(&ptrs[0]).arg(&n_i).arg(desc).arg(&ids).arg(&wts);
                             // SAFETY: a warp per row (8 per block) reads its n_expert router
                             // logits and the descriptor and writes its k ids and weights, in
                             // the arena sized for n·k slots; n_expert ≤ MAX_EXPERTS (checked
                             // when the model was built).
-                            unsafe { b.launch(cfg((n.div_ceil(8) as u32, 1), 256, 0)) }
-                                .map_err(|e| launch_err("moe_topk", e))?;
-                            let mut b = self.stream.launch_builder(&self.f.moe_count);
+                            unsafe {
+                                b.launch(cu, cfg((n.div_ceil(8) as u32, 1), 256, 0), overlap())
+                            }
+                            .map_err(|e| launch_err("moe_topk", e))?;
+                            let mut b = Launch::new(&self.f.moe_count);
                             b.arg(&ids)
                                 .arg(&slots_i)
                                 .arg(&ne_i)
@@ -586,45 +606,51 @@ impl model::LayerDevice for ResidentModel {
                                 .arg(&counted);
                             // SAFETY: a warp per expert reads the n·k slot ids and writes the
                             // ranks of its slots and its count, all in the arena.
-                            unsafe { b.launch(cfg((n_expert.div_ceil(8) as u32, 1), 256, 0)) }
-                                .map_err(|e| launch_err("moe_count", e))?;
+                            unsafe {
+                                b.launch(
+                                    cu,
+                                    cfg((n_expert.div_ceil(8) as u32, 1), 256, 0),
+                                    overlap(),
+                                )
+                            }
+                            .map_err(|e| launch_err("moe_count", e))?;
                             counted
                         } else {
                             null
                         };
-                        let mut b = self.stream.launch_builder(&self.f.moe_route);
+                        let mut b = Launch::new(&self.f.moe_route);
                         b.arg(&ptrs[0]).arg(&n_i);
                         for p in &ptrs[1..] {
                             b.arg(p);
                         }
-                        b.arg(&mj_i).arg(&counted);
+                        b.arg(&mj_i).arg(&counted).arg(&mma_min_i);
                         // SAFETY: moe_route reads n rows of router logits and the layer's
                         // descriptor (uploaded constants) and writes tables for max_jobs experts
                         // and n·k slots into the arena, sized for them.
-                        unsafe { b.launch(cfg((1, 1), 256, 0)) }
+                        unsafe { b.launch(cu, cfg((1, 1), 256, 0), overlap()) }
                             .map_err(|e| launch_err("moe_route", e))?;
                         // The tables are the device's: bound their blocks by every slot in
                         // tiles of the dp4a path (whose blocks are the smaller) plus a partial
                         // tile per job; a row picks an expert once, so only a step of
-                        // mma_min_tokens()+ rows can give an expert that many tokens (counting
+                        // mma_min+ rows can give an expert that many tokens (counting
                         // slots instead launched an idle tensor-core grid per expert matmul in
                         // decode under MOESHARD_GPU_MMA=8: tg64 236 -> 197 t/s on an H100).
                         let tiles = slots.div_ceil(TOKENS_PER_TILE) + max_jobs;
-                        let mma = n >= mma_min_tokens();
+                        let mma = n >= mma_min;
                         let grids =
                             |rows: usize| Grids::bound(rows.div_ceil(ROWS_PER_BLOCK) * tiles, mma);
-                        matmul(at(o.gu_table), 2 * max_jobs, grids(2 * *n_ff))?;
+                        matmul(at(o.gu_table), 2 * max_jobs, grids(2 * *n_ff), false)?;
                         let (glu_at, mj) = (at(o.glu_table), max_jobs as i32);
-                        let mut b = self.stream.launch_builder(&self.f.glu);
+                        let mut b = Launch::new(&self.f.glu);
                         b.arg(&glu_at).arg(&mj);
                         // SAFETY: one block per slot row; the table (written by moe_route) names
                         // gate/up/hidden rows in the arena.
-                        unsafe { b.launch(cfg((slots as u32, 1), 256, 0)) }
+                        unsafe { b.launch(cu, cfg((slots as u32, 1), 256, 0), overlap()) }
                             .map_err(|e| launch_err("glu_quantize", e))?;
-                        matmul(at(o.down_table), max_jobs, grids(d))?;
+                        matmul(at(o.down_table), max_jobs, grids(d), false)?;
                         let (offs, rows, wts, x_at, acc) =
                             (input(offs_in), at(o.sum_rows), at(o.sum_w), x_dev, 1i32);
-                        let mut b = self.stream.launch_builder(&self.f.weighted_sum);
+                        let mut b = Launch::new(&self.f.weighted_sum);
                         b.arg(&offs)
                             .arg(&rows)
                             .arg(&wts)
@@ -633,8 +659,14 @@ impl model::LayerDevice for ResidentModel {
                             .arg(&acc);
                         // SAFETY: n + 1 offsets over n·k slot rows (down outputs of d floats in
                         // the arena) and weights; adds n rows of d floats into x.
-                        unsafe { b.launch(cfg((n as u32, (d as u32).div_ceil(256)), 256, 0)) }
-                            .map_err(|e| launch_err("weighted_sum", e))?;
+                        unsafe {
+                            b.launch(
+                                cu,
+                                cfg((n as u32, (d as u32).div_ceil(256)), 256, 0),
+                                overlap(),
+                            )
+                        }
+                        .map_err(|e| launch_err("weighted_sum", e))?;
                     }
                 }
             }
@@ -650,7 +682,7 @@ impl model::LayerDevice for ResidentModel {
                     form(needs(&out, ActKind::Q8K), o.hq8k),
                     form(needs(&out, ActKind::Q8_0), o.hq80),
                 )?;
-                matmul(input(head_table.0), 1, head_table.1)?;
+                matmul(input(head_table.0), 1, head_table.1, true)?;
             }
             // SAFETY: host_out is page-locked and read only after the synchronize; the arena
             // holds logits_len floats at o.logits and fresh_len at o.fresh.

@@ -1,0 +1,97 @@
+//! A step's kernel launches. Arguments are collected as cudarc's launch builder collects them,
+//! but the launch goes through `cuLaunchKernelEx`, so that on devices of compute capability 9.0
+//! and later a kernel may be launched while the one ahead of it in the stream is still running
+//! (programmatic dependent launch): its blocks start as the previous kernel's blocks leave, and
+//! wait inside (matmul.cu `pdl_wait`) until that kernel's memory is visible. A decode step is
+//! 13 launches a layer, most of them a few microseconds long, so the gap between two kernels is
+//! a large share of each.
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+
+use cudarc::driver::{CudaFunction, DeviceRepr, DriverError, LaunchConfig, sys};
+
+/// Whether launches may overlap the kernel before them: devices of compute capability 9.0+
+/// (the kernels' `griddepcontrol` instructions), unless `MOESHARD_GPU_PDL=0` (to measure what
+/// the overlap saves: a decode step's device time 4255–4316 -> 4167–4238 µs on an H100).
+pub(super) fn overlap_supported(compute_capability: (i32, i32)) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    compute_capability.0 >= 9
+        && *ON.get_or_init(|| std::env::var("MOESHARD_GPU_PDL").map_or(true, |v| v != "0"))
+}
+
+/// Whether the dp4a matmul kernels fetch their first weight rows into L2 before waiting on the
+/// kernel ahead (tables the host copied in only), unless `MOESHARD_GPU_PREFETCH=0`: a decode
+/// step's device time went 4208–4226 -> 4062–4115 µs on an H100 (docs/perf.md).
+pub(super) fn prefetch_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MOESHARD_GPU_PREFETCH").map_or(true, |v| v != "0"))
+}
+
+/// One kernel launch's arguments: references to values that outlive the launch call (the
+/// driver copies them when the launch is enqueued or captured).
+pub(super) struct Launch<'a> {
+    func: sys::CUfunction,
+    args: Vec<*mut c_void>,
+    _values: PhantomData<&'a ()>,
+}
+
+impl<'a> Launch<'a> {
+    pub(super) fn new(f: &'a CudaFunction) -> Launch<'a> {
+        Launch {
+            func: f.cu_function(),
+            args: Vec::with_capacity(24),
+            _values: PhantomData,
+        }
+    }
+
+    pub(super) fn arg<T: DeviceRepr>(&mut self, value: &'a T) -> &mut Self {
+        self.args.push(value as *const T as *mut c_void);
+        self
+    }
+
+    /// Enqueues the kernel on `stream`; with `overlap` it may start before the kernel ahead of
+    /// it in the stream has finished (that one must be a kernel of this step, whose successors
+    /// all wait for it).
+    ///
+    /// # Safety
+    /// The arguments must be what the kernel's parameters say, and every address among them
+    /// valid for what the kernel reads and writes there.
+    pub(super) unsafe fn launch(
+        &mut self,
+        stream: sys::CUstream,
+        cfg: LaunchConfig,
+        overlap: bool,
+    ) -> Result<(), DriverError> {
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: stream,
+            attrs: &mut attr,
+            numAttrs: u32::from(overlap),
+        };
+        // SAFETY: `config` and `attr` live through the call; the argument pointers point at
+        // values borrowed for 'a; the caller vouches for the kernel's parameters.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.func,
+                self.args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+    }
+}
