@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU prefill A/B on the device host in one call: pp512/tg128 of two moeshard binaries
 # alternating (qwen3-30b-a3b synth), their greedy texts, then every launch of the new binary's
-# 512-row step with its time and grid (ncu; launches 2500.. skip `bench`'s 32-row warm-up and
-# its four decode rows, whose kernels an earlier profile mistook for the 512-row step's), and
+# 512-row step with its time and grid (ncu; launches 3000.. skip most of `bench`'s warm-up, a
+# 512-row step and four decode rows, whose kernels an earlier profile mistook for the 512-row
+# step's: pick the step's launches out by their grids), and
 # the matmul/attention launches' speed-of-light sections. How the 2026-12-06 prefill work was
 # measured (docs/measurements/2026-12-06-h100-gpu-prefill-step.txt).
 #
@@ -22,7 +23,7 @@ for r in 1 2; do for b in $M $N; do echo "== $b round $r"
 for b in $M $N; do timeout 60 $b run -m $Q -p "The river" -n 32 --gpu -t 16 --temp 0 2>/dev/null | md5sum; done
 date +%T
 NCU=(ncu --cache-control none --clock-control none)
-MOESHARD_CUDA_GRAPHS=0 timeout 240 "${NCU[@]}" --metrics gpu__time_duration.sum --csv --launch-skip 2500 --launch-count 2000 \
+MOESHARD_CUDA_GRAPHS=0 timeout 240 "${NCU[@]}" --metrics gpu__time_duration.sum --csv --launch-skip 3000 --launch-count 2000 \
   $N bench -m $Q -t 16 --gpu -p 512 -n 0 -r 1 > $OUT/ncu512.csv 2>&1
 date +%T
 MOESHARD_CUDA_GRAPHS=0 timeout 100 "${NCU[@]}" --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \

@@ -111,11 +111,14 @@ impl ResidentModel {
         let mut row = 0;
         for ((s, &p0), &mi) in seqs.iter_mut().zip(pos0).zip(mirror_of) {
             let rows = row * row_bytes..(row + s.n_tokens) * row_bytes;
-            for il in 0..n_layers {
-                let layer = &fresh[il * 2 * n * row_bytes..][..2 * n * row_bytes];
-                let (keys, values) = layer.split_at(n * row_bytes);
-                s.kv.store_encoded_rows(il, p0, &keys[rows.clone()], &values[rows.clone()])?;
-            }
+            let layers: Vec<(usize, &[u8], &[u8])> = (0..n_layers)
+                .map(|il| {
+                    let layer = &fresh[il * 2 * n * row_bytes..][..2 * n * row_bytes];
+                    let (keys, values) = layer.split_at(n * row_bytes);
+                    (il, &keys[rows.clone()], &values[rows.clone()])
+                })
+                .collect();
+            s.kv.store_encoded_layers(p0, &layers)?;
             row += s.n_tokens;
             let m = &mut state.mirrors[mi];
             m.version = s.kv.content_version();

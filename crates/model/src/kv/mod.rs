@@ -134,6 +134,8 @@ pub fn sliding_positions_held(window: usize, chunk: usize) -> usize {
 
 /// Positions are added in chunks so a long prompt does not reallocate per token.
 const GROW_POSITIONS: usize = 256;
+/// Stores of more bytes than this are copied on several threads (`store_encoded_layers`).
+const PARALLEL_STORE_BYTES: usize = 4 << 20;
 
 /// The KV of one sequence. Full layers hold positions `0..len`; sliding layers hold
 /// `first..len` only: before a chunk is stored, positions no token of the chunk attends to
@@ -463,6 +465,81 @@ impl KvCache {
         k: &[u8],
         v: &[u8],
     ) -> Result<()> {
+        let (l, i) = self.encoded_rows_target(layer, pos0, k, v)?;
+        if k.is_empty() {
+            return Ok(());
+        }
+        let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
+        self.generation += 1;
+        self.k[l][i * kr..i * kr + k.len()].copy_from_slice(k);
+        self.v[l][i * vr..i * vr + v.len()].copy_from_slice(v);
+        Ok(())
+    }
+
+    /// [`KvCache::store_encoded_rows`] for several distinct layers at once, `(layer, keys,
+    /// values)` each: every layer is checked before any is written, and large stores are copied
+    /// on several threads (a 512-row step of qwen3-30b-a3b hands back 50 MB of f16 rows, which
+    /// one thread copied in 8.6-9.7 ms on the GPU host).
+    pub fn store_encoded_layers(
+        &mut self,
+        pos0: usize,
+        layers: &[(usize, &[u8], &[u8])],
+    ) -> Result<()> {
+        let mut targets = Vec::with_capacity(layers.len());
+        for &(layer, k, v) in layers {
+            let (l, i) = self.encoded_rows_target(layer, pos0, k, v)?;
+            if targets.iter().any(|&(t, _)| t == l) {
+                return Err(ModelError::Input(format!("layer {layer} given twice")));
+            }
+            targets.push((l, i));
+        }
+        let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
+        self.generation += 1;
+        // Each layer's two destinations, borrowed apart so the copies can run side by side.
+        let mut dest: Vec<Option<(&mut Vec<u8>, &mut Vec<u8>)>> =
+            self.k.iter_mut().zip(self.v.iter_mut()).map(Some).collect();
+        let mut copies = Vec::with_capacity(2 * layers.len());
+        for (&(_, k, v), &(l, i)) in layers.iter().zip(&targets) {
+            let (dk, dv) = dest[l].take().expect("distinct layers, checked above");
+            copies.push((&mut dk[i * kr..i * kr + k.len()], k));
+            copies.push((&mut dv[i * vr..i * vr + v.len()], v));
+        }
+        let bytes: usize = copies.iter().map(|(_, src)| src.len()).sum();
+        let threads = if bytes < PARALLEL_STORE_BYTES {
+            1
+        } else {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(8)
+        };
+        if threads <= 1 {
+            for (dst, src) in copies {
+                dst.copy_from_slice(src);
+            }
+            return Ok(());
+        }
+        let per_thread = copies.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            for chunk in copies.chunks_mut(per_thread) {
+                scope.spawn(move || {
+                    for (dst, src) in chunk.iter_mut() {
+                        dst.copy_from_slice(src);
+                    }
+                });
+            }
+        });
+        Ok(())
+    }
+
+    /// Where encoded rows `k`, `v` of `layer` from `pos0` go: the local layer and row index,
+    /// after checking they are whole rows of reserved positions.
+    fn encoded_rows_target(
+        &self,
+        layer: usize,
+        pos0: usize,
+        k: &[u8],
+        v: &[u8],
+    ) -> Result<(usize, usize)> {
         let l = self.local_with_rows(layer)?;
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
         let n = k.len() / kr.max(1);
@@ -474,7 +551,7 @@ impl KvCache {
             )));
         }
         if n == 0 {
-            return Ok(());
+            return Ok((l, 0));
         }
         if pos0 + n > self.len || pos0 < self.held_from(layer)? {
             return Err(ModelError::Input(format!(
@@ -482,11 +559,7 @@ impl KvCache {
                 pos0 + n
             )));
         }
-        let i = self.row_index(l, pos0);
-        self.generation += 1;
-        self.k[l][i * kr..(i + n) * kr].copy_from_slice(k);
-        self.v[l][i * vr..(i + n) * vr].copy_from_slice(v);
-        Ok(())
+        Ok((l, self.row_index(l, pos0)))
     }
 
     /// Keys of `layer` for the positions it holds (`held_from(layer)..len`), position-major.

@@ -206,3 +206,60 @@ fn encoded_rows_land_where_stored_rows_do() {
         assert!(encoded.store_encoded_rows(4, 0, &[], &[]).is_err());
     }
 }
+
+/// Several layers stored at once land where storing them one by one puts them, both below and
+/// above the size copied on several threads; a repeated layer, or one bad layer among good
+/// ones, is refused and changes nothing.
+#[test]
+fn encoded_layers_land_where_single_layers_do() {
+    // 8 layers × 2 × 1024 rows × 512 bytes: 8 MB, above PARALLEL_STORE_BYTES; 2 rows: below.
+    for rows in [2usize, 1024] {
+        let layout = KvLayout {
+            kv_type: KvType::F32,
+            layers: 0..=7,
+            n_kv_head: 4,
+            head_dim_k: 32,
+            head_dim_v: 32,
+            n_ctx: 2048,
+            sliding: None,
+            compression: None,
+            index_keys: None,
+            hybrid: None,
+        };
+        let (mut single, mut together) = (KvCache::new(layout.clone()), KvCache::new(layout));
+        for kv in [&mut single, &mut together] {
+            kv.reserve(0, 1 + rows).unwrap();
+        }
+        let row = 4 * 32 * 4;
+        let bytes = |il: usize, salt: u8| -> Vec<u8> {
+            (0..rows * row)
+                .map(|i| (i as u8).wrapping_mul(31).wrapping_add(il as u8 * 7 + salt))
+                .collect()
+        };
+        let data: Vec<(Vec<u8>, Vec<u8>)> = (0..8).map(|il| (bytes(il, 1), bytes(il, 2))).collect();
+        for (il, (k, v)) in data.iter().enumerate() {
+            single.store_encoded_rows(il, 1, k, v).unwrap();
+        }
+        let mut layers: Vec<(usize, &[u8], &[u8])> = data
+            .iter()
+            .enumerate()
+            .map(|(il, (k, v))| (il, k.as_slice(), v.as_slice()))
+            .collect();
+        let before = together.keys(0).unwrap().to_vec();
+        let (k0, v0) = (&data[0].0, &data[0].1);
+        let repeated = [
+            (0, k0.as_slice(), v0.as_slice()),
+            (0, k0.as_slice(), v0.as_slice()),
+        ];
+        assert!(together.store_encoded_layers(1, &repeated).is_err());
+        layers[5].1 = &data[5].0[1..];
+        assert!(together.store_encoded_layers(1, &layers).is_err());
+        assert_eq!(together.keys(0).unwrap(), &before[..]);
+        layers[5].1 = &data[5].0;
+        together.store_encoded_layers(1, &layers).unwrap();
+        for il in 0..8 {
+            assert_eq!(together.keys(il).unwrap(), single.keys(il).unwrap());
+            assert_eq!(together.values(il).unwrap(), single.values(il).unwrap());
+        }
+    }
+}
