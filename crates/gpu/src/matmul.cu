@@ -704,7 +704,7 @@ __device__ __forceinline__ void row_dot(int type, const u8* w, int cols, int lan
 #define MMA_ACT_STRIDE 272
 
 // Whether a job takes the tensor-core path. `mma_min`, the fewest tokens that do, is the
-// launch's (the host's `MmaMin` for the step; every kernel reading a table gets the same).
+// launch's (the host's `step_mma_min` for the step; every kernel reading a table gets the same).
 __device__ __forceinline__ bool mma_path(u64 type, u64 n, int mma_min) {
     return n >= (u64)mma_min && (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K);
 }
@@ -1021,17 +1021,25 @@ __device__ void mma_block(const u64* job, long long local, MmaStages* st) {
     }
 }
 
+// The weight row this thread's warp takes in block `local` of a dp4a-path job (tiles of
+// tokens outer), and in `tile` that tile.
+__device__ __forceinline__ long long dp4a_row(const u64* job, long long local, long long* tile) {
+    const long long rb = ((long long)job[5] + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
+    *tile = local / rb;
+    return (local % rb) * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+}
+
 // Block `local` of a job on the dp4a path: each warp one weight row against up to TT tokens.
 // NT is how many tokens a warp is compiled for: TT, or 1 for steps of one token (decode),
 // whose jobs have at most one; its registers go from 80 to fewer, so more blocks are resident.
 template <int NT, bool OTHER>
 __device__ __forceinline__ void dp4a_rows(const u64* job, long long local, int t_off) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31;
     const long long rows = (long long)job[5];
-    const long long rb = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
     const int n = (int)job[7];
-    const long long row = (local % rb) * ROWS_PER_BLOCK + warp;
-    const long long t0l = (local / rb) * TT + t_off;
+    long long tile;
+    const long long row = dp4a_row(job, local, &tile);
+    const long long t0l = tile * TT + t_off;
     // Whole warps leave together: the shuffles below need every lane.
     if (row >= rows || t0l >= n) return;
     const int t0 = (int)t0l;
@@ -1128,10 +1136,9 @@ __device__ __forceinline__ void prefetch_first_rows(const u64* table, int n_jobs
     long long local;
     const u64* job = find_job(table, n_jobs, blockIdx.x, &local, mma_min);
     if (!job || mma_path(job[8], job[7], mma_min)) return;
-    const long long rows = (long long)job[5];
-    const long long rb = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
-    const long long row = (local % rb) * ROWS_PER_BLOCK + (threadIdx.x >> 5);
-    if (row >= rows) return;
+    long long tile;
+    const long long row = dp4a_row(job, local, &tile);
+    if (row >= (long long)job[5]) return;
     const unsigned long long start = job[0] + (unsigned long long)row * job[3];
     const unsigned long long end = start + job[3];
     for (unsigned long long p = (start & ~127ull) + (threadIdx.x & 31) * 128; p < end;

@@ -12,21 +12,32 @@ use std::marker::PhantomData;
 
 use cudarc::driver::{CudaFunction, DeviceRepr, DriverError, LaunchConfig, sys};
 
-/// Whether launches may overlap the kernel before them: devices of compute capability 9.0+
-/// (the kernels' `griddepcontrol` instructions), unless `MOESHARD_GPU_PDL=0` (to measure what
-/// the overlap saves: a decode step's device time 4255–4316 -> 4167–4238 µs on an H100).
-pub(super) fn overlap_supported(compute_capability: (i32, i32)) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    compute_capability.0 >= 9
-        && *ON.get_or_init(|| std::env::var("MOESHARD_GPU_PDL").map_or(true, |v| v != "0"))
+/// How a step's launches run, read from the environment once, when the model is built.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LaunchSwitches {
+    /// CUDA graphs for steps whose shape repeats, unless `MOESHARD_CUDA_GRAPHS=0` (to measure
+    /// what they save).
+    pub(super) graphs: bool,
+    /// Launches may overlap the kernel before them: devices of compute capability 9.0+ (the
+    /// kernels' `griddepcontrol` instructions), unless `MOESHARD_GPU_PDL=0` (a decode step's
+    /// device time went 4255–4316 -> 4167–4238 µs on an H100 with it).
+    pub(super) overlap: bool,
+    /// With the overlap, the dp4a matmul kernels fetch their first weight rows into L2 before
+    /// waiting on the kernel ahead (tables the host copied in only), unless
+    /// `MOESHARD_GPU_PREFETCH=0` (a decode step's device time went 4208–4226 -> 4062–4115 µs).
+    pub(super) prefetch: bool,
 }
 
-/// Whether the dp4a matmul kernels fetch their first weight rows into L2 before waiting on the
-/// kernel ahead (tables the host copied in only), unless `MOESHARD_GPU_PREFETCH=0`: a decode
-/// step's device time went 4208–4226 -> 4062–4115 µs on an H100 (docs/perf.md).
-pub(super) fn prefetch_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MOESHARD_GPU_PREFETCH").map_or(true, |v| v != "0"))
+impl LaunchSwitches {
+    pub(super) fn from_env(compute_capability: (i32, i32)) -> LaunchSwitches {
+        let on = |var: &str| std::env::var(var).map_or(true, |v| v != "0");
+        let overlap = compute_capability.0 >= 9 && on("MOESHARD_GPU_PDL");
+        LaunchSwitches {
+            graphs: on("MOESHARD_CUDA_GRAPHS"),
+            overlap,
+            prefetch: overlap && on("MOESHARD_GPU_PREFETCH"),
+        }
+    }
 }
 
 /// One kernel launch's arguments: references to values that outlive the launch call (the

@@ -137,12 +137,6 @@ struct StepGraph {
 // one lives in `State` and is only captured, launched and dropped with the state's mutex held.
 unsafe impl Send for StepGraph {}
 
-/// CUDA graphs for whole steps, unless `MOESHARD_CUDA_GRAPHS=0` (to measure what they save).
-fn graphs_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MOESHARD_CUDA_GRAPHS").map_or(true, |v| v != "0"))
-}
-
 pub struct ResidentModel {
     dev: Arc<CudaOffload>,
     stream: Arc<CudaStream>,
@@ -169,8 +163,8 @@ pub struct ResidentModel {
     steps: std::sync::atomic::AtomicU64,
     /// `MOESHARD_GPU_TIMING=1`: where a step's time goes, on stderr.
     timing: Option<StepTiming>,
-    /// Whether a step's kernels may start while the one before them finishes (launch.rs).
-    overlap_launches: bool,
+    /// Graphs, launch overlap and weights fetched ahead, on or off (launch.rs).
+    switches: launch::LaunchSwitches,
 }
 
 /// Host preparation, the device's work (launches to synchronize) and the copy into the host
@@ -531,8 +525,8 @@ impl ResidentModel {
         let output = mat(&output, "the output head")?;
         check_input(&output, d, "the output head")?;
         let output_norm = upload(&floats(output_norm))?;
-        let overlap_launches =
-            launch::overlap_supported(dev.ctx.compute_capability().unwrap_or((0, 0)));
+        let switches =
+            launch::LaunchSwitches::from_env(dev.ctx.compute_capability().unwrap_or((0, 0)));
         Ok(ResidentModel {
             dev,
             stream,
@@ -555,7 +549,7 @@ impl ResidentModel {
             _constants: constants,
             state: Mutex::new(State::default()),
             steps: std::sync::atomic::AtomicU64::new(0),
-            overlap_launches,
+            switches,
             timing: std::env::var("MOESHARD_GPU_TIMING")
                 .is_ok_and(|v| v == "1")
                 .then(StepTiming::default),

@@ -6,8 +6,8 @@ use cudarc::driver::{DevicePtr, LaunchConfig};
 use kernels::ActKind;
 use model::{DeviceStep, KvType, Model};
 
-use super::launch::{Launch, prefetch_enabled};
-use super::{DevFfn, DevMat, GraphKey, ResidentModel, StepGraph, graphs_enabled};
+use super::launch::Launch;
+use super::{DevFfn, DevMat, GraphKey, ResidentModel, StepGraph};
 use crate::cuda::ensure_pinned;
 use crate::matmul_table::{
     GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE,
@@ -307,8 +307,8 @@ impl model::LayerDevice for ResidentModel {
             // The first kernel follows the copy in; each later one may overlap the kernel
             // before it (every kernel waits for its predecessor's memory: launch.rs).
             let after_kernel = std::cell::Cell::new(false);
-            let overlap = || self.overlap_launches && after_kernel.replace(true);
-            let prefetch = self.overlap_launches && prefetch_enabled();
+            let overlap = || self.switches.overlap && after_kernel.replace(true);
+            let prefetch = self.switches.prefetch;
             let cfg = |grid: (u32, u32), block: u32, shared: u32| LaunchConfig {
                 grid_dim: (grid.0, grid.1, 1),
                 block_dim: (block, 1, 1),
@@ -722,7 +722,7 @@ impl model::LayerDevice for ResidentModel {
         // their launches directly instead of paying for a capture they would not replay.
         let repeated = state.last_key.replace(key) == Some(key);
         let replay = state.graph.as_ref().is_some_and(|g| g.key == key);
-        if graphs_enabled() && (replay || repeated) {
+        if self.switches.graphs && (replay || repeated) {
             if !replay {
                 state.graph = None;
                 self.stream

@@ -465,15 +465,7 @@ impl KvCache {
         k: &[u8],
         v: &[u8],
     ) -> Result<()> {
-        let (l, i) = self.encoded_rows_target(layer, pos0, k, v)?;
-        if k.is_empty() {
-            return Ok(());
-        }
-        let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
-        self.generation += 1;
-        self.k[l][i * kr..i * kr + k.len()].copy_from_slice(k);
-        self.v[l][i * vr..i * vr + v.len()].copy_from_slice(v);
-        Ok(())
+        self.store_encoded_layers(pos0, &[(layer, k, v)])
     }
 
     /// [`KvCache::store_encoded_rows`] for several distinct layers at once, `(layer, keys,
@@ -494,7 +486,6 @@ impl KvCache {
             targets.push((l, i));
         }
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
-        self.generation += 1;
         // Each layer's two destinations, borrowed apart so the copies can run side by side.
         let mut dest: Vec<Option<(&mut Vec<u8>, &mut Vec<u8>)>> =
             self.k.iter_mut().zip(self.v.iter_mut()).map(Some).collect();
@@ -505,6 +496,10 @@ impl KvCache {
             copies.push((&mut dv[i * vr..i * vr + v.len()], v));
         }
         let bytes: usize = copies.iter().map(|(_, src)| src.len()).sum();
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.generation += 1;
         let threads = if bytes < PARALLEL_STORE_BYTES {
             1
         } else {
