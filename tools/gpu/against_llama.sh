@@ -9,9 +9,7 @@
 #   PACK/bins.tar.xz      stripped `moeshard` release binaries named moeshard_*, plus gpu_kernels
 #                         and gpu_model from `cargo test --release -p gpu --no-run`
 #   PACK/fixtures.tar.xz  tar of crates/model/tests/fixtures/{qwen3moe,llama}
-#   PACK/llama-src.tar.xz llama.cpp's source from the sdist, without the top-level models/,
-#                         docs/, examples/, tests/, gguf-py/ (keep src/models and tools/mtmd/models:
-#                         a tarball that dropped every `models` folder does not configure)
+#   PACK/llama-src.tar.xz llama.cpp's source (tools/gpu/build_llama.sh says what it must hold)
 # and move crates/model/tests/fixtures, fuzz/corpus and models/shakespeare-moe.gguf aside so the
 # tree plus PACK stays under the 64 MiB a call carries.
 # Run there (one call, about 9 minutes; ENVS are extra variants of the first binary):
@@ -25,15 +23,7 @@ mkdir -p crates/model/tests/fixtures && tar xJf "$P/fixtures.tar.xz" -C crates/m
 mkdir -p /var/tmp/b && tar xJf "$P/bins.tar.xz" -C /var/tmp/b
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv; nproc; date +%T
 L=/var/tmp/ll/build/bin/llama-bench
-if [ ! -x $L ]; then
-  ( rm -rf /var/tmp/ll && mkdir -p /var/tmp/ll && tar xJf "$P/llama-src.tar.xz" -C /var/tmp/ll && cd /var/tmp/ll &&
-    cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=OFF \
-      -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
-      > /var/tmp/llcfg.log 2>&1 &&
-    cmake --build build -j 16 --target llama-bench > /var/tmp/llbuild.log 2>&1
-    echo "llama.cpp build rc=$? $(date +%T)" ) &
-fi
+bash "$R/tools/gpu/build_llama.sh" "$P" &
 BINS=(/var/tmp/b/moeshard_*)
 N=${BINS[0]} Q=/tmp/q30.gguf
 [ -s $Q ] || timeout 120 $N synth --preset qwen3-30b-a3b $Q > /dev/null

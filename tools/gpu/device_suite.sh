@@ -20,14 +20,7 @@ mkdir -p /var/tmp/b && tar xJf "$P/bins.tar.xz" -C /var/tmp/b
 export PATH=/usr/local/cuda/bin:/opt/torch/.venv/bin:$PATH
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
-( mkdir -p /var/tmp/ll && tar xJf "$P/llama-src.tar.xz" -C /var/tmp/ll && cd /var/tmp/ll &&
-  cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=OFF \
-    -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-    -DLLAMA_CURL=OFF \
-    > /var/tmp/llcfg.log 2>&1 &&
-  cmake --build build -j 12 --target llama-bench > /var/tmp/llbuild.log 2>&1
-  echo "llama.cpp build rc=$?" ) &
+bash "$R/tools/gpu/build_llama.sh" "$P" &
 B=/var/tmp/b/moeshard_new
 time timeout 90 $B synth --preset qwen3-30b-a3b /tmp/q30.gguf
 timeout 200 /var/tmp/b/gpu_kernels --nocapture --test-threads 1 2>&1 | grep -v '^$' | tail -70
