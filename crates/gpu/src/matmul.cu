@@ -71,6 +71,19 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
     return (u32)q[0] | ((u32)q[1] << 16);
 }
 
+// Eight words (32 bytes) at a 2-byte aligned address: nine aligned words and a funnel shift,
+// not sixteen 2-byte loads (a Q6_K superblock is 210 bytes, so every other one is only 2-byte
+// aligned). Reads up to 4 bytes past the 32: callers keep that inside the block.
+__device__ __forceinline__ void ld_8u32_a2(const u8* p, u32* out) {
+    const u32* b = (const u32*)((unsigned long long)p & ~3ull);
+    const u32 shift = ((unsigned long long)p & 2) * 8;
+    u32 w[9];
+#pragma unroll
+    for (int i = 0; i < 9; i++) w[i] = b[i];
+#pragma unroll
+    for (int i = 0; i < 8; i++) out[i] = __funnelshift_r(w[i], w[i + 1], shift);
+}
+
 __device__ __forceinline__ int ld_i16(const u8* p) {
     return (int)*(const short*)p;
 }
@@ -208,13 +221,14 @@ __device__ __forceinline__ void seg_q6_k(const u8* w, int s, const u8* const* ar
     const u8* ql = wb + 64 * half + 32 * (part & 1);
     const u8* qh = wb + 128 + 32 * half;
     const signed char* sc = (const signed char*)(wb + 192) + 8 * half + 2 * part;
-    u32 q[8];
+    // ql's 32 bytes end by byte 128 and qh's by 192 of the 210: the extra word stays inside.
+    u32 l[8], h[8], q[8];
+    ld_8u32_a2(ql, l);
+    ld_8u32_a2(qh, h);
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const u32 l = ld_u32_a2(ql + 4 * i);
-        const u32 h = ld_u32_a2(qh + 4 * i);
-        const u32 lo = part >= 2 ? (l >> 4) & 0x0F0F0F0Fu : l & 0x0F0F0F0Fu;
-        q[i] = lo | (((h >> (2 * part)) & 0x03030303u) << 4);
+        const u32 lo = part >= 2 ? (l[i] >> 4) & 0x0F0F0F0Fu : l[i] & 0x0F0F0F0Fu;
+        q[i] = lo | (((h[i] >> (2 * part)) & 0x03030303u) << 4);
     }
     const float d = f16_to_f32(*(const u16*)(wb + 208));
     const float s0 = d * sc[0], s1 = d * sc[1];
@@ -1305,9 +1319,11 @@ extern "C" __global__ void weighted_sum(const unsigned int* __restrict__ offsets
                                         const u64* __restrict__ rows,
                                         const float* __restrict__ weights, int width,
                                         float* __restrict__ out, int accumulate) {
-    pdl_wait_then_release();
+    // The offsets come with the step's input (the resident step) or from launches that
+    // finished before this one started (an ordinary launch): readable before the wait.
     const int t = blockIdx.x;
     const unsigned int e0 = offsets[t], e1 = offsets[t + 1];
+    pdl_wait_then_release();
     const unsigned int ne = e1 - e0;
     if (ne <= SUM_SLOTS) {
         const float* src[SUM_SLOTS];

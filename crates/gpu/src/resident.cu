@@ -127,12 +127,22 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
                                          const u64* __restrict__ row_stride,
                                          const unsigned int* __restrict__ row_pos, int layer,
                                          int n_layers, int round_f16, u8* __restrict__ fresh) {
-    pdl_wait_then_release();
     __shared__ float head[1024];
     __shared__ float partial[32];
     const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
     const bool is_q = h < nh;
     const int kh = h - nh;
+    // The rotation and the row's cache addresses came in with the step (no kernel writes
+    // them): loaded before waiting on the kernel ahead, they are not one more memory latency
+    // after its q and k.
+    const int half = n_rot / 2;
+    const int p_rot = i < n_rot ? (neox ? (i < half ? i : i - half) : i >> 1) : 0;
+    const float rot_c = i < n_rot ? cos_t[(long long)t * half + p_rot] : 0.0f;
+    const float rot_s = i < n_rot ? sin_t[(long long)t * half + p_rot] : 0.0f;
+    const long long pos = is_q ? 0 : (long long)row_pos[t];
+    const u64 k_mirror = is_q ? 0 : row_k[t], v_mirror = is_q ? 0 : row_v[t];
+    const long long mirror_stride = is_q ? 0 : (long long)row_stride[t];
+    pdl_wait_then_release();
     float* src = is_q ? q + ((long long)t * nh + h) * dk : k + ((long long)t * nkv + kh) * dk;
     const float* nw = is_q ? q_norm : k_norm;
     const float x = i < dk ? src[i] : 0.0f;
@@ -144,18 +154,14 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
     }
     if (i < dk) head[i] = val;
     __syncthreads();
-    const int half = n_rot / 2;
     if (i < n_rot) {
-        const float* c = cos_t + (long long)t * half;
-        const float* s = sin_t + (long long)t * half;
+        const int p = p_rot;
         if (neox) {
-            const int p = i < half ? i : i - half;
             const float x0 = head[p], x1 = head[p + half];
-            val = i < half ? x0 * c[p] - x1 * s[p] : x0 * s[p] + x1 * c[p];
+            val = i < half ? x0 * rot_c - x1 * rot_s : x0 * rot_s + x1 * rot_c;
         } else {
-            const int p = i >> 1;
             const float x0 = head[2 * p], x1 = head[2 * p + 1];
-            val = (i & 1) ? x0 * s[p] + x1 * c[p] : x0 * c[p] - x1 * s[p];
+            val = (i & 1) ? x0 * rot_s + x1 * rot_c : x0 * rot_c - x1 * rot_s;
         }
     }
     if (i >= dk) return;
@@ -166,8 +172,7 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
     const int kd = nkv * dk, vd = nkv * dv;
     float kv_val = val;
     if (round_f16) kv_val = f16_to_f32(f32_to_f16(kv_val));
-    const long long pos = row_pos[t];
-    float* km = (float*)row_k[t] + (long long)layer * row_stride[t] * kd + pos * kd;
+    float* km = (float*)k_mirror + (long long)layer * mirror_stride * kd + pos * kd;
     km[kh * dk + i] = kv_val;
     const long long rows = gridDim.x, es = round_f16 ? 2 : 4;
     u8* fk = fresh + (long long)layer * rows * (kd + vd) * es;
@@ -177,7 +182,7 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
         float vv = v[(long long)t * vd + kh * dv + j];
         store_cache_value(fv, (long long)t * vd + kh * dv + j, vv, round_f16);
         if (round_f16) vv = f16_to_f32(f32_to_f16(vv));
-        float* vm = (float*)row_v[t] + (long long)layer * row_stride[t] * vd + pos * vd;
+        float* vm = (float*)v_mirror + (long long)layer * mirror_stride * vd + pos * vd;
         vm[kh * dv + j] = vv;
     }
 }
@@ -192,16 +197,18 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
                                      const unsigned int* __restrict__ row_pos, int layer, int nh,
                                      int nkv, int dk, int dv, float scale,
                                      float* __restrict__ scores, long long ctx_cap) {
-    pdl_wait_then_release();
     __shared__ float partial[32];
     __shared__ float acc_w[8][MAX_DV];
     const int h = blockIdx.x, t = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int kh = h / (nh / nkv);
     const int kd = nkv * dk, vd = nkv * dv;
+    // The row's position and cache addresses came in with the step: read before the wait,
+    // they are not one more memory latency before the first key.
     const long long n_pos = (long long)row_pos[t] + 1;
     const float* kbase = (const float*)row_k[t] + (long long)layer * row_stride[t] * kd + kh * dk;
     const float* vbase = (const float*)row_v[t] + (long long)layer * row_stride[t] * vd + kh * dv;
+    pdl_wait_then_release();
     const float* qh = q + ((long long)t * nh + h) * dk;
     float* sc = scores + ((long long)t * nh + h) * ctx_cap;
     float m = -INFINITY;
@@ -631,7 +638,6 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
                                      u64* __restrict__ sum_rows, float* __restrict__ sum_w,
                                      int max_jobs, const unsigned int* __restrict__ counted,
                                      int mma_min) {
-    pdl_wait_then_release();
     __shared__ unsigned int count[MAX_EXPERTS];
     __shared__ unsigned int first[MAX_EXPERTS];
     __shared__ int active[MAX_EXPERTS];
@@ -655,6 +661,16 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
     const u64 gate_type = desc[12], up_type = desc[13], down_type = desc[14];
     const u64 hidden_type = desc[15], hidden_bytes = desc[16], act_bytes = desc[17];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    // The descriptor and the expert address tables are the model's constants: read (the
+    // tables fetched into L1) before waiting on the router, they are not two more memory
+    // latencies between its logits and the tables (a one-row step's routing is one warp's
+    // chain of them).
+    const int lines = (n_expert * 8 + 127) / 128;
+    for (int i = threadIdx.x; i < 3 * lines; i += blockDim.x) {
+        const u64* addrs = i < lines ? gate_w : i < 2 * lines ? up_w : down_w;
+        prefetch_l1((const u8*)addrs + 128 * (i % lines));
+    }
+    pdl_wait_then_release();
     // A gate, up and down job record and the activation record of active expert j (expert e,
     // c rows from row f of the expert-ordered lists, its first gate/up and down blocks).
     auto write_jobs = [&](int j, int e, u64 c, u64 f, u64 gu_first_j, u64 down_first_j) {

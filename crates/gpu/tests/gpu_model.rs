@@ -306,6 +306,13 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
         let (how, stepped) = check_close(&got, &r.want, n_vocab, what, noise);
         eprintln!("{what}: whole steps {steps}; prompt logits {how}");
         check_greedy(&got_tokens, &r.want_tokens, stepped, what);
+        // The prompt one row a step: decode's launches, whose matrices build their input rows
+        // (normed, quantized, gated) in every block.
+        let one_row = format!("{what} (one row a step)");
+        let want = common::logits_chunked(model, cpu, tokens, 1);
+        let got = common::logits_chunked(model, &on_gpu, tokens, 1);
+        let (how, _) = check_close(&got, &want, n_vocab, &one_row, noise);
+        eprintln!("{one_row}: {how}");
         // The CPU's chunks read the rows the GPU's handed back into the host cache, in
         // either element type.
         for (kv_type, name) in [
