@@ -212,11 +212,14 @@ impl Model {
             StageInput::Hidden(_) | StageInput::HiddenWithTokens(..) => None,
         };
         let mut pos0 = Vec::with_capacity(seqs.len());
-        for s in seqs.iter_mut() {
-            let p = s.kv.len();
-            s.kv.reserve(p, s.n_tokens)?;
-            pos0.push(p);
-        }
+        timed(Phase::KvReserve, || -> Result<()> {
+            for s in seqs.iter_mut() {
+                let p = s.kv.len();
+                s.kv.reserve(p, s.n_tokens)?;
+                pos0.push(p);
+            }
+            Ok(())
+        })?;
         let whole = *layers.start() == 0 && *layers.end() == self.hp.n_layer - 1 && head;
         let on_device = match cx.layer_device() {
             Some(device)

@@ -13,6 +13,8 @@ use kernels::pool_stats::PoolTotals;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     Embed,
+    /// Room in the sequences' KV caches for a step's positions (growing buffers).
+    KvReserve,
     Norm,
     /// q/k/v (or MLA's query and latent) projections.
     AttnProject,
@@ -52,8 +54,9 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 23] = [
+    pub const ALL: [Phase; 24] = [
         Phase::Embed,
+        Phase::KvReserve,
         Phase::Norm,
         Phase::AttnProject,
         Phase::AttnPrepare,
@@ -81,6 +84,7 @@ impl Phase {
     pub fn name(self) -> &'static str {
         match self {
             Phase::Embed => "embed",
+            Phase::KvReserve => "kv cache growth",
             Phase::Norm => "norms",
             Phase::AttnProject => "attn q/k/v projection",
             Phase::AttnPrepare => "attn rope, bias, kv append",

@@ -263,3 +263,40 @@ fn encoded_layers_land_where_single_layers_do() {
         }
     }
 }
+
+/// Growing a cache by more than the size grown on several threads keeps every stored row and
+/// zero-fills the new positions, in full and sliding layers alike.
+#[test]
+fn a_large_growth_keeps_the_rows_and_zeroes_the_rest() {
+    let mut kv = KvCache::new(gpt_oss_20b(KvType::F16, 4096, true));
+    kv.reserve(0, 100).unwrap();
+    let row = 8 * 64 * 2;
+    let rows = |il: usize, salt: u8| -> Vec<u8> {
+        (0..100 * row)
+            .map(|i| (i as u8).wrapping_mul(13).wrapping_add(il as u8 * 5 + salt) | 1)
+            .collect()
+    };
+    let data: Vec<(Vec<u8>, Vec<u8>)> = (0..24).map(|il| (rows(il, 3), rows(il, 4))).collect();
+    let layers: Vec<(usize, &[u8], &[u8])> = data
+        .iter()
+        .enumerate()
+        .map(|(il, (k, v))| (il, k.as_slice(), v.as_slice()))
+        .collect();
+    kv.store_encoded_layers(0, &layers).unwrap();
+    // 24 layers × 2 × 900 new rows × 1 KiB: 42 MB of growth, above PARALLEL_STORE_BYTES.
+    kv.reserve(100, 900).unwrap();
+    assert_eq!(kv.len(), 1000);
+    for (il, (k, v)) in data.iter().enumerate() {
+        let (keys, values) = (kv.keys(il).unwrap(), kv.values(il).unwrap());
+        assert_eq!(&keys[..k.len()], &k[..], "layer {il} keys");
+        assert_eq!(&values[..v.len()], &v[..], "layer {il} values");
+        assert!(
+            keys[k.len()..1000 * row].iter().all(|&b| b == 0),
+            "layer {il}"
+        );
+        assert!(
+            values[v.len()..1000 * row].iter().all(|&b| b == 0),
+            "layer {il}"
+        );
+    }
+}
