@@ -14,12 +14,15 @@
 # tree plus PACK stays under the 64 MiB a call carries.
 # Run there (one call, about 9 minutes; ENVS are extra variants of the first binary):
 #   bash tools/gpu/against_llama.sh PACK ["MOESHARD_GPU_PDL=0 MOESHARD_GPU_PREFETCH=0" ...] > $OUT/run.txt 2>&1
+# With QUICK=1 only the build and the alternating pp512/tg128 rounds run (no suite, fixtures,
+# greedy text or hybrid): about 5 minutes, what a session's last few device minutes allow
+# (docs/measurements/2026-12-06-h100-gpu-decode-q6k-words.txt, call 7).
 # Do not wrap it in `exec > >(tee ...)`: the `wait` below would wait for tee too.
 R=$PWD; P=$(cd "$1" && pwd); shift
 mkdir -p /work && { [ -e /work/main ] || ln -s "$R" /work/main; }
 export PATH=/usr/local/cuda/bin:/opt/torch/.venv/bin:$PATH
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-mkdir -p crates/model/tests/fixtures && tar xJf "$P/fixtures.tar.xz" -C crates/model/tests/fixtures
+[ -n "${QUICK:-}" ] || { mkdir -p crates/model/tests/fixtures && tar xJf "$P/fixtures.tar.xz" -C crates/model/tests/fixtures; }
 mkdir -p /var/tmp/b && tar xJf "$P/bins.tar.xz" -C /var/tmp/b
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv; nproc; date +%T
 L=/var/tmp/ll/build/bin/llama-bench
@@ -28,9 +31,11 @@ BINS=(/var/tmp/b/moeshard_*)
 N=${BINS[0]} Q=/tmp/q30.gguf
 [ -s $Q ] || timeout 120 $N synth --preset qwen3-30b-a3b $Q > /dev/null
 cat $Q > /dev/null
-echo "== suite"
-timeout 200 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
-timeout 200 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|max \|gpu"
+if [ -z "${QUICK:-}" ]; then
+  echo "== suite"
+  timeout 200 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
+  timeout 200 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|max \|gpu"
+fi
 date +%T
 wait
 date +%T
@@ -45,6 +50,7 @@ for round in 1 2; do
     echo "== $(basename $bin) [$envs] round $round: $(env $envs MOESHARD_GPU_TIMING=1 timeout 70 $bin bench -m $Q -t 16 --gpu -p 512 -n 128 -r 3 2>&1 | grep -E "pp512|tg128|388 steps of 1 row|512 rows" | sort -u | tr '\n' ' ')"
   done
 done
+[ -n "${QUICK:-}" ] && { date +%T; echo done; exit 0; }
 for x in "${VARIANTS[@]}"; do
   IFS='|' read -r envs bin <<< "$x"
   echo "== greedy $(basename $bin) [$envs]: $(env $envs timeout 40 $bin run -m $Q -p 'The river' -n 32 --gpu -t 16 --temp 0 2>/dev/null | md5sum)"
