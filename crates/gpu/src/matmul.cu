@@ -73,7 +73,8 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
 
 // Eight words (32 bytes) at a 2-byte aligned address: nine aligned words and a funnel shift,
 // not sixteen 2-byte loads (a Q6_K superblock is 210 bytes, so every other one is only 2-byte
-// aligned). Reads up to 4 bytes past the 32: callers keep that inside the block.
+// aligned). Also reads the 2 bytes before p (in p's own aligned word) and up to 4 past the 32:
+// callers keep those inside the block.
 __device__ __forceinline__ void ld_8u32_a2(const u8* p, u32* out) {
     const u32* b = (const u32*)((unsigned long long)p & ~3ull);
     const u32 shift = ((unsigned long long)p & 2) * 8;

@@ -306,11 +306,18 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
         let (how, stepped) = check_close(&got, &r.want, n_vocab, what, noise);
         eprintln!("{what}: whole steps {steps}; prompt logits {how}");
         check_greedy(&got_tokens, &r.want_tokens, stepped, what);
-        // The prompt one row a step: decode's launches, whose matrices build their input rows
-        // (normed, quantized, gated) in every block.
+        // The prompt one row a step: decode's launches (one-token matrices, one-row attention
+        // and routing) at every position, each a whole step on the GPU.
         let one_row = format!("{what} (one row a step)");
         let want = common::logits_chunked(model, cpu, tokens, 1);
+        let before = whole_dev.steps();
         let got = common::logits_chunked(model, &on_gpu, tokens, 1);
+        let whole = whole_dev.steps() - before;
+        assert!(
+            whole >= tokens.len() as u64,
+            "{one_row}: {whole} of {} steps ran whole on the GPU",
+            tokens.len()
+        );
         let (how, _) = check_close(&got, &want, n_vocab, &one_row, noise);
         eprintln!("{one_row}: {how}");
         // The CPU's chunks read the rows the GPU's handed back into the host cache, in

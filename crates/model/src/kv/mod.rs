@@ -134,7 +134,8 @@ pub fn sliding_positions_held(window: usize, chunk: usize) -> usize {
 
 /// Positions are added in chunks so a long prompt does not reallocate per token.
 const GROW_POSITIONS: usize = 256;
-/// Stores of more bytes than this are copied on several threads (`store_encoded_layers`).
+/// Stores and growths of this many bytes or more run on several threads
+/// (`store_encoded_layers`, `reserve`).
 const PARALLEL_STORE_BYTES: usize = 4 << 20;
 
 /// Runs `work` on every item, on up to 8 threads when the items move `bytes` of at least

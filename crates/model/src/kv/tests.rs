@@ -265,7 +265,8 @@ fn encoded_layers_land_where_single_layers_do() {
 }
 
 /// Growing a cache by more than the size grown on several threads keeps every stored row and
-/// zero-fills the new positions, in full and sliding layers alike.
+/// zero-fills the new positions (the growth runs threaded where the machine has two cores or
+/// more; the sliding layers keep every position here, as `first` stays 0).
 #[test]
 fn a_large_growth_keeps_the_rows_and_zeroes_the_rest() {
     let mut kv = KvCache::new(gpt_oss_20b(KvType::F16, 4096, true));
@@ -283,7 +284,8 @@ fn a_large_growth_keeps_the_rows_and_zeroes_the_rest() {
         .map(|(il, (k, v))| (il, k.as_slice(), v.as_slice()))
         .collect();
     kv.store_encoded_layers(0, &layers).unwrap();
-    // 24 layers × 2 × 900 new rows × 1 KiB: 42 MB of growth, above PARALLEL_STORE_BYTES.
+    // The buffers grow from 256 to 1024 positions: 48 × 768 rows × 1 KiB, 37.7 MB, above
+    // PARALLEL_STORE_BYTES.
     kv.reserve(100, 900).unwrap();
     assert_eq!(kv.len(), 1000);
     for (il, (k, v)) in data.iter().enumerate() {
