@@ -78,6 +78,8 @@ impl model::LayerDevice for ResidentModel {
         let Some(kv_type) = kv_type else {
             return Ok(None);
         };
+        // The step's raw copies and launches (`enqueue` below) name no context: this thread's
+        // must be the device's (cudarc's own launches bound it on every call).
         self.dev
             .ctx
             .bind_to_thread()
@@ -294,12 +296,6 @@ impl model::LayerDevice for ResidentModel {
         // The new rows come back in the host cache's element type (f16 is half a float).
         let fresh_len = n * n_layers * 2 * kd * kv_type.bytes() / 4;
         let enqueue = |host_in: &[u8], host_out: &mut [f32]| -> model::Result<()> {
-            // The raw copies and launches below name no context: this thread's must be the
-            // device's (cudarc's own launches bound it on every call).
-            self.stream
-                .context()
-                .bind_to_thread()
-                .map_err(|e| self.error("binding the GPU context", e))?;
             // SAFETY: host_in is page-locked and untouched until the synchronize below; the arena
             // holds the input region at o.input.
             unsafe { cudarc::driver::result::memcpy_htod_async(at(o.input), host_in, cu) }

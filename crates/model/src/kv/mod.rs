@@ -415,34 +415,34 @@ impl KvCache {
             .min(self.layout.n_ctx);
         let (kr, vr) = (self.k_row_bytes(), self.v_row_bytes());
         let first = self.first;
-        // Per layer: whether it keeps rows, and from which position (sliding layers keep theirs
-        // from `first`).
-        let kept_from: Vec<Option<usize>> = (0..self.k.len())
-            .map(|l| {
-                self.holds_rows(l)
-                    .then(|| if self.slides(l) { first } else { 0 })
+        // The layers that keep rows (sliding ones from `first`) and are too short, with the
+        // positions each grows to: none in most steps, and then nothing is allocated.
+        let growing: Vec<(usize, usize)> = (0..self.k.len())
+            .filter_map(|l| {
+                let from = if self.slides(l) { first } else { 0 };
+                (self.holds_rows(l) && self.k[l].len() < (end - from) * kr)
+                    .then_some((l, want - from))
             })
             .collect();
-        // Each growing layer's two buffers and their new lengths, borrowed apart so they grow
-        // side by side: a fresh session's 512-row prompt zero-fills 48 MB on qwen3-30b-a3b,
-        // most of the 7.3 ms such a prompt spent outside its GPU step on the GPU host (1.4 ms
-        // on several threads).
-        let mut grow: Vec<(&mut Vec<u8>, usize)> = Vec::new();
-        for ((k, v), from) in self.k.iter_mut().zip(self.v.iter_mut()).zip(kept_from) {
-            let Some(from) = from else {
-                continue;
-            };
-            let (need, grow_to) = (end - from, want - from);
-            if k.len() < need * kr {
-                grow.push((k, grow_to * kr));
-                grow.push((v, grow_to * vr));
+        if !growing.is_empty() {
+            // Their two buffers each, borrowed apart so they grow side by side: a fresh
+            // session's 512-row prompt zero-fills 48 MB on qwen3-30b-a3b, most of the 7.3 ms
+            // such a prompt spent outside its GPU step on the GPU host (1.4 ms on several
+            // threads).
+            let mut buffers: Vec<Option<(&mut Vec<u8>, &mut Vec<u8>)>> =
+                self.k.iter_mut().zip(self.v.iter_mut()).map(Some).collect();
+            let mut grow = Vec::with_capacity(2 * growing.len());
+            for &(l, rows) in &growing {
+                let (k, v) = buffers[l].take().expect("each layer once");
+                grow.push((k, rows * kr));
+                grow.push((v, rows * vr));
             }
+            let bytes: usize = grow
+                .iter()
+                .map(|(b, len)| len.saturating_sub(b.len()))
+                .sum();
+            run_split(&mut grow, bytes, |(buffer, len)| buffer.resize(*len, 0));
         }
-        let bytes: usize = grow
-            .iter()
-            .map(|(b, len)| len.saturating_sub(b.len()))
-            .sum();
-        run_split(&mut grow, bytes, |(buffer, len)| buffer.resize(*len, 0));
         self.grow_index_keys(end, want);
         self.len = end;
         Ok(())
