@@ -65,6 +65,10 @@ static inline unsigned __vsub4(unsigned a, unsigned b) {
     for (int k = 0; k < 4; k++) r |= (((a >> (8 * k)) - (b >> (8 * k))) & 0xFFu) << (8 * k);
     return r;
 }
+// hi:lo shifted right by shift % 32, the low word kept (CUDA's funnel shift).
+static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
+    return (unsigned)((((unsigned long long)hi << 32) | lo) >> (shift & 31));
+}
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline float host_f16(unsigned short h) {
     const unsigned sign = (h >> 15) & 1, exp = (h >> 10) & 31, man = h & 1023;
