@@ -5,7 +5,7 @@ error, a bad inline-asm operand or a register spill shows before device time is 
 
     python3 -m venv .cache/cudatools/venv
     .cache/cudatools/venv/bin/pip install -r tools/gpu/requirements.txt
-    .cache/cudatools/venv/bin/python tools/gpu/check_kernels.py [--arch sm_90] [-v]
+    .cache/cudatools/venv/bin/python tools/gpu/check_kernels.py [--arch sm_90] [-v] [-D NAME=VALUE ...]
 """
 import argparse
 import ctypes
@@ -36,13 +36,13 @@ def nvrtc_library():
     return ctypes.CDLL(str(sorted(lib_dir.glob("libnvrtc.so*"))[0]))
 
 
-def compile_ptx(source: str, arch: str) -> str:
+def compile_ptx(source: str, arch: str, defines: list[str] = ()) -> str:
     nvrtc = nvrtc_library()
     prog = ctypes.c_void_p()
     rc = nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"matmul.cu", 0, None, None)
     if rc:
         sys.exit(f"nvrtcCreateProgram failed: {rc}")
-    opts = [f"--gpu-architecture={arch}".encode()]
+    opts = [f"--gpu-architecture={arch}".encode()] + [f"-D{d}".encode() for d in defines]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     rc = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()
@@ -63,11 +63,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("-v", action="store_true", help="ptxas's register and spill report")
+    ap.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
+                    help="a compile-time choice, as `--gpu` passes them (matmul_table.rs "
+                         "kernel_compile_options), e.g. -D WIDE_K4=1 -D ONE_MIN_BLOCKS=8")
     args = ap.parse_args()
     import nvidia.cuda_nvcc
 
     source = kernel_source()
-    ptx = compile_ptx(source, args.arch)
+    ptx = compile_ptx(source, args.arch, args.defines)
     ptxas = pathlib.Path(list(nvidia.cuda_nvcc.__path__)[0]) / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp) / "kernels.ptx"

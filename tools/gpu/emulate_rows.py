@@ -69,6 +69,7 @@ static inline unsigned __vsub4(unsigned a, unsigned b) {
 static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
     return (unsigned)((((unsigned long long)hi << 32) | lo) >> (shift & 31));
 }
+struct uint4 { unsigned x, y, z, w; };
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline float host_f16(unsigned short h) {
     const unsigned sign = (h >> 15) & 1, exp = (h >> 10) & 31, man = h & 1023;
@@ -82,12 +83,14 @@ static inline float host_f16(unsigned short h) {
 
 DRIVER = r"""
 // stdin: type, cols, tokens, weight bytes, activation bytes per token; the weight row, then the
-// tokens' activation rows. stdout: each token's sum, tile of eight, then token by token (NT=1).
+// tokens' activation rows. stdout: each token's sum, tile of eight, then token by token (NT=1),
+// then token by token from a row 4 bytes past a 16-byte boundary.
 int main() {
     int hdr[5];
     if (fread(hdr, 4, 5, stdin) != 5) return 2;
     const int type = hdr[0], cols = hdr[1], n = hdr[2], wlen = hdr[3], alen = hdr[4];
-    static u8 w[1 << 20], acts[8 << 20];
+    alignas(16) static u8 w[1 << 20];
+    static u8 acts[8 << 20];
     if ((int)fread(w, 1, wlen, stdin) != wlen || (int)fread(acts, 1, (size_t)alen * n, stdin) != alen * n) return 3;
     const bool other = other_format(type);
     for (int t0 = 0; t0 < n; t0 += TT) {
@@ -114,12 +117,26 @@ int main() {
         }
         printf("%.9g\n", total);
     }
+    // The row again at an address 4 bytes past a 16-byte boundary: the K-quants' narrow loads.
+    alignas(16) static u8 w_off[(1 << 20) + 16];
+    memcpy(w_off + 4, w, wlen);
+    for (int t = 0; t < n; t++) {
+        const u8* arow[1] = {acts + (size_t)t * alen};
+        float total = 0;
+        for (int lane = 0; lane < 32; lane++) {
+            float acc[1] = {0};
+            if (other) row_dot<1, true>(type, w_off + 4, cols, lane, arow, 1, acc);
+            else row_dot<1, false>(type, w_off + 4, cols, lane, arow, 1, acc);
+            total += acc[0];
+        }
+        printf("%.9g\n", total);
+    }
     return 0;
 }
 """
 
 
-def host_program(workdir: pathlib.Path) -> pathlib.Path:
+def host_program(workdir: pathlib.Path, defines: list[str]) -> pathlib.Path:
     src = kernel_source()
     cut = src.index("// The tensor-core path")
     src = src[:cut]
@@ -129,8 +146,9 @@ def host_program(workdir: pathlib.Path) -> pathlib.Path:
     src = src.replace(f16, "f = host_f16(h);")
     path = workdir / "rows.cpp"
     path.write_text(PRELUDE + src + DRIVER)
-    exe = workdir / "rows"
-    r = subprocess.run(["g++", "-O1", "-std=c++17", "-w", str(path), "-o", str(exe)],
+    exe = workdir / ("rows" + "".join("-" + d for d in defines))
+    r = subprocess.run(["g++", "-O1", "-std=c++17", "-w", *("-D" + d for d in defines), str(path),
+                        "-o", str(exe)],
                        capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"g++ failed:\n{r.stderr[:4000]}")
@@ -194,9 +212,10 @@ def check(exe: pathlib.Path, name: str, cols: int, n: int, seed: int, verbose: b
     got = np.array([float(v) for v in r.stdout.split()])
     want = np.array([float(wdeq @ a) for _, a in rows])
     scale = np.array([float(np.abs(wdeq * a).sum()) for _, a in rows])
-    err = np.abs(got - np.concatenate([want, want])) / np.concatenate([scale, scale])
+    err = np.abs(got - np.concatenate([want] * 3)) / np.concatenate([scale] * 3)
     if verbose:
-        print(f"  {name}: want {want[:3]} got {got[:3]} (tile) {got[n:n + 3]} (one token)")
+        print(f"  {name}: want {want[:3]} got {got[:3]} (tile) {got[n:n + 3]} (one token) "
+              f"{got[2 * n:2 * n + 3]} (unaligned row)")
     return float(err.max())
 
 
@@ -206,17 +225,25 @@ def main():
     ap.add_argument("-v", action="store_true")
     args = ap.parse_args()
     names = args.types or list(FORMATS)
+    # The kernels as compiled by default, then the compile-time variants of some formats
+    # (matmul_table.rs `kernel_compile_options`).
+    variants = [([], names), (["WIDE_K4=1"], [n for n in names if n in ("Q4_K", "Q5_K")])]
     bad = []
     with tempfile.TemporaryDirectory() as tmp:
-        exe = host_program(pathlib.Path(tmp))
-        for name in names:
-            # 40 or 41 segments: lanes loop; 11 tokens: a full tile of eight and a partial one.
-            cols = 1280 if GGML_QUANT_SIZES[Q[name]][0] == 32 else 2560
-            worst = max(check(exe, name, cols, 11, seed, args.v) for seed in (1, 2, 3))
-            ok = worst < 1e-5
-            print(f"{name:8} max error {worst:.2e} of the sum of |products|  {'ok' if ok else 'WRONG'}")
-            if not ok:
-                bad.append(name)
+        for defines, formats in variants:
+            if not formats:
+                continue
+            exe = host_program(pathlib.Path(tmp), defines)
+            label = " ".join(defines)
+            for name in formats:
+                # 40 or 41 segments: lanes loop; 11 tokens: a full tile of eight and a partial one.
+                cols = 1280 if GGML_QUANT_SIZES[Q[name]][0] == 32 else 2560
+                worst = max(check(exe, name, cols, 11, seed, args.v) for seed in (1, 2, 3))
+                ok = worst < 1e-5
+                print(f"{name:8} max error {worst:.2e} of the sum of |products|  "
+                      f"{'ok' if ok else 'WRONG'}  {label}".rstrip())
+                if not ok:
+                    bad.append(f"{name} {label}".rstrip())
     if bad:
         sys.exit(f"wrong: {', '.join(bad)}")
 

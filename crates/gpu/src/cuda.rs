@@ -13,8 +13,8 @@ use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use kernels::{ActKind, ExpertFfnJob, MatmulError, MatmulJob, Offload, Weights};
 
 use crate::matmul_table::{
-    GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, THREADS_PER_BLOCK, mma_compile_options, step_mma_min,
-    write_matmul_table,
+    GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, THREADS_PER_BLOCK, kernel_compile_options,
+    step_mma_min, write_matmul_table,
 };
 use crate::{DeviceInfo, GpuError, supports};
 
@@ -111,7 +111,7 @@ impl CudaOffload {
             CompileOptions {
                 arch: Some(arch),
                 name: Some("matmul.cu".into()),
-                options: mma_compile_options(),
+                options: kernel_compile_options(),
                 ..Default::default()
             },
         )
