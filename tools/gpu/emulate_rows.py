@@ -106,31 +106,25 @@ int main() {
         }
         for (int t = 0; t < nt; t++) printf("%.9g\n", total[t]);
     }
-    for (int t = 0; t < n; t++) {
-        const u8* arow[1] = {acts + (size_t)t * alen};
-        float total = 0;
-        for (int lane = 0; lane < 32; lane++) {
-            float acc[1] = {0};
-            if (other) row_dot<1, true>(type, w, cols, lane, arow, 1, acc);
-            else row_dot<1, false>(type, w, cols, lane, arow, 1, acc);
-            total += acc[0];
+    // Token by token from weight row `row`.
+    auto one_token_sums = [&](const u8* row) {
+        for (int t = 0; t < n; t++) {
+            const u8* arow[1] = {acts + (size_t)t * alen};
+            float total = 0;
+            for (int lane = 0; lane < 32; lane++) {
+                float acc[1] = {0};
+                if (other) row_dot<1, true>(type, row, cols, lane, arow, 1, acc);
+                else row_dot<1, false>(type, row, cols, lane, arow, 1, acc);
+                total += acc[0];
+            }
+            printf("%.9g\n", total);
         }
-        printf("%.9g\n", total);
-    }
+    };
+    one_token_sums(w);
     // The row again at an address 4 bytes past a 16-byte boundary: the K-quants' narrow loads.
     alignas(16) static u8 w_off[(1 << 20) + 16];
     memcpy(w_off + 4, w, wlen);
-    for (int t = 0; t < n; t++) {
-        const u8* arow[1] = {acts + (size_t)t * alen};
-        float total = 0;
-        for (int lane = 0; lane < 32; lane++) {
-            float acc[1] = {0};
-            if (other) row_dot<1, true>(type, w_off + 4, cols, lane, arow, 1, acc);
-            else row_dot<1, false>(type, w_off + 4, cols, lane, arow, 1, acc);
-            total += acc[0];
-        }
-        printf("%.9g\n", total);
-    }
+    one_token_sums(w_off + 4);
     return 0;
 }
 """

@@ -132,18 +132,19 @@ __device__ __forceinline__ float e8m0_half(u8 e) {
 // Q8_0 block: d f16, qs[32] i8.
 #define Q8_0_BYTES 34
 
-__device__ __forceinline__ int byte_at(const u32* w, int i) {
-    return (int)((w[i >> 2] >> (8 * (i & 3))) & 0xFF);
-}
-
-// Q4_K/Q5_K's 6-bit scale and min of sub-block `sub` from the 12 packed bytes.
-__device__ __forceinline__ void k4_scale_min(const u32* s, int sub, int& sc, int& mn) {
+// Q4_K/Q5_K's 6-bit scale and min of sub-block `sub` from the 12 packed bytes, as three words
+// (bytes 0-3, 4-7, 8-11). Shifts, not an indexed array: a sub-block that varies by lane would
+// put the array in local memory.
+__device__ __forceinline__ void k4_scale_min(u32 s0, u32 s1, u32 s2, int sub, int& sc,
+                                             int& mn) {
+    const int k = 8 * (sub & 3);
+    const int b0 = (s0 >> k) & 0xFF, b1 = (s1 >> k) & 0xFF, b2 = (s2 >> k) & 0xFF;
     if (sub < 4) {
-        sc = byte_at(s, sub) & 63;
-        mn = byte_at(s, sub + 4) & 63;
+        sc = b0 & 63;
+        mn = b1 & 63;
     } else {
-        sc = (byte_at(s, sub + 4) & 0xF) | ((byte_at(s, sub - 4) >> 6) << 4);
-        mn = (byte_at(s, sub + 4) >> 4) | ((byte_at(s, sub) >> 6) << 4);
+        sc = (b2 & 0xF) | ((b0 >> 6) << 4);
+        mn = (b2 >> 4) | ((b1 >> 6) << 4);
     }
 }
 
@@ -228,23 +229,9 @@ template <int NT>
 __device__ __forceinline__ void sub_pair_k4(uint4 head, int j, int h, const u32* lo,
                                             const u32* hi, int blk, const u8* const* arow,
                                             int nt, float* acc) {
-    // The two sub-blocks' packed scale bytes sit side by side in each of the three words
-    // (k4_scale_min's bytes sub % 4 and sub % 4 + 1): shifted out of registers, since an array
-    // indexed by the lane's j would live in local memory.
-    const int sh = 16 * (j & 1);
-    const u32 b0 = head.y >> sh, b1 = head.z >> sh, b2 = head.w >> sh;
     int sc0, m0, sc1, m1;
-    if (j < 2) {
-        sc0 = b0 & 63;
-        sc1 = (b0 >> 8) & 63;
-        m0 = b1 & 63;
-        m1 = (b1 >> 8) & 63;
-    } else {
-        sc0 = (b2 & 0xF) | (((b0 >> 6) & 3) << 4);
-        sc1 = ((b2 >> 8) & 0xF) | (((b0 >> 14) & 3) << 4);
-        m0 = ((b2 >> 4) & 0xF) | (((b1 >> 6) & 3) << 4);
-        m1 = ((b2 >> 12) & 0xF) | (((b1 >> 14) & 3) << 4);
-    }
+    k4_scale_min(head.y, head.z, head.w, 2 * j, sc0, m0);
+    k4_scale_min(head.y, head.z, head.w, 2 * j + 1, sc1, m1);
     const float d = f16_to_f32((u16)(head.x & 0xFFFF));
     const float dmin = f16_to_f32((u16)(head.x >> 16));
 #pragma unroll
@@ -901,6 +888,10 @@ __device__ __forceinline__ void mma_k16(int* c, u32 a0, u32 a1, u32 b) {
         : "r"(a0), "r"(a1), "r"(b));
 }
 
+__device__ __forceinline__ int byte_at(const u32* w, int i) {
+    return (int)((w[i >> 2] >> (8 * (i & 3))) & 0xFF);
+}
+
 // One superblock of Q4_K or Q5_K rows pa (row g) and pb (row g + 8) against the block's
 // tokens in shared memory, added to acc[n-tile][fragment element].
 template <int TYPE>
@@ -941,8 +932,8 @@ __device__ __forceinline__ void mma_superblock_k4(const u8* pa, const u8* pb,
                 a[3] |= ((qhb1 >> sub) & 0x01010101u) << 4;
             }
             int sca, mna, scb, mnb;
-            k4_scale_min(sa, sub, sca, mna);
-            k4_scale_min(sb, sub, scb, mnb);
+            k4_scale_min(sa[0], sa[1], sa[2], sub, sca, mna);
+            k4_scale_min(sb[0], sb[1], sb[2], sub, scb, mnb);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const u8* bq = sh->qs + (8 * j + g) * MMA_ACT_STRIDE + 32 * sub + 4 * tig;
