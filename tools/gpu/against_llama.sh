@@ -14,6 +14,7 @@
 # tree plus PACK stays under the 64 MiB a call carries.
 # Run there (one call, about 9 minutes; ENVS are extra variants of the first binary):
 #   bash tools/gpu/against_llama.sh PACK ["MOESHARD_GPU_PDL=0 MOESHARD_GPU_PREFETCH=0" ...] > $OUT/run.txt 2>&1
+# Each variant's kernel tests and whole steps run again under its switches while llama.cpp builds.
 # With QUICK=1 only the build and the alternating pp512/tg128 rounds run (no suite, fixtures,
 # greedy text or hybrid): about 5 minutes, what a session's last few device minutes allow
 # (docs/measurements/2026-12-06-h100-gpu-decode-q6k-words.txt, call 7).
@@ -35,6 +36,13 @@ if [ -z "${QUICK:-}" ]; then
   echo "== suite"
   timeout 200 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
   timeout 200 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|max \|gpu"
+  # The kernel tests and whole steps again under each variant's switches, while llama.cpp builds.
+  for e in "$@"; do
+    echo "== kernels under $e"
+    env $e timeout 150 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
+    echo "== whole steps under $e"
+    env $e timeout 120 /var/tmp/b/gpu_model --nocapture --test-threads 1 whole_steps 2>&1 | grep -E "test result|panicked|FAILED"
+  done
 fi
 date +%T
 wait

@@ -65,7 +65,7 @@ def main():
     ap.add_argument("-v", action="store_true", help="ptxas's register and spill report")
     ap.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
                     help="a compile-time choice, as `--gpu` passes them (matmul_table.rs "
-                         "kernel_compile_options), e.g. -D WIDE_K4=1 -D ONE_MIN_BLOCKS=8")
+                         "kernel_compile_options), e.g. -D ONE_MIN_BLOCKS=8")
     args = ap.parse_args()
     import nvidia.cuda_nvcc
 

@@ -209,88 +209,6 @@ __device__ __forceinline__ void seg_q5_k(const u8* w, int s, const u8* const* ar
     sub_block_k4<NT>(wb, sub, q, blk, arow, nt, acc);
 }
 
-// The wide form of Q4_K and Q5_K, for rows at 16-byte aligned addresses (every row of a
-// matrix whose start is: their superblocks are 144 and 176 bytes). Segment s takes bytes
-// 16l..16l+16 of superblock s / 8's quants (l = s % 8) in one 16-byte load: values 16h..16h+16
-// (h = l % 2) of sub-blocks 2j and 2j + 1 (j = l / 2), their low and high nibbles. The 8-lane
-// group of a superblock reads its 128 quant bytes once, where one sub-block a lane read each
-// 32-byte chunk twice in eight 4-byte loads (the decode experts' launches were bound by load
-// instructions and L1 wavefronts, with 77-79 % excess sectors: docs/perf.md).
-#ifndef WIDE_K4
-#define WIDE_K4 0
-#endif
-__device__ __forceinline__ uint4 ld_u128(const u8* p) {
-    return *(const uint4*)p;
-}
-
-// Sub-blocks 2j and 2j + 1's halves h (lo[], hi[]: 16 values each, four per word) against the
-// tile's Q8_K activations; the superblock's head (d, dmin, 12 scale bytes) in one load.
-template <int NT>
-__device__ __forceinline__ void sub_pair_k4(uint4 head, int j, int h, const u32* lo,
-                                            const u32* hi, int blk, const u8* const* arow,
-                                            int nt, float* acc) {
-    int sc0, m0, sc1, m1;
-    k4_scale_min(head.y, head.z, head.w, 2 * j, sc0, m0);
-    k4_scale_min(head.y, head.z, head.w, 2 * j + 1, sc1, m1);
-    const float d = f16_to_f32((u16)(head.x & 0xFFFF));
-    const float dmin = f16_to_f32((u16)(head.x >> 16));
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t < nt) {
-            const u8* ab = arow[t] + blk * Q8K_BYTES;
-            const int* qa = (const int*)(ab + 4 + 64 * j + 16 * h);
-            int sa = 0, sb = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                sa = __dp4a((int)lo[i], qa[i], sa);
-                sb = __dp4a((int)hi[i], qa[i + 8], sb);
-            }
-            // The 16-value groups these halves cover: 4j + h and 4j + 2 + h.
-            const int ba = ld_i16(ab + 260 + 2 * (4 * j + h));
-            const int bb = ld_i16(ab + 260 + 2 * (4 * j + 2 + h));
-            acc[t] += *(const float*)ab *
-                      (d * (float)(sc0 * sa + sc1 * sb) - dmin * (float)(m0 * ba + m1 * bb));
-        }
-    }
-}
-
-template <int NT>
-__device__ __forceinline__ void seg_q4_k_wide(const u8* w, int s, const u8* const* arow,
-                                              int nt, float* acc) {
-    const int blk = s >> 3, l = s & 7;
-    const u8* wb = w + blk * 144;
-    const uint4 head = ld_u128(wb);
-    const uint4 qs = ld_u128(wb + 16 + 16 * l);
-    const u32 words[4] = {qs.x, qs.y, qs.z, qs.w};
-    u32 lo[4], hi[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        lo[i] = words[i] & 0x0F0F0F0Fu;
-        hi[i] = (words[i] >> 4) & 0x0F0F0F0Fu;
-    }
-    sub_pair_k4<NT>(head, l >> 1, l & 1, lo, hi, blk, arow, nt, acc);
-}
-
-// Q5_K's fifth bits of values 16h..16h+16 are bytes 16h..16h+16 of qh, bit `sub` each.
-template <int NT>
-__device__ __forceinline__ void seg_q5_k_wide(const u8* w, int s, const u8* const* arow,
-                                              int nt, float* acc) {
-    const int blk = s >> 3, l = s & 7, j = l >> 1, h = l & 1;
-    const u8* wb = w + blk * 176;
-    const uint4 head = ld_u128(wb);
-    const uint4 qh = ld_u128(wb + 16 + 16 * h);
-    const uint4 qs = ld_u128(wb + 48 + 16 * l);
-    const u32 words[4] = {qs.x, qs.y, qs.z, qs.w};
-    const u32 highs[4] = {qh.x, qh.y, qh.z, qh.w};
-    u32 lo[4], hi[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        lo[i] = (words[i] & 0x0F0F0F0Fu) | (((highs[i] >> (2 * j)) & 0x01010101u) << 4);
-        hi[i] = ((words[i] >> 4) & 0x0F0F0F0Fu) | (((highs[i] >> (2 * j + 1)) & 0x01010101u) << 4);
-    }
-    sub_pair_k4<NT>(head, j, h, lo, hi, blk, arow, nt, acc);
-}
-
 // A sub-block's two 16-value halves (q[0..4] and q[4..8]) against token t's activations:
 // their integer sums.
 __device__ __forceinline__ void dot_halves(const u32* q, const u8* ab, int sub, int* s0,
@@ -771,10 +689,6 @@ __device__ __forceinline__ bool other_format(int type) {
              type == T_Q4_1 || type == T_Q8_0 || type == T_F32 || type == T_F16 || type == T_BF16);
 }
 
-__device__ __forceinline__ bool aligned16(const u8* p) {
-    return ((unsigned long long)p & 15) == 0;
-}
-
 // One lane's share of a weight row of `type` (segments lane, lane + 32, ...; float rows
 // column by column) against a tile of tokens: the common formats, or (OTHER) the others.
 // Every type `supports` (lib.rs) names is one or the other.
@@ -787,12 +701,8 @@ __device__ __forceinline__ void row_dot(int type, const u8* w, int cols, int lan
         return;
     }
     switch (type) {
-    case T_Q4_K:
-        if (WIDE_K4 && aligned16(w)) { SEGMENTS(seg_q4_k_wide); }
-        SEGMENTS(seg_q4_k);
-    case T_Q5_K:
-        if (WIDE_K4 && aligned16(w)) { SEGMENTS(seg_q5_k_wide); }
-        SEGMENTS(seg_q5_k);
+    case T_Q4_K: SEGMENTS(seg_q4_k);
+    case T_Q5_K: SEGMENTS(seg_q5_k);
     case T_Q6_K: SEGMENTS(seg_q6_k);
     case T_Q4_0: LEGACY(T_Q4_0);
     case T_Q4_1: LEGACY(T_Q4_1);
@@ -815,8 +725,9 @@ __device__ __forceinline__ void row_dot(int type, const u8* w, int cols, int lan
 // mins by the activations' 32-value sums) in int32 over a superblock, then once in float.
 #define MMA_ROWS 64
 #define MMA_TOKENS 32
-// Blocks of matmul_mma an SM must hold: its register budget (cuda.rs `mma_compile_options`).
-// 4 (128 registers, some spilled) beat 2 (none spilled) by 1.2–1.4× on an H100.
+// Blocks of matmul_mma an SM must hold: its register budget (matmul_table.rs
+// `kernel_compile_options`). 4 (128 registers, some spilled) beat 2 (none spilled) by 1.2–1.4×
+// on an H100.
 #ifndef MMA_MIN_BLOCKS
 #define MMA_MIN_BLOCKS 4
 #endif
@@ -1270,7 +1181,7 @@ __device__ __forceinline__ void matmul_dp4a(const u64* __restrict__ table, int n
     }
 }
 
-// Blocks of the dp4a kernels an SM must hold: their register budgets (cuda.rs
+// Blocks of the dp4a kernels an SM must hold: their register budgets (matmul_table.rs
 // `kernel_compile_options`), 80 and 56 registers at 6 and 9.
 #ifndef GROUPED_MIN_BLOCKS
 #define GROUPED_MIN_BLOCKS 6

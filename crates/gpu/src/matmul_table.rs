@@ -55,8 +55,7 @@ pub(crate) fn step_mma_min(rows: usize) -> usize {
 /// the blocks an SM must hold of the tensor-core kernel (`MOESHARD_GPU_MMA_BLOCKS`, 1–8,
 /// default 4), of `matmul_one` (`MOESHARD_GPU_ONE_BLOCKS`, 1–16, default 9) and of
 /// `matmul_grouped` (`MOESHARD_GPU_GROUPED_BLOCKS`, 1–16, default 6), which set their register
-/// budgets; and `MOESHARD_GPU_WIDE_K4=1`, Q4_K/Q5_K rows read in 16-byte loads on the dp4a path
-/// (matmul.cu `seg_q4_k_wide`; off by default until measured on a GPU).
+/// budgets.
 pub(crate) fn kernel_compile_options() -> Vec<String> {
     let number = |var: &str, range: std::ops::RangeInclusive<usize>, default: usize| {
         std::env::var(var)
@@ -65,7 +64,6 @@ pub(crate) fn kernel_compile_options() -> Vec<String> {
             .filter(|v| range.contains(v))
             .unwrap_or(default)
     };
-    let wide = std::env::var("MOESHARD_GPU_WIDE_K4").is_ok_and(|v| v == "1");
     vec![
         format!(
             "-DMMA_MIN_BLOCKS={}",
@@ -79,7 +77,6 @@ pub(crate) fn kernel_compile_options() -> Vec<String> {
             "-DGROUPED_MIN_BLOCKS={}",
             number("MOESHARD_GPU_GROUPED_BLOCKS", 1..=16, 6)
         ),
-        format!("-DWIDE_K4={}", u8::from(wide)),
     ]
 }
 
