@@ -1,6 +1,7 @@
 //! `--gpu`, `--gpu-mem`: a CUDA GPU computes the matrix products whose weights fit in its
 //! memory (the dense weights first, then routed experts layer by layer); the CPU computes the
-//! rest, at the same time within a step.
+//! rest, at the same time within a step, except a prompt's experts that serve enough rows
+//! (`--gpu-stream-min`), which are copied in and run on the GPU too.
 
 use std::sync::Arc;
 
@@ -25,7 +26,18 @@ pub struct GpuArgs {
     /// product) even where whole layers could run there.
     #[arg(long, requires = "gpu")]
     pub gpu_piecewise: bool,
+    /// Routed experts left on the host run on the GPU too when one serves at least this many
+    /// rows of a step (a prompt's), their weights copied over the link for it; 0: never.
+    #[arg(long, value_name = "TOKENS", default_value_t = DEFAULT_STREAM_MIN, requires = "gpu")]
+    pub gpu_stream_min: usize,
+    /// GPU memory, taken from --gpu-mem, for the experts copied in per prompt (one batch of
+    /// them at a time); used only when some routed experts stay on the host.
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_gpu_mem, requires = "gpu")]
+    pub gpu_stream_mem: u64,
 }
+
+/// `--gpu-stream-min`'s default.
+const DEFAULT_STREAM_MIN: usize = 16;
 
 fn parse_gpu_mem(s: &str) -> Result<u64, String> {
     match experts::parse_size(s)? {
@@ -62,6 +74,9 @@ pub fn attach(
         }
         None => info.free_bytes.saturating_sub(GPU_HEADROOM),
     };
+    let stream_from = (args.gpu_stream_min > 0).then_some(args.gpu_stream_min);
+    let stream_mem = usize::try_from(args.gpu_stream_mem).unwrap_or(usize::MAX);
+    device.stream_experts(stream_from, stream_mem);
     let report = gpu::upload_model(&mut device, model, sel, budget)
         .with_context(|| format!("copying weights to {info}"))?;
     tracing::info!("{info}: {report} in {:.2?}", t0.elapsed());

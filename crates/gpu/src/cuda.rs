@@ -16,6 +16,7 @@ use crate::matmul_table::{
     GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, THREADS_PER_BLOCK, kernel_compile_options,
     step_mma_min, write_matmul_table,
 };
+use crate::streaming::{STREAM_ALIGN, plan_passes};
 use crate::{DeviceInfo, GpuError, supports};
 
 /// The matrix products, then the kernels between them of whole layers on the device.
@@ -43,6 +44,18 @@ struct Scratch {
     /// Intermediates that never leave the device (expert FFNs' gate/up and hidden rows).
     dev_tmp: Option<CudaSlice<u8>>,
     dev_out: Option<CudaSlice<f32>>,
+    /// Routed experts' weights copied in for one pass of an expert FFN call (`Streaming`).
+    dev_stream: Option<CudaSlice<u8>>,
+}
+
+/// Routed experts the device does not hold, run there anyway by copying their weights in
+/// for the call when they serve at least `from` of a step's rows. `capacity` bytes of device
+/// memory (part of `--gpu-mem`, taken by `upload_model`) take one pass of such experts at a
+/// time; 0: nothing is streamed.
+#[derive(Clone, Copy, Debug, Default)]
+struct Streaming {
+    from: Option<usize>,
+    capacity: usize,
 }
 
 pub struct CudaOffload {
@@ -64,6 +77,13 @@ pub struct CudaOffload {
     owners: Vec<Arc<dyn Any + Send + Sync>>,
     uploaded: u64,
     scratch: Mutex<Scratch>,
+    streaming: Streaming,
+    /// The most bytes `upload_model` may set aside for streaming.
+    streaming_limit: usize,
+    /// Bytes of expert weights copied in by expert FFN calls so far.
+    streamed: std::sync::atomic::AtomicU64,
+    /// Host ranges page-locked for faster copies ([`CudaOffload::lock_host`]).
+    locked_host: Vec<(usize, usize)>,
 }
 
 impl CudaOffload {
@@ -150,6 +170,10 @@ impl CudaOffload {
             owners: Vec::new(),
             uploaded: 0,
             scratch: Mutex::new(Scratch::default()),
+            streaming: Streaming::default(),
+            streaming_limit: 0,
+            streamed: std::sync::atomic::AtomicU64::new(0),
+            locked_host: Vec::new(),
         })
     }
 
@@ -215,6 +239,89 @@ impl CudaOffload {
         self.owners.push(owner);
         self.uploaded += host.len() as u64;
         Ok(())
+    }
+
+    /// Lets routed experts the device will not hold run on it when each serves at least `from`
+    /// of a step's rows (a prompt's), their weights copied in for the call through a buffer of
+    /// at most `limit` bytes that [`crate::upload_model`] takes from its budget. Call before
+    /// `upload_model`; `None` turns streaming off.
+    pub fn stream_experts(&mut self, from: Option<usize>, limit: usize) {
+        self.streaming = Streaming { from, capacity: 0 };
+        self.streaming_limit = if from.is_some() { limit } else { 0 };
+    }
+
+    pub(crate) fn streaming_limit(&self) -> usize {
+        self.streaming_limit
+    }
+
+    pub(crate) fn set_streaming_capacity(&mut self, capacity: usize) {
+        self.streaming.capacity = capacity;
+    }
+
+    /// Bytes of expert weights copied in by expert FFN calls so far.
+    pub fn streamed_bytes(&self) -> u64 {
+        self.streamed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Page-locks `host` (rounded out to whole pages) so that copies from it are DMA at the
+    /// link's speed rather than staged through a driver buffer. The ranges must not overlap
+    /// earlier ones; `owner` keeps them mapped. Returns the bytes locked.
+    pub fn lock_host(
+        &mut self,
+        owner: Arc<dyn Any + Send + Sync>,
+        host: &[u8],
+    ) -> Result<usize, GpuError> {
+        const PAGE: usize = 4096;
+        if host.is_empty() {
+            return Ok(0);
+        }
+        let start = host.as_ptr() as usize / PAGE * PAGE;
+        let end = (host.as_ptr() as usize + host.len()).next_multiple_of(PAGE);
+        if self.locked_host.iter().any(|&(s, e)| s < end && start < e) {
+            return Err(GpuError::Memory {
+                ordinal: self.ordinal,
+                detail: format!("host range {start:#x}..{end:#x} overlaps a locked one"),
+            });
+        }
+        self.ctx.bind_to_thread().map_err(|e| GpuError::Driver {
+            ordinal: self.ordinal,
+            what: "binding the context to this thread",
+            detail: e.to_string(),
+        })?;
+        // SAFETY: [start, end) is mapped (it covers `host`, rounded to the pages that hold
+        // it) and stays mapped while the device lives (`owner` is kept); READ_ONLY: the device
+        // only reads it, which lets the driver pin a read-only file mapping.
+        let r = unsafe {
+            cudarc::driver::sys::cuMemHostRegister_v2(
+                start as *mut std::ffi::c_void,
+                end - start,
+                cudarc::driver::sys::CU_MEMHOSTREGISTER_READ_ONLY,
+            )
+        };
+        if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+            return Err(GpuError::Memory {
+                ordinal: self.ordinal,
+                detail: format!("page-locking {} bytes of weights: {r:?}", end - start),
+            });
+        }
+        self.locked_host.push((start, end));
+        self.owners.push(owner);
+        Ok(end - start)
+    }
+
+    /// The streaming buffer's device address, allocated at its capacity on first use.
+    fn streaming_buffer(&self, scratch: &mut Scratch) -> Result<u64, MatmulError> {
+        let cap = self.streaming.capacity;
+        if scratch.dev_stream.as_ref().is_none_or(|b| b.len() < cap) {
+            scratch.dev_stream = None;
+            // SAFETY: every byte a kernel reads is copied in before it, in stream order.
+            scratch.dev_stream = Some(
+                unsafe { self.stream.alloc::<u8>(cap.max(1)) }
+                    .map_err(|e| self.device_error("allocating the streaming buffer", e))?,
+            );
+        }
+        let buf = scratch.dev_stream.as_ref().expect("allocated above");
+        Ok(buf.device_ptr(&self.stream).0)
     }
 
     /// The device address of `bytes`, when they lie inside one uploaded region.
@@ -428,6 +535,20 @@ impl CudaOffload {
     }
 }
 
+impl Drop for CudaOffload {
+    fn drop(&mut self) {
+        // The locked pages go back before the files that hold them are unmapped (`owners`
+        // drop after this).
+        if self.locked_host.is_empty() || self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        for &(start, _) in &self.locked_host {
+            // SAFETY: `start` was registered by lock_host in this context and not since.
+            unsafe { cudarc::driver::sys::cuMemHostUnregister(start as *mut std::ffi::c_void) };
+        }
+    }
+}
+
 pub(crate) fn weights_key(w: &Weights) -> (usize, usize, usize, u64) {
     (w.row_stride(), w.rows, w.cols, w.dtype as u64)
 }
@@ -528,6 +649,15 @@ impl Offload for CudaOffload {
         Ok(())
     }
 
+    fn streams_experts_from(&self) -> Option<usize> {
+        self.streaming.from.filter(|_| self.streaming.capacity > 0)
+    }
+
+    fn can_stream(&self, w: &Weights) -> bool {
+        // An expert's three matrices must fit the buffer together, one pass of the call.
+        supports(w.dtype) && 3 * (w.data.len() + STREAM_ALIGN) <= self.streaming.capacity
+    }
+
     fn expert_ffn(&self, jobs: &[ExpertFfnJob], out: &mut [f32]) -> Result<bool, MatmulError> {
         let jobs: Vec<&ExpertFfnJob> = jobs.iter().filter(|j| j.n > 0).collect();
         let Some(first) = jobs.first() else {
@@ -540,16 +670,6 @@ impl Offload for CudaOffload {
         }
         let n_tokens = out.len() / width;
         let mut guard = self.lock()?;
-        let e = jobs.len();
-        let mut l = Layout::default();
-        let gu_table = l.input(2 * e * JOB_FIELDS * 8);
-        let down_table = l.input(e * JOB_FIELDS * 8);
-        let glu_table = l.input(e * GLU_FIELDS * 8);
-        let n_rows: usize = jobs.iter().map(|j| j.n).sum();
-        let sum_offsets = l.input(4 * (n_tokens + 1));
-        let sum_rows = l.input(8 * n_rows);
-        let sum_weights = l.input(4 * n_rows);
-        let sum_out = l.output(out.len());
         struct At {
             acts: usize,
             gate: usize,
@@ -557,8 +677,14 @@ impl Offload for CudaOffload {
             hidden: usize,
             down: usize,
             down_act: ActKind,
+            /// Device addresses of gate, up and down: held, or (None) copied into the streaming
+            /// buffer at `streamed` offsets for the job's pass.
+            held: [Option<u64>; 3],
+            streamed: [usize; 3],
         }
-        let mut at = Vec::with_capacity(e);
+        let mut l = Layout::default();
+        let mut at = Vec::with_capacity(jobs.len());
+        let mut copies = Vec::with_capacity(jobs.len());
         for j in &jobs {
             let arb = act_row_bytes(&j.gate)?;
             let hidden = j.gate.rows;
@@ -580,6 +706,32 @@ impl Offload for CudaOffload {
                     out.len(),
                 ));
             }
+            let mut held = [None; 3];
+            let mut copy = [None; 3];
+            for (k, w) in [&j.gate, &j.up, &j.down].iter().enumerate() {
+                if !supports(w.dtype) {
+                    return Err(MatmulError::UnsupportedType(w.dtype));
+                }
+                held[k] = self.device_address(w.data);
+                copy[k] = held[k].is_none().then_some(w.data.len());
+            }
+            copies.push((held, copy));
+        }
+        // Jobs in order, split into passes whose copied-in matrices fit the streaming buffer.
+        let copy_lens: Vec<[Option<usize>; 3]> = copies.iter().map(|&(_, c)| c).collect();
+        let plan = plan_passes(&copy_lens, self.streaming.capacity).map_err(|(j, need)| {
+            self.device_error(
+                "expert FFN",
+                format!(
+                    "expert job {j}'s {need} bytes not on the device exceed the {}-byte \
+                     streaming buffer",
+                    self.streaming.capacity
+                ),
+            )
+        })?;
+        let passes = plan.passes;
+        for ((j, &(held, _)), streamed) in jobs.iter().zip(&copies).zip(plan.offsets) {
+            let hidden = j.gate.rows;
             let down_act = kernels::format(j.down.dtype)
                 .ok_or(MatmulError::UnsupportedType(j.down.dtype))?
                 .act;
@@ -590,136 +742,216 @@ impl Offload for CudaOffload {
                 hidden: l.device(down_act.row_bytes(hidden) * j.n),
                 down: l.device(4 * j.n * width),
                 down_act,
+                held,
+                streamed,
             });
         }
+        // Each pass's tables and weighted-sum index.
+        struct PassAt {
+            gu_table: usize,
+            down_table: usize,
+            glu_table: usize,
+            sum_offsets: usize,
+            sum_rows: usize,
+            sum_weights: usize,
+        }
+        let pass_at: Vec<PassAt> = passes
+            .iter()
+            .map(|r| {
+                let e = r.len();
+                let rows: usize = jobs[r.clone()].iter().map(|j| j.n).sum();
+                PassAt {
+                    gu_table: l.input(2 * e * JOB_FIELDS * 8),
+                    down_table: l.input(e * JOB_FIELDS * 8),
+                    glu_table: l.input(e * GLU_FIELDS * 8),
+                    sum_offsets: l.input(4 * (n_tokens + 1)),
+                    sum_rows: l.input(8 * rows),
+                    sum_weights: l.input(4 * rows),
+                }
+            })
+            .collect();
+        let sum_out = l.output(out.len());
+        let stream_base = if at.iter().any(|a| a.held.contains(&None)) {
+            self.streaming_buffer(&mut guard)?
+        } else {
+            0
+        };
         let mut st = self.staged(&mut guard, &l)?;
-        let mut gate_up = Vec::with_capacity(2 * e);
-        let mut down = Vec::with_capacity(e);
-        let mut first_row = 0usize;
-        for (j, a) in jobs.iter().zip(&at) {
-            let hidden = j.gate.rows;
-            let acts = st.in_base + a.acts as u64;
-            let arb = act_row_bytes(&j.gate)?;
-            for (w, out) in [(&j.gate, a.gate), (&j.up, a.up)] {
-                gate_up.push(MatRecord {
-                    w: self.weight_address(w)?,
-                    acts,
-                    out: st.tmp_base + out as u64,
-                    weights: weights_key(w),
-                    act_stride: arb,
+        let mma_min = step_mma_min(n_tokens);
+        let mut grids = Vec::with_capacity(passes.len());
+        let mut glu_rows = Vec::with_capacity(passes.len());
+        for (r, pa) in passes.iter().zip(&pass_at) {
+            let pj = &jobs[r.clone()];
+            let pat = &at[r.clone()];
+            let mut gate_up = Vec::with_capacity(2 * pj.len());
+            let mut down = Vec::with_capacity(pj.len());
+            for (j, a) in pj.iter().zip(pat) {
+                let hidden = j.gate.rows;
+                let acts = st.in_base + a.acts as u64;
+                let arb = act_row_bytes(&j.gate)?;
+                let addr = |k: usize| a.held[k].unwrap_or(stream_base + a.streamed[k] as u64);
+                for (k, w, out) in [(0, &j.gate, a.gate), (1, &j.up, a.up)] {
+                    gate_up.push(MatRecord {
+                        w: addr(k),
+                        acts,
+                        out: st.tmp_base + out as u64,
+                        weights: weights_key(w),
+                        act_stride: arb,
+                        n: j.n,
+                        accumulate: false,
+                    });
+                }
+                down.push(MatRecord {
+                    w: addr(2),
+                    acts: st.tmp_base + a.hidden as u64,
+                    out: st.tmp_base + a.down as u64,
+                    weights: weights_key(&j.down),
+                    act_stride: a.down_act.row_bytes(hidden),
                     n: j.n,
                     accumulate: false,
                 });
             }
-            down.push(MatRecord {
-                w: self.weight_address(&j.down)?,
-                acts: st.tmp_base + a.hidden as u64,
-                out: st.tmp_base + a.down as u64,
-                weights: weights_key(&j.down),
-                act_stride: a.down_act.row_bytes(hidden),
-                n: j.n,
-                accumulate: false,
-            });
-        }
-        let mma_min = step_mma_min(n_tokens);
-        let grids = (
-            write_matmul_table(&mut st.host_in[gu_table..], &gate_up, mma_min),
-            write_matmul_table(&mut st.host_in[down_table..], &down, mma_min),
-        );
-        let (Some(gu_grid), Some(down_grid)) = grids else {
-            return Err(self.device_error("expert FFN", "too many rows or tokens for one launch"));
-        };
-        // The sum's index: each token's rows (device addresses of down outputs) and weights,
-        // grouped by token in job order.
-        let mut per_token = vec![0u32; n_tokens + 1];
-        for j in &jobs {
-            for &t in j.tokens {
-                per_token[t as usize + 1] += 1;
+            let g = (
+                write_matmul_table(&mut st.host_in[pa.gu_table..], &gate_up, mma_min),
+                write_matmul_table(&mut st.host_in[pa.down_table..], &down, mma_min),
+            );
+            let (Some(gu_grid), Some(down_grid)) = g else {
+                return Err(
+                    self.device_error("expert FFN", "too many rows or tokens for one launch")
+                );
+            };
+            grids.push((gu_grid, down_grid));
+            // The sum's index: each token's rows (device addresses of down outputs) and
+            // weights, grouped by token in job order.
+            let mut per_token = vec![0u32; n_tokens + 1];
+            for j in pj {
+                for &t in j.tokens {
+                    per_token[t as usize + 1] += 1;
+                }
             }
-        }
-        for t in 0..n_tokens {
-            per_token[t + 1] += per_token[t];
-        }
-        let mut next = per_token.clone();
-        for (i, (j, a)) in jobs.iter().zip(&at).enumerate() {
-            let fields: [u64; GLU_FIELDS] = [
-                st.tmp_base + a.gate as u64,
-                st.tmp_base + a.up as u64,
-                st.tmp_base + a.hidden as u64,
-                j.gate.rows as u64,
-                a.down_act.ggml_type() as u64,
-                first_row as u64,
-                j.n as u64,
-            ];
-            for (k, v) in fields.iter().enumerate() {
-                let o = glu_table + (i * GLU_FIELDS + k) * 8;
-                st.host_in[o..o + 8].copy_from_slice(&v.to_le_bytes());
+            for t in 0..n_tokens {
+                per_token[t + 1] += per_token[t];
             }
-            first_row += j.n;
-            st.host_in[a.acts..a.acts + j.acts.len()].copy_from_slice(j.acts);
-            for (row, (&t, &w)) in j.tokens.iter().zip(j.weights).enumerate() {
-                let slot = next[t as usize] as usize;
-                next[t as usize] += 1;
-                let addr = st.tmp_base + (a.down + 4 * row * width) as u64;
-                st.host_in[sum_rows + 8 * slot..sum_rows + 8 * slot + 8]
-                    .copy_from_slice(&addr.to_le_bytes());
-                st.host_in[sum_weights + 4 * slot..sum_weights + 4 * slot + 4]
-                    .copy_from_slice(&w.to_le_bytes());
+            let mut next = per_token.clone();
+            let mut first_row = 0usize;
+            for (i, (j, a)) in pj.iter().zip(pat).enumerate() {
+                let fields: [u64; GLU_FIELDS] = [
+                    st.tmp_base + a.gate as u64,
+                    st.tmp_base + a.up as u64,
+                    st.tmp_base + a.hidden as u64,
+                    j.gate.rows as u64,
+                    a.down_act.ggml_type() as u64,
+                    first_row as u64,
+                    j.n as u64,
+                ];
+                for (k, v) in fields.iter().enumerate() {
+                    let o = pa.glu_table + (i * GLU_FIELDS + k) * 8;
+                    st.host_in[o..o + 8].copy_from_slice(&v.to_le_bytes());
+                }
+                first_row += j.n;
+                st.host_in[a.acts..a.acts + j.acts.len()].copy_from_slice(j.acts);
+                for (row, (&t, &w)) in j.tokens.iter().zip(j.weights).enumerate() {
+                    let slot = next[t as usize] as usize;
+                    next[t as usize] += 1;
+                    let addr = st.tmp_base + (a.down + 4 * row * width) as u64;
+                    let (ro, wo) = (pa.sum_rows + 8 * slot, pa.sum_weights + 4 * slot);
+                    st.host_in[ro..ro + 8].copy_from_slice(&addr.to_le_bytes());
+                    st.host_in[wo..wo + 4].copy_from_slice(&w.to_le_bytes());
+                }
             }
+            for (t, &v) in per_token.iter().enumerate() {
+                let o = pa.sum_offsets + 4 * t;
+                st.host_in[o..o + 4].copy_from_slice(&v.to_le_bytes());
+            }
+            glu_rows
+                .push(u32::try_from(first_row).map_err(|_| {
+                    self.device_error("expert FFN", "too many rows for one launch")
+                })?);
         }
-        for (t, &o) in per_token.iter().enumerate() {
-            st.host_in[sum_offsets + 4 * t..sum_offsets + 4 * t + 4]
-                .copy_from_slice(&o.to_le_bytes());
-        }
-        let glu_rows = u32::try_from(first_row)
-            .map_err(|_| self.device_error("expert FFN", "too many rows for one launch"))?;
         let tokens = u32::try_from(n_tokens)
             .map_err(|_| self.device_error("expert FFN", "too many tokens for one launch"))?;
         let base = st.in_base;
         let out_base = st.out_base;
+        let cu_stream = self.stream.cu_stream();
+        let mut copied = 0u64;
         self.round_trip(&mut st, || {
-            self.launch_matmul(base + gu_table as u64, 2 * e, gu_grid, mma_min)?;
-            let table = base + glu_table as u64;
-            let n_jobs = e as i32;
-            let mut launch = self.stream.launch_builder(&self.glu);
-            launch.arg(&table).arg(&n_jobs);
-            let cfg = LaunchConfig {
-                grid_dim: (glu_rows, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: glu_quantize(const u64* table, int n_jobs) reads e records (copied in
-            // before, in stream order) whose gate/up/hidden addresses lie in this call's device
-            // buffer, sized for n rows of each expert's width; one block per row of all jobs.
-            unsafe { launch.launch(cfg) }.map_err(|e| self.device_error("launching glu", e))?;
-            self.launch_matmul(base + down_table as u64, e, down_grid, mma_min)?;
-            let (offsets, rows, weights) = (
-                base + sum_offsets as u64,
-                base + sum_rows as u64,
-                base + sum_weights as u64,
-            );
-            let (width_arg, sum_dst, write) = (width as i32, out_base + 4 * sum_out as u64, 0i32);
-            let mut launch = self.stream.launch_builder(&self.weighted_sum);
-            launch
-                .arg(&offsets)
-                .arg(&rows)
-                .arg(&weights)
-                .arg(&width_arg)
-                .arg(&sum_dst)
-                .arg(&write);
-            let cfg = LaunchConfig {
-                grid_dim: (tokens, (width as u32).div_ceil(256), 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: weighted_sum(offsets, rows, weights, width, out) reads n_tokens + 1
-            // offsets and, below the last, row addresses and weights (all copied in before, in
-            // stream order); every row address is a down output of `width` floats in this
-            // call's device buffer; it writes n_tokens × width floats at sum_dst, inside dev_out.
-            unsafe { launch.launch(cfg) }
-                .map_err(|e| self.device_error("launching weighted_sum", e))?;
+            for (p, (r, pa)) in passes.iter().zip(&pass_at).enumerate() {
+                // The pass's streamed matrices, in stream order after the pass before has read
+                // the buffer.
+                for (j, a) in jobs[r.clone()].iter().zip(&at[r.clone()]) {
+                    for (k, w) in [&j.gate, &j.up, &j.down].iter().enumerate() {
+                        if a.held[k].is_some() {
+                            continue;
+                        }
+                        // SAFETY: the destination lies inside the streaming buffer (the pass's
+                        // offsets plus lengths stay within its capacity, checked above); the
+                        // source is the model's weights, mapped and unchanged while the device
+                        // is in use (`upload`'s owners keep the files mapped).
+                        unsafe {
+                            cudarc::driver::result::memcpy_htod_async(
+                                stream_base + a.streamed[k] as u64,
+                                w.data,
+                                cu_stream,
+                            )
+                        }
+                        .map_err(|e| self.device_error("copying expert weights in", e))?;
+                        copied += w.data.len() as u64;
+                    }
+                }
+                let e = r.len();
+                let (gu_grid, down_grid) = grids[p];
+                self.launch_matmul(base + pa.gu_table as u64, 2 * e, gu_grid, mma_min)?;
+                let table = base + pa.glu_table as u64;
+                let n_jobs = e as i32;
+                let mut launch = self.stream.launch_builder(&self.glu);
+                launch.arg(&table).arg(&n_jobs);
+                let cfg = LaunchConfig {
+                    grid_dim: (glu_rows[p], 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: glu_quantize(const u64* table, int n_jobs) reads e records (copied in
+                // before, in stream order) whose gate/up/hidden addresses lie in this call's
+                // device buffer, sized for n rows of each expert's width; one block per row of
+                // the pass's jobs.
+                unsafe { launch.launch(cfg) }.map_err(|e| self.device_error("launching glu", e))?;
+                self.launch_matmul(base + pa.down_table as u64, e, down_grid, mma_min)?;
+                let (offsets, rows, weights) = (
+                    base + pa.sum_offsets as u64,
+                    base + pa.sum_rows as u64,
+                    base + pa.sum_weights as u64,
+                );
+                // The first pass writes the sums, the others add to them.
+                let (width_arg, sum_dst, accumulate) = (
+                    width as i32,
+                    out_base + 4 * sum_out as u64,
+                    i32::from(p > 0),
+                );
+                let mut launch = self.stream.launch_builder(&self.weighted_sum);
+                launch
+                    .arg(&offsets)
+                    .arg(&rows)
+                    .arg(&weights)
+                    .arg(&width_arg)
+                    .arg(&sum_dst)
+                    .arg(&accumulate);
+                let cfg = LaunchConfig {
+                    grid_dim: (tokens, (width as u32).div_ceil(256), 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: weighted_sum(offsets, rows, weights, width, out, accumulate) reads
+                // n_tokens + 1 offsets and, below the last, row addresses and weights (all
+                // copied in before, in stream order); every row address is a down output of
+                // `width` floats in this call's device buffer; it writes (or adds to)
+                // n_tokens × width floats at sum_dst, inside dev_out.
+                unsafe { launch.launch(cfg) }
+                    .map_err(|e| self.device_error("launching weighted_sum", e))?;
+            }
             Ok(())
         })?;
+        self.streamed
+            .fetch_add(copied, std::sync::atomic::Ordering::Relaxed);
         out.copy_from_slice(&st.host_out[sum_out..sum_out + out.len()]);
         Ok(true)
     }

@@ -13,6 +13,7 @@ use gguf::GgmlType;
 mod lookup_tables;
 mod placement;
 pub use placement::{OffloadReport, upload_model};
+mod streaming;
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]
 mod cuda;

@@ -34,6 +34,30 @@ impl CudaOffload {
     ) -> Result<(), GpuError> {
         match self.0 {}
     }
+
+    pub fn stream_experts(&mut self, _from: Option<usize>, _limit: usize) {
+        match self.0 {}
+    }
+
+    pub fn streamed_bytes(&self) -> u64 {
+        match self.0 {}
+    }
+
+    pub fn lock_host(
+        &mut self,
+        _owner: Arc<dyn Any + Send + Sync>,
+        _host: &[u8],
+    ) -> Result<usize, GpuError> {
+        match self.0 {}
+    }
+
+    pub(crate) fn streaming_limit(&self) -> usize {
+        match self.0 {}
+    }
+
+    pub(crate) fn set_streaming_capacity(&mut self, _capacity: usize) {
+        match self.0 {}
+    }
 }
 
 impl Offload for CudaOffload {

@@ -2,7 +2,9 @@
 //! reads first (attention, routers, shared experts, dense FFNs, the output head), then the
 //! routed experts layer by layer — whole layers while they fit, then single experts of the
 //! layer where the limit falls. Embedding rows are gathered on the CPU and stay there, as do
-//! formats without a GPU kernel.
+//! formats without a GPU kernel. When the device streams experts and some will stay on the
+//! host, a buffer for copying them in comes out of the limit first, and the host's experts are
+//! page-locked for those copies.
 
 use std::sync::Arc;
 
@@ -21,6 +23,10 @@ pub struct OffloadReport {
     pub experts_total: u64,
     /// Bytes this process reads in formats without a GPU kernel (they stay on the CPU).
     pub unsupported: u64,
+    /// Device bytes set aside for routed experts copied in per call, and host bytes of routed
+    /// experts page-locked for those copies.
+    pub streaming_buffer: u64,
+    pub host_locked: u64,
 }
 
 impl std::fmt::Display for OffloadReport {
@@ -33,6 +39,14 @@ impl std::fmt::Display for OffloadReport {
             size(self.experts_on_gpu),
             size(self.experts_total)
         )?;
+        if self.streaming_buffer > 0 {
+            write!(
+                f,
+                "; {} for experts copied in per prompt ({} of the host's page-locked)",
+                size(self.streaming_buffer),
+                size(self.host_locked)
+            )?;
+        }
         if self.unsupported > 0 {
             write!(
                 f,
@@ -125,8 +139,19 @@ pub fn upload_model(
             left -= n;
         }
     }
+    // A buffer for experts copied in per call, when some will stay on the host: up to the
+    // device's limit, half of what is left at most.
+    let experts_left: u64 = experts.iter().map(|c| c.bytes.len() as u64).sum();
+    if device.streaming_limit() > 0 && experts_left > left {
+        let reserve = (device.streaming_limit() as u64).min(left / 2);
+        device.set_streaming_capacity(reserve as usize);
+        report.streaming_buffer = reserve;
+        left -= reserve;
+    }
+    let mut host_experts: Vec<&[u8]> = Vec::new();
     experts.sort_by_key(|c| c.layer);
-    for layer in experts.chunk_by(|a, b| a.layer == b.layer) {
+    let mut layers = experts.chunk_by(|a, b| a.layer == b.layer);
+    for layer in layers.by_ref() {
         let whole: u64 = layer.iter().map(|c| c.bytes.len() as u64).sum();
         if whole <= left {
             for c in layer {
@@ -142,18 +167,83 @@ pub fn upload_model(
             .iter()
             .map(|c| c.bytes.len() as u64 / n_expert as u64)
             .sum();
-        for e in 0..n_expert {
-            if per_expert > left {
-                break;
-            }
+        let mut placed = 0;
+        while placed < n_expert && per_expert <= left {
             for c in layer {
                 let len = c.bytes.len() / n_expert;
-                device.upload(owner.clone(), &c.bytes[e * len..(e + 1) * len])?;
+                device.upload(owner.clone(), &c.bytes[placed * len..(placed + 1) * len])?;
             }
             report.experts_on_gpu += per_expert;
             left -= per_expert;
+            placed += 1;
+        }
+        for c in layer {
+            let len = c.bytes.len() / n_expert;
+            host_experts.push(&c.bytes[placed * len..]);
         }
         break;
     }
+    for layer in layers {
+        host_experts.extend(layer.iter().map(|c| c.bytes));
+    }
+    if report.streaming_buffer > 0 {
+        report.host_locked = lock_host_experts(device, &owner, &host_experts);
+    }
     Ok(report)
+}
+
+/// Page-locks the routed experts left on the host, so that copying them in for a prompt runs
+/// at the link's speed: neighbouring tensors merged into whole-page ranges (a page may hold the
+/// end of one and the start of the next). Skipped when they are more than half of the memory
+/// the host has available (locking would crowd out the page cache that serves them), and
+/// where the driver refuses (copies are then staged, slower), and with
+/// `MOESHARD_GPU_LOCK_HOST=0` (how the staged copies are measured). Returns the bytes locked.
+fn lock_host_experts(
+    device: &mut CudaOffload,
+    owner: &Arc<dyn std::any::Any + Send + Sync>,
+    host_experts: &[&[u8]],
+) -> u64 {
+    let ranges: Vec<(usize, usize)> = host_experts
+        .iter()
+        .map(|b| (b.as_ptr() as usize, b.len()))
+        .collect();
+    let merged = crate::streaming::page_spans(&ranges, 4096);
+    let total: u64 = merged.iter().map(|r| r.len() as u64).sum();
+    if std::env::var("MOESHARD_GPU_LOCK_HOST").is_ok_and(|v| v == "0") {
+        return 0;
+    }
+    if available_memory().is_none_or(|avail| total > avail / 2) {
+        eprintln!(
+            "routed experts on the host ({:.2} GiB) not page-locked: more than half the memory \
+             available; copies to the GPU are staged",
+            total as f64 / (1u64 << 30) as f64
+        );
+        return 0;
+    }
+    let mut locked = 0u64;
+    for r in merged {
+        let (s, e) = (r.start, r.end);
+        // SAFETY: [s, e) is a union of tensors' bytes rounded out to whole pages, merged only
+        // where two share a page, so all of it lies in mapped pages of the model's files
+        // (mappings are whole pages), which `owner` keeps mapped and unchanged.
+        let bytes = unsafe { std::slice::from_raw_parts(s as *const u8, e - s) };
+        match device.lock_host(owner.clone(), bytes) {
+            Ok(n) => locked += n as u64,
+            Err(e) => {
+                eprintln!(
+                    "routed experts on the host not page-locked ({e}); copies to the GPU are staged"
+                );
+                break;
+            }
+        }
+    }
+    locked
+}
+
+/// MemAvailable of /proc/meminfo, in bytes.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

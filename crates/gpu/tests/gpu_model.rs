@@ -229,6 +229,7 @@ fn hybrid_placement_matches_the_cpu() {
         full.dense_on_gpu + full.experts_on_gpu / (n_layer * 4),
     ] {
         let mut dev = gpu::open(0).unwrap();
+        dev.stream_experts(None, 0);
         let report = gpu::upload_model(&mut dev, &model, &sel, budget).unwrap();
         assert!(
             report.experts_on_gpu > 0 && report.experts_on_gpu < full.experts_on_gpu,
@@ -238,6 +239,37 @@ fn hybrid_placement_matches_the_cpu() {
         let (got, got_tokens) = run(&model, &on_gpu, &tokens);
         let d = max_diff(&got, &want);
         eprintln!("qwen3moe q4_k hybrid: {report}; max |gpu − cpu| = {d:.2e}");
+        assert!(d <= 1e-3);
+        assert_eq!(got_tokens, want_tokens);
+    }
+    // Experts left on the host copied in for each step where they serve a row or more (every
+    // step then: prompt and decode), through a buffer of a whole layer's experts (one pass) and
+    // of two and a half experts (passes of two, the sums added up on the device).
+    let per_expert: usize = model
+        .files()
+        .tensors()
+        .filter(|t| t.info.name.starts_with("blk.0.") && t.info.name.contains("_exps."))
+        .map(|t| t.info.n_bytes as usize / t.info.shape.dims()[2] as usize)
+        .sum();
+    for limit in [1 << 30, per_expert * 5 / 2 + 3 * 256] {
+        let mut dev = gpu::open(0).unwrap();
+        dev.stream_experts(Some(1), limit);
+        let budget = full.dense_on_gpu + full.experts_on_gpu / 3;
+        let report = gpu::upload_model(&mut dev, &model, &sel, budget).unwrap();
+        assert!(
+            report.streaming_buffer > 0 && report.experts_on_gpu < full.experts_on_gpu,
+            "{report}"
+        );
+        let dev = Arc::new(dev);
+        let on_gpu = Compute::new(2).with_offload(dev.clone());
+        let (got, got_tokens) = run(&model, &on_gpu, &tokens);
+        let d = max_diff(&got, &want);
+        let streamed = dev.streamed_bytes();
+        eprintln!(
+            "qwen3moe q4_k hybrid, experts streamed ({limit}-byte limit): {report}; \
+             {streamed} bytes copied in; max |gpu − cpu| = {d:.2e}"
+        );
+        assert!(streamed > 0);
         assert!(d <= 1e-3);
         assert_eq!(got_tokens, want_tokens);
     }

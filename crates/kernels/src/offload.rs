@@ -13,6 +13,21 @@ pub trait Offload: Send + Sync {
     /// format.
     fn holds(&self, w: &Weights) -> bool;
 
+    /// The fewest of a step's token rows a routed expert must serve for this device to run it
+    /// without [holding](Self::holds) its weights, copying them in for the call
+    /// ([`Self::expert_ffn`]): a prompt's batch pays for the copy where one token does not.
+    /// `None` (the default): the device runs only what it holds.
+    fn streams_experts_from(&self) -> Option<usize> {
+        None
+    }
+
+    /// Whether `w` could be copied in for an [`Self::expert_ffn`] call (the device has a kernel
+    /// for its format).
+    fn can_stream(&self, w: &Weights) -> bool {
+        let _ = w;
+        false
+    }
+
     /// Runs `jobs` (every one [held](Self::holds), activations already in the form the weight
     /// format pairs with, as for [`crate::Kernels::matmul_batch`]) and writes their outputs
     /// before returning. Results agree with the CPU's to rounding, not bit for bit.
@@ -22,7 +37,8 @@ pub trait Offload: Send + Sync {
     /// per token, `out[t] = Σ weight · FFN(row)` over the rows of every job serving token `t`,
     /// keeping the hidden activations and the per-row outputs on the device (one round trip;
     /// `out`, `n_tokens × down.rows` values, is all that comes back). Every matrix of every job
-    /// is [held](Self::holds); `acts` are in the gate/up format's activation form, as for
+    /// is [held](Self::holds) or [streamable](Self::can_stream) (then copied in for the call);
+    /// `acts` are in the gate/up format's activation form, as for
     /// [`Self::matmul_batch`]. A device without this returns `false` (nothing run), and the
     /// caller runs the FFNs as matrix products.
     fn expert_ffn(&self, jobs: &[ExpertFfnJob], out: &mut [f32]) -> Result<bool, MatmulError> {

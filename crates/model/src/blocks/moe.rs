@@ -321,8 +321,8 @@ struct ExpertWork {
     down: Vec<f32>,
 }
 
-/// Runs a batch of ready experts. Those whose three matrices an offload device (a GPU) holds
-/// run there as whole FFNs with their weighted sum per token — when the FFN has no biases and a
+/// Runs a batch of ready experts. Those whose three matrices an offload device (a GPU) holds,
+/// or copies in for the step when the expert serves enough rows, run there as whole FFNs with their weighted sum per token — when the FFN has no biases and a
 /// plain SiLU gate, the device's one fused form — while the CPU runs the others at the same
 /// time into `slot_out`. Returns the device's per-token sums (`n × n_embd`) and the experts it
 /// ran, if it ran any.
@@ -346,10 +346,19 @@ fn run_experts(
     let Some(device) = device else {
         return here_only(batch, slot_out);
     };
-    let (there, here): (Vec<_>, Vec<_>) = batch
-        .iter()
-        .copied()
-        .partition(|(_, m)| device.holds(&m.gate) && device.holds(&m.up) && device.holds(&m.down));
+    // Experts the device holds run there; so do those it can copy in for the call when they
+    // serve enough of the step's rows (a prompt's) for the copy to cost less than the CPU's work.
+    let stream_from = device.streams_experts_from();
+    let (there, here): (Vec<_>, Vec<_>) = batch.iter().copied().partition(|(e, m)| {
+        let [g, u, d] = [&m.gate, &m.up, &m.down];
+        (device.holds(g) && device.holds(u) && device.holds(d))
+            || stream_from.is_some_and(|from| {
+                groups[*e].len() >= from
+                    && [g, u, d]
+                        .iter()
+                        .all(|w| device.holds(w) || device.can_stream(w))
+            })
+    });
     let act_of = |w: &kernels::Weights| kernels::format(w.dtype).map(|f| f.act);
     let gate_act = there.first().and_then(|(_, m)| act_of(&m.gate));
     let Some(gate_act) = gate_act.filter(|&a| {

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Hybrid placement on the device host, one call: the GPU suite (its hybrid test copies experts
+# left on the host in per step), then qwen3-30b-a3b synth prompts under two GPU memory limits,
+# two rounds alternating: no copies (`--gpu-stream-min 0`), copies from 16 rows (the default),
+# from 64, and from 16 with the host pages left unlocked (`MOESHARD_GPU_LOCK_HOST=0`: staged
+# copies); then one `--profile`d run. About 2.5 minutes.
+# With LLAMA=1, llama.cpp's CUDA backend is then built there from the sdist's source (after the
+# sweep: a build beside it takes the 16 cores the CPU side needs) and run at the `-ncmoe`
+# placements that use the same GPU memory, alternating with moeshard (pp512, tg64; GPU memory
+# the most `nvidia-smi` shows every 0.3 s). About 8.5 minutes.
+#
+# Prepare here as for tools/gpu/against_llama.sh (PACK/bins.tar.xz with moeshard_new,
+# gpu_kernels, gpu_model; PACK/fixtures.tar.xz; PACK/llama-src.tar.xz for LLAMA=1; fixtures,
+# fuzz corpus and the demo model moved aside). Run there:
+#   [LLAMA=1] bash tools/gpu/hybrid_stream.sh PACK > $OUT/run.txt 2>&1
+R=$PWD; P=$(cd "$1" && pwd)
+mkdir -p /work && { [ -e /work/main ] || ln -s "$R" /work/main; }
+export PATH=/usr/local/cuda/bin:/opt/torch/.venv/bin:$PATH
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+mkdir -p crates/model/tests/fixtures && tar xJf "$P/fixtures.tar.xz" -C crates/model/tests/fixtures
+mkdir -p /var/tmp/b && tar xJf "$P/bins.tar.xz" -C /var/tmp/b
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv; nproc
+grep MemAvailable /proc/meminfo; date +%T
+L=/var/tmp/ll/build/bin/llama-bench N=/var/tmp/b/moeshard_new Q=/tmp/q30.gguf
+[ -s $Q ] || timeout 120 $N synth --preset qwen3-30b-a3b $Q > /dev/null
+cat $Q > /dev/null
+echo "== suite"
+timeout 120 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
+timeout 200 /var/tmp/b/gpu_model --nocapture --test-threads 1 hybrid 2>&1 | grep -E "test result|panicked|FAILED|hybrid"
+date +%T
+# peak MEMFILE CMD...: runs CMD with nvidia-smi sampled beside it; prints the peak MiB.
+peak() {
+  local f=$1; shift
+  ( while sleep 0.3; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; done > "$f" ) &
+  local s=$!
+  "$@"
+  kill $s; wait $s 2> /dev/null
+  echo "max GPU MiB: $(sort -n "$f" | tail -1)"
+}
+ms() { # label, then moeshard bench arguments
+  local label=$1; shift
+  echo "== $label: $(peak /var/tmp/mem_ms timeout 120 $N bench -m $Q -t 16 --gpu "$@" 2>&1 | grep -E 'pp512|tg64|GPU MiB|^GPU [0-9].*routed' | tr '\n' ' ')"
+}
+for round in 1 2; do
+  for mem in 1.15GiB 9.9GiB; do
+    ms "--gpu-mem $mem, no copies, round $round" --gpu-mem $mem --gpu-stream-min 0 -p 512 -n 0 -r 3
+    ms "--gpu-mem $mem, copies from 16 rows, round $round" --gpu-mem $mem -p 512 -n 0 -r 3
+    ms "--gpu-mem $mem, copies from 64 rows, round $round" --gpu-mem $mem --gpu-stream-min 64 -p 512 -n 0 -r 3
+    MOESHARD_GPU_LOCK_HOST=0 ms "--gpu-mem $mem, copies from 16 rows, staged, round $round" --gpu-mem $mem -p 512 -n 0 -r 3
+  done
+done
+date +%T
+timeout 100 $N bench -m $Q -t 16 --gpu --gpu-mem 1.15GiB -p 512 -n 0 -r 3 --profile 2>&1 | grep -v INFO | tail -32
+date +%T
+[ -n "${LLAMA:-}" ] || { echo done; exit 0; }
+bash "$R/tools/gpu/build_llama.sh" "$P"
+for round in 1 2; do
+  for x in "24|9.9GiB" "48|1.15GiB"; do
+    IFS='|' read -r nc mem <<< "$x"
+    echo "== llama.cpp -ncmoe $nc, round $round"
+    peak /var/tmp/mem_ll timeout 100 $L -m $Q -ngl 99 -ncmoe $nc -t 16 -p 512 -n 64 -r 2 2>&1 | grep -E "pp512|tg64|GPU MiB"
+    ms "--gpu-mem $mem, round $round" --gpu-mem $mem -p 512 -n 64 -r 2
+  done
+done
+date +%T
+echo done
