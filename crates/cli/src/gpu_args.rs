@@ -30,8 +30,9 @@ pub struct GpuArgs {
     /// rows of a step (a prompt's), their weights copied over the link for it; 0: never.
     #[arg(long, value_name = "TOKENS", default_value_t = DEFAULT_STREAM_MIN, requires = "gpu")]
     pub gpu_stream_min: usize,
-    /// GPU memory, taken from --gpu-mem, for the experts copied in per prompt (one batch of
-    /// them at a time); used only when some routed experts stay on the host.
+    /// GPU memory, taken from --gpu-mem (at most half of what the dense weights leave), for
+    /// the experts copied in per prompt (one batch of them at a time); set aside only when some
+    /// routed experts stay on the host, so that fewer of them stay on the GPU.
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_gpu_mem, requires = "gpu")]
     pub gpu_stream_mem: u64,
 }
@@ -43,7 +44,7 @@ fn parse_gpu_mem(s: &str) -> Result<u64, String> {
     match experts::parse_size(s)? {
         experts::CacheSize::Bytes(b) => Ok(b),
         experts::CacheSize::Count(_) | experts::CacheSize::Auto => Err(format!(
-            "{s:?}: give --gpu-mem in bytes with a unit (8GiB, 512MiB)"
+            "{s:?}: give a size in bytes with a unit (8GiB, 512MiB)"
         )),
     }
 }

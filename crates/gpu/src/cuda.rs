@@ -263,20 +263,25 @@ impl CudaOffload {
         self.streamed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Page-locks `host` (rounded out to whole pages) so that copies from it are DMA at the
-    /// link's speed rather than staged through a driver buffer. The ranges must not overlap
-    /// earlier ones; `owner` keeps them mapped. Returns the bytes locked.
+    /// Page-locks the whole pages `pages` (start and end multiples of the host's page size,
+    /// inside memory that `owner` keeps mapped for as long as the device lives) so that copies
+    /// from them are DMA at the link's speed rather than staged through a driver buffer. The
+    /// range must not overlap an earlier one. Returns the bytes locked.
     pub fn lock_host(
         &mut self,
         owner: Arc<dyn Any + Send + Sync>,
-        host: &[u8],
+        pages: std::ops::Range<usize>,
     ) -> Result<usize, GpuError> {
-        const PAGE: usize = 4096;
-        if host.is_empty() {
-            return Ok(0);
+        let page = crate::streaming::host_page_size();
+        let (start, end) = (pages.start, pages.end);
+        if start >= end || start % page != 0 || end % page != 0 {
+            return Err(GpuError::Memory {
+                ordinal: self.ordinal,
+                detail: format!(
+                    "host range {start:#x}..{end:#x} is not whole pages of {page} bytes"
+                ),
+            });
         }
-        let start = host.as_ptr() as usize / PAGE * PAGE;
-        let end = (host.as_ptr() as usize + host.len()).next_multiple_of(PAGE);
         if self.locked_host.iter().any(|&(s, e)| s < end && start < e) {
             return Err(GpuError::Memory {
                 ordinal: self.ordinal,
@@ -288,9 +293,9 @@ impl CudaOffload {
             what: "binding the context to this thread",
             detail: e.to_string(),
         })?;
-        // SAFETY: [start, end) is mapped (it covers `host`, rounded to the pages that hold
-        // it) and stays mapped while the device lives (`owner` is kept); READ_ONLY: the device
-        // only reads it, which lets the driver pin a read-only file mapping.
+        // SAFETY: the caller names pages that `owner` keeps mapped while the device lives
+        // (`owner` is kept below); the driver only pins them (READ_ONLY: the device only reads
+        // them, which lets it pin a read-only file mapping). Nothing here dereferences them.
         let r = unsafe {
             cudarc::driver::sys::cuMemHostRegister_v2(
                 start as *mut std::ffi::c_void,
@@ -483,7 +488,8 @@ impl CudaOffload {
             // SAFETY: matmul_grouped / matmul_mma(table, n_jobs, mma_min, early) read a device
             // table of n_jobs records (copied in before this launch, in stream order) whose
             // weight addresses lie in uploaded regions (`device_address` checked each job's
-            // whole weight slice) and whose activations and outputs lie in this call's buffers,
+            // whole weight slice), or in the streaming buffer where expert_ffn copied them in
+            // before this launch in stream order, and whose activations and outputs lie in this call's buffers,
             // sized from the checked lengths; the blocks stride over the jobs' blocks.
             unsafe { launch.launch(cfg) }.map_err(|e| self.device_error(name, e))?;
         }
@@ -723,8 +729,8 @@ impl Offload for CudaOffload {
             self.device_error(
                 "expert FFN",
                 format!(
-                    "expert job {j}'s {need} bytes not on the device exceed the {}-byte \
-                     streaming buffer",
+                    "an expert's {need} bytes not on the device (job {j} of those with rows) \
+                     exceed the {}-byte streaming buffer",
                     self.streaming.capacity
                 ),
             )
@@ -884,9 +890,9 @@ impl Offload for CudaOffload {
                             continue;
                         }
                         // SAFETY: the destination lies inside the streaming buffer (the pass's
-                        // offsets plus lengths stay within its capacity, checked above); the
-                        // source is the model's weights, mapped and unchanged while the device
-                        // is in use (`upload`'s owners keep the files mapped).
+                        // offsets plus lengths stay within its capacity: plan_passes); the
+                        // source is the job's weights, borrowed for this whole call, which ends
+                        // by synchronizing the stream (round_trip) before they can go.
                         unsafe {
                             cudarc::driver::result::memcpy_htod_async(
                                 stream_base + a.streamed[k] as u64,

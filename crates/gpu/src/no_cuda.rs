@@ -46,7 +46,7 @@ impl CudaOffload {
     pub fn lock_host(
         &mut self,
         _owner: Arc<dyn Any + Send + Sync>,
-        _host: &[u8],
+        _pages: std::ops::Range<usize>,
     ) -> Result<usize, GpuError> {
         match self.0 {}
     }

@@ -141,12 +141,22 @@ pub fn upload_model(
     }
     // A buffer for experts copied in per call, when some will stay on the host: up to the
     // device's limit, half of what is left at most.
+    // A buffer smaller than one expert's three matrices (as `can_stream` counts them) would
+    // take memory and stream nothing: then there is none.
     let experts_left: u64 = experts.iter().map(|c| c.bytes.len() as u64).sum();
+    let largest_matrix = experts
+        .iter()
+        .map(|c| c.bytes.len() / c.n_expert.unwrap_or(1).max(1))
+        .max()
+        .unwrap_or(0);
+    let smallest_useful = 3 * (largest_matrix as u64 + crate::streaming::STREAM_ALIGN as u64);
     if device.streaming_limit() > 0 && experts_left > left {
         let reserve = (device.streaming_limit() as u64).min(left / 2);
-        device.set_streaming_capacity(reserve as usize);
-        report.streaming_buffer = reserve;
-        left -= reserve;
+        if reserve >= smallest_useful {
+            device.set_streaming_capacity(reserve as usize);
+            report.streaming_buffer = reserve;
+            left -= reserve;
+        }
     }
     let mut host_experts: Vec<&[u8]> = Vec::new();
     experts.sort_by_key(|c| c.layer);
@@ -207,27 +217,34 @@ fn lock_host_experts(
         .iter()
         .map(|b| (b.as_ptr() as usize, b.len()))
         .collect();
-    let merged = crate::streaming::page_spans(&ranges, 4096);
+    let merged = crate::streaming::page_spans(&ranges, crate::streaming::host_page_size());
     let total: u64 = merged.iter().map(|r| r.len() as u64).sum();
     if std::env::var("MOESHARD_GPU_LOCK_HOST").is_ok_and(|v| v == "0") {
         return 0;
     }
-    if available_memory().is_none_or(|avail| total > avail / 2) {
-        eprintln!(
-            "routed experts on the host ({:.2} GiB) not page-locked: more than half the memory \
-             available; copies to the GPU are staged",
-            total as f64 / (1u64 << 30) as f64
-        );
-        return 0;
+    let gib = total as f64 / (1u64 << 30) as f64;
+    match available_memory() {
+        None => {
+            eprintln!(
+                "routed experts on the host ({gib:.2} GiB) not page-locked: the memory available \
+                 is unknown here; copies to the GPU are staged"
+            );
+            return 0;
+        }
+        Some(avail) if total > avail / 2 => {
+            eprintln!(
+                "routed experts on the host ({gib:.2} GiB) not page-locked: more than half the \
+                 memory available; copies to the GPU are staged"
+            );
+            return 0;
+        }
+        Some(_) => {}
     }
     let mut locked = 0u64;
-    for r in merged {
-        let (s, e) = (r.start, r.end);
-        // SAFETY: [s, e) is a union of tensors' bytes rounded out to whole pages, merged only
-        // where two share a page, so all of it lies in mapped pages of the model's files
-        // (mappings are whole pages), which `owner` keeps mapped and unchanged.
-        let bytes = unsafe { std::slice::from_raw_parts(s as *const u8, e - s) };
-        match device.lock_host(owner.clone(), bytes) {
+    for pages in merged {
+        // The pages hold the model's tensors (their files' maps or buffers, which `owner`
+        // keeps), rounded out to whole pages.
+        match device.lock_host(owner.clone(), pages) {
             Ok(n) => locked += n as u64,
             Err(e) => {
                 eprintln!(

@@ -11,6 +11,7 @@ pub(crate) const STREAM_ALIGN: usize = 256;
 /// them) whose copied-in matrices fit the buffer; `offsets[j][k]` is where job `j`'s matrix `k`
 /// goes in the buffer during its pass (0 where the device holds it).
 #[derive(Debug, PartialEq, Eq)]
+#[cfg_attr(not(any(target_os = "linux", target_os = "windows")), allow(dead_code))]
 pub(crate) struct PassPlan {
     pub(crate) passes: Vec<Range<usize>>,
     pub(crate) offsets: Vec<[usize; 3]>,
@@ -19,6 +20,7 @@ pub(crate) struct PassPlan {
 /// Plans passes for jobs whose matrices need `copies[j][k]` bytes copied in (`None`: held).
 /// A new pass starts where the next job's copies would overflow `capacity`; a job whose copies
 /// alone overflow it is an error (its index and bytes).
+#[cfg_attr(not(any(target_os = "linux", target_os = "windows")), allow(dead_code))]
 pub(crate) fn plan_passes(
     copies: &[[Option<usize>; 3]],
     capacity: usize,
@@ -52,6 +54,19 @@ pub(crate) fn plan_passes(
         passes.last_mut().expect("one pass at least").end = j + 1;
     }
     Ok(PassPlan { passes, offsets })
+}
+
+/// The host's page size (4 KiB where it cannot be read).
+pub(crate) fn host_page_size() -> usize {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf reads a constant of the system and has no preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if n > 0 {
+            return n as usize;
+        }
+    }
+    4096
 }
 
 /// `ranges` (start, length) rounded out to whole pages, sorted, with ranges that share a page
