@@ -37,12 +37,7 @@ if [ -z "${QUICK:-}" ]; then
   timeout 200 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
   timeout 200 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|max \|gpu"
   # The kernel tests and whole steps again under each variant's switches, while llama.cpp builds.
-  for e in "$@"; do
-    echo "== kernels under $e"
-    env $e timeout 150 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
-    echo "== whole steps under $e"
-    env $e timeout 120 /var/tmp/b/gpu_model --nocapture --test-threads 1 whole_steps 2>&1 | grep -E "test result|panicked|FAILED"
-  done
+  bash "$R/tools/gpu/variant_suite.sh" "$@"
 fi
 date +%T
 wait

@@ -29,14 +29,7 @@ M=/var/tmp/b/moeshard_main N=/var/tmp/b/moeshard_new Q=/var/tmp/q30.gguf
 ( [ -s $Q ] || timeout 120 $N synth --preset qwen3-30b-a3b $Q > /dev/null; sync; cat $Q > /dev/null ) &
 timeout 150 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
 timeout 240 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|one row a step|max \|gpu"
-# The kernel tests and whole steps again under each variant's switches (the kernels' compile
-# choices, the one-row launches).
-for e in "$@"; do
-  echo "== kernels under $e"
-  env $e timeout 150 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
-  echo "== whole steps under $e"
-  env $e timeout 120 /var/tmp/b/gpu_model --nocapture --test-threads 1 whole_steps 2>&1 | grep -E "test result|panicked|FAILED|one row a step"
-done
+bash "$R/tools/gpu/variant_suite.sh" "$@"
 wait; date +%T
 # Variant k: "label|env assignments|binary".
 VARIANTS=()
