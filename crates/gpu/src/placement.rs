@@ -140,9 +140,8 @@ pub fn upload_model(
         }
     }
     // A buffer for experts copied in per call, when some will stay on the host: up to the
-    // device's limit, half of what is left at most.
-    // A buffer smaller than one expert's three matrices (as `can_stream` counts them) would
-    // take memory and stream nothing: then there is none.
+    // device's limit, half of what is left at most, and none when that could not hold one
+    // expert's three matrices (as `can_stream` counts them): it would stream nothing.
     let experts_left: u64 = experts.iter().map(|c| c.bytes.len() as u64).sum();
     let largest_matrix = experts
         .iter()
@@ -213,15 +212,15 @@ fn lock_host_experts(
     owner: &Arc<dyn std::any::Any + Send + Sync>,
     host_experts: &[&[u8]],
 ) -> u64 {
+    if std::env::var("MOESHARD_GPU_LOCK_HOST").is_ok_and(|v| v == "0") {
+        return 0;
+    }
     let ranges: Vec<(usize, usize)> = host_experts
         .iter()
         .map(|b| (b.as_ptr() as usize, b.len()))
         .collect();
     let merged = crate::streaming::page_spans(&ranges, crate::streaming::host_page_size());
     let total: u64 = merged.iter().map(|r| r.len() as u64).sum();
-    if std::env::var("MOESHARD_GPU_LOCK_HOST").is_ok_and(|v| v == "0") {
-        return 0;
-    }
     let gib = total as f64 / (1u64 << 30) as f64;
     match available_memory() {
         None => {

@@ -322,9 +322,9 @@ struct ExpertWork {
 }
 
 /// Runs a batch of ready experts. Those whose three matrices an offload device (a GPU) holds,
-/// or copies in for the step when the expert serves enough rows, run there as whole FFNs with their weighted sum per token — when the FFN has no biases and a
-/// plain SiLU gate, the device's one fused form — while the CPU runs the others at the same
-/// time into `slot_out`. Returns the device's per-token sums (`n × n_embd`) and the experts it
+/// or copies in for the step when the expert serves enough rows, run there as whole FFNs with
+/// their weighted sum per token — when the FFN has no biases and a plain SiLU gate, the
+/// device's one fused form — while the CPU runs the others at the same time into `slot_out`. Returns the device's per-token sums (`n × n_embd`) and the experts it
 /// ran, if it ran any.
 #[allow(clippy::too_many_arguments)]
 fn run_experts(
