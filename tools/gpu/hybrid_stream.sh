@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Hybrid placement on the device host, one call: the GPU suite (its hybrid test copies experts
-# left on the host in per step), then qwen3-30b-a3b synth prompts under two GPU memory limits,
-# two rounds alternating: no copies (`--gpu-stream-min 0`), copies from 16 rows (the default),
-# from 64, and from 16 with the host pages left unlocked (`MOESHARD_GPU_LOCK_HOST=0`: staged
-# copies); then one `--profile`d run. About 2.5 minutes.
+# Hybrid placement on the device host, one call: the GPU suite (its hybrid tests copy experts
+# left on the host in per step: per matrix product, and per layer in whole steps), then
+# qwen3-30b-a3b synth prompts under two GPU memory limits, two rounds alternating: no copies
+# (`--gpu-stream-min 0`), whole steps with each layer's host experts copied in (the default),
+# the per-matrix path's copies (`--gpu-piecewise`), and whole steps with the host pages left
+# unlocked (`MOESHARD_GPU_LOCK_HOST=0`: staged copies); then one `--profile`d run. About 2.5
+# minutes.
+# SWEEP=0 leaves the sweep and the profile out; ROUNDS=N sets the rounds against llama.cpp (2).
 # With LLAMA=1, llama.cpp's CUDA backend is then built there from the sdist's source (after the
 # sweep: a build beside it takes the 16 cores the CPU side needs) and run at the `-ncmoe`
 # placements that use the same GPU memory, alternating with moeshard (pp512, tg64; GPU memory
@@ -26,7 +29,7 @@ L=/var/tmp/ll/build/bin/llama-bench N=/var/tmp/b/moeshard_new Q=/tmp/q30.gguf
 cat $Q > /dev/null
 echo "== suite"
 timeout 120 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
-timeout 200 /var/tmp/b/gpu_model --nocapture --test-threads 1 hybrid 2>&1 | grep -E "test result|panicked|FAILED|hybrid"
+timeout 200 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|hybrid|whole steps"
 date +%T
 # peak MEMFILE CMD...: runs CMD with nvidia-smi sampled beside it; prints the peak MiB.
 peak() {
@@ -39,27 +42,32 @@ peak() {
 }
 ms() { # label, then moeshard bench arguments
   local label=$1; shift
-  echo "== $label: $(peak /var/tmp/mem_ms timeout 120 $N bench -m $Q -t 16 --gpu "$@" 2>&1 | grep -E 'pp512|tg64|GPU MiB|^GPU [0-9].*routed' | tr '\n' ' ')"
+  echo "== $label: $(peak /var/tmp/mem_ms timeout 120 $N bench -m $Q -t 16 --gpu "$@" 2>&1 | grep -E 'pp512|tg64|GPU MiB|^GPU [0-9].*routed|whole layers|at a time' | tr '\n' ' ')"
 }
 for round in 1 2; do
+  [ "${SWEEP:-1}" = 1 ] || break
   for mem in 1.15GiB 9.9GiB; do
     ms "--gpu-mem $mem, no copies, round $round" --gpu-mem $mem --gpu-stream-min 0 -p 512 -n 0 -r 3
-    ms "--gpu-mem $mem, copies from 16 rows, round $round" --gpu-mem $mem -p 512 -n 0 -r 3
-    ms "--gpu-mem $mem, copies from 64 rows, round $round" --gpu-mem $mem --gpu-stream-min 64 -p 512 -n 0 -r 3
-    MOESHARD_GPU_LOCK_HOST=0 ms "--gpu-mem $mem, copies from 16 rows, staged, round $round" --gpu-mem $mem -p 512 -n 0 -r 3
+    ms "--gpu-mem $mem, whole steps, layers copied in, round $round" --gpu-mem $mem -p 512 -n 0 -r 3
+    ms "--gpu-mem $mem, per-matrix copies (--gpu-piecewise), round $round" --gpu-mem $mem --gpu-piecewise -p 512 -n 0 -r 3
+    MOESHARD_GPU_LOCK_HOST=0 ms "--gpu-mem $mem, whole steps, staged, round $round" --gpu-mem $mem -p 512 -n 0 -r 3
   done
 done
 date +%T
-timeout 100 $N bench -m $Q -t 16 --gpu --gpu-mem 1.15GiB -p 512 -n 0 -r 3 --profile 2>&1 | grep -v INFO | tail -32
+[ "${SWEEP:-1}" = 1 ] && timeout 100 $N bench -m $Q -t 16 --gpu --gpu-mem 1.15GiB -p 512 -n 0 -r 3 --profile 2>&1 | grep -v INFO | tail -32
 date +%T
 [ -n "${LLAMA:-}" ] || { echo done; exit 0; }
 bash "$R/tools/gpu/build_llama.sh" "$P"
-for round in 1 2; do
-  for x in "24|9.9GiB" "48|1.15GiB"; do
-    IFS='|' read -r nc mem <<< "$x"
+for round in $(seq ${ROUNDS:-2}); do
+  # Each llama.cpp placement, then moeshard at the limits around the GPU memory it used
+  # (moeshard's device scratch and caches lie outside --gpu-mem).
+  for x in "24|9.9GiB 9.0GiB" "47|" "48|1.15GiB"; do
+    IFS='|' read -r nc mems <<< "$x"
     echo "== llama.cpp -ncmoe $nc, round $round"
     peak /var/tmp/mem_ll timeout 100 $L -m $Q -ngl 99 -ncmoe $nc -t 16 -p 512 -n 64 -r 2 2>&1 | grep -E "pp512|tg64|GPU MiB"
-    ms "--gpu-mem $mem, round $round" --gpu-mem $mem -p 512 -n 64 -r 2
+    for mem in $mems; do
+      ms "--gpu-mem $mem, round $round" --gpu-mem $mem -p 512 -n 64 -r 2
+    done
   done
 done
 date +%T

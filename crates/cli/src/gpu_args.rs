@@ -30,12 +30,19 @@ pub struct GpuArgs {
     /// rows of a step (a prompt's), their weights copied over the link for it; 0: never.
     #[arg(long, value_name = "TOKENS", default_value_t = DEFAULT_STREAM_MIN, requires = "gpu")]
     pub gpu_stream_min: usize,
-    /// GPU memory, taken from --gpu-mem (at most half of what the dense weights leave), for
-    /// the experts copied in per prompt (one batch of them at a time); set aside only when some
-    /// routed experts stay on the host, so that fewer of them stay on the GPU.
-    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_gpu_mem, requires = "gpu")]
-    pub gpu_stream_mem: u64,
+    /// GPU memory, taken from --gpu-mem, for the routed experts copied in per prompt; set
+    /// aside only when some routed experts stay on the host, so that fewer of them stay on the
+    /// GPU. Default: one layer's routed experts, where what the dense weights leave holds them
+    /// (a prompt's steps then run whole layers on the GPU, each layer's host experts copied in
+    /// as it comes); else 256 MiB (half of what the dense weights leave at most), the experts
+    /// copied in batches per matrix product; with --gpu-piecewise, 256 MiB.
+    #[arg(long, value_name = "SIZE", value_parser = parse_gpu_mem, requires = "gpu")]
+    pub gpu_stream_mem: Option<u64>,
 }
+
+/// The streaming buffer under --gpu-piecewise (whole layers never run, so a layer's worth
+/// of buffer would only keep experts off the GPU).
+const PIECEWISE_STREAM_MEM: usize = 256 << 20;
 
 /// `--gpu-stream-min`'s default.
 const DEFAULT_STREAM_MIN: usize = 16;
@@ -76,7 +83,11 @@ pub fn attach(
         None => info.free_bytes.saturating_sub(GPU_HEADROOM),
     };
     let stream_from = (args.gpu_stream_min > 0).then_some(args.gpu_stream_min);
-    let stream_mem = usize::try_from(args.gpu_stream_mem).unwrap_or(usize::MAX);
+    let stream_mem = match args.gpu_stream_mem {
+        Some(b) => Some(usize::try_from(b).unwrap_or(usize::MAX)),
+        None if args.gpu_piecewise => Some(PIECEWISE_STREAM_MEM),
+        None => None,
+    };
     device.stream_experts(stream_from, stream_mem);
     let report = gpu::upload_model(&mut device, model, sel, budget)
         .with_context(|| format!("copying weights to {info}"))?;

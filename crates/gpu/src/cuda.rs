@@ -39,7 +39,7 @@ struct Region {
 /// Buffers reused from one launch to the next. The host sides are page-locked, so the copies
 /// are asynchronous DMA in the stream's order (a pageable copy costs a staged, synchronous one).
 #[derive(Default)]
-struct Scratch {
+pub(crate) struct Scratch {
     /// Job table, then the activations of every job (each distinct input once).
     host_in: Option<PinnedHostSlice<u8>>,
     host_out: Option<PinnedHostSlice<f32>>,
@@ -81,10 +81,10 @@ pub struct CudaOffload {
     uploaded: u64,
     scratch: Mutex<Scratch>,
     streaming: Streaming,
-    /// The most bytes `upload_model` may set aside for streaming.
-    streaming_limit: usize,
+    /// The most bytes `upload_model` may set aside for streaming (`None`: its own choice).
+    streaming_limit: Option<usize>,
     /// Bytes of expert weights copied in by expert FFN calls so far.
-    streamed: std::sync::atomic::AtomicU64,
+    pub(crate) streamed: std::sync::atomic::AtomicU64,
     /// Host ranges page-locked for faster copies ([`CudaOffload::lock_host`]).
     locked_host: Vec<(usize, usize)>,
 }
@@ -174,7 +174,7 @@ impl CudaOffload {
             uploaded: 0,
             scratch: Mutex::new(Scratch::default()),
             streaming: Streaming::default(),
-            streaming_limit: 0,
+            streaming_limit: None,
             streamed: std::sync::atomic::AtomicU64::new(0),
             locked_host: Vec::new(),
         })
@@ -245,16 +245,30 @@ impl CudaOffload {
     }
 
     /// Lets routed experts the device will not hold run on it when each serves at least `from`
-    /// of a step's rows (a prompt's), their weights copied in for the call through a buffer of
-    /// at most `limit` bytes that [`crate::upload_model`] takes from its budget. Call before
-    /// `upload_model`; `None` turns streaming off.
-    pub fn stream_experts(&mut self, from: Option<usize>, limit: usize) {
+    /// of a step's rows (a prompt's), their weights copied in for the call through a buffer
+    /// that [`crate::upload_model`] takes from its budget: at most `limit` bytes, or, with
+    /// `None`, a size it chooses (one layer's routed experts where whole layers can run on the
+    /// device). Call before `upload_model`; `from` = `None` turns streaming off.
+    pub fn stream_experts(&mut self, from: Option<usize>, limit: Option<usize>) {
         self.streaming = Streaming { from, capacity: 0 };
-        self.streaming_limit = if from.is_some() { limit } else { 0 };
+        self.streaming_limit = limit;
     }
 
-    pub(crate) fn streaming_limit(&self) -> usize {
-        self.streaming_limit
+    /// Whether experts are streamed at all, and the buffer's limit if one was given.
+    pub(crate) fn streaming_limit(&self) -> Option<Option<usize>> {
+        self.streaming.from.map(|_| self.streaming_limit)
+    }
+
+    /// The streaming buffer for a whole-model step: its device address (allocated now, at
+    /// the capacity `upload_model` set, which does not change after), its capacity, and the
+    /// rows an expert serves from which it is copied in. `None` when nothing is streamed.
+    pub(crate) fn staging_buffer(&self) -> Result<Option<(u64, usize, usize)>, MatmulError> {
+        let Some(from) = self.streams_experts_from() else {
+            return Ok(None);
+        };
+        let mut scratch = self.lock()?;
+        let addr = self.streaming_buffer(&mut scratch)?;
+        Ok(Some((addr, self.streaming.capacity, from)))
     }
 
     pub(crate) fn set_streaming_capacity(&mut self, capacity: usize) {
@@ -534,7 +548,8 @@ impl CudaOffload {
 
     /// The scratch buffers, with the context made current on this thread (a hybrid step calls
     /// from a thread of its own, where no context is current yet).
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Scratch>, MatmulError> {
+    /// The device's scratch buffers (the streaming buffer among them), for one call at a time.
+    pub(crate) fn lock(&self) -> Result<std::sync::MutexGuard<'_, Scratch>, MatmulError> {
         self.ctx
             .bind_to_thread()
             .map_err(|e| self.device_error("binding the context to this thread", e))?;

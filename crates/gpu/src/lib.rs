@@ -104,11 +104,12 @@ impl std::fmt::Display for DeviceInfo {
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// A device that runs `model`'s whole steps on `dev` (which must hold every weight of it, see
-/// [`upload_model`]), or why it cannot: an architecture or layer form without whole-layer
-/// kernels, weights left on the CPU.
+/// [`upload_model`], but routed experts it copies in through its streaming buffer: then it
+/// runs the steps of a prompt's size and declines the others), or why it cannot: an
+/// architecture or layer form without whole-layer kernels, weights left on the CPU.
 pub fn whole_model(
     dev: std::sync::Arc<CudaOffload>,
-    model: &model::Model,
+    model: &std::sync::Arc<model::Model>,
 ) -> Result<std::sync::Arc<dyn model::LayerDevice>, String> {
     #[cfg(any(target_os = "linux", target_os = "windows"))]
     {

@@ -35,7 +35,7 @@ impl CudaOffload {
         match self.0 {}
     }
 
-    pub fn stream_experts(&mut self, _from: Option<usize>, _limit: usize) {
+    pub fn stream_experts(&mut self, _from: Option<usize>, _limit: Option<usize>) {
         match self.0 {}
     }
 
@@ -51,7 +51,7 @@ impl CudaOffload {
         match self.0 {}
     }
 
-    pub(crate) fn streaming_limit(&self) -> usize {
+    pub(crate) fn streaming_limit(&self) -> Option<Option<usize>> {
         match self.0 {}
     }
 

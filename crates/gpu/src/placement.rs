@@ -139,9 +139,12 @@ pub fn upload_model(
             left -= n;
         }
     }
-    // A buffer for experts copied in per call, when some will stay on the host: up to the
-    // device's limit, half of what is left at most, and none when that could not hold one
-    // expert's three matrices (as `can_stream` counts them): it would stream nothing.
+    // A buffer for experts copied in per call, when some will stay on the host: the limit
+    // given, or by default one layer's routed experts where what the dense weights leave holds
+    // them and whole layers can run on the device (a prompt's step then copies each layer's
+    // host experts in and stays on the device), else 256 MiB, half of what is left at most.
+    // None when that could not hold one expert's three matrices (as `can_stream` counts
+    // them): it would stream nothing.
     let experts_left: u64 = experts.iter().map(|c| c.bytes.len() as u64).sum();
     let largest_matrix = experts
         .iter()
@@ -149,8 +152,20 @@ pub fn upload_model(
         .max()
         .unwrap_or(0);
     let smallest_useful = 3 * (largest_matrix as u64 + crate::streaming::STREAM_ALIGN as u64);
-    if device.streaming_limit() > 0 && experts_left > left {
-        let reserve = (device.streaming_limit() as u64).min(left / 2);
+    if let Some(limit) = device.streaming_limit()
+        && experts_left > left
+    {
+        let reserve = match limit {
+            Some(limit) => (limit as u64).min(left),
+            None => {
+                let layer = layer_staging_bytes(&experts);
+                if layer <= left && model.whole_model_plan().is_ok() {
+                    layer
+                } else {
+                    DEFAULT_STREAMING_BUFFER.min(left / 2)
+                }
+            }
+        };
         if reserve >= smallest_useful {
             device.set_streaming_capacity(reserve as usize);
             report.streaming_buffer = reserve;
@@ -199,6 +214,22 @@ pub fn upload_model(
         report.host_locked = lock_host_experts(device, &owner, &host_experts);
     }
     Ok(report)
+}
+
+/// The streaming buffer when one layer's experts do not fit it or whole layers cannot run.
+const DEFAULT_STREAMING_BUFFER: u64 = 256 << 20;
+
+/// Bytes of the buffer that holds the largest layer's routed experts, each matrix of each
+/// expert at its own [`crate::streaming::STREAM_ALIGN`]ed offset (as the whole-model step lays
+/// them out).
+fn layer_staging_bytes(experts: &[Candidate]) -> u64 {
+    let mut per_layer = std::collections::BTreeMap::<Option<usize>, u64>::new();
+    for c in experts {
+        let n = c.n_expert.unwrap_or(1).max(1);
+        let one = (c.bytes.len() / n).next_multiple_of(crate::streaming::STREAM_ALIGN);
+        *per_layer.entry(c.layer).or_default() += (one * n) as u64;
+    }
+    per_layer.into_values().max().unwrap_or(0)
 }
 
 /// Page-locks the routed experts left on the host, so that copying them in for a prompt runs

@@ -229,7 +229,7 @@ fn hybrid_placement_matches_the_cpu() {
         full.dense_on_gpu + full.experts_on_gpu / (n_layer * 4),
     ] {
         let mut dev = gpu::open(0).unwrap();
-        dev.stream_experts(None, 0);
+        dev.stream_experts(None, None);
         let report = gpu::upload_model(&mut dev, &model, &sel, budget).unwrap();
         assert!(
             report.experts_on_gpu > 0 && report.experts_on_gpu < full.experts_on_gpu,
@@ -253,7 +253,7 @@ fn hybrid_placement_matches_the_cpu() {
         .sum();
     for limit in [1 << 30, per_expert * 5 / 2 + 3 * 256] {
         let mut dev = gpu::open(0).unwrap();
-        dev.stream_experts(Some(1), limit);
+        dev.stream_experts(Some(1), Some(limit));
         let budget = full.dense_on_gpu + full.experts_on_gpu / 3;
         let report = gpu::upload_model(&mut dev, &model, &sel, budget).unwrap();
         assert!(
@@ -273,6 +273,80 @@ fn hybrid_placement_matches_the_cpu() {
         assert!(d <= 1e-3);
         assert_eq!(got_tokens, want_tokens);
     }
+}
+
+/// Whole steps under a memory limit below the model's size: the dense weights and some
+/// experts on the GPU, the rest copied in layer by layer through a buffer of one layer's
+/// experts in each step of enough rows (a prompt's), and steps of fewer rows (decode) left to
+/// the per-matrix path; the CPU's logits and tokens. Budgets: the first layers whole, and a
+/// quarter of layer 0's experts only.
+#[test]
+fn hybrid_whole_steps_match_the_cpu() {
+    if !gpu_present() {
+        return;
+    }
+    let mut ran = 0;
+    for_each_fixture(|r| {
+        let (what, model, tokens, cpu) = (&r.what, &r.model, &r.tokens, &r.cpu);
+        let sel = whole(model);
+        let full = {
+            let mut probe = gpu::open(0).unwrap();
+            gpu::upload_model(&mut probe, model, &sel, u64::MAX).unwrap()
+        };
+        if full.experts_total == 0 {
+            return;
+        }
+        let n_layer = model.n_layer() as u64;
+        let per_layer = full.experts_on_gpu / n_layer;
+        for budget in [
+            full.dense_on_gpu + full.experts_on_gpu / 2,
+            full.dense_on_gpu + per_layer + per_layer / 4,
+        ] {
+            let mut dev = gpu::open(0).unwrap();
+            // Copies from one row per expert on average: the prompt's step qualifies, decode's
+            // one row does not.
+            dev.stream_experts(Some(1), None);
+            let report = gpu::upload_model(&mut dev, model, &sel, budget).unwrap();
+            assert!(
+                report.streaming_buffer > 0 && report.experts_on_gpu < full.experts_on_gpu,
+                "{what}: {report}"
+            );
+            let dev = Arc::new(dev);
+            let whole_dev = match gpu::whole_model(dev.clone(), model) {
+                Ok(w) => w,
+                Err(why) => {
+                    eprintln!("{what}: not whole on the GPU: {why}");
+                    assert!(!why.contains("memory") && !why.contains("buffer"), "{why}");
+                    return;
+                }
+            };
+            let on_gpu = Compute::new(2)
+                .with_offload(dev.clone())
+                .with_layer_device(whole_dev.clone());
+            let hybrid = format!("{what} hybrid whole steps ({report})");
+            let (got, got_tokens) = run(model, &on_gpu, tokens);
+            let steps = whole_dev.steps();
+            let (how, stepped) = check_close(&got, &r.want, r.n_vocab, &hybrid, r.noise);
+            eprintln!(
+                "{hybrid}: {steps} whole steps, {} bytes copied in; prompt logits {how}",
+                dev.streamed_bytes()
+            );
+            check_greedy(&got_tokens, &r.want_tokens, stepped, &hybrid);
+            // The prompts ran whole (the logits' and the greedy run's); not one decode step did.
+            assert_eq!(steps, 2, "{hybrid}: steps that ran whole");
+            // Two steps of 330 rows: many token tiles per expert, attention over the first
+            // step's positions in the mirror, every layer's copies twice.
+            let long: Vec<u32> = tokens.iter().copied().cycle().take(660).collect();
+            let want = common::logits_chunked(model, cpu, &long, 330);
+            let got = common::logits_chunked(model, &on_gpu, &long, 330);
+            let long_what = format!("{hybrid} (660 tokens in 2 steps)");
+            let (how, _) = check_close(&got, &want, r.n_vocab, &long_what, r.noise);
+            eprintln!("{long_what}: {how}");
+            assert_eq!(whole_dev.steps(), 4, "{long_what}: steps that ran whole");
+            ran += 1;
+        }
+    });
+    assert!(ran > 0, "no model ran hybrid whole steps on the GPU");
 }
 
 /// Logits of `tokens` in chunks of 4 over one cache of `kv_type`, chunk `i` on `pick(i)`; then

@@ -31,24 +31,46 @@ impl ResidentModel {
         kv_type: KvType,
     ) -> model::Result<Vec<usize>> {
         let (n_layers, kd, clock) = (self.layers.len(), self.nkv * self.dk, state.clock);
+        let ids: Vec<u64> = seqs.iter().map(|s| s.kv.content_version().0).collect();
+        let fits = |m: &Mirror, seq: usize| m.capacity >= pos0[seq] + seqs[seq].n_tokens;
+        // Removals first, so that the indices handed out below stay put. A sequence's mirror
+        // that is too short goes; when any sequence needs a new one, so do the mirrors neither
+        // this step nor the previous one used (mirrors are for the sequences in flight: a
+        // finished sequence's would otherwise hold device memory until seven more came, and an
+        // idle one is copied in again when it comes back), and the least recently used beyond
+        // the cap. With routed experts on the host, decode runs on the CPU path and leaves a
+        // mirror stale after its prompt: only this step's stay.
+        let keep_previous = self.host_experts.is_none();
+        state.mirrors.retain(|m| {
+            ids.iter()
+                .position(|&id| id == m.version.0)
+                .is_none_or(|seq| fits(m, seq))
+        });
+        let new = (0..seqs.len())
+            .filter(|&seq| !state.mirrors.iter().any(|m| m.version.0 == ids[seq]))
+            .count();
+        if new > 0 {
+            state.mirrors.retain(|m| {
+                (keep_previous && m.last_used + 1 >= clock) || ids.contains(&m.version.0)
+            });
+            while state.mirrors.len() + new > MIRRORS.max(seqs.len()) {
+                let Some(oldest) = (0..state.mirrors.len())
+                    .filter(|&i| !ids.contains(&state.mirrors[i].version.0))
+                    .min_by_key(|&i| state.mirrors[i].last_used)
+                else {
+                    break;
+                };
+                state.mirrors.remove(oldest);
+            }
+        }
         let mut mirror_of = Vec::with_capacity(seqs.len());
-        for (s, &p0) in seqs.iter().zip(pos0) {
-            let (id, _) = s.kv.content_version();
+        for (seq, (s, &p0)) in seqs.iter().zip(pos0).enumerate() {
+            let id = ids[seq];
             let need = p0 + s.n_tokens;
             let n_ctx = s.kv.layout().n_ctx;
-            let found = state.mirrors.iter().position(|m| m.version.0 == id);
-            let i = match found {
-                Some(i) if state.mirrors[i].capacity >= need => i,
-                _ => {
-                    if let Some(i) = found {
-                        state.mirrors.swap_remove(i);
-                    }
-                    if state.mirrors.len() >= MIRRORS {
-                        let oldest = (0..state.mirrors.len())
-                            .min_by_key(|&i| state.mirrors[i].last_used)
-                            .expect("full");
-                        state.mirrors.swap_remove(oldest);
-                    }
+            let i = match state.mirrors.iter().position(|m| m.version.0 == id) {
+                Some(i) => i,
+                None => {
                     let capacity = need.next_multiple_of(1024).min(n_ctx).max(need);
                     let len = n_layers * capacity * kd;
                     let alloc = || {

@@ -97,6 +97,10 @@ struct Mirror {
 struct Buffers {
     rows: usize,
     ctx: usize,
+    /// Rows of logits (a prompt's step needs one, not one per row), and rows of attention
+    /// scores (none for the tiled attention of a prompt's step).
+    logit_rows: usize,
+    score_rows: usize,
     arena: Option<CudaSlice<u8>>,
     host_in: Option<PinnedHostSlice<u8>>,
     host_out: Option<PinnedHostSlice<f32>>,
@@ -165,6 +169,8 @@ pub struct ResidentModel {
     timing: Option<StepTiming>,
     /// Graphs, launch overlap and weights fetched ahead, on or off (launch.rs).
     switches: launch::LaunchSwitches,
+    /// Routed experts the device does not hold, copied in per step (host_experts.rs).
+    host_experts: Option<host_experts::HostExperts>,
 }
 
 /// Host preparation, the device's work (launches to synchronize) and the copy into the host
@@ -290,9 +296,10 @@ fn quant_bytes(kind: ActKind, width: usize) -> usize {
 }
 
 impl ResidentModel {
-    /// The model's layers on `dev`, which must hold every weight of them; `Err` says why they
+    /// The model's layers on `dev`, which must hold every weight of them but routed experts
+    /// it can copy in through its streaming buffer (host_experts.rs); `Err` says why they
     /// cannot run there whole.
-    pub fn new(dev: Arc<CudaOffload>, model: &Model) -> Result<ResidentModel, String> {
+    pub fn new(dev: Arc<CudaOffload>, model: &Arc<Model>) -> Result<ResidentModel, String> {
         let plan = model.whole_model_plan()?;
         let err = |what: &str, e: cudarc::driver::DriverError| format!("{what}: {e}");
         dev.ctx
@@ -356,13 +363,11 @@ impl ResidentModel {
             Ok(p)
         };
         let floats = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-        let mat = |w: &Weights, what: &str| -> Result<DevMat, String> {
+        let mat_at = |w: &Weights, what: &str, addr: Option<u64>| -> Result<DevMat, String> {
             if !supports(w.dtype) {
                 return Err(format!("{what} is {}, which has no GPU kernel", w.dtype));
             }
-            let addr = dev
-                .device_address(w.data)
-                .ok_or_else(|| format!("{what} is not in GPU memory"))?;
+            let addr = addr.ok_or_else(|| format!("{what} is not in GPU memory"))?;
             let fmt = kernels::format(w.dtype).ok_or_else(|| format!("{what}: no format"))?;
             let act_bytes = act_row_bytes(w).map_err(|e| e.to_string())?;
             Ok(DevMat {
@@ -373,6 +378,13 @@ impl ResidentModel {
                 rows: w.rows,
             })
         };
+        let mat = |w: &Weights, what: &str| mat_at(w, what, dev.device_address(w.data));
+        // Where the streaming buffer takes the experts the device does not hold, when it
+        // streams them.
+        let staging = dev
+            .staging_buffer()
+            .map_err(|e| format!("the streaming buffer: {e}"))?;
+        let host = host_experts::Layout::new(&dev, staging, &layers)?;
         let check_input = |m: &DevMat, width: usize, what: &str| -> Result<(), String> {
             if m.key.2 != width || (m.act != ActKind::F32 && quant_bytes(m.act, width) == 0) {
                 return Err(format!("{what}: {} columns for rows of {width}", m.key.2));
@@ -439,10 +451,15 @@ impl ResidentModel {
                     let mut tables: [Vec<u64>; 3] = Default::default();
                     let mut first: Option<[DevMat; 3]> = None;
                     for (e, x) in experts.iter().enumerate() {
+                        let expert_mat = |w: &Weights, what: &str| {
+                            let what = name(&format!("expert {e} {what}"));
+                            let addr = dev.device_address(w.data).or_else(|| host.address(w.data));
+                            mat_at(w, &what, addr)
+                        };
                         let ms = [
-                            mat(&x.gate, &name(&format!("expert {e} gate")))?,
-                            mat(&x.up, &name(&format!("expert {e} up")))?,
-                            mat(&x.down, &name(&format!("expert {e} down")))?,
+                            expert_mat(&x.gate, "gate")?,
+                            expert_mat(&x.up, "up")?,
+                            expert_mat(&x.down, "down")?,
                         ];
                         match &first {
                             None => {
@@ -527,6 +544,7 @@ impl ResidentModel {
         let output_norm = upload(&floats(output_norm))?;
         let switches =
             launch::LaunchSwitches::from_env(dev.ctx.compute_capability().unwrap_or((0, 0)));
+        let host_experts = host.finish(&dev.ctx, model)?;
         Ok(ResidentModel {
             dev,
             stream,
@@ -553,6 +571,7 @@ impl ResidentModel {
             timing: std::env::var("MOESHARD_GPU_TIMING")
                 .is_ok_and(|v| v == "1")
                 .then(StepTiming::default),
+            host_experts,
         })
     }
 
@@ -560,8 +579,9 @@ impl ResidentModel {
         ModelError::Matmul(self.dev.device_error(what, e))
     }
 
-    /// The arena's layout for `n` rows over caches of up to `ctx` positions.
-    fn offsets(&self, n: usize, ctx: usize) -> Offsets {
+    /// The arena's layout for `n` rows over caches of up to `ctx` positions, `m` of them with
+    /// logits and `scored` with attention scores.
+    fn offsets(&self, n: usize, ctx: usize, m: usize, scored: usize) -> Offsets {
         let (d, nh, nkv, dk) = (self.d, self.nh, self.nkv, self.dk);
         let n_layers = self.layers.len();
         let slots = n * self.max_k.max(1);
@@ -584,7 +604,7 @@ impl ResidentModel {
             att: a.take(4 * n * nh * dk),
             att_q8k: a.take(n * q8k(nh * dk)),
             att_q80: a.take(n * q80(nh * dk)),
-            scores: a.take(4 * n * nh * ctx),
+            scores: a.take(4 * scored * nh * ctx),
             router_logits: a.take(4 * n * self.max_expert.max(1)),
             ids: a.take(4 * slots),
             wts: a.take(4 * slots),
@@ -600,7 +620,7 @@ impl ResidentModel {
             down_out: a.take(4 * slots * d),
             sum_rows: a.take(8 * slots),
             sum_w: a.take(4 * slots),
-            logits: a.take(4 * n * self.n_vocab),
+            logits: a.take(4 * m * self.n_vocab),
             fresh: {
                 let at = a.take(4 * n * n_layers * 2 * nkv * dk);
                 debug_assert!(at > 0);
@@ -652,6 +672,7 @@ struct InputLayout {
     len: usize,
 }
 
+mod host_experts;
 mod launch;
 mod mirrors;
 mod step;

@@ -34,6 +34,20 @@ fn put<T: Copy>(buf: &mut [u8], at: usize, values: &[T]) {
     buf[at..at + bytes.len()].copy_from_slice(bytes);
 }
 
+impl ResidentModel {
+    /// Whether a step of `n` rows runs the tiled attention (which keeps no scores in the
+    /// arena).
+    fn tiled_attention(&self, n: usize, one_sequence: bool) -> bool {
+        let group = self.nh / self.nkv;
+        one_sequence
+            && n >= GROUPED_MIN_ROWS
+            && (1..=TILE_VECTORS / 4).contains(&group)
+            && self.nh.is_multiple_of(self.nkv)
+            && self.dk <= TILE_MAX_DK
+            && self.dk.is_multiple_of(4)
+    }
+}
+
 impl model::LayerDevice for ResidentModel {
     fn steps(&self) -> u64 {
         self.steps.load(std::sync::atomic::Ordering::Relaxed)
@@ -51,6 +65,11 @@ impl model::LayerDevice for ResidentModel {
         let n_layers = self.layers.len();
         let n = x.len() / d;
         if n == 0 || model.n_layer() != n_layers {
+            return Ok(None);
+        }
+        // With routed experts on the host, only steps large enough to pay for copying them
+        // in run here (host_experts.rs).
+        if self.host_experts.as_ref().is_some_and(|h| n < h.min_rows) {
             return Ok(None);
         }
         let kd = nkv * dk;
@@ -89,6 +108,11 @@ impl model::LayerDevice for ResidentModel {
             .lock()
             .map_err(|_| self.error("resident state", "poisoned by an earlier panic"))?;
         let state = &mut *guard;
+        // The streaming buffer is the device's: no expert FFN call may use it meanwhile.
+        let _scratch = match &self.host_experts {
+            Some(_) => Some(self.dev.lock().map_err(model::ModelError::Matmul)?),
+            None => None,
+        };
         let t_start = std::time::Instant::now();
         state.clock += 1;
         let ctx_needed = seqs
@@ -102,10 +126,24 @@ impl model::LayerDevice for ResidentModel {
 
         // Buffers for n rows and ctx_needed positions.
         let b = &mut state.buffers;
-        if b.arena.is_none() || b.rows < n || b.ctx < ctx_needed {
+        let m_rows = logit_rows.len();
+        // Rows whose attention keeps its scores in the arena (a row, head and position each).
+        let score_rows = if self.tiled_attention(n, one_sequence) {
+            0
+        } else {
+            n
+        };
+        if b.arena.is_none()
+            || b.rows < n
+            || b.ctx < ctx_needed
+            || b.logit_rows < m_rows
+            || b.score_rows < score_rows
+        {
             b.rows = b.rows.max(n).next_power_of_two();
             b.ctx = b.ctx.max(ctx_needed).next_multiple_of(1024);
-            let o = self.offsets(b.rows, b.ctx);
+            b.logit_rows = b.logit_rows.max(m_rows).next_power_of_two();
+            b.score_rows = b.score_rows.max(score_rows).next_power_of_two();
+            let o = self.offsets(b.rows, b.ctx, b.logit_rows, b.score_rows);
             b.arena = None;
             b.arena = Some(
                 self.stream
@@ -113,7 +151,7 @@ impl model::LayerDevice for ResidentModel {
                     .map_err(|e| self.error("allocating step buffers", e))?,
             );
         }
-        let o = self.offsets(b.rows, b.ctx);
+        let o = self.offsets(b.rows, b.ctx, b.logit_rows, b.score_rows);
         let ctx_cap = b.ctx;
         let base = b
             .arena
@@ -121,7 +159,6 @@ impl model::LayerDevice for ResidentModel {
             .map(|a| a.device_ptr(&self.stream).0)
             .expect("allocated above");
         let at = |off: usize| base + off as u64;
-        let m_rows = logit_rows.len();
         let out_floats = m_rows * self.n_vocab + n * n_layers * 2 * kd;
         let pin_in = ensure_pinned(&self.dev.ctx, &mut b.host_in, o.input_len)
             .map_err(|e| self.error("allocating page-locked memory", e))?;
@@ -380,6 +417,13 @@ impl model::LayerDevice for ResidentModel {
                 (input(rk_in), input(rv_in), input(rs_in), input(pos_in));
             for (il, (l, t)) in self.layers.iter().zip(&tables).enumerate() {
                 let il_i = il as i32;
+                // The layer's host experts start coming in beside its attention.
+                let copies = self.host_experts.as_ref().filter(|h| h.copies_layer(il));
+                if let Some(h) = copies {
+                    h.copy_in(il).map_err(|e| {
+                        self.error(&format!("copying layer {il}'s host experts in"), e)
+                    })?;
+                }
                 let qkv: [&DevMat; 3] = [&l.q, &l.k, &l.v];
                 norm(
                     x_dev,
@@ -445,12 +489,7 @@ impl model::LayerDevice for ResidentModel {
                     // A prompt's rows (one sequence, so one mirror) read each key and value row
                     // once per tile of rows: a 512-row layer's attention took 715 µs on the
                     // H100 with a block per kv head and row (docs/perf.md).
-                    let tiled = one_sequence
-                        && n >= GROUPED_MIN_ROWS
-                        && (1..=TILE_VECTORS / 4).contains(&group)
-                        && self.nh.is_multiple_of(nkv)
-                        && dk <= TILE_MAX_DK
-                        && dk.is_multiple_of(4);
+                    let tiled = self.tiled_attention(n, one_sequence);
                     let grouped = (2..=8).contains(&group) && dk <= 256 && n >= GROUPED_MIN_ROWS;
                     let (f, grid) = if tiled {
                         let tile_rows = TILE_VECTORS / group;
@@ -641,6 +680,14 @@ impl model::LayerDevice for ResidentModel {
                         let mma = n >= mma_min;
                         let grids =
                             |rows: usize| Grids::bound(rows.div_ceil(ROWS_PER_BLOCK) * tiles, mma);
+                        if let Some(h) = copies {
+                            h.wait_for_layer(&self.stream).map_err(|e| {
+                                self.error(&format!("waiting for layer {il}'s host experts"), e)
+                            })?;
+                            // After a wait on another stream, no launch overlaps the kernel
+                            // ahead of it.
+                            after_kernel.set(false);
+                        }
                         matmul(at(o.gu_table), 2 * max_jobs, grids(2 * *n_ff), false)?;
                         let (glu_at, mj) = (at(o.glu_table), max_jobs as i32);
                         let mut b = Launch::new(&self.f.glu);
@@ -650,6 +697,10 @@ impl model::LayerDevice for ResidentModel {
                         unsafe { b.launch(cu, cfg((slots as u32, 1), 256, 0), overlap()) }
                             .map_err(|e| launch_err("glu_quantize", e))?;
                         matmul(at(o.down_table), max_jobs, grids(d), false)?;
+                        if let Some(h) = copies {
+                            h.release(&self.stream)
+                                .map_err(|e| self.error("marking the streaming buffer free", e))?;
+                        }
                         let (offs, rows, wts, x_at, acc) =
                             (input(offs_in), at(o.sum_rows), at(o.sum_w), x_dev, 1i32);
                         let mut b = Launch::new(&self.f.weighted_sum);
@@ -718,7 +769,10 @@ impl model::LayerDevice for ResidentModel {
         // their launches directly instead of paying for a capture they would not replay.
         let repeated = state.last_key.replace(key) == Some(key);
         let replay = state.graph.as_ref().is_some_and(|g| g.key == key);
-        if self.switches.graphs && (replay || repeated) {
+        // Steps that copy host experts in are large (their launches are few for their time)
+        // and span two streams: they run directly.
+        let graphs = self.switches.graphs && self.host_experts.is_none();
+        if graphs && (replay || repeated) {
             if !replay {
                 state.graph = None;
                 self.stream
@@ -752,6 +806,11 @@ impl model::LayerDevice for ResidentModel {
         self.store_new_rows(state, seqs, pos0, &mirror_of, fresh, kv_type)?;
         self.steps
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = &self.host_experts {
+            self.dev
+                .streamed
+                .fetch_add(h.bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         if let Some(t) = &self.timing {
             t.record(
                 n,

@@ -1,0 +1,250 @@
+//! Routed experts the device does not hold, in a whole-model step. Each layer's are copied
+//! from the host into the streaming buffer as the step reaches the layer, on a stream of their
+//! own: the copy overlaps the layer's attention and routing, the layer's expert launches wait
+//! for it, and the next layer's copy waits for those launches (one buffer, reused by every
+//! layer). In the buffer a layer's host experts lie in host order, so that the copies of a
+//! layer merge into one per contiguous run (three for a layer of stacked experts).
+//!
+//! Copying every host expert of a layer pays only when the step's rows keep them busy: a
+//! step runs whole only when the average routed expert serves at least `--gpu-stream-min`
+//! rows; the device declines smaller steps (decode), which the per-matrix path then runs (the
+//! CPU computing the host's experts, the GPU the rest).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+use model::{Model, PlanFfn, PlanLayer};
+
+use crate::cuda::CudaOffload;
+use crate::streaming::STREAM_ALIGN;
+
+/// One copy of a layer's: `len` bytes from host address `host` to `offset` in the buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Copy {
+    pub(super) host: usize,
+    pub(super) offset: usize,
+    pub(super) len: usize,
+}
+
+/// Where a model's host experts go in the buffer, worked out before its tables are built.
+pub(super) struct Layout {
+    /// The buffer's device address, when the device streams experts.
+    base: Option<u64>,
+    /// Host address of each host expert matrix → its device address in the buffer.
+    at: HashMap<usize, u64>,
+    /// Per layer, its copies.
+    copies: Vec<Vec<Copy>>,
+    /// The fewest rows of a step that copies (the most any copying layer needs).
+    min_rows: usize,
+    bytes: usize,
+}
+
+impl Layout {
+    /// The layout of `layers`' host experts (those `dev` does not hold) in the streaming
+    /// buffer `staging` (address, capacity, rows per expert from which experts are copied);
+    /// without one, nothing is placed. `Err` when a layer's host experts do not fit it.
+    pub(super) fn new(
+        dev: &CudaOffload,
+        staging: Option<(u64, usize, usize)>,
+        layers: &[PlanLayer],
+    ) -> Result<Layout, String> {
+        let mut layout = Layout {
+            base: staging.map(|s| s.0),
+            at: HashMap::new(),
+            copies: vec![Vec::new(); layers.len()],
+            min_rows: 0,
+            bytes: 0,
+        };
+        let Some((base, capacity, from)) = staging else {
+            return Ok(layout);
+        };
+        for (il, l) in layers.iter().enumerate() {
+            let PlanFfn::Moe { experts, k, .. } = &l.ffn else {
+                continue;
+            };
+            let mut host: Vec<&[u8]> = experts
+                .iter()
+                .flat_map(|x| [x.gate.data, x.up.data, x.down.data])
+                .filter(|b| dev.device_address(b).is_none())
+                .collect();
+            if host.is_empty() {
+                continue;
+            }
+            host.sort_by_key(|b| b.as_ptr() as usize);
+            let (ranges, used) = place_in_order(&host);
+            if used > capacity {
+                return Err(format!(
+                    "layer {il}'s routed experts on the host ({:.1} MiB) are more than the \
+                     streaming buffer holds ({:.1} MiB)",
+                    used as f64 / (1 << 20) as f64,
+                    capacity as f64 / (1 << 20) as f64
+                ));
+            }
+            for (b, &offset) in host.iter().zip(&ranges) {
+                layout.at.insert(b.as_ptr() as usize, base + offset as u64);
+            }
+            layout.copies[il] = merge_copies(&host, &ranges);
+            layout.bytes += host.iter().map(|b| b.len()).sum::<usize>();
+            let n_expert = experts.len();
+            layout.min_rows = layout.min_rows.max((from * n_expert).div_ceil((*k).max(1)));
+        }
+        Ok(layout)
+    }
+
+    /// The device address of a host expert matrix in the buffer; `None` for matrices the
+    /// device holds, and when nothing is streamed.
+    pub(super) fn address(&self, bytes: &[u8]) -> Option<u64> {
+        self.base?;
+        self.at.get(&(bytes.as_ptr() as usize)).copied()
+    }
+
+    /// The copies and the stream and events they run with; `None` when the device holds every
+    /// routed expert (or streams none).
+    pub(super) fn finish(
+        self,
+        ctx: &Arc<CudaContext>,
+        model: &Arc<Model>,
+    ) -> Result<Option<HostExperts>, String> {
+        if self.copies.iter().all(Vec::is_empty) {
+            return Ok(None);
+        }
+        let err = |what: &str, e: cudarc::driver::DriverError| format!("{what}: {e}");
+        Ok(Some(HostExperts {
+            copies: self.copies,
+            base: self.base.unwrap_or(0),
+            min_rows: self.min_rows,
+            bytes: self.bytes,
+            stream: ctx
+                .new_stream()
+                .map_err(|e| err("creating the copy stream", e))?,
+            ready: ctx
+                .new_event(None)
+                .map_err(|e| err("creating an event", e))?,
+            free: ctx
+                .new_event(None)
+                .map_err(|e| err("creating an event", e))?,
+            _owner: model.clone(),
+        }))
+    }
+}
+
+/// Offsets for `host` (in host order) one after the other, each at a multiple of
+/// [`STREAM_ALIGN`]; and the bytes they take.
+fn place_in_order(host: &[&[u8]]) -> (Vec<usize>, usize) {
+    let mut used = 0;
+    let offsets = host
+        .iter()
+        .map(|b| {
+            let at = used;
+            used = (at + b.len()).next_multiple_of(STREAM_ALIGN);
+            at
+        })
+        .collect();
+    (offsets, used)
+}
+
+/// One copy per run of matrices contiguous both on the host and in the buffer.
+fn merge_copies(host: &[&[u8]], offsets: &[usize]) -> Vec<Copy> {
+    let mut copies: Vec<Copy> = Vec::new();
+    for (b, &offset) in host.iter().zip(offsets) {
+        let h = b.as_ptr() as usize;
+        match copies.last_mut() {
+            Some(c) if c.host + c.len == h && c.offset + c.len == offset => c.len += b.len(),
+            _ => copies.push(Copy {
+                host: h,
+                offset,
+                len: b.len(),
+            }),
+        }
+    }
+    copies
+}
+
+/// A model's host experts as its whole-model steps copy them.
+pub(super) struct HostExperts {
+    copies: Vec<Vec<Copy>>,
+    base: u64,
+    /// Steps of fewer rows are declined.
+    pub(super) min_rows: usize,
+    /// Bytes a step copies.
+    pub(super) bytes: usize,
+    stream: Arc<CudaStream>,
+    /// The layer's copies are in; the buffer's last readers are done.
+    ready: CudaEvent,
+    free: CudaEvent,
+    /// Keeps the host pages the copies read mapped.
+    _owner: Arc<Model>,
+}
+
+impl HostExperts {
+    pub(super) fn copies_layer(&self, il: usize) -> bool {
+        self.copies.get(il).is_some_and(|c| !c.is_empty())
+    }
+
+    /// Enqueues layer `il`'s copies on the copy stream after the buffer's last readers
+    /// (`release`), and marks them for `wait_for_layer`.
+    pub(super) fn copy_in(&self, il: usize) -> Result<(), cudarc::driver::DriverError> {
+        self.stream.wait(&self.free)?;
+        let cu = self.stream.cu_stream();
+        for c in &self.copies[il] {
+            // SAFETY: the range lies in the model's tensors, which `_owner` keeps mapped; the
+            // destination lies in the streaming buffer (`Layout::new` checked the layer fits
+            // its capacity), which no kernel reads until `wait_for_layer`, and whose previous
+            // readers `free` waits for.
+            unsafe {
+                let src = std::slice::from_raw_parts(c.host as *const u8, c.len);
+                cudarc::driver::result::memcpy_htod_async(self.base + c.offset as u64, src, cu)?;
+            }
+        }
+        self.ready.record(&self.stream)
+    }
+
+    /// Makes `stream`'s next work wait for the last `copy_in`.
+    pub(super) fn wait_for_layer(
+        &self,
+        stream: &CudaStream,
+    ) -> Result<(), cudarc::driver::DriverError> {
+        stream.wait(&self.ready)
+    }
+
+    /// Marks the buffer free once `stream`'s work so far (the layer's expert launches) is done.
+    pub(super) fn release(&self, stream: &CudaStream) -> Result<(), cudarc::driver::DriverError> {
+        self.free.record(stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stack_of_experts_is_one_copy_per_matrix_kind() {
+        // Three stacks of 4 experts, each matrix 512 bytes, the stacks apart on the host.
+        let host = vec![0u8; 3 * 4096];
+        let mats: Vec<&[u8]> = (0..3)
+            .flat_map(|s| (0..4).map(move |e| (s, e)))
+            .map(|(s, e)| &host[s * 4096 + e * 512..s * 4096 + (e + 1) * 512])
+            .collect();
+        let (offsets, used) = place_in_order(&mats);
+        assert_eq!(used, 12 * 512);
+        let copies = merge_copies(&mats, &offsets);
+        assert_eq!(copies.len(), 3);
+        assert!(copies.iter().all(|c| c.len == 4 * 512));
+        assert_eq!(copies[1].offset, 4 * 512);
+    }
+
+    #[test]
+    fn unaligned_matrices_are_copied_apart() {
+        // 300-byte matrices next to each other on the host: each at its own 256-byte multiple
+        // in the buffer, so no two merge.
+        let host = vec![0u8; 900];
+        let mats: Vec<&[u8]> = host.chunks(300).collect();
+        let (offsets, used) = place_in_order(&mats);
+        assert_eq!(offsets, vec![0, 512, 1024]);
+        assert_eq!(used, 1536);
+        let copies = merge_copies(&mats, &offsets);
+        assert_eq!(copies.len(), 3);
+        assert_eq!(copies.iter().map(|c| c.len).sum::<usize>(), 900);
+    }
+}
