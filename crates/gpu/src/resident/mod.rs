@@ -101,6 +101,8 @@ struct Buffers {
     /// scores (none for the tiled attention of a prompt's step).
     logit_rows: usize,
     score_rows: usize,
+    /// Bytes of a key or value element the new rows come back in (the arena's last region).
+    kv_bytes: usize,
     arena: Option<CudaSlice<u8>>,
     host_in: Option<PinnedHostSlice<u8>>,
     host_out: Option<PinnedHostSlice<f32>>,
@@ -583,7 +585,6 @@ impl ResidentModel {
     /// logits and `scored` with attention scores.
     fn offsets(&self, n: usize, ctx: usize, m: usize, scored: usize) -> Offsets {
         let (d, nh, nkv, dk) = (self.d, self.nh, self.nkv, self.dk);
-        let n_layers = self.layers.len();
         let slots = n * self.max_k.max(1);
         let max_jobs = slots.min(self.max_expert).max(1);
         let ff = self.max_ff.max(1);
@@ -621,8 +622,9 @@ impl ResidentModel {
             sum_rows: a.take(8 * slots),
             sum_w: a.take(4 * slots),
             logits: a.take(4 * m * self.n_vocab),
+            // Last: the step's allocation sizes it by the caches' element type.
             fresh: {
-                let at = a.take(4 * n * n_layers * 2 * nkv * dk);
+                let at = a.take(0);
                 debug_assert!(at > 0);
                 at
             },

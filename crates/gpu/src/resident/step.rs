@@ -138,16 +138,18 @@ impl model::LayerDevice for ResidentModel {
             || b.ctx < ctx_needed
             || b.logit_rows < m_rows
             || b.score_rows < score_rows
+            || b.kv_bytes < kv_type.bytes()
         {
             b.rows = b.rows.max(n).next_power_of_two();
             b.ctx = b.ctx.max(ctx_needed).next_multiple_of(1024);
             b.logit_rows = b.logit_rows.max(m_rows).next_power_of_two();
             b.score_rows = b.score_rows.max(score_rows).next_power_of_two();
+            b.kv_bytes = b.kv_bytes.max(kv_type.bytes());
             let o = self.offsets(b.rows, b.ctx, b.logit_rows, b.score_rows);
             b.arena = None;
             b.arena = Some(
                 self.stream
-                    .alloc_zeros::<u8>(o.fresh + 4 * b.rows * n_layers * 2 * kd + 256)
+                    .alloc_zeros::<u8>(o.fresh + b.kv_bytes * b.rows * n_layers * 2 * kd + 256)
                     .map_err(|e| self.error("allocating step buffers", e))?,
             );
         }
@@ -465,8 +467,8 @@ impl model::LayerDevice for ResidentModel {
                     let block = (dk as u32).next_multiple_of(32);
                     // SAFETY: one block per (row, head) of q and k (n × heads × dk floats in the
                     // arena); each row's mirror (per-row addresses copied in) has room for its
-                    // position (capacity checked above); `fresh` holds n × layers × 2·kd
-                    // elements of at most 4 bytes.
+                    // position (capacity checked above); `fresh` (last in the arena) holds
+                    // n × layers × 2·kd elements of the cache's type (b.kv_bytes).
                     unsafe {
                         b.launch(
                             cu,
