@@ -346,6 +346,17 @@ impl CudaOffload {
         Ok(buf.device_ptr(&self.stream).0)
     }
 
+    /// Whether `bytes` lie inside one range page-locked by [`CudaOffload::lock_host`].
+    pub(crate) fn is_page_locked(&self, bytes: &[u8]) -> bool {
+        let (start, end) = (
+            bytes.as_ptr() as usize,
+            bytes.as_ptr() as usize + bytes.len(),
+        );
+        self.locked_host
+            .iter()
+            .any(|&(s, e)| s <= start && end <= e)
+    }
+
     /// The device address of `bytes`, when they lie inside one uploaded region.
     pub(crate) fn device_address(&self, bytes: &[u8]) -> Option<u64> {
         let p = bytes.as_ptr() as usize;

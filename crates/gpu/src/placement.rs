@@ -221,12 +221,13 @@ const DEFAULT_STREAMING_BUFFER: u64 = 256 << 20;
 
 /// Bytes of the buffer that holds the largest layer's routed experts, each matrix of each
 /// expert at its own [`crate::streaming::STREAM_ALIGN`]ed offset (as the whole-model step lays
-/// them out).
+/// them out; a fused gate/up stack is two matrices an expert, hence one alignment's slack more).
 fn layer_staging_bytes(experts: &[Candidate]) -> u64 {
+    let align = crate::streaming::STREAM_ALIGN;
     let mut per_layer = std::collections::BTreeMap::<Option<usize>, u64>::new();
     for c in experts {
         let n = c.n_expert.unwrap_or(1).max(1);
-        let one = (c.bytes.len() / n).next_multiple_of(crate::streaming::STREAM_ALIGN);
+        let one = (c.bytes.len() / n).next_multiple_of(align) + align;
         *per_layer.entry(c.layer).or_default() += (one * n) as u64;
     }
     per_layer.into_values().max().unwrap_or(0)

@@ -31,8 +31,8 @@ pub(super) struct Copy {
 pub(super) struct Layout {
     /// The buffer's device address, when the device streams experts.
     base: Option<u64>,
-    /// Host address of each host expert matrix → its device address in the buffer.
-    at: HashMap<usize, u64>,
+    /// (Layer, host address) of each host expert matrix → its device address in the buffer.
+    at: HashMap<(usize, usize), u64>,
     /// Per layer, its copies.
     copies: Vec<Vec<Copy>>,
     /// The fewest rows of a step that copies (the most any copying layer needs).
@@ -72,6 +72,16 @@ impl Layout {
                 continue;
             }
             host.sort_by_key(|b| b.as_ptr() as usize);
+            // A copy from pageable memory waits for the stream before it starts: the host
+            // would stall at every layer, and the step would lose to the per-matrix path.
+            if let Some(b) = host.iter().find(|b| !dev.is_page_locked(b)) {
+                return Err(format!(
+                    "layer {il}'s routed experts on the host are not page-locked (a {}-byte \
+                     matrix at {:p}): their copies would stall every layer",
+                    b.len(),
+                    b.as_ptr()
+                ));
+            }
             let (ranges, used) = place_in_order(&host);
             if used > capacity {
                 return Err(format!(
@@ -82,7 +92,9 @@ impl Layout {
                 ));
             }
             for (b, &offset) in host.iter().zip(&ranges) {
-                layout.at.insert(b.as_ptr() as usize, base + offset as u64);
+                layout
+                    .at
+                    .insert((il, b.as_ptr() as usize), base + offset as u64);
             }
             layout.copies[il] = merge_copies(&host, &ranges);
             layout.bytes += host.iter().map(|b| b.len()).sum::<usize>();
@@ -92,11 +104,11 @@ impl Layout {
         Ok(layout)
     }
 
-    /// The device address of a host expert matrix in the buffer; `None` for matrices the
-    /// device holds, and when nothing is streamed.
-    pub(super) fn address(&self, bytes: &[u8]) -> Option<u64> {
+    /// The device address of layer `il`'s host expert matrix in the buffer; `None` for
+    /// matrices the device holds, and when nothing is streamed.
+    pub(super) fn address(&self, il: usize, bytes: &[u8]) -> Option<u64> {
         self.base?;
-        self.at.get(&(bytes.as_ptr() as usize)).copied()
+        self.at.get(&(il, bytes.as_ptr() as usize)).copied()
     }
 
     /// The copies and the stream and events they run with; `None` when the device holds every
@@ -206,6 +218,11 @@ impl HostExperts {
         stream: &CudaStream,
     ) -> Result<(), cudarc::driver::DriverError> {
         stream.wait(&self.ready)
+    }
+
+    /// Waits for every copy enqueued so far.
+    pub(super) fn synchronize(&self) -> Result<(), cudarc::driver::DriverError> {
+        self.stream.synchronize()
     }
 
     /// Marks the buffer free once `stream`'s work so far (the layer's expert launches) is done.

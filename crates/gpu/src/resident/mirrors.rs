@@ -34,13 +34,11 @@ impl ResidentModel {
         let ids: Vec<u64> = seqs.iter().map(|s| s.kv.content_version().0).collect();
         let fits = |m: &Mirror, seq: usize| m.capacity >= pos0[seq] + seqs[seq].n_tokens;
         // Removals first, so that the indices handed out below stay put. A sequence's mirror
-        // that is too short goes; when any sequence needs a new one, so do the mirrors neither
-        // this step nor the previous one used (mirrors are for the sequences in flight: a
-        // finished sequence's would otherwise hold device memory until seven more came, and an
-        // idle one is copied in again when it comes back), and the least recently used beyond
-        // the cap. With routed experts on the host, decode runs on the CPU path and leaves a
-        // mirror stale after its prompt: only this step's stay.
-        let keep_previous = self.host_experts.is_none();
+        // that is too short goes; when any sequence needs a new one, the least recently used
+        // beyond the cap go too. With routed experts on the host, decode runs on the CPU path
+        // and leaves a mirror stale after its prompt: then every mirror this step does not use
+        // goes (a finished prompt's would otherwise hold device memory outside --gpu-mem until
+        // seven more came).
         state.mirrors.retain(|m| {
             ids.iter()
                 .position(|&id| id == m.version.0)
@@ -50,9 +48,9 @@ impl ResidentModel {
             .filter(|&seq| !state.mirrors.iter().any(|m| m.version.0 == ids[seq]))
             .count();
         if new > 0 {
-            state.mirrors.retain(|m| {
-                (keep_previous && m.last_used + 1 >= clock) || ids.contains(&m.version.0)
-            });
+            if self.host_experts.is_some() {
+                state.mirrors.retain(|m| ids.contains(&m.version.0));
+            }
             while state.mirrors.len() + new > MIRRORS.max(seqs.len()) {
                 let Some(oldest) = (0..state.mirrors.len())
                     .filter(|&i| !ids.contains(&state.mirrors[i].version.0))

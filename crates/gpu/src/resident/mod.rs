@@ -103,6 +103,8 @@ struct Buffers {
     score_rows: usize,
     /// Bytes of a key or value element the new rows come back in (the arena's last region).
     kv_bytes: usize,
+    /// Reallocations of the arena so far.
+    generation: u64,
     arena: Option<CudaSlice<u8>>,
     host_in: Option<PinnedHostSlice<u8>>,
     host_out: Option<PinnedHostSlice<f32>>,
@@ -132,6 +134,10 @@ struct GraphKey {
     ctx_cap: usize,
     /// Keys and values rounded to f16 in the mirror (a kernel argument, as the cache's type).
     round_f16: bool,
+    /// The arena's layout (its reallocations counted: a new one may reuse the old address
+    /// with other offsets), and whether the step's attention is tiled (other kernels).
+    arena_generation: u64,
+    tiled: bool,
 }
 
 struct StepGraph {
@@ -386,6 +392,10 @@ impl ResidentModel {
         let staging = dev
             .staging_buffer()
             .map_err(|e| format!("the streaming buffer: {e}"))?;
+        // The buffer was allocated in the device stream's order; the copy stream must see it.
+        dev.stream
+            .synchronize()
+            .map_err(|e| err("waiting for the streaming buffer", e))?;
         let host = host_experts::Layout::new(&dev, staging, &layers)?;
         let check_input = |m: &DevMat, width: usize, what: &str| -> Result<(), String> {
             if m.key.2 != width || (m.act != ActKind::F32 && quant_bytes(m.act, width) == 0) {
@@ -455,7 +465,9 @@ impl ResidentModel {
                     for (e, x) in experts.iter().enumerate() {
                         let expert_mat = |w: &Weights, what: &str| {
                             let what = name(&format!("expert {e} {what}"));
-                            let addr = dev.device_address(w.data).or_else(|| host.address(w.data));
+                            let addr = dev
+                                .device_address(w.data)
+                                .or_else(|| host.address(il, w.data));
                             mat_at(w, &what, addr)
                         };
                         let ms = [

@@ -145,6 +145,7 @@ impl model::LayerDevice for ResidentModel {
             b.logit_rows = b.logit_rows.max(m_rows).next_power_of_two();
             b.score_rows = b.score_rows.max(score_rows).next_power_of_two();
             b.kv_bytes = b.kv_bytes.max(kv_type.bytes());
+            b.generation += 1;
             let o = self.offsets(b.rows, b.ctx, b.logit_rows, b.score_rows);
             b.arena = None;
             b.arena = Some(
@@ -766,6 +767,8 @@ impl model::LayerDevice for ResidentModel {
             input_len: o.input_len,
             ctx_cap,
             round_f16: kv_type == KvType::F16,
+            arena_generation: state.buffers.generation,
+            tiled: self.tiled_attention(n, one_sequence),
         };
         // A shape seen in two steps in a row (decode) is captured; a prompt's one-off chunks run
         // their launches directly instead of paying for a capture they would not replay.
@@ -795,8 +798,14 @@ impl model::LayerDevice for ResidentModel {
             g.graph
                 .launch()
                 .map_err(|e| self.error("launching a step's graph", e))?;
-        } else {
-            enqueue(host_in, host_out)?;
+        } else if let Err(e) = enqueue(host_in, host_out) {
+            // Work already enqueued may still read the streaming buffer (or the copy stream
+            // write it): both finish before the buffer's lock is let go.
+            let _ = self.stream.synchronize();
+            if let Some(h) = &self.host_experts {
+                let _ = h.synchronize();
+            }
+            return Err(e);
         }
         self.stream
             .synchronize()
