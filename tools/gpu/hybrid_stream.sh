@@ -3,9 +3,9 @@
 # left on the host in per step: per matrix product, and per layer in whole steps), then
 # qwen3-30b-a3b synth prompts under two GPU memory limits, two rounds alternating: no copies
 # (`--gpu-stream-min 0`), whole steps with each layer's host experts copied in (the default),
-# the per-matrix path's copies (`--gpu-piecewise`), and whole steps with the host pages left
-# unlocked (`MOESHARD_GPU_LOCK_HOST=0`: staged copies); then one `--profile`d run. About 2.5
-# minutes.
+# the per-matrix path's copies (`--gpu-piecewise`), and the host pages left unlocked
+# (`MOESHARD_GPU_LOCK_HOST=0`: whole steps decline, the per-matrix path's copies are staged);
+# then one `--profile`d run. About 2.5 minutes.
 # SWEEP=0 leaves the sweep and the profile out; ROUNDS=N sets the rounds against llama.cpp (2).
 # With LLAMA=1, llama.cpp's CUDA backend is then built there from the sdist's source (after the
 # sweep: a build beside it takes the 16 cores the CPU side needs) and run at the `-ncmoe`
@@ -50,7 +50,7 @@ for round in 1 2; do
     ms "--gpu-mem $mem, no copies, round $round" --gpu-mem $mem --gpu-stream-min 0 -p 512 -n 0 -r 3
     ms "--gpu-mem $mem, whole steps, layers copied in, round $round" --gpu-mem $mem -p 512 -n 0 -r 3
     ms "--gpu-mem $mem, per-matrix copies (--gpu-piecewise), round $round" --gpu-mem $mem --gpu-piecewise -p 512 -n 0 -r 3
-    MOESHARD_GPU_LOCK_HOST=0 ms "--gpu-mem $mem, whole steps, staged, round $round" --gpu-mem $mem -p 512 -n 0 -r 3
+    MOESHARD_GPU_LOCK_HOST=0 ms "--gpu-mem $mem, host pages unlocked (per-matrix, staged copies), round $round" --gpu-mem $mem -p 512 -n 0 -r 3
   done
 done
 date +%T
