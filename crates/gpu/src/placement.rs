@@ -295,3 +295,47 @@ fn available_memory() -> Option<u64> {
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stack(layer: usize, bytes: &[u8], n_expert: usize) -> Candidate<'_> {
+        Candidate {
+            layer: Some(layer),
+            bytes,
+            n_expert: Some(n_expert),
+        }
+    }
+
+    #[test]
+    fn the_staging_buffer_holds_the_largest_layer_with_each_matrix_aligned() {
+        // Layer 0: gate, up and down stacks of 4 experts of 512 bytes (aligned already);
+        // layer 1: 4 experts of 300 bytes each (rounded to 512, plus the slack a fused gate/up
+        // stack would need).
+        let aligned = vec![0u8; 4 * 512];
+        let odd = vec![0u8; 4 * 300];
+        let align = crate::streaming::STREAM_ALIGN as u64;
+        let experts = [
+            stack(0, &aligned, 4),
+            stack(0, &aligned, 4),
+            stack(0, &aligned, 4),
+            stack(1, &odd, 4),
+            stack(1, &odd, 4),
+            stack(1, &odd, 4),
+        ];
+        let layer0 = 3 * 4 * (512 + align);
+        let layer1 = 3 * 4 * (512 + align);
+        assert_eq!(layer_staging_bytes(&experts), layer0.max(layer1));
+        // Every layout the whole-model step makes fits: matrices one after the other, each at
+        // an aligned offset, a fused gate/up stack as two matrices an expert.
+        for half in [1u64, 100, 256, 300, 1000, 4608] {
+            let laid_out = 2 * half.next_multiple_of(align);
+            assert!(
+                laid_out <= (2 * half).next_multiple_of(align) + align,
+                "{half}"
+            );
+        }
+        assert_eq!(layer_staging_bytes(&[]), 0);
+    }
+}
