@@ -686,6 +686,7 @@ struct InputLayout {
     len: usize,
 }
 
+mod graph;
 mod host_experts;
 mod launch;
 mod mirrors;

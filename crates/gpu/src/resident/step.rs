@@ -7,7 +7,7 @@ use kernels::ActKind;
 use model::{DeviceStep, KvType, Model};
 
 use super::launch::Launch;
-use super::{DevFfn, DevMat, GraphKey, ResidentModel, StepGraph};
+use super::{DevFfn, DevMat, GraphKey, ResidentModel};
 use crate::cuda::ensure_pinned;
 use crate::matmul_table::{
     GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE,
@@ -127,12 +127,9 @@ impl model::LayerDevice for ResidentModel {
         // Buffers for n rows and ctx_needed positions.
         let b = &mut state.buffers;
         let m_rows = logit_rows.len();
+        let tiled = self.tiled_attention(n, one_sequence);
         // Rows whose attention keeps its scores in the arena (a row, head and position each).
-        let score_rows = if self.tiled_attention(n, one_sequence) {
-            0
-        } else {
-            n
-        };
+        let score_rows = if tiled { 0 } else { n };
         if b.arena.is_none()
             || b.rows < n
             || b.ctx < ctx_needed
@@ -492,7 +489,6 @@ impl model::LayerDevice for ResidentModel {
                     // A prompt's rows (one sequence, so one mirror) read each key and value row
                     // once per tile of rows: a 512-row layer's attention took 715 µs on the
                     // H100 with a block per kv head and row (docs/perf.md).
-                    let tiled = self.tiled_attention(n, one_sequence);
                     let grouped = (2..=8).contains(&group) && dk <= 256 && n >= GROUPED_MIN_ROWS;
                     let (f, grid) = if tiled {
                         let tile_rows = TILE_VECTORS / group;
@@ -768,45 +764,9 @@ impl model::LayerDevice for ResidentModel {
             ctx_cap,
             round_f16: kv_type == KvType::F16,
             arena_generation: state.buffers.generation,
-            tiled: self.tiled_attention(n, one_sequence),
+            tiled,
         };
-        // A shape seen in two steps in a row (decode) is captured; a prompt's one-off chunks run
-        // their launches directly instead of paying for a capture they would not replay.
-        let repeated = state.last_key.replace(key) == Some(key);
-        let replay = state.graph.as_ref().is_some_and(|g| g.key == key);
-        // Steps that copy host experts in are large (their launches are few for their time)
-        // and span two streams: they run directly.
-        let graphs = self.switches.graphs && self.host_experts.is_none();
-        if graphs && (replay || repeated) {
-            if !replay {
-                state.graph = None;
-                self.stream
-                    .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                    .map_err(|e| self.error("capturing a step", e))?;
-                let captured = enqueue(host_in, host_out);
-                // The capture ends whatever happened inside it, or the stream stays unusable.
-                let graph = self
-                    .stream
-                    .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
-                    .map_err(|e| self.error("instantiating a step's graph", e))?;
-                captured?;
-                let graph =
-                    graph.ok_or_else(|| self.error("capturing a step", "the capture was empty"))?;
-                state.graph = Some(StepGraph { key, graph });
-            }
-            let g = state.graph.as_ref().expect("captured above");
-            g.graph
-                .launch()
-                .map_err(|e| self.error("launching a step's graph", e))?;
-        } else if let Err(e) = enqueue(host_in, host_out) {
-            // Work already enqueued may still read the streaming buffer (or the copy stream
-            // write it): both finish before the buffer's lock is let go.
-            let _ = self.stream.synchronize();
-            if let Some(h) = &self.host_experts {
-                let _ = h.synchronize();
-            }
-            return Err(e);
-        }
+        self.run_launches(state, key, || enqueue(host_in, host_out))?;
         self.stream
             .synchronize()
             .map_err(|e| self.error("waiting for the GPU", e))?;
