@@ -6,7 +6,7 @@
 # the per-matrix path's copies (`--gpu-piecewise`), and the host pages left unlocked
 # (`MOESHARD_GPU_LOCK_HOST=0`: whole steps decline, the per-matrix path's copies are staged);
 # then one `--profile`d run. About 2.5 minutes.
-# SWEEP=0 leaves the sweep and the profile out; ROUNDS=N sets the rounds against llama.cpp (2).
+# SUITE=0 leaves the GPU suite out, SWEEP=0 the sweep and the profile; ROUNDS=N sets the rounds against llama.cpp (2).
 # With LLAMA=1, llama.cpp's CUDA backend is then built there from the sdist's source (after the
 # sweep: a build beside it takes the 16 cores the CPU side needs) and run at the `-ncmoe`
 # placements that use the same GPU memory, alternating with moeshard (pp512, tg64; GPU memory
@@ -27,9 +27,11 @@ grep MemAvailable /proc/meminfo; date +%T
 L=/var/tmp/ll/build/bin/llama-bench N=/var/tmp/b/moeshard_new Q=/tmp/q30.gguf
 [ -s $Q ] || timeout 120 $N synth --preset qwen3-30b-a3b $Q > /dev/null
 cat $Q > /dev/null
-echo "== suite"
-timeout 120 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
-timeout 200 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|hybrid|whole steps"
+if [ "${SUITE:-1}" = 1 ]; then
+  echo "== suite"
+  timeout 120 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
+  timeout 200 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|hybrid|whole steps"
+fi
 date +%T
 # peak MEMFILE CMD...: runs CMD with nvidia-smi sampled beside it; prints the peak MiB.
 peak() {

@@ -622,6 +622,10 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int 
 // With `counted` (steps of many rows), moe_topk has routed the rows and moe_count has ranked
 // the slots (in slot_row) and counted each expert's (counted[e]): this block only builds the
 // tables. Both give the same tables.
+// With `host_mask` (a u32 per expert, or null) the experts it marks are computed by the host
+// (a decode step with routed experts in host memory): they get no jobs and no rows, and each
+// row's slots of them read the row's weighted sum of them from `host_sums` (f32 rows of
+// n_embd), at weight 1 from the row's first such slot and 0 from the others.
 // desc (u64): n_expert, k, norm_topk, w_scale bits, gate / up / down expert address tables,
 // gate / up / down row strides, n_ff, n_embd, gate / up / down ggml types, the down
 // projection's activation type and row bytes, the gate activation row bytes.
@@ -637,7 +641,8 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
                                      u64* __restrict__ glu, u64* __restrict__ down,
                                      u64* __restrict__ sum_rows, float* __restrict__ sum_w,
                                      int max_jobs, const unsigned int* __restrict__ counted,
-                                     int mma_min) {
+                                     int mma_min, const unsigned int* __restrict__ host_mask,
+                                     u64 host_sums) {
     __shared__ unsigned int count[MAX_EXPERTS];
     __shared__ unsigned int first[MAX_EXPERTS];
     __shared__ int active[MAX_EXPERTS];
@@ -722,14 +727,23 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
             const unsigned int other = __shfl_sync(0xffffffffu, my_id, j);
             rank += (unsigned int)(lane < k && other < my_id);
         }
+        // A host expert's job keeps its rank with no tokens (its blocks return at once); its
+        // slots read the host's sum for the row instead, the first at weight 1.
+        const bool on_host = lane < k && host_mask && host_mask[my_id];
+        const unsigned int host_lanes = __ballot_sync(0xffffffffu, on_host);
         if (lane < k) {
             const u64 per_gu = job_blocks(n_ff, 1, gate_type, mma_min) + job_blocks(n_ff, 1, up_type, mma_min);
-            write_jobs((int)rank, (int)my_id, 1, rank, rank * per_gu,
+            write_jobs((int)rank, (int)my_id, on_host ? 0 : 1, rank, rank * per_gu,
                        rank * job_blocks(n_embd, 1, down_type, mma_min));
             gather[rank] = 0;
             slot_row[lane] = rank;
-            sum_rows[lane] = down_out + 4 * (u64)rank * n_embd;
-            sum_w[lane] = my_w;
+            if (on_host) {
+                sum_rows[lane] = host_sums;
+                sum_w[lane] = lane == __ffs(host_lanes) - 1 ? 1.0f : 0.0f;
+            } else {
+                sum_rows[lane] = down_out + 4 * (u64)rank * n_embd;
+                sum_w[lane] = my_w;
+            }
         }
         return;
     }
@@ -765,6 +779,12 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
         }
         __syncthreads();
     }
+    // The host's experts get no jobs (nor rows): their slots read the host's sums below.
+    if (host_mask) {
+        for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
+            if (host_mask[e]) count[e] = 0;
+        __syncthreads();
+    }
     // Each expert's first slot and the active experts in ascending order: warp 0 scans, a lane
     // per run of consecutive experts (one thread walking all of them was a serial 128+ steps
     // in every decode layer).
@@ -788,6 +808,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
     __syncthreads();
     // Each active expert's rows in row order, and where each slot's output row lands.
     for (int i = threadIdx.x; i < slots; i += blockDim.x) {
+        if (host_mask && host_mask[ids[i]]) continue;
         const unsigned int at = first[ids[i]] + slot_row[i];
         gather[at] = i / k;
         slot_row[i] = at;
@@ -846,6 +867,15 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
         }
     }
     for (int i = threadIdx.x; i < slots; i += blockDim.x) {
+        if (host_mask && host_mask[ids[i]]) {
+            // The row's host sum, once: at weight 1 from its first host slot.
+            const int t = i / k;
+            bool first_host = true;
+            for (int j = t * k; j < i; j++) first_host = first_host && !host_mask[ids[j]];
+            sum_rows[i] = host_sums + 4 * (u64)t * n_embd;
+            sum_w[i] = first_host ? 1.0f : 0.0f;
+            continue;
+        }
         sum_rows[i] = down_out + 4 * (u64)slot_row[i] * n_embd;
         sum_w[i] = wts[i];
     }

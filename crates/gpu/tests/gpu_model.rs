@@ -277,9 +277,12 @@ fn hybrid_placement_matches_the_cpu() {
 
 /// Whole steps under a memory limit below the model's size: the dense weights and some
 /// experts on the GPU, the rest copied in layer by layer through a buffer of one layer's
-/// experts in each step of enough rows (a prompt's), and steps of fewer rows (decode) left to
-/// the per-matrix path; the CPU's logits and tokens. Budgets: the first layers whole, and a
-/// quarter of layer 0's experts only.
+/// experts in each step of enough rows (a prompt's), and computed by the CPU between the
+/// GPU's routing and its weighted sum in smaller steps (decode); the CPU's logits and tokens.
+/// Budgets: the first layers whole, and a quarter of layer 0's experts only. Copies from one
+/// row per expert on average (the prompts copy, decode computes on the host), and from more
+/// rows than any step has (every step computes on the host: one row, and many rows in one
+/// routing block or routed across the device first).
 #[test]
 fn hybrid_whole_steps_match_the_cpu() {
     if !gpu_present() {
@@ -302,48 +305,72 @@ fn hybrid_whole_steps_match_the_cpu() {
             full.dense_on_gpu + full.experts_on_gpu / 2,
             full.dense_on_gpu + per_layer + per_layer / 4,
         ] {
-            let mut dev = gpu::open(0).unwrap();
-            // Copies from one row per expert on average: the prompt's step qualifies, decode's
-            // one row does not.
-            dev.stream_experts(Some(1), None);
-            let report = gpu::upload_model(&mut dev, model, &sel, budget).unwrap();
-            assert!(
-                report.streaming_buffer > 0 && report.experts_on_gpu < full.experts_on_gpu,
-                "{what}: {report}"
-            );
-            let dev = Arc::new(dev);
-            let whole_dev = match gpu::whole_model(dev.clone(), model) {
-                Ok(w) => w,
-                Err(why) => {
-                    eprintln!("{what}: not whole on the GPU: {why}");
-                    assert!(!why.contains("memory") && !why.contains("buffer"), "{why}");
-                    return;
+            for copy_from in [1, 1 << 20] {
+                let mut dev = gpu::open(0).unwrap();
+                dev.stream_experts(Some(copy_from), None);
+                let report = gpu::upload_model(&mut dev, model, &sel, budget).unwrap();
+                assert!(
+                    report.streaming_buffer > 0 && report.experts_on_gpu < full.experts_on_gpu,
+                    "{what}: {report}"
+                );
+                let dev = Arc::new(dev);
+                let whole_dev = match gpu::whole_model(dev.clone(), model) {
+                    Ok(w) => w,
+                    Err(why) => {
+                        eprintln!("{what}: not whole on the GPU: {why}");
+                        assert!(!why.contains("memory") && !why.contains("buffer"), "{why}");
+                        return;
+                    }
+                };
+                let on_gpu = Compute::new(2)
+                    .with_offload(dev.clone())
+                    .with_layer_device(whole_dev.clone());
+                let hybrid =
+                    format!("{what} hybrid whole steps, copies from {copy_from} rows ({report})");
+                let (got, got_tokens) = run(model, &on_gpu, tokens);
+                let steps = whole_dev.steps();
+                let (how, stepped) = check_close(&got, &r.want, r.n_vocab, &hybrid, r.noise);
+                eprintln!(
+                    "{hybrid}: {steps} whole steps, {} bytes copied in; prompt logits {how}",
+                    dev.streamed_bytes()
+                );
+                check_greedy(&got_tokens, &r.want_tokens, stepped, &hybrid);
+                // Every step ran whole: the prompt's logits, and the greedy run's prompt and
+                // 15 decode steps.
+                assert_eq!(steps, 17, "{hybrid}: steps that ran whole");
+                // Only steps that copy count copied bytes: the two prompts' when they copy.
+                if copy_from > 1 {
+                    assert_eq!(dev.streamed_bytes(), 0, "{hybrid}: bytes copied in");
+                } else {
+                    assert!(dev.streamed_bytes() > 0, "{hybrid}: bytes copied in");
                 }
-            };
-            let on_gpu = Compute::new(2)
-                .with_offload(dev.clone())
-                .with_layer_device(whole_dev.clone());
-            let hybrid = format!("{what} hybrid whole steps ({report})");
-            let (got, got_tokens) = run(model, &on_gpu, tokens);
-            let steps = whole_dev.steps();
-            let (how, stepped) = check_close(&got, &r.want, r.n_vocab, &hybrid, r.noise);
-            eprintln!(
-                "{hybrid}: {steps} whole steps, {} bytes copied in; prompt logits {how}",
-                dev.streamed_bytes()
-            );
-            check_greedy(&got_tokens, &r.want_tokens, stepped, &hybrid);
-            // The prompts ran whole (the logits' and the greedy run's); not one decode step did.
-            assert_eq!(steps, 2, "{hybrid}: steps that ran whole");
-            // Two steps of 330 rows: many token tiles per expert, attention over the first
-            // step's positions in the mirror, every layer's copies twice.
-            let long: Vec<u32> = tokens.iter().copied().cycle().take(660).collect();
-            let want = common::logits_chunked(model, cpu, &long, 330);
-            let got = common::logits_chunked(model, &on_gpu, &long, 330);
-            let long_what = format!("{hybrid} (660 tokens in 2 steps)");
-            let (how, _) = check_close(&got, &want, r.n_vocab, &long_what, r.noise);
-            eprintln!("{long_what}: {how}");
-            assert_eq!(whole_dev.steps(), 4, "{long_what}: steps that ran whole");
-            ran += 1;
+                // Two steps of 330 rows: many token tiles per expert, attention over the first
+                // step's positions in the mirror, every layer's copies (or host experts) twice.
+                let long: Vec<u32> = tokens.iter().copied().cycle().take(660).collect();
+                let want = common::logits_chunked(model, cpu, &long, 330);
+                let got = common::logits_chunked(model, &on_gpu, &long, 330);
+                let long_what = format!("{hybrid} (660 tokens in 2 steps)");
+                let (how, _) = check_close(&got, &want, r.n_vocab, &long_what, r.noise);
+                eprintln!("{long_what}: {how}");
+                assert_eq!(whole_dev.steps(), 19, "{long_what}: steps that ran whole");
+                // Steps of 3 rows (in one routing block) and of 9 (routed across the device
+                // first), continuing one cache.
+                let mixed_what = format!("{hybrid} (steps of 3 and 9 rows)");
+                let want = common::logits_chunked(model, cpu, &long[..36], 3);
+                let got = common::logits_chunked(model, &on_gpu, &long[..36], 3);
+                let (how, _) = check_close(&got, &want, r.n_vocab, &mixed_what, r.noise);
+                eprintln!("{mixed_what}, 3: {how}");
+                let want = common::logits_chunked(model, cpu, &long[..36], 9);
+                let got = common::logits_chunked(model, &on_gpu, &long[..36], 9);
+                let (how, _) = check_close(&got, &want, r.n_vocab, &mixed_what, r.noise);
+                eprintln!("{mixed_what}, 9: {how}");
+                assert_eq!(
+                    whole_dev.steps(),
+                    19 + 12 + 4,
+                    "{mixed_what}: steps that ran whole"
+                );
+                ran += 1;
+            }
         }
     });
     assert!(ran > 0, "no model ran hybrid whole steps on the GPU");

@@ -228,7 +228,7 @@ impl Model {
                     && !hooks.observes()
                     && self.all_experts_owned(experts) =>
             {
-                self.forward_on_device(device.as_ref(), &x, seqs, &pos0)
+                self.forward_on_device(cx, device.as_ref(), &x, seqs, &pos0)
             }
             _ => Ok(None),
         };
@@ -261,6 +261,7 @@ impl Model {
     /// The step on a whole-model device: `Ok(None)` when it declines.
     fn forward_on_device(
         &self,
+        cx: &Compute,
         device: &dyn crate::layer_device::LayerDevice,
         x: &[f32],
         seqs: &mut [SeqInput],
@@ -279,6 +280,7 @@ impl Model {
             pos0,
             rope: &rope,
             logit_rows: &rows,
+            cx,
         };
         let _span = span(Phase::Device);
         Ok(device.forward(self, step)?.map(|data| {

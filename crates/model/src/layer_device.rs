@@ -23,6 +23,9 @@ pub struct DeviceStep<'a, 'k> {
     pub pos0: &'a [usize],
     pub rope: &'a RopeTable,
     pub logit_rows: &'a [usize],
+    /// The CPU's threads, for work the device leaves to the host (routed experts it does not
+    /// hold, in steps too small to copy them in).
+    pub cx: &'a crate::Compute,
 }
 
 /// A device that runs every layer and the head of a step. It stores the step's keys and

@@ -1,14 +1,17 @@
-//! Routed experts the device does not hold, in a whole-model step. Each layer's are copied
-//! from the host into the streaming buffer as the step reaches the layer, on a stream of their
-//! own: the copy overlaps the layer's attention and routing, the layer's expert launches wait
-//! for it, and the next layer's copy waits for those launches (one buffer, reused by every
-//! layer). In the buffer a layer's host experts lie in host order, so that the copies of a
-//! layer merge into one per contiguous run (three for a layer of stacked experts).
+//! Routed experts the device does not hold, in a whole-model step. A step of many rows (a
+//! prompt's) copies each layer's from the host into the streaming buffer as the step reaches
+//! the layer, on a stream of their own: the copy overlaps the layer's attention and routing,
+//! the layer's expert launches wait for it, and the next layer's copy waits for those launches
+//! (one buffer, reused by every layer). In the buffer a layer's host experts lie in host order,
+//! so that the copies of a layer merge into one per contiguous run (three for a layer of
+//! stacked experts).
 //!
-//! Copying every host expert of a layer pays only when the step's rows keep them busy: a
-//! step runs whole only when the average routed expert serves at least `--gpu-stream-min`
-//! rows; the device declines smaller steps (decode), which the per-matrix path then runs (the
-//! CPU computing the host's experts, the GPU the rest).
+//! Copying every host expert of a layer pays only when the step's rows keep them busy: only
+//! steps where the average routed expert serves at least `--gpu-stream-min` rows copy. In a
+//! smaller step (decode) the host computes its experts instead: the device routes the layer,
+//! its normed rows and routing come back, the CPU runs the host's experts the rows picked while
+//! the device runs its own, and the CPU's weighted sums go in to meet the device's (one round
+//! trip a layer, the attention on the device).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +38,8 @@ pub(super) struct Layout {
     at: HashMap<(usize, usize), u64>,
     /// Per layer, its copies.
     copies: Vec<Vec<Copy>>,
+    /// Per layer, which of its experts are the host's (empty for a layer with none).
+    on_host: Vec<Vec<bool>>,
     /// The fewest rows of a step that copies (the most any copying layer needs).
     min_rows: usize,
     bytes: usize,
@@ -43,7 +48,10 @@ pub(super) struct Layout {
 impl Layout {
     /// The layout of `layers`' host experts (those `dev` does not hold) in the streaming
     /// buffer `staging` (address, capacity, rows per expert from which experts are copied);
-    /// without one, nothing is placed. `Err` when a layer's host experts do not fit it.
+    /// without one, nothing is copied and the host computes its experts in every step. `Err`
+    /// when a layer's host experts do not fit the buffer, or are not in page-locked memory
+    /// (routed experts streamed from disk: the bounded expert cache holds them, not the model's
+    /// mapping).
     pub(super) fn new(
         dev: &CudaOffload,
         staging: Option<(u64, usize, usize)>,
@@ -53,24 +61,32 @@ impl Layout {
             base: staging.map(|s| s.0),
             at: HashMap::new(),
             copies: vec![Vec::new(); layers.len()],
-            min_rows: 0,
+            on_host: vec![Vec::new(); layers.len()],
+            min_rows: usize::MAX,
             bytes: 0,
-        };
-        let Some((base, capacity, from)) = staging else {
-            return Ok(layout);
         };
         for (il, l) in layers.iter().enumerate() {
             let PlanFfn::Moe { experts, k, .. } = &l.ffn else {
                 continue;
             };
-            let mut host: Vec<&[u8]> = experts
+            let on_host: Vec<bool> = experts
                 .iter()
-                .flat_map(|x| [x.gate.data, x.up.data, x.down.data])
-                .filter(|b| dev.device_address(b).is_none())
+                .map(|x| {
+                    [x.gate.data, x.up.data, x.down.data]
+                        .iter()
+                        .any(|b| dev.device_address(b).is_none())
+                })
                 .collect();
-            if host.is_empty() {
+            if !on_host.contains(&true) {
                 continue;
             }
+            let mut host: Vec<&[u8]> = experts
+                .iter()
+                .zip(&on_host)
+                .filter(|(_, h)| **h)
+                .flat_map(|(x, _)| [x.gate.data, x.up.data, x.down.data])
+                .filter(|b| dev.device_address(b).is_none())
+                .collect();
             host.sort_by_key(|b| b.as_ptr() as usize);
             // A copy from pageable memory waits for the stream before it starts: the host
             // would stall at every layer, and the step would lose to the per-matrix path.
@@ -82,6 +98,14 @@ impl Layout {
                     b.as_ptr()
                 ));
             }
+            layout.on_host[il] = on_host;
+            let Some((base, capacity, from)) = staging else {
+                // Never read on the device: every step computes them on the host.
+                for b in &host {
+                    layout.at.insert((il, b.as_ptr() as usize), 0);
+                }
+                continue;
+            };
             let (ranges, used) = place_in_order(&host);
             if used > capacity {
                 return Err(format!(
@@ -99,15 +123,26 @@ impl Layout {
             layout.copies[il] = merge_copies(&host, &ranges);
             layout.bytes += host.iter().map(|b| b.len()).sum::<usize>();
             let n_expert = experts.len();
-            layout.min_rows = layout.min_rows.max((from * n_expert).div_ceil((*k).max(1)));
+            let rows = (from * n_expert).div_ceil((*k).max(1));
+            layout.min_rows = match layout.min_rows {
+                usize::MAX => rows,
+                m => m.max(rows),
+            };
         }
         Ok(layout)
     }
 
-    /// The device address of layer `il`'s host expert matrix in the buffer; `None` for
-    /// matrices the device holds, and when nothing is streamed.
+    /// Which of layer `il`'s experts are the host's; `None` for a layer with none.
+    pub(super) fn on_host(&self, il: usize) -> Option<&[bool]> {
+        self.on_host
+            .get(il)
+            .filter(|h| !h.is_empty())
+            .map(Vec::as_slice)
+    }
+
+    /// The device address of layer `il`'s host expert matrix in the buffer (0 without one:
+    /// only the host computes it); `None` for matrices the device holds.
     pub(super) fn address(&self, il: usize, bytes: &[u8]) -> Option<u64> {
-        self.base?;
         self.at.get(&(il, bytes.as_ptr() as usize)).copied()
     }
 
@@ -118,12 +153,13 @@ impl Layout {
         ctx: &Arc<CudaContext>,
         model: &Arc<Model>,
     ) -> Result<Option<HostExperts>, String> {
-        if self.copies.iter().all(Vec::is_empty) {
+        if self.on_host.iter().all(Vec::is_empty) {
             return Ok(None);
         }
         let err = |what: &str, e: cudarc::driver::DriverError| format!("{what}: {e}");
         Ok(Some(HostExperts {
             copies: self.copies,
+            on_host: self.on_host,
             base: self.base.unwrap_or(0),
             min_rows: self.min_rows,
             bytes: self.bytes,
@@ -134,6 +170,9 @@ impl Layout {
                 .new_event(None)
                 .map_err(|e| err("creating an event", e))?,
             free: ctx
+                .new_event(None)
+                .map_err(|e| err("creating an event", e))?,
+            routed: ctx
                 .new_event(None)
                 .map_err(|e| err("creating an event", e))?,
             _owner: model.clone(),
@@ -176,8 +215,11 @@ fn merge_copies(host: &[&[u8]], offsets: &[usize]) -> Vec<Copy> {
 /// A model's host experts as its whole-model steps copy them.
 pub(super) struct HostExperts {
     copies: Vec<Vec<Copy>>,
+    /// Per layer, which experts are the host's (empty for a layer with none).
+    on_host: Vec<Vec<bool>>,
     base: u64,
-    /// Steps of fewer rows are declined.
+    /// Steps of fewer rows compute the host's experts on the host; `usize::MAX` when nothing
+    /// is copied.
     pub(super) min_rows: usize,
     /// Bytes a step copies.
     pub(super) bytes: usize,
@@ -185,11 +227,21 @@ pub(super) struct HostExperts {
     /// The layer's copies are in; the buffer's last readers are done.
     ready: CudaEvent,
     free: CudaEvent,
+    /// A layer's routing has come back to the host (a step that computes host experts).
+    pub(super) routed: CudaEvent,
     /// Keeps the host pages the copies read mapped.
     _owner: Arc<Model>,
 }
 
 impl HostExperts {
+    /// Which of layer `il`'s experts are the host's; `None` for a layer with none.
+    pub(super) fn on_host(&self, il: usize) -> Option<&[bool]> {
+        self.on_host
+            .get(il)
+            .filter(|h| !h.is_empty())
+            .map(Vec::as_slice)
+    }
+
     pub(super) fn copies_layer(&self, il: usize) -> bool {
         self.copies.get(il).is_some_and(|c| !c.is_empty())
     }

@@ -47,6 +47,10 @@ enum DevFfn {
         k: usize,
         n_ff: usize,
         gate_act: ActKind,
+        /// The experts the host holds (a u32 flag per expert on the device; 0 for none), and
+        /// how many the device holds.
+        host_mask: u64,
+        device_experts: usize,
     },
 }
 
@@ -108,6 +112,9 @@ struct Buffers {
     arena: Option<CudaSlice<u8>>,
     host_in: Option<PinnedHostSlice<u8>>,
     host_out: Option<PinnedHostSlice<f32>>,
+    /// A layer's normed rows and routing coming back, and the host's expert sums going in (a
+    /// step whose host computes its experts).
+    host_xchg: Option<PinnedHostSlice<f32>>,
 }
 
 #[derive(Default)]
@@ -181,8 +188,8 @@ pub struct ResidentModel {
     host_experts: Option<host_experts::HostExperts>,
 }
 
-/// Host preparation, the device's work (launches to synchronize) and the copy into the host
-/// caches, summed per number of rows in a step (a prompt's chunks, a warm-up's short prompt
+/// Host preparation, the device's work (launches to synchronize), the host's routed experts
+/// within it (a step that computes them) and the copy into the host caches, summed per number of rows in a step (a prompt's chunks, a warm-up's short prompt
 /// and decode rows apart, so no average mixes them) and printed every 64 single-row steps and
 /// when the model is dropped.
 #[derive(Default)]
@@ -195,12 +202,12 @@ struct StepTiming {
 #[derive(Default)]
 struct StepSums {
     count: u64,
-    total: [std::time::Duration; 3],
-    fastest: Option<[std::time::Duration; 3]>,
+    total: [std::time::Duration; 4],
+    fastest: Option<[std::time::Duration; 4]>,
 }
 
 impl StepTiming {
-    fn record(&self, rows: usize, parts: [std::time::Duration; 3]) {
+    fn record(&self, rows: usize, parts: [std::time::Duration; 4]) {
         let Ok(mut sums) = self.sums.lock() else {
             return;
         };
@@ -209,7 +216,7 @@ impl StepTiming {
         for (t, p) in s.total.iter_mut().zip(parts) {
             *t += p;
         }
-        let sum = |p: &[std::time::Duration; 3]| p.iter().sum::<std::time::Duration>();
+        let sum = |p: &[std::time::Duration; 4]| p.iter().sum::<std::time::Duration>();
         if s.fastest.is_none_or(|f| sum(&parts) < sum(&f)) {
             s.fastest = Some(parts);
         }
@@ -225,14 +232,16 @@ impl StepTiming {
             let what = if *rows == 1 { "row" } else { "rows" };
             let f = s.fastest.unwrap_or_default();
             eprintln!(
-                "gpu timing: {} steps of {rows} {what}: host {:.0} µs, device {:.0} µs, caches {:.0} µs a step (fastest: {:.0} + {:.0} + {:.0} µs)",
+                "gpu timing: {} steps of {rows} {what}: host {:.0} µs, device {:.0} µs, host experts {:.0} µs, caches {:.0} µs a step (fastest: {:.0} + {:.0} + {:.0} + {:.0} µs)",
                 s.count,
                 us(s.total[0]) / n,
                 us(s.total[1]) / n,
                 us(s.total[2]) / n,
+                us(s.total[3]) / n,
                 us(f[0]),
                 us(f[1]),
-                us(f[2])
+                us(f[2]),
+                us(f[3])
             );
         }
     }
@@ -265,7 +274,13 @@ impl Arena {
 struct Offsets {
     input: usize,
     input_len: usize,
+    /// The normed rows in f32 and, after them, each slot's expert and weight: what a step
+    /// whose host computes experts copies out in one piece.
     hn: usize,
+    ids: usize,
+    wts: usize,
+    /// Each row's weighted sum of the host's experts (such a step's copy in).
+    host_sums: usize,
     hq8k: usize,
     hq80: usize,
     q: usize,
@@ -276,8 +291,6 @@ struct Offsets {
     att_q80: usize,
     scores: usize,
     router_logits: usize,
-    ids: usize,
-    wts: usize,
     slot_row: usize,
     gather: usize,
     /// Per expert, its slots in the step (moe_count's, for moe_route).
@@ -532,6 +545,17 @@ impl ResidentModel {
                     max_ff = max_ff.max(n_ff);
                     max_expert = max_expert.max(n_expert);
                     max_k = max_k.max(*k);
+                    let (host_mask, device_experts) = match host.on_host(il) {
+                        Some(on_host) => {
+                            let flags: Vec<u8> = on_host
+                                .iter()
+                                .flat_map(|&h| u32::from(h).to_le_bytes())
+                                .collect();
+                            let held = on_host.iter().filter(|&&h| !h).count();
+                            (upload(&flags)?, held)
+                        }
+                        None => (0, n_expert),
+                    };
                     DevFfn::Moe {
                         router,
                         desc: upload(&u64s(&desc))?,
@@ -539,6 +563,8 @@ impl ResidentModel {
                         k: *k,
                         n_ff,
                         gate_act: g.act,
+                        host_mask,
+                        device_experts,
                     }
                 }
             };
@@ -609,6 +635,9 @@ impl ResidentModel {
             input,
             input_len,
             hn: a.take(4 * n * d),
+            ids: a.take(4 * slots),
+            wts: a.take(4 * slots),
+            host_sums: a.take(4 * n * d),
             hq8k: a.take(n * q8k(d)),
             hq80: a.take(n * q80(d)),
             q: a.take(4 * n * nh * dk),
@@ -619,8 +648,6 @@ impl ResidentModel {
             att_q80: a.take(n * q80(nh * dk)),
             scores: a.take(4 * scored * nh * ctx),
             router_logits: a.take(4 * n * self.max_expert.max(1)),
-            ids: a.take(4 * slots),
-            wts: a.take(4 * slots),
             slot_row: a.take(4 * slots),
             gather: a.take(4 * slots),
             counted: a.take(4 * self.max_expert.max(1)),

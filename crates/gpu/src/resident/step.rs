@@ -60,6 +60,7 @@ impl model::LayerDevice for ResidentModel {
             pos0,
             rope,
             logit_rows,
+            cx,
         } = step;
         let (d, nkv, dk) = (self.d, self.nkv, self.dk);
         let n_layers = self.layers.len();
@@ -67,11 +68,9 @@ impl model::LayerDevice for ResidentModel {
         if n == 0 || model.n_layer() != n_layers {
             return Ok(None);
         }
-        // With routed experts on the host, only steps large enough to pay for copying them
-        // in run here (host_experts.rs).
-        if self.host_experts.as_ref().is_some_and(|h| n < h.min_rows) {
-            return Ok(None);
-        }
+        // With routed experts on the host, steps large enough to pay for copying them in do
+        // so; smaller ones compute them on the host (host_experts.rs).
+        let host_compute = self.host_experts.as_ref().is_some_and(|h| n < h.min_rows);
         let kd = nkv * dk;
         let one_sequence = seqs.len() == 1;
         // Caches of the model's whole shape only.
@@ -110,8 +109,8 @@ impl model::LayerDevice for ResidentModel {
         let state = &mut *guard;
         // The streaming buffer is the device's: no expert FFN call may use it meanwhile.
         let _scratch = match &self.host_experts {
-            Some(_) => Some(self.dev.lock().map_err(model::ModelError::Matmul)?),
-            None => None,
+            Some(_) if !host_compute => Some(self.dev.lock().map_err(model::ModelError::Matmul)?),
+            _ => None,
         };
         let t_start = std::time::Instant::now();
         state.clock += 1;
@@ -164,12 +163,24 @@ impl model::LayerDevice for ResidentModel {
             .map_err(|e| self.error("allocating page-locked memory", e))?;
         let pin_out = ensure_pinned(&self.dev.ctx, &mut b.host_out, out_floats.max(1))
             .map_err(|e| self.error("allocating page-locked memory", e))?;
-        // SAFETY: both hold at least these lengths (ensured above); nothing else refers to
-        // them while the state lock is held, and every step ends by synchronizing the stream.
-        let (host_in, host_out) = unsafe {
+        // A layer's normed rows, slot experts and weights come back in one piece, and the
+        // host's sums go in after them.
+        let routed_floats = (o.wts + 4 * n * self.max_k - o.hn) / 4;
+        let xchg_floats = if host_compute {
+            routed_floats + n * d
+        } else {
+            1
+        };
+        let pin_xchg = ensure_pinned(&self.dev.ctx, &mut b.host_xchg, xchg_floats)
+            .map_err(|e| self.error("allocating page-locked memory", e))?;
+        // SAFETY: all three hold at least these lengths (ensured above); nothing else refers
+        // to them while the state lock is held, and every step ends by synchronizing the
+        // stream.
+        let (host_in, host_out, host_xchg) = unsafe {
             (
                 std::slice::from_raw_parts_mut(pin_in, o.input_len),
                 std::slice::from_raw_parts_mut(pin_out, out_floats.max(1)),
+                std::slice::from_raw_parts_mut(pin_xchg, xchg_floats),
             )
         };
 
@@ -332,7 +343,12 @@ impl model::LayerDevice for ResidentModel {
         let logits_len = m_rows * self.n_vocab;
         // The new rows come back in the host cache's element type (f16 is half a float).
         let fresh_len = n * n_layers * 2 * kd * kv_type.bytes() / 4;
-        let enqueue = |host_in: &[u8], host_out: &mut [f32]| -> model::Result<()> {
+        // The host's share of the device part: its experts' time in a step that computes them.
+        let host_time = std::cell::Cell::new(std::time::Duration::ZERO);
+        let enqueue = |host_in: &[u8],
+                       host_out: &mut [f32],
+                       host_xchg: &mut [f32]|
+         -> model::Result<()> {
             // SAFETY: host_in is page-locked and untouched until the synchronize below; the arena
             // holds the input region at o.input.
             unsafe { cudarc::driver::result::memcpy_htod_async(at(o.input), host_in, cu) }
@@ -417,8 +433,17 @@ impl model::LayerDevice for ResidentModel {
                 (input(rk_in), input(rv_in), input(rs_in), input(pos_in));
             for (il, (l, t)) in self.layers.iter().zip(&tables).enumerate() {
                 let il_i = il as i32;
-                // The layer's host experts start coming in beside its attention.
-                let copies = self.host_experts.as_ref().filter(|h| h.copies_layer(il));
+                // The layer's host experts start coming in beside its attention, or the host
+                // computes them.
+                let copies = self
+                    .host_experts
+                    .as_ref()
+                    .filter(|h| !host_compute && h.copies_layer(il));
+                let on_host = self
+                    .host_experts
+                    .as_ref()
+                    .filter(|_| host_compute)
+                    .and_then(|h| h.on_host(il).map(|m| (h, m)));
                 if let Some(h) = copies {
                     h.copy_in(il).map_err(|e| {
                         self.error(&format!("copying layer {il}'s host experts in"), e)
@@ -583,14 +608,20 @@ impl model::LayerDevice for ResidentModel {
                         k,
                         n_ff,
                         gate_act,
+                        host_mask,
+                        device_experts,
                     } => {
                         let kind_of = |a: ActKind, b: ActKind| router.act == a || *gate_act == b;
+                        // The host's experts read the normed rows in f32.
                         norm(
                             x_dev,
                             null,
                             l.ffn_norm,
                             n,
-                            form(kind_of(ActKind::F32, ActKind::F32), o.hn),
+                            form(
+                                kind_of(ActKind::F32, ActKind::F32) || on_host.is_some(),
+                                o.hn,
+                            ),
                             form(kind_of(ActKind::Q8K, ActKind::Q8K), o.hq8k),
                             form(kind_of(ActKind::Q8_0, ActKind::Q8_0), o.hq80),
                         )?;
@@ -663,12 +694,37 @@ impl model::LayerDevice for ResidentModel {
                         for p in &ptrs[1..] {
                             b.arg(p);
                         }
-                        b.arg(&mj_i).arg(&counted).arg(&mma_min_i);
-                        // SAFETY: moe_route reads n rows of router logits and the layer's
-                        // descriptor (uploaded constants) and writes tables for max_jobs experts
-                        // and n·k slots into the arena, sized for them.
+                        let (mask, sums) = match on_host {
+                            Some(_) => (*host_mask, at(o.host_sums)),
+                            None => (null, null),
+                        };
+                        b.arg(&mj_i)
+                            .arg(&counted)
+                            .arg(&mma_min_i)
+                            .arg(&mask)
+                            .arg(&sums);
+                        // SAFETY: moe_route reads n rows of router logits, the layer's descriptor
+                        // and host mask (uploaded constants, n_expert flags) and writes tables
+                        // for max_jobs experts and n·k slots into the arena, sized for them.
                         unsafe { b.launch(cu, cfg((1, 1), 256, 0), overlap()) }
                             .map_err(|e| launch_err("moe_route", e))?;
+                        if let Some((h, _)) = on_host {
+                            // SAFETY: host_xchg is page-locked, holds routed_floats floats and
+                            // is read only after the event below; the arena holds them from
+                            // o.hn (the normed rows, slot experts and weights, in that order).
+                            unsafe {
+                                cudarc::driver::result::memcpy_dtoh_async(
+                                    &mut host_xchg[..routed_floats],
+                                    at(o.hn),
+                                    cu,
+                                )
+                            }
+                            .map_err(|e| self.error("copying a layer's routing out", e))?;
+                            h.routed
+                                .record(&self.stream)
+                                .map_err(|e| self.error("marking a layer's routing", e))?;
+                            after_kernel.set(false);
+                        }
                         // The tables are the device's: bound their blocks by every slot in
                         // tiles of the dp4a path (whose blocks are the smaller) plus a partial
                         // tile per job; a row picks an expert once, so only a step of
@@ -687,18 +743,56 @@ impl model::LayerDevice for ResidentModel {
                             // ahead of it.
                             after_kernel.set(false);
                         }
-                        matmul(at(o.gu_table), 2 * max_jobs, grids(2 * *n_ff), false)?;
-                        let (glu_at, mj) = (at(o.glu_table), max_jobs as i32);
-                        let mut b = Launch::new(&self.f.glu);
-                        b.arg(&glu_at).arg(&mj);
-                        // SAFETY: one block per slot row; the table (written by moe_route) names
-                        // gate/up/hidden rows in the arena.
-                        unsafe { b.launch(cu, cfg((slots as u32, 1), 256, 0), overlap()) }
-                            .map_err(|e| launch_err("glu_quantize", e))?;
-                        matmul(at(o.down_table), max_jobs, grids(d), false)?;
+                        if on_host.is_none() || *device_experts > 0 {
+                            matmul(at(o.gu_table), 2 * max_jobs, grids(2 * *n_ff), false)?;
+                            let (glu_at, mj) = (at(o.glu_table), max_jobs as i32);
+                            let mut b = Launch::new(&self.f.glu);
+                            b.arg(&glu_at).arg(&mj);
+                            // SAFETY: one block per slot row; the table (written by moe_route)
+                            // names gate/up/hidden rows in the arena.
+                            unsafe { b.launch(cu, cfg((slots as u32, 1), 256, 0), overlap()) }
+                                .map_err(|e| launch_err("glu_quantize", e))?;
+                            matmul(at(o.down_table), max_jobs, grids(d), false)?;
+                        }
                         if let Some(h) = copies {
                             h.release(&self.stream)
                                 .map_err(|e| self.error("marking the streaming buffer free", e))?;
+                        }
+                        if let Some((h, mask)) = on_host {
+                            // While the device runs its experts, the host runs its own.
+                            h.routed
+                                .synchronize()
+                                .map_err(|e| self.error("waiting for a layer's routing", e))?;
+                            let t_host = std::time::Instant::now();
+                            let (routed, sums) = host_xchg.split_at_mut(routed_floats);
+                            let ids_at = (o.ids - o.hn) / 4;
+                            let wts_at = (o.wts - o.hn) / 4;
+                            let ids: &[u32] = bytemuck::cast_slice(&routed[ids_at..ids_at + slots]);
+                            model::blocks::moe::host_expert_sums(
+                                cx,
+                                model,
+                                il,
+                                &routed[..n * d],
+                                *k,
+                                ids,
+                                &routed[wts_at..wts_at + slots],
+                                mask,
+                                &mut sums[..n * d],
+                            )?;
+                            host_time.set(host_time.get() + t_host.elapsed());
+                            // SAFETY: the sums are page-locked and not written again before
+                            // this copy has run (the next layer's are written after its routing
+                            // event, which follows this copy in stream order).
+                            unsafe {
+                                cudarc::driver::result::memcpy_htod_async(
+                                    at(o.host_sums),
+                                    &sums[..n * d],
+                                    cu,
+                                )
+                            }
+                            .map_err(|e| self.error("copying the host's expert sums in", e))?;
+                            // After a copy, no launch overlaps the kernel ahead of it.
+                            after_kernel.set(false);
                         }
                         let (offs, rows, wts, x_at, acc) =
                             (input(offs_in), at(o.sum_rows), at(o.sum_w), x_dev, 1i32);
@@ -766,7 +860,7 @@ impl model::LayerDevice for ResidentModel {
             arena_generation: state.buffers.generation,
             tiled,
         };
-        self.run_launches(state, key, || enqueue(host_in, host_out))?;
+        self.run_launches(state, key, || enqueue(host_in, host_out, host_xchg))?;
         self.stream
             .synchronize()
             .map_err(|e| self.error("waiting for the GPU", e))?;
@@ -777,7 +871,7 @@ impl model::LayerDevice for ResidentModel {
         self.store_new_rows(state, seqs, pos0, &mirror_of, fresh, kv_type)?;
         self.steps
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(h) = &self.host_experts {
+        if let Some(h) = self.host_experts.as_ref().filter(|_| !host_compute) {
             self.dev
                 .streamed
                 .fetch_add(h.bytes as u64, std::sync::atomic::Ordering::Relaxed);
@@ -785,7 +879,12 @@ impl model::LayerDevice for ResidentModel {
         if let Some(t) = &self.timing {
             t.record(
                 n,
-                [t_prepared - t_start, t_done - t_prepared, t_done.elapsed()],
+                [
+                    t_prepared - t_start,
+                    (t_done - t_prepared).saturating_sub(host_time.get()),
+                    host_time.get(),
+                    t_done.elapsed(),
+                ],
             );
         }
         Ok(Some(logits))

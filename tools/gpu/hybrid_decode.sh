@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Hybrid decode on the device host, one call: the GPU suite, then qwen3-30b-a3b synth under the
+# two GPU memory limits of docs/perf.md's hybrid rows (1.15GiB ≈ llama.cpp -ncmoe 48's memory,
+# 9.9GiB ≈ -ncmoe 24's), alternating whole steps (decode's host experts computed by the CPU
+# between the GPU's routing and its weighted sum) with the per-matrix path (`--gpu-piecewise`),
+# pp512 and tg64; then one decode run under MOESHARD_GPU_TIMING=1 (where a step's time goes).
+# About 6 minutes. ROUNDS=N sets the rounds (1).
+#
+# Prepare here as for tools/gpu/hybrid_stream.sh (PACK/bins.tar.xz with moeshard_new,
+# gpu_kernels, gpu_model; PACK/fixtures.tar.xz; fixtures, fuzz corpus and the demo model moved
+# aside). Run there: bash tools/gpu/hybrid_decode.sh PACK > $OUT/run.txt 2>&1
+R=$PWD; P=$(cd "$1" && pwd)
+mkdir -p /work && { [ -e /work/main ] || ln -s "$R" /work/main; }
+export PATH=/usr/local/cuda/bin:$PATH
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+mkdir -p crates/model/tests/fixtures && tar xJf "$P/fixtures.tar.xz" -C crates/model/tests/fixtures
+mkdir -p /var/tmp/b && tar xJf "$P/bins.tar.xz" -C /var/tmp/b
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv; nproc
+date +%T
+N=/var/tmp/b/moeshard_new Q=/tmp/q30.gguf
+( [ -s $Q ] || timeout 150 $N synth --preset qwen3-30b-a3b $Q > /dev/null; cat $Q > /dev/null ) &
+echo "== suite"
+timeout 120 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
+timeout 240 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|hybrid"
+wait; date +%T
+ms() { # label, then moeshard bench arguments
+  local label=$1; shift
+  echo "== $label: $(timeout 120 $N bench -m $Q -t 16 --gpu "$@" 2>&1 | grep -E 'pp512|tg64|^GPU [0-9].*routed|whole layers' | tr '\n' ' ')"
+}
+for round in $(seq ${ROUNDS:-1}); do
+  for mem in 1.15GiB 9.9GiB; do
+    ms "--gpu-mem $mem, whole steps, round $round" --gpu-mem $mem -p 512 -n 64 -r 2
+    ms "--gpu-mem $mem, per-matrix (--gpu-piecewise), round $round" --gpu-mem $mem --gpu-piecewise -p 512 -n 64 -r 2
+  done
+done
+date +%T
+echo "== MOESHARD_GPU_TIMING=1, --gpu-mem 1.15GiB, tg64"
+MOESHARD_GPU_TIMING=1 timeout 100 $N bench -m $Q -t 16 --gpu --gpu-mem 1.15GiB -p 16 -n 64 -r 1 2>&1 | grep -E "gpu timing|tg64" | tail -6
+date +%T
+echo done
