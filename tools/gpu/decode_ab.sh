@@ -18,12 +18,8 @@
 # under that variable (several variables: "A=0 B=1" as one argument).
 set -x
 T0=$(date +%s)
-R=$PWD; P=$(cd "$1" && pwd); shift
-mkdir -p /work && { [ -e /work/main ] || ln -s "$R" /work/main; }
-export PATH=/usr/local/cuda/bin:$PATH
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-mkdir -p crates/model/tests/fixtures && tar xJf "$P/fixtures.tar.xz" -C crates/model/tests/fixtures
-mkdir -p /var/tmp/b && tar xJf "$P/bins.tar.xz" -C /var/tmp/b
+source "$(dirname "$0")/unpack_pack.sh" "$1"
+shift
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv; date +%T
 M=/var/tmp/b/moeshard_main N=/var/tmp/b/moeshard_new Q=/var/tmp/q30.gguf
 ( [ -s $Q ] || timeout 120 $N synth --preset qwen3-30b-a3b $Q > /dev/null; sync; cat $Q > /dev/null ) &

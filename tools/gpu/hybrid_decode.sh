@@ -9,12 +9,7 @@
 # Prepare here as for tools/gpu/hybrid_stream.sh (PACK/bins.tar.xz with moeshard_new,
 # gpu_kernels, gpu_model; PACK/fixtures.tar.xz; fixtures, fuzz corpus and the demo model moved
 # aside). Run there: bash tools/gpu/hybrid_decode.sh PACK > $OUT/run.txt 2>&1
-R=$PWD; P=$(cd "$1" && pwd)
-mkdir -p /work && { [ -e /work/main ] || ln -s "$R" /work/main; }
-export PATH=/usr/local/cuda/bin:$PATH
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-mkdir -p crates/model/tests/fixtures && tar xJf "$P/fixtures.tar.xz" -C crates/model/tests/fixtures
-mkdir -p /var/tmp/b && tar xJf "$P/bins.tar.xz" -C /var/tmp/b
+source "$(dirname "$0")/unpack_pack.sh" "$1"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv; nproc
 date +%T
 N=/var/tmp/b/moeshard_new Q=/tmp/q30.gguf

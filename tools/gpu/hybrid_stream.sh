@@ -16,12 +16,8 @@
 # gpu_kernels, gpu_model; PACK/fixtures.tar.xz; PACK/llama-src.tar.xz for LLAMA=1; fixtures,
 # fuzz corpus and the demo model moved aside). Run there:
 #   [LLAMA=1] bash tools/gpu/hybrid_stream.sh PACK > $OUT/run.txt 2>&1
-R=$PWD; P=$(cd "$1" && pwd)
-mkdir -p /work && { [ -e /work/main ] || ln -s "$R" /work/main; }
+source "$(dirname "$0")/unpack_pack.sh" "$1"
 export PATH=/usr/local/cuda/bin:/opt/torch/.venv/bin:$PATH
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-mkdir -p crates/model/tests/fixtures && tar xJf "$P/fixtures.tar.xz" -C crates/model/tests/fixtures
-mkdir -p /var/tmp/b && tar xJf "$P/bins.tar.xz" -C /var/tmp/b
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv; nproc
 grep MemAvailable /proc/meminfo; date +%T
 L=/var/tmp/ll/build/bin/llama-bench N=/var/tmp/b/moeshard_new Q=/tmp/q30.gguf

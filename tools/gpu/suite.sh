@@ -4,12 +4,7 @@
 # folders to test (qwen3moe and llama, say: tar of crates/model/tests/fixtures/{qwen3moe,llama}).
 # Run there: bash tools/gpu/suite.sh PACK > $OUT/suite.txt 2>&1
 set -x
-R=$PWD; P=$(cd "$1" && pwd)
-mkdir -p /work && { [ -e /work/main ] || ln -s "$R" /work/main; }
-export PATH=/usr/local/cuda/bin:$PATH
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-mkdir -p crates/model/tests/fixtures && tar xJf "$P/fixtures.tar.xz" -C crates/model/tests/fixtures
-mkdir -p /var/tmp/b && tar xJf "$P/bins.tar.xz" -C /var/tmp/b
+source "$(dirname "$0")/unpack_pack.sh" "$1"
 nvidia-smi --query-gpu=name,memory.total --format=csv; date +%T
 timeout 200 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -v '^$' | tail -15
 date +%T

@@ -48,10 +48,8 @@ pub(super) struct Layout {
 impl Layout {
     /// The layout of `layers`' host experts (those `dev` does not hold) in the streaming
     /// buffer `staging` (address, capacity, rows per expert from which experts are copied);
-    /// without one, nothing is copied and the host computes its experts in every step. `Err`
-    /// when a layer's host experts do not fit the buffer, or are not in page-locked memory
-    /// (routed experts streamed from disk: the bounded expert cache holds them, not the model's
-    /// mapping).
+    /// without one, nothing is placed (and the model cannot run whole). `Err` when a layer's
+    /// host experts do not fit the buffer, or are not in page-locked memory.
     pub(super) fn new(
         dev: &CudaOffload,
         staging: Option<(u64, usize, usize)>,
@@ -62,8 +60,11 @@ impl Layout {
             at: HashMap::new(),
             copies: vec![Vec::new(); layers.len()],
             on_host: vec![Vec::new(); layers.len()],
-            min_rows: usize::MAX,
+            min_rows: 0,
             bytes: 0,
+        };
+        let Some((base, capacity, from)) = staging else {
+            return Ok(layout);
         };
         for (il, l) in layers.iter().enumerate() {
             let PlanFfn::Moe { experts, k, .. } = &l.ffn else {
@@ -99,13 +100,6 @@ impl Layout {
                 ));
             }
             layout.on_host[il] = on_host;
-            let Some((base, capacity, from)) = staging else {
-                // Never read on the device: every step computes them on the host.
-                for b in &host {
-                    layout.at.insert((il, b.as_ptr() as usize), 0);
-                }
-                continue;
-            };
             let (ranges, used) = place_in_order(&host);
             if used > capacity {
                 return Err(format!(
@@ -123,11 +117,7 @@ impl Layout {
             layout.copies[il] = merge_copies(&host, &ranges);
             layout.bytes += host.iter().map(|b| b.len()).sum::<usize>();
             let n_expert = experts.len();
-            let rows = (from * n_expert).div_ceil((*k).max(1));
-            layout.min_rows = match layout.min_rows {
-                usize::MAX => rows,
-                m => m.max(rows),
-            };
+            layout.min_rows = layout.min_rows.max((from * n_expert).div_ceil((*k).max(1)));
         }
         Ok(layout)
     }
@@ -140,8 +130,8 @@ impl Layout {
             .map(Vec::as_slice)
     }
 
-    /// The device address of layer `il`'s host expert matrix in the buffer (0 without one:
-    /// only the host computes it); `None` for matrices the device holds.
+    /// The device address of layer `il`'s host expert matrix in the buffer; `None` for
+    /// matrices the device holds, and when nothing is streamed.
     pub(super) fn address(&self, il: usize, bytes: &[u8]) -> Option<u64> {
         self.at.get(&(il, bytes.as_ptr() as usize)).copied()
     }
@@ -218,8 +208,7 @@ pub(super) struct HostExperts {
     /// Per layer, which experts are the host's (empty for a layer with none).
     on_host: Vec<Vec<bool>>,
     base: u64,
-    /// Steps of fewer rows compute the host's experts on the host; `usize::MAX` when nothing
-    /// is copied.
+    /// Steps of fewer rows compute the host's experts on the host; larger ones copy them in.
     pub(super) min_rows: usize,
     /// Bytes a step copies.
     pub(super) bytes: usize,

@@ -274,8 +274,8 @@ impl Arena {
 struct Offsets {
     input: usize,
     input_len: usize,
-    /// The normed rows in f32 and, after them, each slot's expert and weight: what a step
-    /// whose host computes experts copies out in one piece.
+    /// The normed rows in f32, each slot's expert and weight: what a step whose host
+    /// computes experts copies out per layer.
     hn: usize,
     ids: usize,
     wts: usize,

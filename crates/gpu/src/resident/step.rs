@@ -163,19 +163,25 @@ impl model::LayerDevice for ResidentModel {
             .map_err(|e| self.error("allocating page-locked memory", e))?;
         let pin_out = ensure_pinned(&self.dev.ctx, &mut b.host_out, out_floats.max(1))
             .map_err(|e| self.error("allocating page-locked memory", e))?;
-        // A layer's normed rows, slot experts and weights come back in one piece, and the
-        // host's sums go in after them.
-        let routed_floats = (o.wts + 4 * n * self.max_k - o.hn) / 4;
+        // A step that computes host experts: per layer, its n normed rows, then its slots'
+        // experts and weights (n·max_k each) come back, and the host's n sums go in after them.
+        // Sized by this step's rows, not the arena's (a decode step after a long prompt).
+        let slots_max = n * self.max_k;
+        let routed_floats = n * d + 2 * slots_max;
         let xchg_floats = if host_compute {
             routed_floats + n * d
         } else {
-            1
+            0
         };
-        let pin_xchg = ensure_pinned(&self.dev.ctx, &mut b.host_xchg, xchg_floats)
-            .map_err(|e| self.error("allocating page-locked memory", e))?;
-        // SAFETY: all three hold at least these lengths (ensured above); nothing else refers
-        // to them while the state lock is held, and every step ends by synchronizing the
-        // stream.
+        let pin_xchg = if host_compute {
+            ensure_pinned(&self.dev.ctx, &mut b.host_xchg, xchg_floats)
+                .map_err(|e| self.error("allocating page-locked memory", e))?
+        } else {
+            std::ptr::NonNull::dangling().as_ptr()
+        };
+        // SAFETY: all three hold at least these lengths (ensured above; an empty slice from a
+        // dangling pointer otherwise); nothing else refers to them while the state lock is
+        // held, and every step ends by synchronizing the stream.
         let (host_in, host_out, host_xchg) = unsafe {
             (
                 std::slice::from_raw_parts_mut(pin_in, o.input_len),
@@ -709,17 +715,19 @@ impl model::LayerDevice for ResidentModel {
                         unsafe { b.launch(cu, cfg((1, 1), 256, 0), overlap()) }
                             .map_err(|e| launch_err("moe_route", e))?;
                         if let Some((h, _)) = on_host {
-                            // SAFETY: host_xchg is page-locked, holds routed_floats floats and
-                            // is read only after the event below; the arena holds them from
-                            // o.hn (the normed rows, slot experts and weights, in that order).
-                            unsafe {
-                                cudarc::driver::result::memcpy_dtoh_async(
-                                    &mut host_xchg[..routed_floats],
-                                    at(o.hn),
-                                    cu,
-                                )
+                            let (rows, routing) = host_xchg[..routed_floats].split_at_mut(n * d);
+                            let (ids, wts) = routing.split_at_mut(slots_max);
+                            for (dst, src) in [
+                                (rows, at(o.hn)),
+                                (&mut ids[..slots], at(o.ids)),
+                                (&mut wts[..slots], at(o.wts)),
+                            ] {
+                                // SAFETY: host_xchg is page-locked and read only after the
+                                // event below; the arena holds n rows of d floats at o.hn and
+                                // n·k slot experts and weights at o.ids and o.wts (k ≤ max_k).
+                                unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, cu) }
+                                    .map_err(|e| self.error("copying a layer's routing out", e))?;
                             }
-                            .map_err(|e| self.error("copying a layer's routing out", e))?;
                             h.routed
                                 .record(&self.stream)
                                 .map_err(|e| self.error("marking a layer's routing", e))?;
@@ -765,8 +773,7 @@ impl model::LayerDevice for ResidentModel {
                                 .map_err(|e| self.error("waiting for a layer's routing", e))?;
                             let t_host = std::time::Instant::now();
                             let (routed, sums) = host_xchg.split_at_mut(routed_floats);
-                            let ids_at = (o.ids - o.hn) / 4;
-                            let wts_at = (o.wts - o.hn) / 4;
+                            let (ids_at, wts_at) = (n * d, n * d + slots_max);
                             let ids: &[u32] = bytemuck::cast_slice(&routed[ids_at..ids_at + slots]);
                             model::blocks::moe::host_expert_sums(
                                 cx,

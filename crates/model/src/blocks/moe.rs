@@ -720,16 +720,22 @@ fn add_to_rows(x: &mut [f32], bias: &[f32]) {
 mod tests {
     use super::*;
 
-    /// One token whose two slots name the same expert (hash routing could): each slot gets the
-    /// expert's whole output, and they add up in slot order, exactly as one slot of weight one
-    /// gives that output alone.
-    #[test]
-    fn a_token_routed_twice_to_one_expert_gets_both_slots() {
+    /// The qwen3moe F32 fixture, its embedding width and its routed experts.
+    fn qwen3moe_f32() -> (crate::Model, usize, usize) {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/qwen3moe/model-f32.gguf");
         let model = crate::Model::load(&path).expect("the qwen3moe fixture loads");
         let n_embd = model.hp.n_embd;
         let n_expert = model.hp.moe.as_ref().expect("a MoE fixture").n_expert;
+        (model, n_embd, n_expert)
+    }
+
+    /// One token whose two slots name the same expert (hash routing could): each slot gets the
+    /// expert's whole output, and they add up in slot order, exactly as one slot of weight one
+    /// gives that output alone.
+    #[test]
+    fn a_token_routed_twice_to_one_expert_gets_both_slots() {
+        let (model, n_embd, n_expert) = qwen3moe_f32();
         let cx = Compute::new(2);
         let x: Vec<f32> = (0..n_embd)
             .map(|i| ((i * 37 % 17) as f32 - 8.0) / 9.0)
@@ -760,11 +766,7 @@ mod tests {
     /// the two halves of a mask add up to the whole layer.
     #[test]
     fn host_expert_sums_are_the_marked_experts_share() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/qwen3moe/model-f32.gguf");
-        let model = crate::Model::load(&path).expect("the qwen3moe fixture loads");
-        let n_embd = model.hp.n_embd;
-        let n_expert = model.hp.moe.as_ref().expect("a MoE fixture").n_expert;
+        let (model, n_embd, n_expert) = qwen3moe_f32();
         let cx = Compute::new(2);
         let n = 3;
         let x: Vec<f32> = (0..n * n_embd)
