@@ -189,9 +189,9 @@ pub struct ResidentModel {
 }
 
 /// Host preparation, the device's work (launches to synchronize), the host's routed experts
-/// within it (a step that computes them) and the copy into the host caches, summed per number of rows in a step (a prompt's chunks, a warm-up's short prompt
-/// and decode rows apart, so no average mixes them) and printed every 64 single-row steps and
-/// when the model is dropped.
+/// within it (a step that computes them) and the copy into the host caches, summed per number
+/// of rows in a step (a prompt's chunks, a warm-up's short prompt and decode rows apart, so no
+/// average mixes them) and printed every 64 single-row steps and when the model is dropped.
 #[derive(Default)]
 struct StepTiming {
     sums: Mutex<std::collections::BTreeMap<usize, StepSums>>,
