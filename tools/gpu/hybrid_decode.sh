@@ -4,7 +4,8 @@
 # 9.9GiB ≈ -ncmoe 24's), alternating whole steps (decode's host experts computed by the CPU
 # between the GPU's routing and its weighted sum) with the per-matrix path (`--gpu-piecewise`),
 # pp512 and tg64; then one decode run under MOESHARD_GPU_TIMING=1 (where a step's time goes;
-# TIMING=0 leaves it out). About 6 minutes. ROUNDS=N sets the rounds (1), MEMS the limits.
+# TIMING=0 leaves it out). About 6 minutes. ROUNDS=N sets the rounds (1), MEMS the limits,
+# READS the --gpu-host-read values of whole steps (0), PIECEWISE=0 leaves the per-matrix runs out.
 #
 # Prepare here as for tools/gpu/hybrid_stream.sh (PACK/bins.tar.xz with moeshard_new,
 # gpu_kernels, gpu_model; PACK/fixtures.tar.xz; fixtures, fuzz corpus and the demo model moved
@@ -24,14 +25,18 @@ ms() { # label, then moeshard bench arguments
 }
 for round in $(seq ${ROUNDS:-1}); do
   for mem in ${MEMS:-1.15GiB 9.9GiB}; do
-    ms "--gpu-mem $mem, whole steps, round $round" --gpu-mem $mem -p 512 -n 64 -r 2
-    ms "--gpu-mem $mem, per-matrix (--gpu-piecewise), round $round" --gpu-mem $mem --gpu-piecewise -p 512 -n 64 -r 2
+    for read in ${READS:-0}; do
+      ms "--gpu-mem $mem, whole steps, --gpu-host-read $read, round $round" --gpu-mem $mem --gpu-host-read $read -p 512 -n 64 -r 2
+    done
+    [ "${PIECEWISE:-1}" = 1 ] && ms "--gpu-mem $mem, per-matrix (--gpu-piecewise), round $round" --gpu-mem $mem --gpu-piecewise -p 512 -n 64 -r 2
   done
 done
 date +%T
 if [ "${TIMING:-1}" = 1 ]; then
-  echo "== MOESHARD_GPU_TIMING=1, --gpu-mem 1.15GiB, tg64"
-  MOESHARD_GPU_TIMING=1 timeout 100 $N bench -m $Q -t 16 --gpu --gpu-mem 1.15GiB -p 16 -n 64 -r 1 2>&1 | grep -E "gpu timing|tg64" | tail -6
+  for read in ${READS:-0}; do
+    echo "== MOESHARD_GPU_TIMING=1, --gpu-mem 1.15GiB, --gpu-host-read $read, tg64"
+    MOESHARD_GPU_TIMING=1 timeout 100 $N bench -m $Q -t 16 --gpu --gpu-mem 1.15GiB --gpu-host-read $read -p 16 -n 64 -r 1 2>&1 | grep -E "gpu timing|tg64" | tail -3
+  done
   date +%T
 fi
 echo done

@@ -38,7 +38,16 @@ pub struct GpuArgs {
     /// copied in batches per matrix product; with --gpu-piecewise, 256 MiB.
     #[arg(long, value_name = "SIZE", value_parser = parse_gpu_mem, requires = "gpu")]
     pub gpu_stream_mem: Option<u64>,
+    /// In decode steps that run whole layers on the GPU, the GPU computes up to this many of a
+    /// token's routed experts left on the host itself, reading their weights in page-locked
+    /// host memory over the link while the CPU computes the others; 0: the CPU computes them
+    /// all.
+    #[arg(long, value_name = "EXPERTS", default_value_t = DEFAULT_HOST_READ, requires = "gpu")]
+    pub gpu_host_read: usize,
 }
+
+/// `--gpu-host-read`'s default.
+const DEFAULT_HOST_READ: usize = 0;
 
 /// The streaming buffer under --gpu-piecewise (whole layers never run, so a layer's worth
 /// of buffer would only keep experts off the GPU).
@@ -89,6 +98,7 @@ pub fn attach(
         None => None,
     };
     device.stream_experts(stream_from, stream_mem);
+    device.read_host_experts(args.gpu_host_read);
     let report = gpu::upload_model(&mut device, model, sel, budget)
         .with_context(|| format!("copying weights to {info}"))?;
     tracing::info!("{info}: {report} in {:.2?}", t0.elapsed());

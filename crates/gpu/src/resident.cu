@@ -625,7 +625,10 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int 
 // With `host_mask` (a u32 per expert, or null) the experts it marks are computed by the host
 // (a decode step with routed experts in host memory): they get no jobs and no rows, and each
 // row's slots of them read the row's weighted sum of them from `host_sums` (f32 rows of
-// n_embd), at weight 1 from the row's first such slot and 0 from the others.
+// n_embd), at weight 1 from the row's first such slot and 0 from the others. In the one-row
+// fast path the row's first `host_read` host slots (slot order) are the device's after all: the
+// descriptor's tables then give their weights' addresses in the host's mapped memory, read over
+// the link (the general path takes host_read as 0).
 // desc (u64): n_expert, k, norm_topk, w_scale bits, gate / up / down expert address tables,
 // gate / up / down row strides, n_ff, n_embd, gate / up / down ggml types, the down
 // projection's activation type and row bytes, the gate activation row bytes.
@@ -642,7 +645,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
                                      u64* __restrict__ sum_rows, float* __restrict__ sum_w,
                                      int max_jobs, const unsigned int* __restrict__ counted,
                                      int mma_min, const unsigned int* __restrict__ host_mask,
-                                     u64 host_sums) {
+                                     u64 host_sums, int host_read) {
     __shared__ unsigned int count[MAX_EXPERTS];
     __shared__ unsigned int first[MAX_EXPERTS];
     __shared__ int active[MAX_EXPERTS];
@@ -729,7 +732,11 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
         }
         // A host expert's job keeps its rank with no tokens (its blocks return at once); its
         // slots read the host's sum for the row instead, the first at weight 1.
-        const bool on_host = lane < k && host_mask && host_mask[my_id];
+        const bool host_slot = lane < k && host_mask && host_mask[my_id];
+        const unsigned int host_slots = __ballot_sync(0xffffffffu, host_slot);
+        const bool read_here =
+            host_slot && __popc(host_slots & ((1u << lane) - 1u)) < (unsigned int)host_read;
+        const bool on_host = host_slot && !read_here;
         const unsigned int host_lanes = __ballot_sync(0xffffffffu, on_host);
         if (lane < k) {
             const u64 per_gu = job_blocks(n_ff, 1, gate_type, mma_min) + job_blocks(n_ff, 1, up_type, mma_min);

@@ -305,9 +305,12 @@ fn hybrid_whole_steps_match_the_cpu() {
             full.dense_on_gpu + full.experts_on_gpu / 2,
             full.dense_on_gpu + per_layer + per_layer / 4,
         ] {
-            for copy_from in [1, 1 << 20] {
+            // Prompts copying; every step computing host experts on the host; and the same
+            // with decode's device reading two of a row's host experts over the link.
+            for (copy_from, read) in [(1, 0), (1 << 20, 0), (1 << 20, 2)] {
                 let mut dev = gpu::open(0).unwrap();
                 dev.stream_experts(Some(copy_from), None);
+                dev.read_host_experts(read);
                 let report = gpu::upload_model(&mut dev, model, &sel, budget).unwrap();
                 assert!(
                     report.streaming_buffer > 0 && report.experts_on_gpu < full.experts_on_gpu,
@@ -325,16 +328,26 @@ fn hybrid_whole_steps_match_the_cpu() {
                 let on_gpu = Compute::new(2)
                     .with_offload(dev.clone())
                     .with_layer_device(whole_dev.clone());
-                let hybrid =
-                    format!("{what} hybrid whole steps, copies from {copy_from} rows ({report})");
+                let hybrid = format!(
+                    "{what} hybrid whole steps, copies from {copy_from} rows, {read} read over \
+                     the link ({report})"
+                );
                 let (got, got_tokens) = run(model, &on_gpu, tokens);
                 let steps = whole_dev.steps();
                 let (how, stepped) = check_close(&got, &r.want, r.n_vocab, &hybrid, r.noise);
                 eprintln!(
-                    "{hybrid}: {steps} whole steps, {} bytes copied in; prompt logits {how}",
-                    dev.streamed_bytes()
+                    "{hybrid}: {steps} whole steps, {} bytes copied in, {} experts read over \
+                     the link; prompt logits {how}",
+                    dev.streamed_bytes(),
+                    dev.experts_read_over_link()
                 );
                 check_greedy(&got_tokens, &r.want_tokens, stepped, &hybrid);
+                // Decode's device reads host experts exactly when asked to.
+                assert_eq!(
+                    dev.experts_read_over_link() > 0,
+                    read > 0,
+                    "{hybrid}: experts read over the link"
+                );
                 // Every step ran whole: the prompt's logits, and the greedy run's prompt and
                 // 15 decode steps.
                 assert_eq!(steps, 17, "{hybrid}: steps that ran whole");

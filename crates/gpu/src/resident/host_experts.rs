@@ -11,7 +11,10 @@
 //! smaller step (decode) the host computes its experts instead: the device routes the layer,
 //! its normed rows and routing come back, the CPU runs the host's experts the rows picked while
 //! the device runs its own, and the CPU's weighted sums go in to meet the device's (one round
-//! trip a layer, the attention on the device).
+//! trip a layer, the attention on the device). In a one-row step the device can also take a
+//! few of the row's host experts (`--gpu-host-read`), reading their weights in the
+//! host's page-locked memory over the link at the same time as the CPU computes the rest: the
+//! link and the CPU's memory bandwidth add up.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -142,6 +145,7 @@ impl Layout {
         self,
         ctx: &Arc<CudaContext>,
         model: &Arc<Model>,
+        read: usize,
     ) -> Result<Option<HostExperts>, String> {
         if self.on_host.iter().all(Vec::is_empty) {
             return Ok(None);
@@ -153,6 +157,7 @@ impl Layout {
             base: self.base.unwrap_or(0),
             min_rows: self.min_rows,
             bytes: self.bytes,
+            read,
             stream: ctx
                 .new_stream()
                 .map_err(|e| err("creating the copy stream", e))?,
@@ -212,6 +217,11 @@ pub(super) struct HostExperts {
     pub(super) min_rows: usize,
     /// Bytes a step copies.
     pub(super) bytes: usize,
+    /// In a one-row step that computes host experts, how many of the row's host slots (the
+    /// first in slot order) the device computes itself, reading their weights in host memory
+    /// over the link while the CPU computes the others (layers whose host experts are all
+    /// page-locked and mapped).
+    pub(super) read: usize,
     stream: Arc<CudaStream>,
     /// The layer's copies are in; the buffer's last readers are done.
     ready: CudaEvent,

@@ -616,6 +616,7 @@ impl model::LayerDevice for ResidentModel {
                         gate_act,
                         host_mask,
                         device_experts,
+                        read_desc,
                     } => {
                         let kind_of = |a: ActKind, b: ActKind| router.act == a || *gate_act == b;
                         // The host's experts read the normed rows in f32.
@@ -640,9 +641,16 @@ impl model::LayerDevice for ResidentModel {
                             ActKind::Q8_0 => at(o.hq80),
                         };
                         let (n_i, mj_i, mma_min_i) = (n as i32, max_jobs as i32, mma_min as i32);
+                        // A one-row step's device reads the first of the row's host experts
+                        // over the link (moe_route's fast path: k ≤ 32).
+                        let reading = match on_host {
+                            Some((h, _)) if n == 1 && *k <= 32 && *read_desc != 0 => h.read.min(*k),
+                            _ => 0,
+                        };
+                        let reading_i = reading as i32;
                         let ptrs = [
                             at(o.router_logits),
-                            *desc,
+                            if reading > 0 { *read_desc } else { *desc },
                             acts,
                             at(o.gate_out),
                             at(o.up_out),
@@ -708,7 +716,8 @@ impl model::LayerDevice for ResidentModel {
                             .arg(&counted)
                             .arg(&mma_min_i)
                             .arg(&mask)
-                            .arg(&sums);
+                            .arg(&sums)
+                            .arg(&reading_i);
                         // SAFETY: moe_route reads n rows of router logits, the layer's descriptor
                         // and host mask (uploaded constants, n_expert flags) and writes tables
                         // for max_jobs experts and n·k slots into the arena, sized for them.
@@ -751,7 +760,7 @@ impl model::LayerDevice for ResidentModel {
                             // ahead of it.
                             after_kernel.set(false);
                         }
-                        if on_host.is_none() || *device_experts > 0 {
+                        if on_host.is_none() || *device_experts > 0 || reading > 0 {
                             matmul(at(o.gu_table), 2 * max_jobs, grids(2 * *n_ff), false)?;
                             let (glu_at, mj) = (at(o.glu_table), max_jobs as i32);
                             let mut b = Launch::new(&self.f.glu);
@@ -775,6 +784,26 @@ impl model::LayerDevice for ResidentModel {
                             let (routed, sums) = host_xchg.split_at_mut(routed_floats);
                             let (ids_at, wts_at) = (n * d, n * d + slots_max);
                             let ids: &[u32] = bytemuck::cast_slice(&routed[ids_at..ids_at + slots]);
+                            // The experts the device read (the first host slots) are not the
+                            // CPU's.
+                            let cpu_mask: Vec<bool>;
+                            let mask = if reading > 0 {
+                                let mut m = mask.to_vec();
+                                for &e in ids
+                                    .iter()
+                                    .filter(|&&e| mask.get(e as usize) == Some(&true))
+                                    .take(reading)
+                                {
+                                    m[e as usize] = false;
+                                    self.dev
+                                        .read_over_link
+                                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
+                                cpu_mask = m;
+                                &cpu_mask[..]
+                            } else {
+                                mask
+                            };
                             model::blocks::moe::host_expert_sums(
                                 cx,
                                 model,
