@@ -10,7 +10,8 @@
 # With LLAMA=1, llama.cpp's CUDA backend is then built there from the sdist's source (after the
 # sweep: a build beside it takes the 16 cores the CPU side needs) and run at the `-ncmoe`
 # placements that use the same GPU memory, alternating with moeshard (pp512, tg64; GPU memory
-# the most `nvidia-smi` shows every 0.3 s). About 8.5 minutes.
+# the most `nvidia-smi` shows every 0.3 s), moeshard at each `--gpu-host-read` of READS (0).
+# About 8.5 minutes.
 #
 # Prepare here as for tools/gpu/against_llama.sh (PACK/bins.tar.xz with moeshard_new,
 # gpu_kernels, gpu_model; PACK/fixtures.tar.xz; PACK/llama-src.tar.xz for LLAMA=1; fixtures,
@@ -64,7 +65,9 @@ for round in $(seq ${ROUNDS:-2}); do
     echo "== llama.cpp -ncmoe $nc, round $round"
     peak /var/tmp/mem_ll timeout 100 $L -m $Q -ngl 99 -ncmoe $nc -t 16 -p 512 -n 64 -r 2 2>&1 | grep -E "pp512|tg64|GPU MiB"
     for mem in $mems; do
-      ms "--gpu-mem $mem, round $round" --gpu-mem $mem -p 512 -n 64 -r 2
+      for read in ${READS:-0}; do
+        ms "--gpu-mem $mem, --gpu-host-read $read, round $round" --gpu-mem $mem --gpu-host-read $read -p 512 -n 64 -r 2
+      done
     done
   done
 done

@@ -745,6 +745,7 @@ struct InputLayout {
     len: usize,
 }
 
+mod exchange;
 mod graph;
 mod host_experts;
 mod launch;

@@ -6,6 +6,7 @@ use cudarc::driver::{DevicePtr, LaunchConfig};
 use kernels::ActKind;
 use model::{DeviceStep, KvType, Model};
 
+use super::exchange::Exchange;
 use super::launch::Launch;
 use super::{DevFfn, DevMat, GraphKey, ResidentModel};
 use crate::cuda::ensure_pinned;
@@ -166,10 +167,8 @@ impl model::LayerDevice for ResidentModel {
         // A step that computes host experts: per layer, its n normed rows, then its slots'
         // experts and weights (n·max_k each) come back, and the host's n sums go in after them.
         // Sized by this step's rows, not the arena's (a decode step after a long prompt).
-        let slots_max = n * self.max_k;
-        let routed_floats = n * d + 2 * slots_max;
         let xchg_floats = if host_compute {
-            routed_floats + n * d
+            Exchange::floats(n, d, self.max_k)
         } else {
             0
         };
@@ -355,6 +354,7 @@ impl model::LayerDevice for ResidentModel {
                        host_out: &mut [f32],
                        host_xchg: &mut [f32]|
          -> model::Result<()> {
+            let mut xchg = Exchange::new(host_xchg, n, d, self.max_k);
             // SAFETY: host_in is page-locked and untouched until the synchronize below; the arena
             // holds the input region at o.input.
             unsafe { cudarc::driver::result::memcpy_htod_async(at(o.input), host_in, cu) }
@@ -724,19 +724,13 @@ impl model::LayerDevice for ResidentModel {
                         unsafe { b.launch(cu, cfg((1, 1), 256, 0), overlap()) }
                             .map_err(|e| launch_err("moe_route", e))?;
                         if let Some((h, _)) = on_host {
-                            let (rows, routing) = host_xchg[..routed_floats].split_at_mut(n * d);
-                            let (ids, wts) = routing.split_at_mut(slots_max);
-                            for (dst, src) in [
-                                (rows, at(o.hn)),
-                                (&mut ids[..slots], at(o.ids)),
-                                (&mut wts[..slots], at(o.wts)),
-                            ] {
-                                // SAFETY: host_xchg is page-locked and read only after the
-                                // event below; the arena holds n rows of d floats at o.hn and
-                                // n·k slot experts and weights at o.ids and o.wts (k ≤ max_k).
-                                unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, cu) }
-                                    .map_err(|e| self.error("copying a layer's routing out", e))?;
+                            // SAFETY: the exchange is read only after the event below; the
+                            // arena holds n rows of d floats at o.hn and n·k slot experts and
+                            // weights at o.ids and o.wts (k ≤ max_k).
+                            unsafe {
+                                xchg.copy_routing_out(slots, [at(o.hn), at(o.ids), at(o.wts)], cu)
                             }
+                            .map_err(|e| self.error("copying a layer's routing out", e))?;
                             h.routed
                                 .record(&self.stream)
                                 .map_err(|e| self.error("marking a layer's routing", e))?;
@@ -781,52 +775,18 @@ impl model::LayerDevice for ResidentModel {
                                 .synchronize()
                                 .map_err(|e| self.error("waiting for a layer's routing", e))?;
                             let t_host = std::time::Instant::now();
-                            let (routed, sums) = host_xchg.split_at_mut(routed_floats);
-                            let (ids_at, wts_at) = (n * d, n * d + slots_max);
-                            let ids: &[u32] = bytemuck::cast_slice(&routed[ids_at..ids_at + slots]);
-                            // The experts the device read (the first host slots) are not the
-                            // CPU's.
-                            let cpu_mask: Vec<bool>;
-                            let mask = if reading > 0 {
-                                let mut m = mask.to_vec();
-                                for &e in ids
-                                    .iter()
-                                    .filter(|&&e| mask.get(e as usize) == Some(&true))
-                                    .take(reading)
-                                {
-                                    m[e as usize] = false;
-                                    self.dev
-                                        .read_over_link
-                                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                }
-                                cpu_mask = m;
-                                &cpu_mask[..]
-                            } else {
-                                mask
-                            };
-                            model::blocks::moe::host_expert_sums(
-                                cx,
-                                model,
-                                il,
-                                &routed[..n * d],
-                                *k,
-                                ids,
-                                &routed[wts_at..wts_at + slots],
-                                mask,
-                                &mut sums[..n * d],
-                            )?;
+                            let read =
+                                xchg.compute_host_share(cx, model, il, *k, slots, mask, reading)?;
+                            self.dev
+                                .read_over_link
+                                .fetch_add(read as u64, std::sync::atomic::Ordering::Relaxed);
                             host_time.set(host_time.get() + t_host.elapsed());
-                            // SAFETY: the sums are page-locked and not written again before
-                            // this copy has run (the next layer's are written after its routing
-                            // event, which follows this copy in stream order).
-                            unsafe {
-                                cudarc::driver::result::memcpy_htod_async(
-                                    at(o.host_sums),
-                                    &sums[..n * d],
-                                    cu,
-                                )
-                            }
-                            .map_err(|e| self.error("copying the host's expert sums in", e))?;
+                            // SAFETY: the arena holds n rows of d floats at o.host_sums; the sums
+                            // are not written again before this copy has run (the next layer's
+                            // are written after its routing event, which follows this copy in
+                            // stream order).
+                            unsafe { xchg.copy_sums_in(at(o.host_sums), cu) }
+                                .map_err(|e| self.error("copying the host's expert sums in", e))?;
                             // After a copy, no launch overlaps the kernel ahead of it.
                             after_kernel.set(false);
                         }

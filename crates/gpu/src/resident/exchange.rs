@@ -1,0 +1,116 @@
+//! The host's side of a step that computes routed experts on the host (host_experts.rs): per
+//! layer, the device's normed rows and routing come back into page-locked memory, the CPU
+//! computes its experts' weighted sums there, and the sums go back in.
+
+use cudarc::driver::{DriverError, sys::CUstream};
+use model::{Compute, Model};
+
+/// A step's page-locked exchange buffer: `rows` normed rows of `d` floats, then `rows · max_k`
+/// slot experts (u32) and as many weights come back; `rows` sums of `d` floats go in.
+pub(super) struct Exchange<'a> {
+    buf: &'a mut [f32],
+    rows: usize,
+    d: usize,
+    slots_max: usize,
+}
+
+impl<'a> Exchange<'a> {
+    /// The floats the buffer of a step of `rows` rows takes.
+    pub(super) fn floats(rows: usize, d: usize, max_k: usize) -> usize {
+        2 * rows * d + 2 * rows * max_k
+    }
+
+    /// Over `buf`, which holds [`Exchange::floats`] of these in a step that computes host
+    /// experts (and may be empty in others, which never call the methods below).
+    pub(super) fn new(buf: &'a mut [f32], rows: usize, d: usize, max_k: usize) -> Exchange<'a> {
+        Exchange {
+            buf,
+            rows,
+            d,
+            slots_max: rows * max_k,
+        }
+    }
+
+    /// Enqueues on `cu` the copies of a layer's routing out of the arena: the normed f32 rows
+    /// at `rows_at`, and the first `slots` slot experts and weights at `ids_at` and `wts_at`.
+    ///
+    /// # Safety
+    /// The arena holds that many of each at those addresses, and this buffer is read only after
+    /// an event recorded after these copies has completed.
+    pub(super) unsafe fn copy_routing_out(
+        &mut self,
+        slots: usize,
+        [rows_at, ids_at, wts_at]: [u64; 3],
+        cu: CUstream,
+    ) -> Result<(), DriverError> {
+        let (rows, routing) = self.buf.split_at_mut(self.rows * self.d);
+        let (ids, rest) = routing.split_at_mut(self.slots_max);
+        let wts = &mut rest[..self.slots_max];
+        for (dst, src) in [
+            (rows, rows_at),
+            (&mut ids[..slots], ids_at),
+            (&mut wts[..slots], wts_at),
+        ] {
+            // SAFETY: the caller's: the source holds dst.len() elements; dst is page-locked
+            // and not read before the copy completes.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, cu) }?;
+        }
+        Ok(())
+    }
+
+    /// Once the layer's routing is back: the host's share of layer `il` (`k` slots a row,
+    /// `slots` in the step) into the sums, the experts `on_host` marks except, in a one-row
+    /// step, the first `read` host slots', which the device computes reading them over the
+    /// link. Returns how many experts the device read.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn compute_host_share(
+        &mut self,
+        cx: &Compute,
+        model: &Model,
+        il: usize,
+        k: usize,
+        slots: usize,
+        on_host: &[bool],
+        read: usize,
+    ) -> model::Result<usize> {
+        let (n, d) = (self.rows, self.d);
+        let (routed, sums) = self.buf.split_at_mut(n * d + 2 * self.slots_max);
+        let (rows, routing) = routed.split_at(n * d);
+        let (ids, wts) = routing.split_at(self.slots_max);
+        let ids: &[u32] = bytemuck::cast_slice(&ids[..slots]);
+        let mut cpu_mask = std::borrow::Cow::Borrowed(on_host);
+        let device_read: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|&e| on_host.get(e as usize) == Some(&true))
+            .take(if n == 1 { read } else { 0 })
+            .collect();
+        for &e in &device_read {
+            cpu_mask.to_mut()[e as usize] = false;
+        }
+        model::blocks::moe::host_expert_sums(
+            cx,
+            model,
+            il,
+            rows,
+            k,
+            ids,
+            &wts[..slots],
+            &cpu_mask,
+            &mut sums[..n * d],
+        )?;
+        Ok(device_read.len())
+    }
+
+    /// Enqueues on `cu` the copy of the sums into the arena at `to`.
+    ///
+    /// # Safety
+    /// The arena holds `rows · d` floats at `to`; the sums are not written again before the
+    /// copy has run.
+    pub(super) unsafe fn copy_sums_in(&self, to: u64, cu: CUstream) -> Result<(), DriverError> {
+        let (n, d) = (self.rows, self.d);
+        let sums = &self.buf[n * d + 2 * self.slots_max..][..n * d];
+        // SAFETY: the caller's.
+        unsafe { cudarc::driver::result::memcpy_htod_async(to, sums, cu) }
+    }
+}
