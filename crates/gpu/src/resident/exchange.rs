@@ -58,10 +58,24 @@ impl<'a> Exchange<'a> {
         Ok(())
     }
 
+    /// Once the layer's routing is back: the host experts the device takes in a one-row step,
+    /// the first `read` of the row's slots that `on_host` marks (slot order).
+    pub(super) fn device_share(&self, slots: usize, on_host: &[bool], read: usize) -> Vec<u32> {
+        if self.rows != 1 || read == 0 {
+            return Vec::new();
+        }
+        let ids = &self.buf[self.d..self.d + slots];
+        bytemuck::cast_slice::<f32, u32>(ids)
+            .iter()
+            .copied()
+            .filter(|&e| on_host.get(e as usize) == Some(&true))
+            .take(read)
+            .collect()
+    }
+
     /// Once the layer's routing is back: the host's share of layer `il` (`k` slots a row,
-    /// `slots` in the step) into the sums, the experts `on_host` marks except, in a one-row
-    /// step, the first `read` host slots', which the device computes reading them over the
-    /// link. Returns how many experts the device read.
+    /// `slots` in the step) into the sums, the experts `on_host` marks but those of
+    /// `device_share` (which the device computes).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn compute_host_share(
         &mut self,
@@ -71,21 +85,15 @@ impl<'a> Exchange<'a> {
         k: usize,
         slots: usize,
         on_host: &[bool],
-        read: usize,
-    ) -> model::Result<usize> {
+        device_share: &[u32],
+    ) -> model::Result<()> {
         let (n, d) = (self.rows, self.d);
         let (routed, sums) = self.buf.split_at_mut(n * d + 2 * self.slots_max);
         let (rows, routing) = routed.split_at(n * d);
         let (ids, wts) = routing.split_at(self.slots_max);
         let ids: &[u32] = bytemuck::cast_slice(&ids[..slots]);
         let mut cpu_mask = std::borrow::Cow::Borrowed(on_host);
-        let device_read: Vec<u32> = ids
-            .iter()
-            .copied()
-            .filter(|&e| on_host.get(e as usize) == Some(&true))
-            .take(if n == 1 { read } else { 0 })
-            .collect();
-        for &e in &device_read {
+        for &e in device_share {
             cpu_mask.to_mut()[e as usize] = false;
         }
         model::blocks::moe::host_expert_sums(
@@ -98,8 +106,7 @@ impl<'a> Exchange<'a> {
             &wts[..slots],
             &cpu_mask,
             &mut sums[..n * d],
-        )?;
-        Ok(device_read.len())
+        )
     }
 
     /// Enqueues on `cu` the copy of the sums into the arena at `to`.

@@ -12,9 +12,10 @@
 //! its normed rows and routing come back, the CPU runs the host's experts the rows picked while
 //! the device runs its own, and the CPU's weighted sums go in to meet the device's (one round
 //! trip a layer, the attention on the device). In a one-row step the device can also take a
-//! few of the row's host experts (`--gpu-host-read`), reading their weights in the
-//! host's page-locked memory over the link at the same time as the CPU computes the rest: the
-//! link and the CPU's memory bandwidth add up.
+//! few of the row's host experts (`--gpu-host-read`): once the routing is back the host
+//! copies their weights into their places in the buffer, and the device computes them while
+//! the CPU computes the rest (the link and the CPU's memory bandwidth add up). With
+//! `MOESHARD_GPU_HOST_READ_MAPPED=1` the device reads them in mapped host memory instead.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,6 +44,8 @@ pub(super) struct Layout {
     copies: Vec<Vec<Copy>>,
     /// Per layer, which of its experts are the host's (empty for a layer with none).
     on_host: Vec<Vec<bool>>,
+    /// Per layer and expert, the copies of its host matrices to their places in the buffer.
+    expert_copies: Vec<Vec<Vec<Copy>>>,
     /// The fewest rows of a step that copies (the most any copying layer needs).
     min_rows: usize,
     bytes: usize,
@@ -63,6 +66,7 @@ impl Layout {
             at: HashMap::new(),
             copies: vec![Vec::new(); layers.len()],
             on_host: vec![Vec::new(); layers.len()],
+            expert_copies: vec![Vec::new(); layers.len()],
             min_rows: 0,
             bytes: 0,
         };
@@ -102,7 +106,6 @@ impl Layout {
                     b.as_ptr()
                 ));
             }
-            layout.on_host[il] = on_host;
             let (ranges, used) = place_in_order(&host);
             if used > capacity {
                 return Err(format!(
@@ -118,6 +121,25 @@ impl Layout {
                     .insert((il, b.as_ptr() as usize), base + offset as u64);
             }
             layout.copies[il] = merge_copies(&host, &ranges);
+            layout.expert_copies[il] = experts
+                .iter()
+                .zip(&on_host)
+                .map(|(x, &h)| {
+                    [x.gate.data, x.up.data, x.down.data]
+                        .into_iter()
+                        .filter(|b| h && dev.device_address(b).is_none())
+                        .filter_map(|b| {
+                            let at = layout.at.get(&(il, b.as_ptr() as usize))?;
+                            Some(Copy {
+                                host: b.as_ptr() as usize,
+                                offset: (at - base) as usize,
+                                len: b.len(),
+                            })
+                        })
+                        .collect()
+                })
+                .collect();
+            layout.on_host[il] = on_host;
             layout.bytes += host.iter().map(|b| b.len()).sum::<usize>();
             let n_expert = experts.len();
             layout.min_rows = layout.min_rows.max((from * n_expert).div_ceil((*k).max(1)));
@@ -153,6 +175,8 @@ impl Layout {
         let err = |what: &str, e: cudarc::driver::DriverError| format!("{what}: {e}");
         Ok(Some(HostExperts {
             copies: self.copies,
+            expert_copies: self.expert_copies,
+            mapped: std::env::var("MOESHARD_GPU_HOST_READ_MAPPED").is_ok_and(|v| v == "1"),
             on_host: self.on_host,
             base: self.base.unwrap_or(0),
             min_rows: self.min_rows,
@@ -210,6 +234,10 @@ fn merge_copies(host: &[&[u8]], offsets: &[usize]) -> Vec<Copy> {
 /// A model's host experts as its whole-model steps copy them.
 pub(super) struct HostExperts {
     copies: Vec<Vec<Copy>>,
+    expert_copies: Vec<Vec<Vec<Copy>>>,
+    /// The device reads the experts it takes from a one-row step's host share in mapped host
+    /// memory (`MOESHARD_GPU_HOST_READ_MAPPED=1`) instead of copying them in.
+    pub(super) mapped: bool,
     /// Per layer, which experts are the host's (empty for a layer with none).
     on_host: Vec<Vec<bool>>,
     base: u64,
@@ -254,6 +282,34 @@ impl HostExperts {
             // SAFETY: the range lies in the model's tensors, which `_owner` keeps mapped; the
             // destination lies in the streaming buffer (`Layout::new` checked the layer fits
             // its capacity), which no kernel reads until `wait_for_layer`, and whose previous
+            // readers `free` waits for.
+            unsafe {
+                let src = std::slice::from_raw_parts(c.host as *const u8, c.len);
+                cudarc::driver::result::memcpy_htod_async(self.base + c.offset as u64, src, cu)?;
+            }
+        }
+        self.ready.record(&self.stream)
+    }
+
+    /// Enqueues the copies of layer `il`'s host experts `experts` to their places in the
+    /// buffer after the buffer's last readers (`release`), and marks them for
+    /// `wait_for_layer` (a one-row step's device share, `read`).
+    pub(super) fn copy_experts_in(
+        &self,
+        il: usize,
+        experts: &[u32],
+    ) -> Result<(), cudarc::driver::DriverError> {
+        self.stream.wait(&self.free)?;
+        let cu = self.stream.cu_stream();
+        let per_expert = &self.expert_copies[il];
+        for c in experts
+            .iter()
+            .filter_map(|&e| per_expert.get(e as usize))
+            .flatten()
+        {
+            // SAFETY: as in `copy_in`: the range lies in the model's tensors, which `_owner`
+            // keeps mapped; the destination is the matrix's place in the buffer (inside its
+            // capacity), which no kernel reads until `wait_for_layer`, and whose previous
             // readers `free` waits for.
             unsafe {
                 let src = std::slice::from_raw_parts(c.host as *const u8, c.len);

@@ -644,13 +644,26 @@ impl model::LayerDevice for ResidentModel {
                         // A one-row step's device reads the first of the row's host experts
                         // over the link (moe_route's fast path: k ≤ 32).
                         let reading = match on_host {
-                            Some((h, _)) if n == 1 && *k <= 32 && *read_desc != 0 => h.read.min(*k),
+                            Some((h, _))
+                                if n == 1 && *k <= 32 && (!h.mapped || *read_desc != 0) =>
+                            {
+                                h.read.min(*k)
+                            }
                             _ => 0,
                         };
+                        let mapped = on_host.is_some_and(|(h, _)| h.mapped);
+                        // The device's share is copied into the buffer once the routing is
+                        // back (the tables of copying steps point there), unless it is read in
+                        // mapped host memory.
+                        let copies_share = reading > 0 && !mapped;
                         let reading_i = reading as i32;
                         let ptrs = [
                             at(o.router_logits),
-                            if reading > 0 { *read_desc } else { *desc },
+                            if reading > 0 && mapped {
+                                *read_desc
+                            } else {
+                                *desc
+                            },
                             acts,
                             at(o.gate_out),
                             at(o.up_out),
@@ -754,7 +767,7 @@ impl model::LayerDevice for ResidentModel {
                             // ahead of it.
                             after_kernel.set(false);
                         }
-                        if on_host.is_none() || *device_experts > 0 || reading > 0 {
+                        let launch_experts = || -> model::Result<()> {
                             matmul(at(o.gu_table), 2 * max_jobs, grids(2 * *n_ff), false)?;
                             let (glu_at, mj) = (at(o.glu_table), max_jobs as i32);
                             let mut b = Launch::new(&self.f.glu);
@@ -763,7 +776,12 @@ impl model::LayerDevice for ResidentModel {
                             // names gate/up/hidden rows in the arena.
                             unsafe { b.launch(cu, cfg((slots as u32, 1), 256, 0), overlap()) }
                                 .map_err(|e| launch_err("glu_quantize", e))?;
-                            matmul(at(o.down_table), max_jobs, grids(d), false)?;
+                            matmul(at(o.down_table), max_jobs, grids(d), false)
+                        };
+                        if !copies_share
+                            && (on_host.is_none() || *device_experts > 0 || reading > 0)
+                        {
+                            launch_experts()?;
                         }
                         if let Some(h) = copies {
                             h.release(&self.stream)
@@ -774,12 +792,26 @@ impl model::LayerDevice for ResidentModel {
                             h.routed
                                 .synchronize()
                                 .map_err(|e| self.error("waiting for a layer's routing", e))?;
+                            let share = xchg.device_share(slots, mask, reading);
+                            if copies_share {
+                                h.copy_experts_in(il, &share).map_err(|e| {
+                                    self.error(&format!("copying layer {il}'s experts in"), e)
+                                })?;
+                                h.wait_for_layer(&self.stream).map_err(|e| {
+                                    self.error(&format!("waiting for layer {il}'s experts"), e)
+                                })?;
+                                after_kernel.set(false);
+                                launch_experts()?;
+                                h.release(&self.stream).map_err(|e| {
+                                    self.error("marking the streaming buffer free", e)
+                                })?;
+                            }
                             let t_host = std::time::Instant::now();
-                            let read =
-                                xchg.compute_host_share(cx, model, il, *k, slots, mask, reading)?;
-                            self.dev
-                                .read_over_link
-                                .fetch_add(read as u64, std::sync::atomic::Ordering::Relaxed);
+                            xchg.compute_host_share(cx, model, il, *k, slots, mask, &share)?;
+                            self.dev.read_over_link.fetch_add(
+                                share.len() as u64,
+                                std::sync::atomic::Ordering::Relaxed,
+                            );
                             host_time.set(host_time.get() + t_host.elapsed());
                             // SAFETY: the arena holds n rows of d floats at o.host_sums; the sums
                             // are not written again before this copy has run (the next layer's
