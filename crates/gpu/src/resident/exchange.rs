@@ -121,3 +121,39 @@ impl<'a> Exchange<'a> {
         unsafe { cudarc::driver::result::memcpy_htod_async(to, sums, cu) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An exchange of one row (d = 4, max_k = 4) whose routing came back as `ids`.
+    fn routed(buf: &mut Vec<f32>, ids: &[u32]) {
+        buf.resize(Exchange::floats(1, 4, 4), 0.0);
+        for (slot, &e) in ids.iter().enumerate() {
+            buf[4 + slot] = f32::from_bits(e);
+        }
+    }
+
+    #[test]
+    fn the_device_takes_the_first_host_slots_in_slot_order() {
+        let mut buf = Vec::new();
+        routed(&mut buf, &[5, 1, 6, 2]);
+        let on_host = [false, true, true, false, false, false, true, false];
+        let x = Exchange::new(&mut buf, 1, 4, 4);
+        assert_eq!(x.device_share(4, &on_host, 2), vec![1, 6]);
+        assert_eq!(x.device_share(4, &on_host, 8), vec![1, 6, 2]);
+        assert!(x.device_share(4, &on_host, 0).is_empty());
+        // An expert id past the mask is no host expert (host_expert_sums reports it).
+        routed(&mut buf, &[9, 2, 1, 0]);
+        let x = Exchange::new(&mut buf, 1, 4, 4);
+        assert_eq!(x.device_share(4, &on_host, 1), vec![2]);
+    }
+
+    #[test]
+    fn steps_of_several_rows_leave_every_host_expert_to_the_cpu() {
+        let mut buf = vec![0.0; Exchange::floats(2, 4, 4)];
+        let on_host = [true; 8];
+        let x = Exchange::new(&mut buf, 2, 4, 4);
+        assert!(x.device_share(8, &on_host, 3).is_empty());
+    }
+}
