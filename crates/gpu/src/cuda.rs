@@ -85,13 +85,12 @@ pub struct CudaOffload {
     streaming_limit: Option<usize>,
     /// Bytes of expert weights copied in by expert FFN calls so far.
     pub(crate) streamed: std::sync::atomic::AtomicU64,
-    /// Routed experts computed by whole steps from host memory over the link so far.
+    /// Host routed experts that whole decode steps copied in and computed so far.
     pub(crate) read_over_link: std::sync::atomic::AtomicU64,
-    /// Host ranges page-locked for faster copies ([`CudaOffload::lock_host`]): start, end,
-    /// and the address kernels read the start at (0 where the driver gave none).
-    locked_host: Vec<(usize, usize, u64)>,
+    /// Host ranges page-locked for faster copies ([`CudaOffload::lock_host`]).
+    locked_host: Vec<(usize, usize)>,
     /// Of a one-row whole step's routed experts on the host, how many the device computes,
-    /// reading them over the link ([`CudaOffload::read_host_experts`]).
+    /// their weights copied over the link ([`CudaOffload::read_host_experts`]).
     host_read: usize,
 }
 
@@ -263,9 +262,8 @@ impl CudaOffload {
     }
 
     /// In a whole step of one row (decode), lets the device compute up to `per_row` of the
-    /// row's routed experts that stay on the host, reading their weights in page-locked host
-    /// memory over the link while the CPU computes the others (0: the CPU computes them all).
-    /// Layers whose host experts are not all page-locked leave them to the CPU.
+    /// row's routed experts that stay on the host, their weights copied over the link once the
+    /// routing is known, while the CPU computes the others (0: the CPU computes them all).
     pub fn read_host_experts(&mut self, per_row: usize) {
         self.host_read = per_row;
     }
@@ -300,8 +298,8 @@ impl CudaOffload {
         self.streamed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Routed experts that whole steps computed on the device from host memory, read over the
-    /// link ([`CudaOffload::read_host_experts`]), so far.
+    /// Host routed experts that whole decode steps copied over the link and computed on the
+    /// device ([`CudaOffload::read_host_experts`]), so far.
     pub fn experts_read_over_link(&self) -> u64 {
         self.read_over_link
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -326,11 +324,7 @@ impl CudaOffload {
                 ),
             });
         }
-        if self
-            .locked_host
-            .iter()
-            .any(|&(s, e, _)| s < end && start < e)
-        {
+        if self.locked_host.iter().any(|&(s, e)| s < end && start < e) {
             return Err(GpuError::Memory {
                 ordinal: self.ordinal,
                 detail: format!("host range {start:#x}..{end:#x} overlaps a locked one"),
@@ -341,39 +335,23 @@ impl CudaOffload {
             what: "binding the context to this thread",
             detail: e.to_string(),
         })?;
-        use cudarc::driver::sys::{
-            CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_READ_ONLY, CUresult,
-        };
         // SAFETY: the caller names pages that `owner` keeps mapped while the device lives
         // (`owner` is kept below); the driver only pins them (READ_ONLY: the device only reads
-        // them, which lets it pin a read-only file mapping) and maps them into the device's
-        // address space (DEVICEMAP: kernels may read them over the link). Nothing here
-        // dereferences them.
+        // them, which lets it pin a read-only file mapping). Nothing here dereferences them.
         let r = unsafe {
             cudarc::driver::sys::cuMemHostRegister_v2(
                 start as *mut std::ffi::c_void,
                 end - start,
-                CU_MEMHOSTREGISTER_READ_ONLY | CU_MEMHOSTREGISTER_DEVICEMAP,
+                cudarc::driver::sys::CU_MEMHOSTREGISTER_READ_ONLY,
             )
         };
-        if r != CUresult::CUDA_SUCCESS {
+        if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
             return Err(GpuError::Memory {
                 ordinal: self.ordinal,
                 detail: format!("page-locking {} bytes of weights: {r:?}", end - start),
             });
         }
-        let mut dev: cudarc::driver::sys::CUdeviceptr = 0;
-        // SAFETY: `start` was registered just above with DEVICEMAP; the driver writes `dev`.
-        let r = unsafe {
-            cudarc::driver::sys::cuMemHostGetDevicePointer_v2(
-                &mut dev,
-                start as *mut std::ffi::c_void,
-                0,
-            )
-        };
-        // Without a device address the pages still serve copies.
-        let dev = if r == CUresult::CUDA_SUCCESS { dev } else { 0 };
-        self.locked_host.push((start, end, dev));
+        self.locked_host.push((start, end));
         self.owners.push(owner);
         Ok(end - start)
     }
@@ -401,20 +379,7 @@ impl CudaOffload {
         );
         self.locked_host
             .iter()
-            .any(|&(s, e, _)| s <= start && end <= e)
-    }
-
-    /// The address a kernel reads `bytes` at in host memory (over the link), when they lie
-    /// inside one range page-locked and mapped by [`CudaOffload::lock_host`].
-    pub(crate) fn mapped_host_address(&self, bytes: &[u8]) -> Option<u64> {
-        let (start, end) = (
-            bytes.as_ptr() as usize,
-            bytes.as_ptr() as usize + bytes.len(),
-        );
-        self.locked_host
-            .iter()
-            .find(|&&(s, e, dev)| dev != 0 && s <= start && end <= e)
-            .map(|&(s, _, dev)| dev + (start - s) as u64)
+            .any(|&(s, e)| s <= start && end <= e)
     }
 
     /// The device address of `bytes`, when they lie inside one uploaded region.
@@ -637,7 +602,7 @@ impl Drop for CudaOffload {
         if self.locked_host.is_empty() || self.ctx.bind_to_thread().is_err() {
             return;
         }
-        for &(start, _, _) in &self.locked_host {
+        for &(start, _) in &self.locked_host {
             // SAFETY: `start` was registered by lock_host in this context and not since.
             unsafe { cudarc::driver::sys::cuMemHostUnregister(start as *mut std::ffi::c_void) };
         }

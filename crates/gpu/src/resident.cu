@@ -627,8 +627,8 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int 
 // row's slots of them read the row's weighted sum of them from `host_sums` (f32 rows of
 // n_embd), at weight 1 from the row's first such slot and 0 from the others. In the one-row
 // fast path the row's first `host_read` host slots (slot order) are the device's after all: the
-// descriptor's tables then give their weights' addresses in the host's mapped memory, read over
-// the link (the general path takes host_read as 0).
+// host copies their weights into the places the descriptor's tables give them in the streaming
+// buffer before the expert launches (the general path takes host_read as 0).
 // desc (u64): n_expert, k, norm_topk, w_scale bits, gate / up / down expert address tables,
 // gate / up / down row strides, n_ff, n_embd, gate / up / down ggml types, the down
 // projection's activation type and row bytes, the gate activation row bytes.

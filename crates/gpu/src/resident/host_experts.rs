@@ -14,8 +14,8 @@
 //! trip a layer, the attention on the device). In a one-row step the device can also take a
 //! few of the row's host experts (`--gpu-host-read`): once the routing is back the host
 //! copies their weights into their places in the buffer, and the device computes them while
-//! the CPU computes the rest (the link and the CPU's memory bandwidth add up). With
-//! `MOESHARD_GPU_HOST_READ_MAPPED=1` the device reads them in mapped host memory instead.
+//! the CPU computes the rest (the link and the CPU's memory bandwidth add up; kernels reading
+//! them in mapped host memory instead were measured at 15 GB/s, too slow: docs/perf.md).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -176,7 +176,6 @@ impl Layout {
         Ok(Some(HostExperts {
             copies: self.copies,
             expert_copies: self.expert_copies,
-            mapped: std::env::var("MOESHARD_GPU_HOST_READ_MAPPED").is_ok_and(|v| v == "1"),
             on_host: self.on_host,
             base: self.base.unwrap_or(0),
             min_rows: self.min_rows,
@@ -235,9 +234,6 @@ fn merge_copies(host: &[&[u8]], offsets: &[usize]) -> Vec<Copy> {
 pub(super) struct HostExperts {
     copies: Vec<Vec<Copy>>,
     expert_copies: Vec<Vec<Vec<Copy>>>,
-    /// The device reads the experts it takes from a one-row step's host share in mapped host
-    /// memory (`MOESHARD_GPU_HOST_READ_MAPPED=1`) instead of copying them in.
-    pub(super) mapped: bool,
     /// Per layer, which experts are the host's (empty for a layer with none).
     on_host: Vec<Vec<bool>>,
     base: u64,
@@ -246,9 +242,8 @@ pub(super) struct HostExperts {
     /// Bytes a step copies.
     pub(super) bytes: usize,
     /// In a one-row step that computes host experts, how many of the row's host slots (the
-    /// first in slot order) the device computes itself, reading their weights in host memory
-    /// over the link while the CPU computes the others (layers whose host experts are all
-    /// page-locked and mapped).
+    /// first in slot order) the device computes itself, their weights copied into the buffer
+    /// once the routing is back, while the CPU computes the others.
     pub(super) read: usize,
     stream: Arc<CudaStream>,
     /// The layer's copies are in; the buffer's last readers are done.

@@ -21,6 +21,33 @@ fn cache_floats(t: KvType, bytes: &[u8]) -> Vec<f32> {
 }
 
 impl ResidentModel {
+    /// The caches' element type when every sequence's cache has the model's whole shape (all
+    /// layers, its kv heads and head size, no sliding window, compression, index keys or
+    /// hybrid layers) and they share one type; `None` otherwise (the step is declined).
+    pub(super) fn mirrorable_kv_type(&self, seqs: &[SeqInput]) -> Option<KvType> {
+        let (n_layers, nkv, dk) = (self.layers.len(), self.nkv, self.dk);
+        let mut kv_type = None;
+        for s in seqs {
+            let l = s.kv.layout();
+            let same_type = kv_type.is_none_or(|t| t == l.kv_type);
+            if *l.layers.start() != 0
+                || *l.layers.end() != n_layers - 1
+                || l.n_kv_head != nkv
+                || l.head_dim_k != dk
+                || l.head_dim_v != dk
+                || l.sliding.is_some()
+                || l.compression.is_some()
+                || l.index_keys.is_some()
+                || l.hybrid.is_some()
+                || !same_type
+            {
+                return None;
+            }
+            kv_type = Some(l.kv_type);
+        }
+        kv_type
+    }
+
     /// Each sequence's mirror (its index in `state.mirrors`), made where missing or too short
     /// and refilled with the host's rows of positions `0..pos0` where stale.
     pub(super) fn sync_mirrors(

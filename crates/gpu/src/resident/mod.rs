@@ -51,10 +51,6 @@ enum DevFfn {
         /// how many the device holds.
         host_mask: u64,
         device_experts: usize,
-        /// `desc` with the host's experts at the addresses kernels read them at in host memory
-        /// (page-locked and mapped), for one-row steps whose device reads some of them over the
-        /// link; 0 when they are not all mapped.
-        read_desc: u64,
     },
 }
 
@@ -478,9 +474,6 @@ impl ResidentModel {
                         ));
                     }
                     let mut tables: [Vec<u64>; 3] = Default::default();
-                    // The same tables with the host's experts where kernels read them in host
-                    // memory (`None` once one of them is not mapped).
-                    let mut read_tables: Option<[Vec<u64>; 3]> = Some(Default::default());
                     let mut first: Option<[DevMat; 3]> = None;
                     for (e, x) in experts.iter().enumerate() {
                         let expert_mat = |w: &Weights, what: &str| {
@@ -511,20 +504,6 @@ impl ResidentModel {
                         }
                         for (t, m) in tables.iter_mut().zip(&ms) {
                             t.push(m.addr);
-                        }
-                        if let Some(rt) = read_tables.as_mut() {
-                            let read_at = |w: &Weights| {
-                                dev.device_address(w.data)
-                                    .or_else(|| dev.mapped_host_address(w.data))
-                            };
-                            match [read_at(&x.gate), read_at(&x.up), read_at(&x.down)] {
-                                [Some(g), Some(u), Some(dn)] => {
-                                    rt[0].push(g);
-                                    rt[1].push(u);
-                                    rt[2].push(dn);
-                                }
-                                _ => read_tables = None,
-                            }
                         }
                     }
                     let Some([g, u, dn]) = first else {
@@ -577,16 +556,6 @@ impl ResidentModel {
                         }
                         None => (0, n_expert),
                     };
-                    let read_desc = match read_tables {
-                        Some(rt) if host_mask != 0 => {
-                            let mut read = desc;
-                            for (slot, t) in read[4..7].iter_mut().zip(&rt) {
-                                *slot = upload(&u64s(t))?;
-                            }
-                            upload(&u64s(&read))?
-                        }
-                        _ => 0,
-                    };
                     DevFfn::Moe {
                         router,
                         desc: upload(&u64s(&desc))?,
@@ -596,7 +565,6 @@ impl ResidentModel {
                         gate_act: g.act,
                         host_mask,
                         device_experts,
-                        read_desc,
                     }
                 }
             };
@@ -751,3 +719,4 @@ mod host_experts;
 mod launch;
 mod mirrors;
 mod step;
+mod step_input;

@@ -8,11 +8,11 @@ use model::{DeviceStep, KvType, Model};
 
 use super::exchange::Exchange;
 use super::launch::Launch;
+use super::step_input::{StepInput, StepRows};
 use super::{DevFfn, DevMat, GraphKey, ResidentModel};
 use crate::cuda::ensure_pinned;
 use crate::matmul_table::{
-    GLU_FIELDS, Grids, JOB_FIELDS, MatRecord, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE,
-    step_mma_min, write_matmul_table,
+    Grids, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE, step_mma_min,
 };
 
 /// Rows from which a step's attention runs a block per kv head and row (its query heads
@@ -26,14 +26,6 @@ const TILE_VECTORS: usize = 32;
 /// Rows from which a step routes its rows (moe_topk) and counts its slots (moe_count) across
 /// the device before moe_route builds the tables in one block.
 const ROUTE_SPLIT_MIN_ROWS: usize = 8;
-
-fn put<T: Copy>(buf: &mut [u8], at: usize, values: &[T]) {
-    // SAFETY: T is a plain number type (u32, u64, f32); the bytes are copied as they are.
-    let bytes = unsafe {
-        std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values))
-    };
-    buf[at..at + bytes.len()].copy_from_slice(bytes);
-}
 
 impl ResidentModel {
     /// Whether a step of `n` rows runs the tiled attention (which keeps no scores in the
@@ -75,26 +67,7 @@ impl model::LayerDevice for ResidentModel {
         let kd = nkv * dk;
         let one_sequence = seqs.len() == 1;
         // Caches of the model's whole shape only.
-        let mut kv_type = None;
-        for s in seqs.iter() {
-            let l = s.kv.layout();
-            let same_type = kv_type.is_none_or(|t| t == l.kv_type);
-            if *l.layers.start() != 0
-                || *l.layers.end() != n_layers - 1
-                || l.n_kv_head != nkv
-                || l.head_dim_k != dk
-                || l.head_dim_v != dk
-                || l.sliding.is_some()
-                || l.compression.is_some()
-                || l.index_keys.is_some()
-                || l.hybrid.is_some()
-                || !same_type
-            {
-                return Ok(None);
-            }
-            kv_type = Some(l.kv_type);
-        }
-        let Some(kv_type) = kv_type else {
+        let Some(kv_type) = self.mirrorable_kv_type(seqs) else {
             return Ok(None);
         };
         // The step's raw copies and launches (`enqueue` below) name no context: this thread's
@@ -189,156 +162,35 @@ impl model::LayerDevice for ResidentModel {
             )
         };
 
-        // The step's input: tables first, then the data they point at.
+        // The step's input: tables first, then the data they point at (step_input.rs).
         let il_in = self.input_layout(b.rows);
-        let half = self.n_rot / 2;
-        let (x_in, cos_in, sin_in, pos_in) = (il_in.x, il_in.cos, il_in.sin, il_in.pos);
+        let (cos_in, sin_in, pos_in) = (il_in.cos, il_in.sin, il_in.pos);
         let (rk_in, rv_in, rs_in, head_in) =
             (il_in.row_k, il_in.row_v, il_in.row_stride, il_in.head_rows);
-        put(host_in, x_in, x);
-        // The residual stream lives where the embedded rows are copied in: every layer adds
-        // into it in place.
-        let x_dev = at(o.input) + x_in as u64;
-        let (_, cos, sin) = rope.tables();
-        put(host_in, cos_in, &cos[..n * half]);
-        put(host_in, sin_in, &sin[..n * half]);
-        let (mut row_pos, mut row_k, mut row_v, mut row_stride) =
-            (Vec::with_capacity(n), Vec::new(), Vec::new(), Vec::new());
-        for ((s, &p0), &mi) in seqs.iter().zip(pos0).zip(&mirror_of) {
-            let m = &state.mirrors[mi];
-            let (kp, vp) = (
-                m.k.device_ptr(&self.stream).0,
-                m.v.device_ptr(&self.stream).0,
-            );
-            for i in 0..s.n_tokens {
-                row_pos.push((p0 + i) as u32);
-                row_k.push(kp);
-                row_v.push(vp);
-                row_stride.push(m.capacity as u64);
-            }
-        }
-        put(host_in, pos_in, &row_pos);
-        put(host_in, rk_in, &row_k);
-        put(host_in, rv_in, &row_v);
-        put(host_in, rs_in, &row_stride);
-        let head_rows: Vec<u32> = logit_rows.iter().map(|&r| r as u32).collect();
-        put(host_in, head_in, &head_rows);
-        // The weighted sum's slot offsets: row t's k slots start at t·k.
         let offs_in = il_in.slot_offsets;
-        let slot_offsets: Vec<u32> = (0..=n).map(|t| (t * self.max_k) as u32).collect();
-        put(host_in, offs_in, &slot_offsets);
-        let input = |off: usize| at(o.input) + off as u64;
-
-        // The quantized forms of a normed row of width `w` a matrix reads.
-        let acts_of = |m: &DevMat, f32_at: usize, q8k_at: usize, q80_at: usize| match m.act {
-            ActKind::F32 => at(f32_at),
-            ActKind::Q8K => at(q8k_at),
-            ActKind::Q8_0 => at(q80_at),
-        };
-        let record = |m: &DevMat, acts: u64, out: u64, rows_n: usize, accumulate: bool| MatRecord {
-            w: m.addr,
-            acts,
-            out,
-            weights: m.key,
-            act_stride: m.act_bytes,
-            n: rows_n,
-            accumulate,
-        };
-        struct Tables {
-            qkv: (usize, Grids),
-            o: (usize, Grids),
-            first: (usize, Grids),
-            down: (usize, Grids),
-            glu: usize,
-        }
-        let mut tables = Vec::with_capacity(n_layers);
-        let mut cursor = 0usize;
         // Every table of the step, and every launch reading one, has this tensor-core threshold.
         let mma_min = step_mma_min(n);
-        let mut write =
-            |host_in: &mut [u8], records: &[MatRecord]| -> model::Result<(usize, Grids)> {
-                let here = cursor;
-                let grid = write_matmul_table(&mut host_in[here..], records, mma_min)
-                    .ok_or_else(|| self.error("resident step", "too many blocks for one launch"))?;
-                cursor += records.len() * JOB_FIELDS * 8;
-                Ok((here, grid))
-            };
-        for l in &self.layers {
-            let hn = |m: &DevMat| acts_of(m, o.hn, o.hq8k, o.hq80);
-            let qkv = write(
-                host_in,
-                &[
-                    record(&l.q, hn(&l.q), at(o.q), n, false),
-                    record(&l.k, hn(&l.k), at(o.k), n, false),
-                    record(&l.v, hn(&l.v), at(o.v), n, false),
-                ],
-            )?;
-            let oo = write(
-                host_in,
-                &[record(
-                    &l.o,
-                    acts_of(&l.o, o.att, o.att_q8k, o.att_q80),
-                    x_dev,
-                    n,
-                    true,
-                )],
-            )?;
-            let (first, down) = match &l.ffn {
-                DevFfn::Moe { router, .. } => (
-                    write(
-                        host_in,
-                        &[record(router, hn(router), at(o.router_logits), n, false)],
-                    )?,
-                    (0, Grids::default()),
-                ),
-                DevFfn::Dense { gate, up, down } => (
-                    write(
-                        host_in,
-                        &[
-                            record(gate, hn(gate), at(o.gate_out), n, false),
-                            record(up, hn(up), at(o.up_out), n, false),
-                        ],
-                    )?,
-                    write(host_in, &[record(down, at(o.hidden), x_dev, n, true)])?,
-                ),
-            };
-            tables.push(Tables {
-                qkv,
-                o: oo,
-                first,
-                down,
-                glu: 0,
-            });
-        }
-        let head_table = write(
+        let StepInput {
+            layers: tables,
+            head: head_table,
+            x_dev,
+        } = self.write_step_input(
             host_in,
-            &[record(
-                &self.output,
-                acts_of(&self.output, o.hn, o.hq8k, o.hq80),
-                at(o.logits),
-                m_rows,
-                false,
-            )],
+            &il_in,
+            &o,
+            base,
+            &StepRows {
+                x,
+                seqs,
+                pos0,
+                rope,
+                logit_rows,
+                mirrors: &state.mirrors,
+                mirror_of: &mirror_of,
+            },
+            mma_min,
         )?;
-        // The dense layers' activation tables.
-        let mut glu_cursor = n_layers * 7 * JOB_FIELDS * 8 + JOB_FIELDS * 8;
-        debug_assert!(cursor <= glu_cursor);
-        for (l, t) in self.layers.iter().zip(tables.iter_mut()) {
-            if let DevFfn::Dense { gate, down, .. } = &l.ffn {
-                let fields: [u64; GLU_FIELDS] = [
-                    at(o.gate_out),
-                    at(o.up_out),
-                    at(o.hidden),
-                    gate.rows as u64,
-                    down.act.ggml_type() as u64,
-                    0,
-                    n as u64,
-                ];
-                put(host_in, glu_cursor, &fields);
-                t.glu = glu_cursor;
-                glu_cursor += GLU_FIELDS * 8;
-            }
-        }
+        let input = |off: usize| at(o.input) + off as u64;
 
         // In, every layer, the head, out: the same operations on the same addresses for every
         // step of the same shape, so they are captured once into a CUDA graph and replayed
@@ -616,7 +468,6 @@ impl model::LayerDevice for ResidentModel {
                         gate_act,
                         host_mask,
                         device_experts,
-                        read_desc,
                     } => {
                         let kind_of = |a: ActKind, b: ActKind| router.act == a || *gate_act == b;
                         // The host's experts read the normed rows in f32.
@@ -641,29 +492,17 @@ impl model::LayerDevice for ResidentModel {
                             ActKind::Q8_0 => at(o.hq80),
                         };
                         let (n_i, mj_i, mma_min_i) = (n as i32, max_jobs as i32, mma_min as i32);
-                        // A one-row step's device reads the first of the row's host experts
-                        // over the link (moe_route's fast path: k ≤ 32).
+                        // A one-row step's device takes the first of the row's host experts
+                        // (moe_route's fast path: k ≤ 32), copied into their places in the
+                        // buffer once the routing is back (the tables point there).
                         let reading = match on_host {
-                            Some((h, _))
-                                if n == 1 && *k <= 32 && (!h.mapped || *read_desc != 0) =>
-                            {
-                                h.read.min(*k)
-                            }
+                            Some((h, _)) if n == 1 && *k <= 32 => h.read.min(*k),
                             _ => 0,
                         };
-                        let mapped = on_host.is_some_and(|(h, _)| h.mapped);
-                        // The device's share is copied into the buffer once the routing is
-                        // back (the tables of copying steps point there), unless it is read in
-                        // mapped host memory.
-                        let copies_share = reading > 0 && !mapped;
                         let reading_i = reading as i32;
                         let ptrs = [
                             at(o.router_logits),
-                            if reading > 0 && mapped {
-                                *read_desc
-                            } else {
-                                *desc
-                            },
+                            *desc,
                             acts,
                             at(o.gate_out),
                             at(o.up_out),
@@ -778,9 +617,7 @@ impl model::LayerDevice for ResidentModel {
                                 .map_err(|e| launch_err("glu_quantize", e))?;
                             matmul(at(o.down_table), max_jobs, grids(d), false)
                         };
-                        if !copies_share
-                            && (on_host.is_none() || *device_experts > 0 || reading > 0)
-                        {
+                        if reading == 0 && (on_host.is_none() || *device_experts > 0) {
                             launch_experts()?;
                         }
                         if let Some(h) = copies {
@@ -793,7 +630,7 @@ impl model::LayerDevice for ResidentModel {
                                 .synchronize()
                                 .map_err(|e| self.error("waiting for a layer's routing", e))?;
                             let share = xchg.device_share(slots, mask, reading);
-                            if copies_share {
+                            if reading > 0 {
                                 h.copy_experts_in(il, &share).map_err(|e| {
                                     self.error(&format!("copying layer {il}'s experts in"), e)
                                 })?;
