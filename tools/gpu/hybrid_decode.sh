@@ -6,6 +6,12 @@
 # pp512 and tg64; then one decode run under MOESHARD_GPU_TIMING=1 (where a step's time goes;
 # TIMING=0 leaves it out). About 6 minutes. ROUNDS=N sets the rounds (1), MEMS the limits,
 # READS the --gpu-host-read values of whole steps (0), PIECEWISE=0 leaves the per-matrix runs out.
+# VARIANTS="new:0 old:0 new:2 new-direct:0 ..." instead alternates binaries of the pack
+# (moeshard_new, moeshard_old) at a --gpu-host-read each; -direct runs with
+# MOESHARD_CUDA_GRAPHS=0.
+# BUILD_LLAMA=1 builds llama.cpp (tools/gpu/build_llama.sh, PACK/llama-src.tar.xz) beside the
+# suite, before any timing, so that a following tools/gpu/hybrid_stream.sh call on the still-warm
+# machine finds it built.
 #
 # Prepare here as for tools/gpu/hybrid_stream.sh (PACK/bins.tar.xz with moeshard_new,
 # gpu_kernels, gpu_model; PACK/fixtures.tar.xz; fixtures, fuzz corpus and the demo model moved
@@ -14,28 +20,41 @@ source "$(dirname "$0")/unpack_pack.sh" "$1"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv; nproc
 date +%T
 N=/var/tmp/b/moeshard_new Q=/tmp/q30.gguf
-( [ -s $Q ] || timeout 150 $N synth --preset qwen3-30b-a3b $Q > /dev/null; cat $Q > /dev/null ) &
+( [ -s $Q ] || timeout 300 $N synth --preset qwen3-30b-a3b $Q > /dev/null; cat $Q > /dev/null ) &
+[ "${BUILD_LLAMA:-0}" = 1 ] && bash "$R/tools/gpu/build_llama.sh" "$P" > /var/tmp/build_llama.txt 2>&1 &
 echo "== suite"
 timeout 120 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
 timeout 240 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|hybrid"
 wait; date +%T
-ms() { # label, then moeshard bench arguments
-  local label=$1; shift
-  echo "== $label: $(timeout 120 $N bench -m $Q -t 16 --gpu "$@" 2>&1 | grep -E 'pp512|tg64|^GPU [0-9].*routed|whole layers' | tr '\n' ' ')"
+[ "${BUILD_LLAMA:-0}" = 1 ] && cat /var/tmp/build_llama.txt
+ms() { # label, binary, then moeshard bench arguments
+  local label=$1 bin=$2; shift 2
+  echo "== $label: $(timeout 120 $bin bench -m $Q -t 16 --gpu "$@" 2>&1 | grep -E 'pp512|tg64|^GPU [0-9].*routed|whole layers' | tr '\n' ' ')"
+}
+VARIANTS=${VARIANTS:-$(for r in ${READS:-0}; do printf 'new:%s ' "$r"; done)}
+# variant → "env binary read" (env "-" for none)
+unpack() {
+  local bin=${1%%:*} env=-
+  case $bin in *-direct) env=MOESHARD_CUDA_GRAPHS=0 bin=${bin%-direct} ;; esac
+  echo "$env /var/tmp/b/moeshard_$bin ${1##*:}"
 }
 for round in $(seq ${ROUNDS:-1}); do
   for mem in ${MEMS:-1.15GiB 9.9GiB}; do
-    for read in ${READS:-0}; do
-      ms "--gpu-mem $mem, whole steps, --gpu-host-read $read, round $round" --gpu-mem $mem --gpu-host-read $read -p 512 -n 64 -r 2
+    for v in $VARIANTS; do
+      set -- $(unpack $v); e=$1 bin=$2 read=$3
+      [ "$e" = - ] && e=MOESHARD_UNUSED=1
+      env $e bash -c "$(declare -f ms); Q=$Q; ms '$v --gpu-mem $mem, whole steps, --gpu-host-read $read, round $round' $bin --gpu-mem $mem --gpu-host-read $read -p 512 -n 64 -r 2"
     done
-    [ "${PIECEWISE:-1}" = 1 ] && ms "--gpu-mem $mem, per-matrix (--gpu-piecewise), round $round" --gpu-mem $mem --gpu-piecewise -p 512 -n 64 -r 2
+    [ "${PIECEWISE:-1}" = 1 ] && ms "--gpu-mem $mem, per-matrix (--gpu-piecewise), round $round" $N --gpu-mem $mem --gpu-piecewise -p 512 -n 64 -r 2
   done
 done
 date +%T
 if [ "${TIMING:-1}" = 1 ]; then
-  for read in ${READS:-0}; do
-    echo "== MOESHARD_GPU_TIMING=1, --gpu-mem 1.15GiB, --gpu-host-read $read, tg64"
-    MOESHARD_GPU_TIMING=1 timeout 100 $N bench -m $Q -t 16 --gpu --gpu-mem 1.15GiB --gpu-host-read $read -p 16 -n 64 -r 1 2>&1 | grep -E "gpu timing|tg64" | tail -3
+  for v in $VARIANTS; do
+    set -- $(unpack $v); e=$1 bin=$2 read=$3
+    [ "$e" = - ] && e=MOESHARD_UNUSED=1
+    echo "== $v: MOESHARD_GPU_TIMING=1, --gpu-mem 1.15GiB, --gpu-host-read $read, tg64"
+    env $e MOESHARD_GPU_TIMING=1 timeout 100 $bin bench -m $Q -t 16 --gpu --gpu-mem 1.15GiB --gpu-host-read $read -p 16 -n 64 -r 1 2>&1 | grep -E "gpu timing|tg64" | tail -3
   done
   date +%T
 fi

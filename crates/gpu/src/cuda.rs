@@ -421,12 +421,25 @@ pub(crate) fn ensure_pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::Vali
     slot: &mut Option<PinnedHostSlice<T>>,
     len: usize,
 ) -> Result<*mut T, cudarc::driver::DriverError> {
+    ensure_pinned_with_flags(ctx, slot, len, 0)
+}
+
+/// [`ensure_pinned`], allocated with `cuMemHostAlloc`'s `flags` (`CU_MEMHOSTALLOC_DEVICEMAP`:
+/// kernels address the memory too).
+pub(crate) fn ensure_pinned_with_flags<
+    T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits,
+>(
+    ctx: &Arc<CudaContext>,
+    slot: &mut Option<PinnedHostSlice<T>>,
+    len: usize,
+    flags: u32,
+) -> Result<*mut T, cudarc::driver::DriverError> {
     if slot.as_ref().is_none_or(|s| s.len() < len) {
         *slot = None;
         let grown = len.next_power_of_two().max(1 << 16);
         // SAFETY: the memory is written before it is read (the table and activations are
         // filled, and outputs are copied in, before any read of them).
-        *slot = Some(unsafe { ctx.alloc_pinned_with_flags::<T>(grown, 0) }?);
+        *slot = Some(unsafe { ctx.alloc_pinned_with_flags::<T>(grown, flags) }?);
     }
     slot.as_mut().expect("allocated above").as_mut_ptr()
 }

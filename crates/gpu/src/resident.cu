@@ -923,3 +923,94 @@ extern "C" __global__ void moe_count(const unsigned int* __restrict__ ids, int s
     }
     if (lane == 0) counted[e] = c;
 }
+
+// A step whose routed experts are partly the host's computes them there between the device's
+// routing and its weighted sum (resident/handoff.rs). The two sides hand each layer over
+// through page-locked host memory both address, each waiting on a flag the other sets: the
+// device's side is launched (or replayed from a graph) ahead of the host's work, so neither a
+// copy, an event nor a launch of the host's sits between the two.
+//
+// Flags are u32 words in that memory, 0 until set; a waiting kernel gives up after
+// HANDOFF_TIMEOUT_NS (the host died or failed without releasing it), sets `failed` and goes on
+// with whatever it has, and the host reports the step failed.
+#define HANDOFF_TIMEOUT_NS 30000000000ull
+
+__device__ __forceinline__ unsigned int load_acquire_sys(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void store_release_sys(unsigned int* p, unsigned int v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
+// The layer's normed rows (`n_floats` of `hn`) and its first `slots` slot experts and weights
+// out to the exchange (`xchg`: the rows, then slots_max experts, then slots_max weights), then
+// `flag` set once all of it is visible to the host. The last block to finish sets it
+// (`done`: a device counter, 0 between launches, that the last block puts back to 0).
+extern "C" __global__ void handoff_out(const float* __restrict__ hn,
+                                       const unsigned int* __restrict__ ids,
+                                       const float* __restrict__ wts, int n_floats, int slots,
+                                       int slots_max, float* xchg, unsigned int* flag,
+                                       unsigned int* done) {
+    pdl_wait_then_release();
+    const int stride = gridDim.x * blockDim.x;
+    const int i0 = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int i = i0; i < n_floats; i += stride) xchg[i] = hn[i];
+    unsigned int* xids = (unsigned int*)(xchg + n_floats);
+    float* xwts = xchg + n_floats + slots_max;
+    for (int i = i0; i < slots; i += stride) {
+        xids[i] = ids[i];
+        xwts[i] = wts[i];
+    }
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (atomicAdd(done, 1u) == gridDim.x - 1) {
+            *done = 0;
+            __threadfence_system();
+            store_release_sys(flag, 1u);
+        }
+    }
+}
+
+// Waits until `flag` is set, then copies `n_floats` from `src` (host memory the host wrote
+// before setting it) to `dst` in device memory (n_floats 0: only the wait).
+extern "C" __global__ void handoff_in(const unsigned int* flag, const float* src,
+                                      float* __restrict__ dst, int n_floats,
+                                      unsigned int* failed) {
+    pdl_wait_then_release();
+    __shared__ int ok;
+    if (threadIdx.x == 0) {
+        const u64 t0 = global_ns();
+        ok = 1;
+        while (load_acquire_sys(flag) == 0) {
+            if (global_ns() - t0 > HANDOFF_TIMEOUT_NS) {
+                store_release_sys(failed, 1u);
+                ok = 0;
+                break;
+            }
+            __nanosleep(128);
+        }
+    }
+    __syncthreads();
+    if (!ok) return;
+    const int stride = gridDim.x * blockDim.x;
+    // Volatile loads: the values come from the host's memory, never from a cache line an
+    // earlier layer's read left behind.
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_floats; i += stride)
+        dst[i] = __ldcv(src + i);
+}
+
+// Sets `flag` once the copies ahead of it on its stream (the host's copy stream) are done.
+extern "C" __global__ void handoff_signal(unsigned int* flag) {
+    __threadfence_system();
+    store_release_sys(flag, 1u);
+}

@@ -190,9 +190,6 @@ impl Layout {
             free: ctx
                 .new_event(None)
                 .map_err(|e| err("creating an event", e))?,
-            routed: ctx
-                .new_event(None)
-                .map_err(|e| err("creating an event", e))?,
             _owner: model.clone(),
         }))
     }
@@ -249,8 +246,6 @@ pub(super) struct HostExperts {
     /// The layer's copies are in; the buffer's last readers are done.
     ready: CudaEvent,
     free: CudaEvent,
-    /// A layer's routing has come back to the host (a step that computes host experts).
-    pub(super) routed: CudaEvent,
     /// Keeps the host pages the copies read mapped.
     _owner: Arc<Model>,
 }
@@ -287,14 +282,18 @@ impl HostExperts {
     }
 
     /// Enqueues the copies of layer `il`'s host experts `experts` to their places in the
-    /// buffer after the buffer's last readers (`release`), and marks them for
-    /// `wait_for_layer` (a one-row step's device share, `read`).
+    /// buffer, then `signal` (resident.cu `handoff_signal`) setting the device-mapped `flag`
+    /// that the step's expert launches wait on (a one-row step's device share, `read`;
+    /// handoff.rs). No event orders them after the buffer's last readers: the layer's routing,
+    /// which the host has seen before it calls this, comes out after the previous layer's
+    /// expert launches are done.
     pub(super) fn copy_experts_in(
         &self,
         il: usize,
         experts: &[u32],
+        signal: &cudarc::driver::CudaFunction,
+        flag: u64,
     ) -> Result<(), cudarc::driver::DriverError> {
-        self.stream.wait(&self.free)?;
         let cu = self.stream.cu_stream();
         let per_expert = &self.expert_copies[il];
         for c in experts
@@ -304,14 +303,23 @@ impl HostExperts {
         {
             // SAFETY: as in `copy_in`: the range lies in the model's tensors, which `_owner`
             // keeps mapped; the destination is the matrix's place in the buffer (inside its
-            // capacity), which no kernel reads until `wait_for_layer`, and whose previous
-            // readers `free` waits for.
+            // capacity), which no kernel reads before `flag` is set, and whose previous
+            // readers are done (above).
             unsafe {
                 let src = std::slice::from_raw_parts(c.host as *const u8, c.len);
                 cudarc::driver::result::memcpy_htod_async(self.base + c.offset as u64, src, cu)?;
             }
         }
-        self.ready.record(&self.stream)
+        let mut l = super::launch::Launch::new(signal);
+        l.arg(&flag);
+        let one = cudarc::driver::LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: handoff_signal writes one u32 at `flag`, in device-mapped page-locked memory
+        // the step's handoff keeps.
+        unsafe { l.launch(cu, one, false) }
     }
 
     /// Makes `stream`'s next work wait for the last `copy_in`.

@@ -83,6 +83,11 @@ struct Kernels {
     /// Steps of many rows: the rows routed and the slots counted before `moe_route`.
     moe_topk: CudaFunction,
     moe_count: CudaFunction,
+    /// A step whose host computes experts: each layer's routing out to the host, the wait for
+    /// the host's sums (or copies), and the copy stream's signal (handoff.rs).
+    handoff_out: CudaFunction,
+    handoff_in: CudaFunction,
+    handoff_signal: CudaFunction,
 }
 
 /// One sequence's keys and values on the device: `[layer][position][kv dim]` f32.
@@ -113,7 +118,7 @@ struct Buffers {
     host_in: Option<PinnedHostSlice<u8>>,
     host_out: Option<PinnedHostSlice<f32>>,
     /// A layer's normed rows and routing coming back, and the host's expert sums going in (a
-    /// step whose host computes its experts).
+    /// step whose host computes its experts), with the flags of their handoff; device-mapped.
     host_xchg: Option<PinnedHostSlice<f32>>,
 }
 
@@ -137,6 +142,8 @@ struct GraphKey {
     arena: u64,
     host_in: usize,
     host_out: usize,
+    /// The exchange of a step whose host computes experts (its kernels name it and its flags).
+    host_xchg: usize,
     input_len: usize,
     ctx_cap: usize,
     /// Keys and values rounded to f16 in the mirror (a kernel argument, as the cache's type).
@@ -279,8 +286,10 @@ struct Offsets {
     hn: usize,
     ids: usize,
     wts: usize,
-    /// Each row's weighted sum of the host's experts (such a step's copy in).
+    /// Each row's weighted sum of the host's experts (read from the host by such a step).
     host_sums: usize,
+    /// `handoff_out`'s count of finished blocks (0 between its launches).
+    handoff_done: usize,
     hq8k: usize,
     hq80: usize,
     q: usize,
@@ -354,6 +363,9 @@ impl ResidentModel {
             moe_route: load("moe_route")?,
             moe_topk: load("moe_topk")?,
             moe_count: load("moe_count")?,
+            handoff_out: load("handoff_out")?,
+            handoff_in: load("handoff_in")?,
+            handoff_signal: load("handoff_signal")?,
         };
         let WholeModelPlan {
             layers,
@@ -638,6 +650,7 @@ impl ResidentModel {
             ids: a.take(4 * slots),
             wts: a.take(4 * slots),
             host_sums: a.take(4 * n * d),
+            handoff_done: a.take(4),
             hq8k: a.take(n * q8k(d)),
             hq80: a.take(n * q80(d)),
             q: a.take(4 * n * nh * dk),
@@ -715,6 +728,7 @@ struct InputLayout {
 
 mod exchange;
 mod graph;
+mod handoff;
 mod host_experts;
 mod launch;
 mod mirrors;

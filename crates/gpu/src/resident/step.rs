@@ -6,11 +6,11 @@ use cudarc::driver::{DevicePtr, LaunchConfig};
 use kernels::ActKind;
 use model::{DeviceStep, KvType, Model};
 
-use super::exchange::Exchange;
+use super::handoff::{Handoff, HandoffLayout, HostLayer};
 use super::launch::Launch;
 use super::step_input::{StepInput, StepRows};
 use super::{DevFfn, DevMat, GraphKey, ResidentModel};
-use crate::cuda::ensure_pinned;
+use crate::cuda::{ensure_pinned, ensure_pinned_with_flags};
 use crate::matmul_table::{
     Grids, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE, step_mma_min,
 };
@@ -83,7 +83,9 @@ impl model::LayerDevice for ResidentModel {
         let state = &mut *guard;
         // The streaming buffer is the device's: no expert FFN call may use it meanwhile.
         let _scratch = match &self.host_experts {
-            Some(_) if !host_compute => Some(self.dev.lock().map_err(model::ModelError::Matmul)?),
+            Some(h) if !host_compute || h.read > 0 => {
+                Some(self.dev.lock().map_err(model::ModelError::Matmul)?)
+            }
             _ => None,
         };
         let t_start = std::time::Instant::now();
@@ -138,28 +140,64 @@ impl model::LayerDevice for ResidentModel {
         let pin_out = ensure_pinned(&self.dev.ctx, &mut b.host_out, out_floats.max(1))
             .map_err(|e| self.error("allocating page-locked memory", e))?;
         // A step that computes host experts: per layer, its n normed rows, then its slots'
-        // experts and weights (n·max_k each) come back, and the host's n sums go in after them.
-        // Sized by this step's rows, not the arena's (a decode step after a long prompt).
-        let xchg_floats = if host_compute {
-            Exchange::floats(n, d, self.max_k)
+        // experts and weights (n·max_k each) come out, and the host's n sums go in after them,
+        // each half announced by a flag (handoff.rs). Sized by this step's rows, not the
+        // arena's (a decode step after a long prompt).
+        let xchg_layout = HandoffLayout::new(n, d, self.max_k, n_layers);
+        let handoff = if host_compute {
+            let pin = ensure_pinned_with_flags(
+                &self.dev.ctx,
+                &mut b.host_xchg,
+                xchg_layout.floats(),
+                cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP,
+            )
+            .map_err(|e| self.error("allocating page-locked memory", e))?;
+            // SAFETY: pin holds the layout's floats, allocated device-mapped above; only this
+            // step (under the state lock) uses it, and it ends by synchronizing the stream.
+            Some(
+                unsafe { Handoff::new(pin, xchg_layout) }
+                    .map_err(|e| self.error("mapping the exchange", e))?,
+            )
         } else {
-            0
+            None
         };
-        let pin_xchg = if host_compute {
-            ensure_pinned(&self.dev.ctx, &mut b.host_xchg, xchg_floats)
-                .map_err(|e| self.error("allocating page-locked memory", e))?
-        } else {
-            std::ptr::NonNull::dangling().as_ptr()
-        };
-        // SAFETY: all three hold at least these lengths (ensured above; an empty slice from a
-        // dangling pointer otherwise); nothing else refers to them while the state lock is
-        // held, and every step ends by synchronizing the stream.
-        let (host_in, host_out, host_xchg) = unsafe {
+        let pin_xchg = handoff.as_ref().map_or(0, Handoff::host_address);
+        // SAFETY: both hold at least these lengths (ensured above); nothing else refers to
+        // them while the state lock is held, and every step ends by synchronizing the stream.
+        let (host_in, host_out) = unsafe {
             (
                 std::slice::from_raw_parts_mut(pin_in, o.input_len),
                 std::slice::from_raw_parts_mut(pin_out, out_floats.max(1)),
-                std::slice::from_raw_parts_mut(pin_xchg, xchg_floats),
             )
+        };
+        // The layers whose host experts this step computes, in order.
+        let host_layers: Vec<HostLayer> = match (&self.host_experts, host_compute) {
+            (Some(h), true) => self
+                .layers
+                .iter()
+                .enumerate()
+                .filter_map(|(il, l)| {
+                    let DevFfn::Moe { k, .. } = &l.ffn else {
+                        return None;
+                    };
+                    let mask = h.on_host(il)?;
+                    // A one-row step's device takes the first of the row's host experts
+                    // (moe_route's fast path: k ≤ 32).
+                    let reading = if n == 1 && *k <= 32 {
+                        h.read.min(*k)
+                    } else {
+                        0
+                    };
+                    Some(HostLayer {
+                        il,
+                        k: *k,
+                        slots: n * k,
+                        mask,
+                        reading,
+                    })
+                })
+                .collect(),
+            _ => Vec::new(),
         };
 
         // The step's input: tables first, then the data they point at (step_input.rs).
@@ -202,11 +240,45 @@ impl model::LayerDevice for ResidentModel {
         let fresh_len = n * n_layers * 2 * kd * kv_type.bytes() / 4;
         // The host's share of the device part: its experts' time in a step that computes them.
         let host_time = std::cell::Cell::new(std::time::Duration::ZERO);
-        let enqueue = |host_in: &[u8],
-                       host_out: &mut [f32],
-                       host_xchg: &mut [f32]|
+        // The host's side of a layer whose experts it computes: once the routing is out, the
+        // device's share (if any) copied in, the rest computed here, the sums handed in.
+        let serve = |hl: &HostLayer| -> model::Result<()> {
+            let (Some(hand), Some(h)) = (&handoff, &self.host_experts) else {
+                return Ok(());
+            };
+            hand.wait_routed(hl.il, cu)
+                .map_err(|e| self.error("waiting for a layer's routing", e))?;
+            let mut xchg = hand.exchange();
+            let share = xchg.device_share(hl.slots, hl.mask, hl.reading);
+            if hl.reading > 0 {
+                if share.is_empty() {
+                    hand.set_copied(hl.il);
+                } else {
+                    h.copy_experts_in(
+                        hl.il,
+                        &share,
+                        &self.f.handoff_signal,
+                        hand.copied_address(hl.il),
+                    )
+                    .map_err(|e| self.error(&format!("copying layer {}'s experts in", hl.il), e))?;
+                }
+            }
+            let t_host = std::time::Instant::now();
+            xchg.compute_host_share(cx, model, hl.il, hl.k, hl.slots, hl.mask, &share)?;
+            hand.set_summed(hl.il);
+            host_time.set(host_time.get() + t_host.elapsed());
+            self.dev
+                .read_over_link
+                .fetch_add(share.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        };
+        // Host layers served so far (while enqueueing directly, each once the next layer's
+        // launches are in: the device never waits on a launch of the host's).
+        let served = std::cell::Cell::new(0usize);
+        let enqueue = |capturing: bool,
+                       host_in: &[u8],
+                       host_out: &mut [f32]|
          -> model::Result<()> {
-            let mut xchg = Exchange::new(host_xchg, n, d, self.max_k);
             // SAFETY: host_in is page-locked and untouched until the synchronize below; the arena
             // holds the input region at o.input.
             unsafe { cudarc::driver::result::memcpy_htod_async(at(o.input), host_in, cu) }
@@ -258,6 +330,8 @@ impl model::LayerDevice for ResidentModel {
             let null = 0u64;
             let form = |act_needed: bool, off: usize| if act_needed { at(off) } else { null };
             let (eps, d_i) = (self.eps, d as i32);
+            // The handoff's copies of a layer's rows: about 8 floats a thread.
+            let handoff_blocks = (n * d).div_ceil(2048).clamp(1, 128) as u32;
             let norm = |x_at: u64,
                         rows: u64,
                         w: u64,
@@ -492,13 +566,13 @@ impl model::LayerDevice for ResidentModel {
                             ActKind::Q8_0 => at(o.hq80),
                         };
                         let (n_i, mj_i, mma_min_i) = (n as i32, max_jobs as i32, mma_min as i32);
-                        // A one-row step's device takes the first of the row's host experts
-                        // (moe_route's fast path: k ≤ 32), copied into their places in the
-                        // buffer once the routing is back (the tables point there).
-                        let reading = match on_host {
-                            Some((h, _)) if n == 1 && *k <= 32 => h.read.min(*k),
-                            _ => 0,
-                        };
+                        // A one-row step's device takes the first of the row's host experts,
+                        // copied into their places in the buffer once the routing is out (the
+                        // tables point there).
+                        let reading = host_layers
+                            .iter()
+                            .find(|hl| hl.il == il)
+                            .map_or(0, |hl| hl.reading);
                         let reading_i = reading as i32;
                         let ptrs = [
                             at(o.router_logits),
@@ -575,18 +649,28 @@ impl model::LayerDevice for ResidentModel {
                         // for max_jobs experts and n·k slots into the arena, sized for them.
                         unsafe { b.launch(cu, cfg((1, 1), 256, 0), overlap()) }
                             .map_err(|e| launch_err("moe_route", e))?;
-                        if let Some((h, _)) = on_host {
-                            // SAFETY: the exchange is read only after the event below; the
-                            // arena holds n rows of d floats at o.hn and n·k slot experts and
-                            // weights at o.ids and o.wts (k ≤ max_k).
-                            unsafe {
-                                xchg.copy_routing_out(slots, [at(o.hn), at(o.ids), at(o.wts)], cu)
-                            }
-                            .map_err(|e| self.error("copying a layer's routing out", e))?;
-                            h.routed
-                                .record(&self.stream)
-                                .map_err(|e| self.error("marking a layer's routing", e))?;
-                            after_kernel.set(false);
+                        if let Some(hand) = handoff.as_ref().filter(|_| on_host.is_some()) {
+                            let (xchg_at, flag) = hand.out_addresses(il);
+                            let (hn_at, ids_at, wts_at, done) =
+                                (at(o.hn), at(o.ids), at(o.wts), at(o.handoff_done));
+                            let (floats, slots_i, slots_max) =
+                                ((n * d) as i32, slots as i32, (n * self.max_k) as i32);
+                            let mut b = Launch::new(&self.f.handoff_out);
+                            b.arg(&hn_at)
+                                .arg(&ids_at)
+                                .arg(&wts_at)
+                                .arg(&floats)
+                                .arg(&slots_i)
+                                .arg(&slots_max)
+                                .arg(&xchg_at)
+                                .arg(&flag);
+                            b.arg(&done);
+                            // SAFETY: the arena holds n rows of d floats at o.hn, n·k slot
+                            // experts and weights at o.ids and o.wts (k ≤ max_k) and a u32 at
+                            // o.handoff_done; the exchange (device-mapped) holds n·d floats
+                            // and n·max_k of each after them, and the layer's flag.
+                            unsafe { b.launch(cu, cfg((handoff_blocks, 1), 256, 0), overlap()) }
+                                .map_err(|e| launch_err("handoff_out", e))?;
                         }
                         // The tables are the device's: bound their blocks by every slot in
                         // tiles of the dp4a path (whose blocks are the smaller) plus a partial
@@ -624,40 +708,31 @@ impl model::LayerDevice for ResidentModel {
                             h.release(&self.stream)
                                 .map_err(|e| self.error("marking the streaming buffer free", e))?;
                         }
-                        if let Some((h, mask)) = on_host {
-                            // While the device runs its experts, the host runs its own.
-                            h.routed
-                                .synchronize()
-                                .map_err(|e| self.error("waiting for a layer's routing", e))?;
-                            let share = xchg.device_share(slots, mask, reading);
+                        if let Some(hand) = handoff.as_ref().filter(|_| on_host.is_some()) {
+                            // While the device runs its experts, the host runs its own; the
+                            // device's share of them waits for their copies.
+                            let failed = hand.failed_address();
+                            let wait_in = |flag: u64,
+                                           src: u64,
+                                           dst: u64,
+                                           floats: usize|
+                             -> model::Result<()> {
+                                let floats_i = floats as i32;
+                                let mut b = Launch::new(&self.f.handoff_in);
+                                b.arg(&flag).arg(&src).arg(&dst).arg(&floats_i).arg(&failed);
+                                let blocks = if floats == 0 { 1 } else { handoff_blocks };
+                                // SAFETY: handoff_in reads the flag and `floats` floats at src
+                                // in the device-mapped exchange and writes as many at dst in
+                                // the arena (o.host_sums: n rows of d floats).
+                                unsafe { b.launch(cu, cfg((blocks, 1), 256, 0), overlap()) }
+                                    .map_err(|e| launch_err("handoff_in", e))
+                            };
                             if reading > 0 {
-                                h.copy_experts_in(il, &share).map_err(|e| {
-                                    self.error(&format!("copying layer {il}'s experts in"), e)
-                                })?;
-                                h.wait_for_layer(&self.stream).map_err(|e| {
-                                    self.error(&format!("waiting for layer {il}'s experts"), e)
-                                })?;
-                                after_kernel.set(false);
+                                wait_in(hand.copied_address(il), null, null, 0)?;
                                 launch_experts()?;
-                                h.release(&self.stream).map_err(|e| {
-                                    self.error("marking the streaming buffer free", e)
-                                })?;
                             }
-                            let t_host = std::time::Instant::now();
-                            xchg.compute_host_share(cx, model, il, *k, slots, mask, &share)?;
-                            self.dev.read_over_link.fetch_add(
-                                share.len() as u64,
-                                std::sync::atomic::Ordering::Relaxed,
-                            );
-                            host_time.set(host_time.get() + t_host.elapsed());
-                            // SAFETY: the arena holds n rows of d floats at o.host_sums; the sums
-                            // are not written again before this copy has run (the next layer's
-                            // are written after its routing event, which follows this copy in
-                            // stream order).
-                            unsafe { xchg.copy_sums_in(at(o.host_sums), cu) }
-                                .map_err(|e| self.error("copying the host's expert sums in", e))?;
-                            // After a copy, no launch overlaps the kernel ahead of it.
-                            after_kernel.set(false);
+                            let (src, flag) = hand.sums_addresses(il);
+                            wait_in(flag, src, at(o.host_sums), n * d)?;
                         }
                         let (offs, rows, wts, x_at, acc) =
                             (input(offs_in), at(o.sum_rows), at(o.sum_w), x_dev, 1i32);
@@ -678,6 +753,15 @@ impl model::LayerDevice for ResidentModel {
                             )
                         }
                         .map_err(|e| launch_err("weighted_sum", e))?;
+                    }
+                }
+                // The host's side of the layers before this one, now that this one's launches
+                // are queued behind them (a capture runs nothing yet: the step serves every
+                // layer once its graph is launched).
+                if !capturing {
+                    while let Some(hl) = host_layers.get(served.get()).filter(|hl| hl.il < il) {
+                        serve(hl)?;
+                        served.set(served.get() + 1);
                     }
                 }
             }
@@ -719,16 +803,50 @@ impl model::LayerDevice for ResidentModel {
             arena: base,
             host_in: pin_in as usize,
             host_out: pin_out as usize,
+            host_xchg: pin_xchg,
             input_len: o.input_len,
             ctx_cap,
             round_f16: kv_type == KvType::F16,
             arena_generation: state.buffers.generation,
             tiled,
         };
-        self.run_launches(state, key, || enqueue(host_in, host_out, host_xchg))?;
+        if let Some(hand) = &handoff {
+            hand.reset();
+        }
+        // A step that copies host experts in spans two streams: it runs directly.
+        let graphable = self.host_experts.is_none() || host_compute;
+        self.run_launches(state, key, graphable, |capturing| {
+            let enqueued = enqueue(capturing, host_in, host_out);
+            if let (Err(_), Some(hand)) = (&enqueued, &handoff) {
+                // What was enqueued must drain before the error returns.
+                hand.release_all();
+            }
+            enqueued
+        })?;
+        let rest = host_layers[served.get()..].iter().try_for_each(&serve);
+        if let (Err(_), Some(hand)) = (&rest, &handoff) {
+            hand.release_all();
+            let _ = self.stream.synchronize();
+            if let Some(h) = &self.host_experts {
+                let _ = h.synchronize();
+            }
+        }
+        rest?;
         self.stream
             .synchronize()
             .map_err(|e| self.error("waiting for the GPU", e))?;
+        if let Some(h) = self.host_experts.as_ref().filter(|_| host_compute) {
+            // The device's share's copies are done before its kernels read them; their
+            // stream's signals may still be finishing.
+            h.synchronize()
+                .map_err(|e| self.error("waiting for the expert copies", e))?;
+        }
+        if handoff.as_ref().is_some_and(Handoff::failed) {
+            return Err(self.error(
+                "a step whose host computes experts",
+                "the GPU gave up waiting for the host's expert sums",
+            ));
+        }
         let t_done = std::time::Instant::now();
         let logits = host_out[..logits_len].to_vec();
         // Per layer, the step's key rows then its value rows (resident.cu `qk_rope_store`).
