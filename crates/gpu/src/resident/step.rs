@@ -729,6 +729,10 @@ impl model::LayerDevice for ResidentModel {
                             };
                             if reading > 0 {
                                 wait_in(hand.copied_address(il), null, null, 0)?;
+                                // Not launched early: its blocks, waiting on every SM, could
+                                // leave no room for the copy stream's signal that the wait
+                                // ahead of them needs.
+                                after_kernel.set(false);
                                 launch_experts()?;
                             }
                             let (src, flag) = hand.sums_addresses(il);
