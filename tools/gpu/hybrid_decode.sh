@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 date +%T
 N=/var/tmp/b/moeshard_new Q=/tmp/q30.gguf
 ( [ -s $Q ] || timeout 300 $N synth --preset qwen3-30b-a3b $Q > /dev/null; cat $Q > /dev/null ) &
-[ "${BUILD_LLAMA:-0}" = 1 ] && bash "$R/tools/gpu/build_llama.sh" "$P" > /var/tmp/build_llama.txt 2>&1 &
+[ "${BUILD_LLAMA:-0}" = 1 ] && nice -n 19 bash "$R/tools/gpu/build_llama.sh" "$P" > /var/tmp/build_llama.txt 2>&1 &
 echo "== suite"
 timeout 120 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
 timeout 240 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|hybrid"
