@@ -8,14 +8,15 @@
 //!
 //! Copying every host expert of a layer pays only when the step's rows keep them busy: only
 //! steps where the average routed expert serves at least `--gpu-stream-min` rows copy. In a
-//! smaller step (decode) the host computes its experts instead: the device routes the layer,
-//! its normed rows and routing come back, the CPU runs the host's experts the rows picked while
-//! the device runs its own, and the CPU's weighted sums go in to meet the device's (one round
-//! trip a layer, the attention on the device). In a one-row step the device can also take a
-//! few of the row's host experts (`--gpu-host-read`): once the routing is back the host
-//! copies their weights into their places in the buffer, and the device computes them while
-//! the CPU computes the rest (the link and the CPU's memory bandwidth add up; kernels reading
-//! them in mapped host memory instead were measured at 15 GB/s, too slow: docs/perf.md).
+//! smaller step (decode) the host computes its experts instead: the device routes the layer and
+//! writes its normed rows and routing into page-locked memory it maps, the CPU runs the host's
+//! experts the rows picked while the device runs its own, and the device reads the CPU's
+//! weighted sums back from there, each side waiting on a flag the other sets (handoff.rs). In a
+//! one-row step the device can also take a few of the row's host experts (`--gpu-host-read`):
+//! once the routing is out the host copies their weights into their places in the buffer, and
+//! the device computes them while the CPU computes the rest (the link and the CPU's memory
+//! bandwidth add up; kernels reading them in mapped host memory instead were measured at
+//! 15 GB/s, too slow: docs/perf.md).
 
 use std::collections::HashMap;
 use std::sync::Arc;
