@@ -6,12 +6,9 @@
 # pp512 and tg64; then one decode run under MOESHARD_GPU_TIMING=1 (where a step's time goes;
 # TIMING=0 leaves it out). About 6 minutes. ROUNDS=N sets the rounds (1), MEMS the limits,
 # READS the --gpu-host-read values of whole steps (0), PIECEWISE=0 leaves the per-matrix runs out.
-# VARIANTS="new:0 old:0 new:2 new-direct:0 ..." instead alternates binaries of the pack
-# (moeshard_new, moeshard_old) at a --gpu-host-read each; -direct runs with
-# MOESHARD_CUDA_GRAPHS=0.
-# BUILD_LLAMA=1 builds llama.cpp (tools/gpu/build_llama.sh, PACK/llama-src.tar.xz) beside the
-# suite, before any timing, so that a following tools/gpu/hybrid_stream.sh call on the still-warm
-# machine finds it built.
+# VARIANTS="new:0 old:0 new+handoff:2 new+handoff+direct:0 ..." instead alternates binaries of
+# the pack (moeshard_new, moeshard_old) at a --gpu-host-read each; +handoff runs with
+# MOESHARD_GPU_HANDOFF=1, +direct with MOESHARD_CUDA_GRAPHS=0.
 #
 # Prepare here as for tools/gpu/hybrid_stream.sh (PACK/bins.tar.xz with moeshard_new,
 # gpu_kernels, gpu_model; PACK/fixtures.tar.xz; fixtures, fuzz corpus and the demo model moved
@@ -25,6 +22,8 @@ N=/var/tmp/b/moeshard_new Q=/tmp/q30.gguf
 echo "== suite"
 timeout 120 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
 timeout 240 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|hybrid"
+echo "== suite's hybrid tests, MOESHARD_GPU_HANDOFF=1"
+MOESHARD_GPU_HANDOFF=1 timeout 120 /var/tmp/b/gpu_model --nocapture --test-threads 1 hybrid 2>&1 | grep -E "test result|panicked|FAILED|hybrid"
 wait; date +%T
 [ "${BUILD_LLAMA:-0}" = 1 ] && cat /var/tmp/build_llama.txt
 ms() { # label, binary, then moeshard bench arguments
@@ -32,18 +31,24 @@ ms() { # label, binary, then moeshard bench arguments
   echo "== $label: $(timeout 120 $bin bench -m $Q -t 16 --gpu "$@" 2>&1 | grep -E 'pp512|tg64|^GPU [0-9].*routed|whole layers' | tr '\n' ' ')"
 }
 VARIANTS=${VARIANTS:-$(for r in ${READS:-0}; do printf 'new:%s ' "$r"; done)}
-# variant → "env binary read" (env "-" for none)
+# variant → "env binary read" (env "-" for none, else VAR=V,VAR=V)
 unpack() {
-  local bin=${1%%:*} env=-
-  case $bin in *-direct) env=MOESHARD_CUDA_GRAPHS=0 bin=${bin%-direct} ;; esac
-  echo "$env /var/tmp/b/moeshard_$bin ${1##*:}"
+  local name=${1%%:*} env=- part
+  local bin=${name%%+*}
+  for part in $(tr '+' ' ' <<< "${name#$bin}"); do
+    case $part in
+      direct) env=${env#-}${env:+,}MOESHARD_CUDA_GRAPHS=0 ;;
+      handoff) env=${env#-}${env:+,}MOESHARD_GPU_HANDOFF=1 ;;
+    esac
+  done
+  echo "${env#,} /var/tmp/b/moeshard_$bin ${1##*:}"
 }
 for round in $(seq ${ROUNDS:-1}); do
   for mem in ${MEMS:-1.15GiB 9.9GiB}; do
     for v in $VARIANTS; do
       set -- $(unpack $v); e=$1 bin=$2 read=$3
       [ "$e" = - ] && e=MOESHARD_UNUSED=1
-      env $e bash -c "$(declare -f ms); Q=$Q; ms '$v --gpu-mem $mem, whole steps, --gpu-host-read $read, round $round' $bin --gpu-mem $mem --gpu-host-read $read -p 512 -n 64 -r 2"
+      env $(tr ',' ' ' <<< "$e") bash -c "$(declare -f ms); Q=$Q; ms '$v --gpu-mem $mem, whole steps, --gpu-host-read $read, round $round' $bin --gpu-mem $mem --gpu-host-read $read -p 512 -n 64 -r 2"
     done
     [ "${PIECEWISE:-1}" = 1 ] && ms "--gpu-mem $mem, per-matrix (--gpu-piecewise), round $round" $N --gpu-mem $mem --gpu-piecewise -p 512 -n 64 -r 2
   done
@@ -53,6 +58,7 @@ if [ "${TIMING:-1}" = 1 ]; then
   for v in $VARIANTS; do
     set -- $(unpack $v); e=$1 bin=$2 read=$3
     [ "$e" = - ] && e=MOESHARD_UNUSED=1
+    e=$(tr ',' ' ' <<< "$e")
     echo "== $v: MOESHARD_GPU_TIMING=1, --gpu-mem 1.15GiB, --gpu-host-read $read, tg64"
     env $e MOESHARD_GPU_TIMING=1 timeout 100 $bin bench -m $Q -t 16 --gpu --gpu-mem 1.15GiB --gpu-host-read $read -p 16 -n 64 -r 1 2>&1 | grep -E "gpu timing|tg64" | tail -3
   done

@@ -2,6 +2,7 @@
 //! layer, the device writes its normed rows and routing into page-locked memory, the CPU
 //! computes its experts' weighted sums there, and the device reads them (handoff.rs).
 
+use cudarc::driver::{DriverError, sys::CUstream};
 use model::{Compute, Model};
 
 /// A step's page-locked exchange buffer: `rows` normed rows of `d` floats, then `rows · max_k`
@@ -28,6 +29,34 @@ impl<'a> Exchange<'a> {
             d,
             slots_max: rows * max_k,
         }
+    }
+
+    /// Enqueues on `cu` the copies of a layer's routing out of the arena: the normed f32 rows
+    /// at `rows_at`, and the first `slots` slot experts and weights at `ids_at` and `wts_at`
+    /// (a step that copies instead of handing over: `MOESHARD_GPU_HANDOFF=0`).
+    ///
+    /// # Safety
+    /// The arena holds that many of each at those addresses, and this buffer is read only after
+    /// an event recorded after these copies has completed.
+    pub(super) unsafe fn copy_routing_out(
+        &mut self,
+        slots: usize,
+        [rows_at, ids_at, wts_at]: [u64; 3],
+        cu: CUstream,
+    ) -> Result<(), DriverError> {
+        let (rows, routing) = self.buf.split_at_mut(self.rows * self.d);
+        let (ids, rest) = routing.split_at_mut(self.slots_max);
+        let wts = &mut rest[..self.slots_max];
+        for (dst, src) in [
+            (rows, rows_at),
+            (&mut ids[..slots], ids_at),
+            (&mut wts[..slots], wts_at),
+        ] {
+            // SAFETY: the caller's: the source holds dst.len() elements; dst is page-locked
+            // and not read before the copy completes.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, cu) }?;
+        }
+        Ok(())
     }
 
     /// Once the layer's routing is back: the host experts the device takes in a one-row step,
@@ -79,6 +108,20 @@ impl<'a> Exchange<'a> {
             &cpu_mask,
             &mut sums[..n * d],
         )
+    }
+}
+
+impl Exchange<'_> {
+    /// Enqueues on `cu` the copy of the sums into the arena at `to`.
+    ///
+    /// # Safety
+    /// The arena holds `rows · d` floats at `to`; the sums are not written again before the
+    /// copy has run.
+    pub(super) unsafe fn copy_sums_in(&self, to: u64, cu: CUstream) -> Result<(), DriverError> {
+        let (n, d) = (self.rows, self.d);
+        let sums = &self.buf[n * d + 2 * self.slots_max..][..n * d];
+        // SAFETY: the caller's.
+        unsafe { cudarc::driver::result::memcpy_htod_async(to, sums, cu) }
     }
 }
 

@@ -8,10 +8,11 @@
 //!
 //! Copying every host expert of a layer pays only when the step's rows keep them busy: only
 //! steps where the average routed expert serves at least `--gpu-stream-min` rows copy. In a
-//! smaller step (decode) the host computes its experts instead: the device routes the layer and
-//! writes its normed rows and routing into page-locked memory it maps, the CPU runs the host's
-//! experts the rows picked while the device runs its own, and the device reads the CPU's
-//! weighted sums back from there, each side waiting on a flag the other sets (handoff.rs). In a
+//! smaller step (decode) the host computes its experts instead: the device routes the layer,
+//! its normed rows and routing come back, the CPU runs the host's experts the rows picked while
+//! the device runs its own, and the CPU's weighted sums go in to meet the device's (copies and
+//! an event a layer; or, with `MOESHARD_GPU_HANDOFF=1`, through page-locked memory the device
+//! maps, each side waiting on a flag the other sets: handoff.rs). In a
 //! one-row step the device can also take a few of the row's host experts (`--gpu-host-read`):
 //! once the routing is out the host copies their weights into their places in the buffer, and
 //! the device computes them while the CPU computes the rest (the link and the CPU's memory
@@ -191,6 +192,9 @@ impl Layout {
             free: ctx
                 .new_event(None)
                 .map_err(|e| err("creating an event", e))?,
+            routed: ctx
+                .new_event(None)
+                .map_err(|e| err("creating an event", e))?,
             _owner: model.clone(),
         }))
     }
@@ -247,6 +251,9 @@ pub(super) struct HostExperts {
     /// The layer's copies are in; the buffer's last readers are done.
     ready: CudaEvent,
     free: CudaEvent,
+    /// A layer's routing has come back to the host (a step that computes host experts and
+    /// copies its routing out: `MOESHARD_GPU_HANDOFF=0`).
+    pub(super) routed: CudaEvent,
     /// Keeps the host pages the copies read mapped.
     _owner: Arc<Model>,
 }
@@ -283,17 +290,49 @@ impl HostExperts {
     }
 
     /// Enqueues the copies of layer `il`'s host experts `experts` to their places in the
-    /// buffer, then `signal` (resident.cu `handoff_signal`) setting the device-mapped `flag`
-    /// that the step's expert launches wait on (a one-row step's device share, `read`;
-    /// handoff.rs). No event orders them after the buffer's last readers: the layer's routing,
-    /// which the host has seen before it calls this, comes out after the previous layer's
-    /// expert launches are done.
+    /// buffer after the buffer's last readers (`release`), and marks them for
+    /// `wait_for_layer` (a one-row step's device share, `read`, where the host waits on an
+    /// event for the layer's routing).
     pub(super) fn copy_experts_in(
+        &self,
+        il: usize,
+        experts: &[u32],
+    ) -> Result<(), cudarc::driver::DriverError> {
+        self.stream.wait(&self.free)?;
+        self.enqueue_expert_copies(il, experts)?;
+        self.ready.record(&self.stream)
+    }
+
+    /// Enqueues the copies of layer `il`'s host experts `experts` to their places in the
+    /// buffer, then `signal` (resident.cu `handoff_signal`) setting the device-mapped `flag`
+    /// that the step's expert launches wait on (the same share in a step handed over through
+    /// mapped memory: handoff.rs). No event orders them after the buffer's last readers: the
+    /// layer's routing, which the host has seen before it calls this, comes out after the
+    /// previous layer's expert launches are done.
+    pub(super) fn copy_experts_in_then_signal(
         &self,
         il: usize,
         experts: &[u32],
         signal: &cudarc::driver::CudaFunction,
         flag: u64,
+    ) -> Result<(), cudarc::driver::DriverError> {
+        self.enqueue_expert_copies(il, experts)?;
+        let mut l = super::launch::Launch::new(signal);
+        l.arg(&flag);
+        let one = cudarc::driver::LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: handoff_signal writes one u32 at `flag`, in device-mapped page-locked memory
+        // the step's handoff keeps.
+        unsafe { l.launch(self.stream.cu_stream(), one, false) }
+    }
+
+    fn enqueue_expert_copies(
+        &self,
+        il: usize,
+        experts: &[u32],
     ) -> Result<(), cudarc::driver::DriverError> {
         let cu = self.stream.cu_stream();
         let per_expert = &self.expert_copies[il];
@@ -304,23 +343,14 @@ impl HostExperts {
         {
             // SAFETY: as in `copy_in`: the range lies in the model's tensors, which `_owner`
             // keeps mapped; the destination is the matrix's place in the buffer (inside its
-            // capacity), which no kernel reads before `flag` is set, and whose previous
-            // readers are done (above).
+            // capacity), which no kernel reads before the copies are marked done, and whose
+            // previous readers are done (the callers').
             unsafe {
                 let src = std::slice::from_raw_parts(c.host as *const u8, c.len);
                 cudarc::driver::result::memcpy_htod_async(self.base + c.offset as u64, src, cu)?;
             }
         }
-        let mut l = super::launch::Launch::new(signal);
-        l.arg(&flag);
-        let one = cudarc::driver::LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: handoff_signal writes one u32 at `flag`, in device-mapped page-locked memory
-        // the step's handoff keeps.
-        unsafe { l.launch(cu, one, false) }
+        Ok(())
     }
 
     /// Makes `stream`'s next work wait for the last `copy_in`.

@@ -242,8 +242,9 @@ impl model::LayerDevice for ResidentModel {
         let host_time = std::cell::Cell::new(std::time::Duration::ZERO);
         // The host's side of a layer whose experts it computes: once the routing is out, the
         // device's share (if any) copied in, the rest computed here, the sums handed in.
+        let handing_over = self.switches.handoff;
         let serve = |hl: &HostLayer| -> model::Result<()> {
-            let (Some(hand), Some(h)) = (&handoff, &self.host_experts) else {
+            let (Some(hand), Some(h), true) = (&handoff, &self.host_experts, handing_over) else {
                 return Ok(());
             };
             hand.wait_routed(hl.il, cu)
@@ -254,7 +255,7 @@ impl model::LayerDevice for ResidentModel {
                 if share.is_empty() {
                     hand.set_copied(hl.il);
                 } else {
-                    h.copy_experts_in(
+                    h.copy_experts_in_then_signal(
                         hl.il,
                         &share,
                         &self.f.handoff_signal,
@@ -649,7 +650,22 @@ impl model::LayerDevice for ResidentModel {
                         // for max_jobs experts and n·k slots into the arena, sized for them.
                         unsafe { b.launch(cu, cfg((1, 1), 256, 0), overlap()) }
                             .map_err(|e| launch_err("moe_route", e))?;
-                        if let Some(hand) = handoff.as_ref().filter(|_| on_host.is_some()) {
+                        let hand_over = handoff.as_ref().filter(|_| handing_over);
+                        if let (Some((h, _)), Some(hand), None) = (on_host, &handoff, hand_over) {
+                            let mut xchg = hand.exchange();
+                            // SAFETY: the exchange is read only after the event below; the
+                            // arena holds n rows of d floats at o.hn and n·k slot experts and
+                            // weights at o.ids and o.wts (k ≤ max_k).
+                            unsafe {
+                                xchg.copy_routing_out(slots, [at(o.hn), at(o.ids), at(o.wts)], cu)
+                            }
+                            .map_err(|e| self.error("copying a layer's routing out", e))?;
+                            h.routed
+                                .record(&self.stream)
+                                .map_err(|e| self.error("marking a layer's routing", e))?;
+                            after_kernel.set(false);
+                        }
+                        if let Some(hand) = hand_over.filter(|_| on_host.is_some()) {
                             let (xchg_at, flag) = hand.out_addresses(il);
                             let (hn_at, ids_at, wts_at, done) =
                                 (at(o.hn), at(o.ids), at(o.wts), at(o.handoff_done));
@@ -708,7 +724,44 @@ impl model::LayerDevice for ResidentModel {
                             h.release(&self.stream)
                                 .map_err(|e| self.error("marking the streaming buffer free", e))?;
                         }
-                        if let Some(hand) = handoff.as_ref().filter(|_| on_host.is_some()) {
+                        if let (Some((h, mask)), Some(hand), None) = (on_host, &handoff, hand_over)
+                        {
+                            // While the device runs its experts, the host runs its own.
+                            h.routed
+                                .synchronize()
+                                .map_err(|e| self.error("waiting for a layer's routing", e))?;
+                            let mut xchg = hand.exchange();
+                            let share = xchg.device_share(slots, mask, reading);
+                            if reading > 0 {
+                                h.copy_experts_in(il, &share).map_err(|e| {
+                                    self.error(&format!("copying layer {il}'s experts in"), e)
+                                })?;
+                                h.wait_for_layer(&self.stream).map_err(|e| {
+                                    self.error(&format!("waiting for layer {il}'s experts"), e)
+                                })?;
+                                after_kernel.set(false);
+                                launch_experts()?;
+                                h.release(&self.stream).map_err(|e| {
+                                    self.error("marking the streaming buffer free", e)
+                                })?;
+                            }
+                            let t_host = std::time::Instant::now();
+                            xchg.compute_host_share(cx, model, il, *k, slots, mask, &share)?;
+                            self.dev.read_over_link.fetch_add(
+                                share.len() as u64,
+                                std::sync::atomic::Ordering::Relaxed,
+                            );
+                            host_time.set(host_time.get() + t_host.elapsed());
+                            // SAFETY: the arena holds n rows of d floats at o.host_sums; the sums
+                            // are not written again before this copy has run (the next layer's
+                            // are written after its routing event, which follows this copy in
+                            // stream order).
+                            unsafe { xchg.copy_sums_in(at(o.host_sums), cu) }
+                                .map_err(|e| self.error("copying the host's expert sums in", e))?;
+                            // After a copy, no launch overlaps the kernel ahead of it.
+                            after_kernel.set(false);
+                        }
+                        if let Some(hand) = hand_over.filter(|_| on_host.is_some()) {
                             // While the device runs its experts, the host runs its own; the
                             // device's share of them waits for their copies.
                             let failed = hand.failed_address();
@@ -817,8 +870,9 @@ impl model::LayerDevice for ResidentModel {
         if let Some(hand) = &handoff {
             hand.reset();
         }
-        // A step that copies host experts in spans two streams: it runs directly.
-        let graphable = self.host_experts.is_none() || host_compute;
+        // A step that copies host experts in spans two streams, one that copies a layer out
+        // and waits for it has the host in the middle: they run directly.
+        let graphable = self.host_experts.is_none() || (host_compute && handing_over);
         self.run_launches(state, key, graphable, |capturing| {
             let enqueued = enqueue(capturing, host_in, host_out);
             if let (Err(_), Some(hand)) = (&enqueued, &handoff) {
