@@ -27,8 +27,8 @@ pub(super) struct LaunchSwitches {
     /// `MOESHARD_GPU_PREFETCH=0` (a decode step's device time went 4208–4226 -> 4062–4115 µs).
     pub(super) prefetch: bool,
     /// Steps whose host computes experts hand each layer over through mapped memory and flags
-    /// (handoff.rs) instead of copies and an event (`MOESHARD_GPU_HANDOFF=1`; off until it has
-    /// run on a GPU).
+    /// (handoff.rs) instead of copies and an event (`MOESHARD_GPU_HANDOFF=1`; off until its
+    /// speed has been measured: it matched the CPU on an H100, docs/perf.md).
     pub(super) handoff: bool,
 }
 
