@@ -109,9 +109,7 @@ impl<'a> Exchange<'a> {
             &mut sums[..n * d],
         )
     }
-}
 
-impl Exchange<'_> {
     /// Enqueues on `cu` the copy of the sums into the arena at `to`.
     ///
     /// # Safety

@@ -631,6 +631,45 @@ impl ResidentModel {
         ModelError::Matmul(self.dev.device_error(what, e))
     }
 
+    /// Grows `b` (the arena, reallocated zeroed) to hold a step of `n` rows over caches of
+    /// `ctx_needed` positions, `m_rows` of them with logits, `score_rows` with attention
+    /// scores, and new KV rows of `kv_bytes` an element; sizes round up so that steps of
+    /// similar shapes reuse one arena.
+    fn fit_buffers(
+        &self,
+        b: &mut Buffers,
+        n: usize,
+        ctx_needed: usize,
+        m_rows: usize,
+        score_rows: usize,
+        kv_bytes: usize,
+    ) -> model::Result<()> {
+        if b.arena.is_some()
+            && b.rows >= n
+            && b.ctx >= ctx_needed
+            && b.logit_rows >= m_rows
+            && b.score_rows >= score_rows
+            && b.kv_bytes >= kv_bytes
+        {
+            return Ok(());
+        }
+        b.rows = b.rows.max(n).next_power_of_two();
+        b.ctx = b.ctx.max(ctx_needed).next_multiple_of(1024);
+        b.logit_rows = b.logit_rows.max(m_rows).next_power_of_two();
+        b.score_rows = b.score_rows.max(score_rows).next_power_of_two();
+        b.kv_bytes = b.kv_bytes.max(kv_bytes);
+        b.generation += 1;
+        let o = self.offsets(b.rows, b.ctx, b.logit_rows, b.score_rows);
+        let kd = self.nkv * self.dk;
+        b.arena = None;
+        b.arena = Some(
+            self.stream
+                .alloc_zeros::<u8>(o.fresh + b.kv_bytes * b.rows * self.layers.len() * 2 * kd + 256)
+                .map_err(|e| self.error("allocating step buffers", e))?,
+        );
+        Ok(())
+    }
+
     /// The arena's layout for `n` rows over caches of up to `ctx` positions, `m` of them with
     /// logits and `scored` with attention scores.
     fn offsets(&self, n: usize, ctx: usize, m: usize, scored: usize) -> Offsets {
@@ -730,6 +769,7 @@ mod exchange;
 mod graph;
 mod handoff;
 mod host_experts;
+mod host_side;
 mod launch;
 mod mirrors;
 mod step;

@@ -105,27 +105,7 @@ impl model::LayerDevice for ResidentModel {
         let tiled = self.tiled_attention(n, one_sequence);
         // Rows whose attention keeps its scores in the arena (a row, head and position each).
         let score_rows = if tiled { 0 } else { n };
-        if b.arena.is_none()
-            || b.rows < n
-            || b.ctx < ctx_needed
-            || b.logit_rows < m_rows
-            || b.score_rows < score_rows
-            || b.kv_bytes < kv_type.bytes()
-        {
-            b.rows = b.rows.max(n).next_power_of_two();
-            b.ctx = b.ctx.max(ctx_needed).next_multiple_of(1024);
-            b.logit_rows = b.logit_rows.max(m_rows).next_power_of_two();
-            b.score_rows = b.score_rows.max(score_rows).next_power_of_two();
-            b.kv_bytes = b.kv_bytes.max(kv_type.bytes());
-            b.generation += 1;
-            let o = self.offsets(b.rows, b.ctx, b.logit_rows, b.score_rows);
-            b.arena = None;
-            b.arena = Some(
-                self.stream
-                    .alloc_zeros::<u8>(o.fresh + b.kv_bytes * b.rows * n_layers * 2 * kd + 256)
-                    .map_err(|e| self.error("allocating step buffers", e))?,
-            );
-        }
+        self.fit_buffers(b, n, ctx_needed, m_rows, score_rows, kv_type.bytes())?;
         let o = self.offsets(b.rows, b.ctx, b.logit_rows, b.score_rows);
         let ctx_cap = b.ctx;
         let base = b
@@ -171,33 +151,10 @@ impl model::LayerDevice for ResidentModel {
             )
         };
         // The layers whose host experts this step computes, in order.
-        let host_layers: Vec<HostLayer> = match (&self.host_experts, host_compute) {
-            (Some(h), true) => self
-                .layers
-                .iter()
-                .enumerate()
-                .filter_map(|(il, l)| {
-                    let DevFfn::Moe { k, .. } = &l.ffn else {
-                        return None;
-                    };
-                    let mask = h.on_host(il)?;
-                    // A one-row step's device takes the first of the row's host experts
-                    // (moe_route's fast path: k ≤ 32).
-                    let reading = if n == 1 && *k <= 32 {
-                        h.read.min(*k)
-                    } else {
-                        0
-                    };
-                    Some(HostLayer {
-                        il,
-                        k: *k,
-                        slots: n * k,
-                        mask,
-                        reading,
-                    })
-                })
-                .collect(),
-            _ => Vec::new(),
+        let host_layers = if host_compute {
+            self.host_layers(n)
+        } else {
+            Vec::new()
         };
 
         // The step's input: tables first, then the data they point at (step_input.rs).
@@ -240,37 +197,13 @@ impl model::LayerDevice for ResidentModel {
         let fresh_len = n * n_layers * 2 * kd * kv_type.bytes() / 4;
         // The host's share of the device part: its experts' time in a step that computes them.
         let host_time = std::cell::Cell::new(std::time::Duration::ZERO);
-        // The host's side of a layer whose experts it computes: once the routing is out, the
-        // device's share (if any) copied in, the rest computed here, the sums handed in.
+        // The host's side of a layer whose experts it computes (host_side.rs).
         let handing_over = self.switches.handoff;
         let serve = |hl: &HostLayer| -> model::Result<()> {
-            let (Some(hand), Some(h), true) = (&handoff, &self.host_experts, handing_over) else {
-                return Ok(());
-            };
-            hand.wait_routed(hl.il, cu)
-                .map_err(|e| self.error("waiting for a layer's routing", e))?;
-            let mut xchg = hand.exchange();
-            let share = xchg.device_share(hl.slots, hl.mask, hl.reading);
-            if hl.reading > 0 {
-                if share.is_empty() {
-                    hand.set_copied(hl.il);
-                } else {
-                    h.copy_experts_in_then_signal(
-                        hl.il,
-                        &share,
-                        &self.f.handoff_signal,
-                        hand.copied_address(hl.il),
-                    )
-                    .map_err(|e| self.error(&format!("copying layer {}'s experts in", hl.il), e))?;
-                }
+            if let Some(hand) = handoff.as_ref().filter(|_| handing_over) {
+                let took = self.serve_host_layer(hand, hl, cx, model, cu)?;
+                host_time.set(host_time.get() + took);
             }
-            let t_host = std::time::Instant::now();
-            xchg.compute_host_share(cx, model, hl.il, hl.k, hl.slots, hl.mask, &share)?;
-            hand.set_summed(hl.il);
-            host_time.set(host_time.get() + t_host.elapsed());
-            self.dev
-                .read_over_link
-                .fetch_add(share.len() as u64, std::sync::atomic::Ordering::Relaxed);
             Ok(())
         };
         // Host layers served so far (while enqueueing directly, each once the next layer's

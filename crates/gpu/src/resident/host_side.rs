@@ -1,0 +1,85 @@
+//! The host's side of a step that computes routed experts on the host: which layers it
+//! serves, and serving one through the handoff (handoff.rs) once the device's routing is out.
+
+use std::time::Duration;
+
+use cudarc::driver::sys::CUstream;
+use model::{Compute, Model};
+
+use super::handoff::{Handoff, HostLayer};
+use super::{DevFfn, ResidentModel};
+
+impl ResidentModel {
+    /// The layers whose host experts a step of `n` rows computes, in order (none when the
+    /// device holds every routed expert).
+    pub(super) fn host_layers(&self, n: usize) -> Vec<HostLayer<'_>> {
+        let Some(h) = &self.host_experts else {
+            return Vec::new();
+        };
+        self.layers
+            .iter()
+            .enumerate()
+            .filter_map(|(il, l)| {
+                let DevFfn::Moe { k, .. } = &l.ffn else {
+                    return None;
+                };
+                let mask = h.on_host(il)?;
+                // A one-row step's device takes the first of the row's host experts
+                // (moe_route's fast path: k ≤ 32).
+                let reading = if n == 1 && *k <= 32 {
+                    h.read.min(*k)
+                } else {
+                    0
+                };
+                Some(HostLayer {
+                    il,
+                    k: *k,
+                    slots: n * k,
+                    mask,
+                    reading,
+                })
+            })
+            .collect()
+    }
+
+    /// Layer `hl` of a handed-over step, on the host: once its routing is out, the device's
+    /// share of its host experts (if any) copied in, the rest computed here, the sums handed
+    /// in. Returns the time the host's experts took.
+    pub(super) fn serve_host_layer(
+        &self,
+        hand: &Handoff,
+        hl: &HostLayer,
+        cx: &Compute,
+        model: &Model,
+        cu: CUstream,
+    ) -> model::Result<Duration> {
+        let Some(h) = &self.host_experts else {
+            return Ok(Duration::ZERO);
+        };
+        hand.wait_routed(hl.il, cu)
+            .map_err(|e| self.error("waiting for a layer's routing", e))?;
+        let mut xchg = hand.exchange();
+        let share = xchg.device_share(hl.slots, hl.mask, hl.reading);
+        if hl.reading > 0 {
+            if share.is_empty() {
+                hand.set_copied(hl.il);
+            } else {
+                h.copy_experts_in_then_signal(
+                    hl.il,
+                    &share,
+                    &self.f.handoff_signal,
+                    hand.copied_address(hl.il),
+                )
+                .map_err(|e| self.error(&format!("copying layer {}'s experts in", hl.il), e))?;
+            }
+        }
+        let t_host = std::time::Instant::now();
+        xchg.compute_host_share(cx, model, hl.il, hl.k, hl.slots, hl.mask, &share)?;
+        hand.set_summed(hl.il);
+        let took = t_host.elapsed();
+        self.dev
+            .read_over_link
+            .fetch_add(share.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(took)
+    }
+}
