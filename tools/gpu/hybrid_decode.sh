@@ -6,10 +6,11 @@
 # pp512 and tg64; then one decode run under MOESHARD_GPU_TIMING=1 (where a step's time goes;
 # TIMING=0 leaves it out). About 6 minutes. ROUNDS=N sets the rounds (1), MEMS the limits,
 # READS the --gpu-host-read values of whole steps (0), PIECEWISE=0 leaves the per-matrix runs out.
-# VARIANTS="new:0 old:0 new+handoff:2 new+handoff+direct:0 ..." instead alternates binaries of
-# the pack (moeshard_new, moeshard_old) at a --gpu-host-read each; +handoff runs with
-# MOESHARD_GPU_HANDOFF=1, +direct with MOESHARD_CUDA_GRAPHS=0. SUITE=0 leaves the GPU suite out;
-# BENCH=0 stops after it.
+# VARIANTS="new:0 new:auto old+handoff:3 new+direct:0 ..." instead alternates binaries of the
+# pack (moeshard_new, moeshard_old) at a --gpu-host-read each (a count or auto; with
+# MOESHARD_LOG=info auto's choice is shown); +handoff runs with MOESHARD_GPU_HANDOFF=1 (for
+# binaries from before the handoff became the only way, 2026-12-07), +direct with
+# MOESHARD_CUDA_GRAPHS=0. SUITE=0 leaves the GPU suite out; BENCH=0 stops after it.
 #
 # Prepare here as for tools/gpu/hybrid_stream.sh (PACK/bins.tar.xz with moeshard_new,
 # gpu_kernels, gpu_model; PACK/fixtures.tar.xz; fixtures, fuzz corpus and the demo model moved
@@ -24,15 +25,13 @@ if [ "${SUITE:-1}" = 1 ]; then
   echo "== suite"
   timeout 120 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
   timeout 240 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|hybrid"
-  echo "== suite's hybrid tests, MOESHARD_GPU_HANDOFF=1"
-  MOESHARD_GPU_HANDOFF=1 timeout 120 /var/tmp/b/gpu_model --nocapture --test-threads 1 hybrid 2>&1 | grep -E "test result|panicked|FAILED|hybrid"
 fi
 wait; date +%T
 [ "${BUILD_LLAMA:-0}" = 1 ] && cat /var/tmp/build_llama.txt
 [ "${BENCH:-1}" = 0 ] && { echo done; exit 0; }
 ms() { # label, binary, then moeshard bench arguments
   local label=$1 bin=$2; shift 2
-  echo "== $label: $(timeout 120 $bin bench -m $Q -t 16 --gpu "$@" 2>&1 | grep -E 'pp512|tg64|^GPU [0-9].*routed|whole layers' | tr '\n' ' ')"
+  echo "== $label: $(timeout 120 $bin bench -m $Q -t 16 --gpu "$@" 2>&1 | grep -E 'pp512|tg64|^GPU [0-9].*routed|whole layers|host-read auto' | tr '\n' ' ')"
 }
 VARIANTS=${VARIANTS:-$(for r in ${READS:-0}; do printf 'new:%s ' "$r"; done)}
 # variant → "env binary read" (env "-" for none, else VAR=V,VAR=V)

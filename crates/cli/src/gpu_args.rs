@@ -39,15 +39,12 @@ pub struct GpuArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_gpu_mem, requires = "gpu")]
     pub gpu_stream_mem: Option<u64>,
     /// In decode steps that run whole layers on the GPU, the GPU computes up to this many of a
-    /// token's routed experts left on the host itself, reading their weights in page-locked
-    /// host memory over the link while the CPU computes the others; 0: the CPU computes them
-    /// all.
-    #[arg(long, value_name = "EXPERTS", default_value_t = DEFAULT_HOST_READ, requires = "gpu")]
-    pub gpu_host_read: usize,
+    /// token's routed experts left on the host itself, their weights copied over the link
+    /// while the CPU computes the others; 0: the CPU computes them all; auto: as many as
+    /// balance the link (timed at load) against the CPU (timed over the first decode steps).
+    #[arg(long, value_name = "EXPERTS|auto", default_value_t = gpu::HostRead::Auto, requires = "gpu")]
+    pub gpu_host_read: gpu::HostRead,
 }
-
-/// `--gpu-host-read`'s default.
-const DEFAULT_HOST_READ: usize = 0;
 
 /// The streaming buffer under --gpu-piecewise (whole layers never run, so a layer's worth
 /// of buffer would only keep experts off the GPU).

@@ -91,7 +91,7 @@ pub struct CudaOffload {
     locked_host: Vec<(usize, usize)>,
     /// Of a one-row whole step's routed experts on the host, how many the device computes,
     /// their weights copied over the link ([`CudaOffload::read_host_experts`]).
-    host_read: usize,
+    host_read: crate::HostRead,
 }
 
 impl CudaOffload {
@@ -183,7 +183,7 @@ impl CudaOffload {
             streamed: std::sync::atomic::AtomicU64::new(0),
             read_over_link: std::sync::atomic::AtomicU64::new(0),
             locked_host: Vec::new(),
-            host_read: 0,
+            host_read: crate::HostRead::Auto,
         })
     }
 
@@ -263,12 +263,13 @@ impl CudaOffload {
 
     /// In a whole step of one row (decode), lets the device compute up to `per_row` of the
     /// row's routed experts that stay on the host, their weights copied over the link once the
-    /// routing is known, while the CPU computes the others (0: the CPU computes them all).
-    pub fn read_host_experts(&mut self, per_row: usize) {
+    /// routing is known, while the CPU computes the others (`Fixed(0)`: the CPU computes them
+    /// all; `Auto`, the default: as many as balance the link against the CPU, measured).
+    pub fn read_host_experts(&mut self, per_row: crate::HostRead) {
         self.host_read = per_row;
     }
 
-    pub(crate) fn host_read(&self) -> usize {
+    pub(crate) fn host_read(&self) -> crate::HostRead {
         self.host_read
     }
 

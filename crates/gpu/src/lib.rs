@@ -9,8 +9,10 @@
 
 use gguf::GgmlType;
 
+mod host_read;
 #[cfg(any(target_os = "linux", target_os = "windows"))]
 mod lookup_tables;
+pub use host_read::{HostRead, HostReadPlan};
 mod placement;
 pub use placement::{OffloadReport, upload_model};
 mod streaming;

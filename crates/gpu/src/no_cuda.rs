@@ -39,7 +39,7 @@ impl CudaOffload {
         match self.0 {}
     }
 
-    pub fn read_host_experts(&mut self, _per_row: usize) {
+    pub fn read_host_experts(&mut self, _per_row: crate::HostRead) {
         match self.0 {}
     }
 

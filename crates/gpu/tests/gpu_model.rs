@@ -331,7 +331,7 @@ fn hybrid_whole_steps_match_the_cpu() {
             for (copy_from, read) in [(1, 0), (1 << 20, 0), (1 << 20, 2)] {
                 let mut dev = gpu::open(0).unwrap();
                 dev.stream_experts(Some(copy_from), None);
-                dev.read_host_experts(read);
+                dev.read_host_experts(gpu::HostRead::Fixed(read));
                 let report = gpu::upload_model(&mut dev, model, &sel, budget).unwrap();
                 assert!(
                     report.streaming_buffer > 0 && report.experts_on_gpu < full.experts_on_gpu,

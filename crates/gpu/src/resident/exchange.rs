@@ -1,8 +1,7 @@
 //! The host's side of a step that computes routed experts on the host (host_experts.rs): per
-//! layer, the device writes its normed rows and routing into page-locked memory, the CPU
-//! computes its experts' weighted sums there, and the device reads them (handoff.rs).
+//! layer, the device writes its normed rows and routing into page-locked memory it maps, the
+//! CPU computes its experts' weighted sums there, and the device reads them (handoff.rs).
 
-use cudarc::driver::{DriverError, sys::CUstream};
 use model::{Compute, Model};
 
 /// A step's page-locked exchange buffer: `rows` normed rows of `d` floats, then `rows · max_k`
@@ -31,34 +30,6 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    /// Enqueues on `cu` the copies of a layer's routing out of the arena: the normed f32 rows
-    /// at `rows_at`, and the first `slots` slot experts and weights at `ids_at` and `wts_at`
-    /// (a step that copies instead of handing over: `MOESHARD_GPU_HANDOFF=0`).
-    ///
-    /// # Safety
-    /// The arena holds that many of each at those addresses, and this buffer is read only after
-    /// an event recorded after these copies has completed.
-    pub(super) unsafe fn copy_routing_out(
-        &mut self,
-        slots: usize,
-        [rows_at, ids_at, wts_at]: [u64; 3],
-        cu: CUstream,
-    ) -> Result<(), DriverError> {
-        let (rows, routing) = self.buf.split_at_mut(self.rows * self.d);
-        let (ids, rest) = routing.split_at_mut(self.slots_max);
-        let wts = &mut rest[..self.slots_max];
-        for (dst, src) in [
-            (rows, rows_at),
-            (&mut ids[..slots], ids_at),
-            (&mut wts[..slots], wts_at),
-        ] {
-            // SAFETY: the caller's: the source holds dst.len() elements; dst is page-locked
-            // and not read before the copy completes.
-            unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, cu) }?;
-        }
-        Ok(())
-    }
-
     /// Once the layer's routing is back: the host experts the device takes in a one-row step,
     /// the first `read` of the row's slots that `on_host` marks (slot order).
     pub(super) fn device_share(&self, slots: usize, on_host: &[bool], read: usize) -> Vec<u32> {
@@ -72,6 +43,15 @@ impl<'a> Exchange<'a> {
             .filter(|&e| on_host.get(e as usize) == Some(&true))
             .take(read)
             .collect()
+    }
+
+    /// Once the layer's routing is back: how many of its `slots` are experts `on_host` marks.
+    pub(super) fn host_slots(&self, slots: usize, on_host: &[bool]) -> usize {
+        let ids = &self.buf[self.rows * self.d..][..slots];
+        bytemuck::cast_slice::<f32, u32>(ids)
+            .iter()
+            .filter(|&&e| on_host.get(e as usize) == Some(&true))
+            .count()
     }
 
     /// Once the layer's routing is back: the host's share of layer `il` (`k` slots a row,
@@ -108,18 +88,6 @@ impl<'a> Exchange<'a> {
             &cpu_mask,
             &mut sums[..n * d],
         )
-    }
-
-    /// Enqueues on `cu` the copy of the sums into the arena at `to`.
-    ///
-    /// # Safety
-    /// The arena holds `rows · d` floats at `to`; the sums are not written again before the
-    /// copy has run.
-    pub(super) unsafe fn copy_sums_in(&self, to: u64, cu: CUstream) -> Result<(), DriverError> {
-        let (n, d) = (self.rows, self.d);
-        let sums = &self.buf[n * d + 2 * self.slots_max..][..n * d];
-        // SAFETY: the caller's.
-        unsafe { cudarc::driver::result::memcpy_htod_async(to, sums, cu) }
     }
 }
 

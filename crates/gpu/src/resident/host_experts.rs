@@ -10,23 +10,25 @@
 //! steps where the average routed expert serves at least `--gpu-stream-min` rows copy. In a
 //! smaller step (decode) the host computes its experts instead: the device routes the layer,
 //! its normed rows and routing come back, the CPU runs the host's experts the rows picked while
-//! the device runs its own, and the CPU's weighted sums go in to meet the device's (copies and
-//! an event a layer; or, with `MOESHARD_GPU_HANDOFF=1`, through page-locked memory the device
-//! maps, each side waiting on a flag the other sets: handoff.rs). In a
-//! one-row step the device can also take a few of the row's host experts (`--gpu-host-read`):
+//! the device runs its own, and the CPU's weighted sums go in to meet the device's, all through
+//! page-locked memory the device maps, each side waiting on a flag the other sets (handoff.rs:
+//! no copy, event or launch of the host's between a layer's routing and its sum). In a one-row
+//! step the device can also take a few of the row's host experts (`--gpu-host-read`):
 //! once the routing is out the host copies their weights into their places in the buffer, and
 //! the device computes them while the CPU computes the rest (the link and the CPU's memory
 //! bandwidth add up; kernels reading them in mapped host memory instead were measured at
 //! 15 GB/s, too slow: docs/perf.md).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use model::{Model, PlanFfn, PlanLayer};
 
 use crate::cuda::CudaOffload;
 use crate::streaming::STREAM_ALIGN;
+use crate::{HostRead, HostReadPlan};
 
 /// One copy of a layer's: `len` bytes from host address `host` to `offset` in the buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,12 +171,21 @@ impl Layout {
         self,
         ctx: &Arc<CudaContext>,
         model: &Arc<Model>,
-        read: usize,
+        read: HostRead,
     ) -> Result<Option<HostExperts>, String> {
         if self.on_host.iter().all(Vec::is_empty) {
             return Ok(None);
         }
         let err = |what: &str, e: cudarc::driver::DriverError| format!("{what}: {e}");
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| err("creating the copy stream", e))?;
+        let copy_per_expert = match (read, self.base) {
+            (HostRead::Auto, Some(base)) => time_expert_copies(&self.expert_copies, base, &stream)
+                .map_err(|e| err("timing the link", e))?,
+            _ => None,
+        };
+        let plan = HostReadPlan::new(read, copy_per_expert);
         Ok(Some(HostExperts {
             copies: self.copies,
             expert_copies: self.expert_copies,
@@ -182,22 +193,61 @@ impl Layout {
             base: self.base.unwrap_or(0),
             min_rows: self.min_rows,
             bytes: self.bytes,
-            read,
-            stream: ctx
-                .new_stream()
-                .map_err(|e| err("creating the copy stream", e))?,
+            read: Mutex::new(plan),
+            stream,
             ready: ctx
                 .new_event(None)
                 .map_err(|e| err("creating an event", e))?,
             free: ctx
                 .new_event(None)
                 .map_err(|e| err("creating an event", e))?,
-            routed: ctx
-                .new_event(None)
-                .map_err(|e| err("creating an event", e))?,
             _owner: model.clone(),
         }))
     }
+}
+
+/// Experts copied to time the link: a few megabytes, enough for its rate and not its latency.
+const TIMED_EXPERTS: usize = 4;
+
+/// The time to copy one host expert from page-locked memory into the buffer at `base`: the
+/// copies of the first [`TIMED_EXPERTS`] host experts of the first layer that has them, timed
+/// on the second of two rounds (the first pays for the driver's first use of the pages).
+/// `None` when no layer has a host expert to copy. Nothing reads the buffer yet.
+fn time_expert_copies(
+    expert_copies: &[Vec<Vec<Copy>>],
+    base: u64,
+    stream: &CudaStream,
+) -> Result<Option<Duration>, cudarc::driver::DriverError> {
+    let Some(experts) = expert_copies
+        .iter()
+        .map(|layer| {
+            layer
+                .iter()
+                .filter(|e| !e.is_empty())
+                .take(TIMED_EXPERTS)
+                .collect::<Vec<_>>()
+        })
+        .find(|e| !e.is_empty())
+    else {
+        return Ok(None);
+    };
+    let cu = stream.cu_stream();
+    let mut took = Duration::ZERO;
+    for _round in 0..2 {
+        let t0 = std::time::Instant::now();
+        for c in experts.iter().copied().flatten() {
+            // SAFETY: as in `HostExperts::copy_in`: the range lies in the model's tensors,
+            // kept mapped by the caller's model; the destination is the matrix's place in the
+            // buffer (inside its capacity), which no kernel reads while the model is built.
+            unsafe {
+                let src = std::slice::from_raw_parts(c.host as *const u8, c.len);
+                cudarc::driver::result::memcpy_htod_async(base + c.offset as u64, src, cu)?;
+            }
+        }
+        stream.synchronize()?;
+        took = t0.elapsed();
+    }
+    Ok(Some(took / experts.len() as u32))
 }
 
 /// Offsets for `host` (in host order) one after the other, each at a multiple of
@@ -245,15 +295,12 @@ pub(super) struct HostExperts {
     pub(super) bytes: usize,
     /// In a one-row step that computes host experts, how many of the row's host slots (the
     /// first in slot order) the device computes itself, their weights copied into the buffer
-    /// once the routing is back, while the CPU computes the others.
-    pub(super) read: usize,
+    /// once the routing is back, while the CPU computes the others (host_read.rs).
+    read: Mutex<HostReadPlan>,
     stream: Arc<CudaStream>,
     /// The layer's copies are in; the buffer's last readers are done.
     ready: CudaEvent,
     free: CudaEvent,
-    /// A layer's routing has come back to the host (a step that computes host experts and
-    /// copies its routing out: `MOESHARD_GPU_HANDOFF=0`).
-    pub(super) routed: CudaEvent,
     /// Keeps the host pages the copies read mapped.
     _owner: Arc<Model>,
 }
@@ -265,6 +312,27 @@ impl HostExperts {
             .get(il)
             .filter(|h| !h.is_empty())
             .map(Vec::as_slice)
+    }
+
+    /// How many of a row's host experts the device computes in the next one-row step.
+    pub(super) fn per_row(&self) -> usize {
+        self.read.lock().map_or(0, |p| p.per_row())
+    }
+
+    /// The CPU computed a one-row step's layer of `experts` host experts alone in `took`
+    /// (what `--gpu-host-read auto` measures before it chooses).
+    pub(super) fn record_cpu_layer(&self, experts: usize, took: Duration) {
+        let Ok(mut plan) = self.read.lock() else {
+            return;
+        };
+        if let Some(n) = plan.record(experts, took) {
+            tracing::info!(
+                "--gpu-host-read auto: the GPU computes {n} of a decode row's host experts \
+                 (an expert's copy over the link {:.0?}, the CPU's {:.0?})",
+                plan.copy_per_expert().unwrap_or_default(),
+                plan.cpu_per_expert().unwrap_or_default()
+            );
+        }
     }
 
     pub(super) fn copies_layer(&self, il: usize) -> bool {
@@ -290,49 +358,16 @@ impl HostExperts {
     }
 
     /// Enqueues the copies of layer `il`'s host experts `experts` to their places in the
-    /// buffer after the buffer's last readers (`release`), and marks them for
-    /// `wait_for_layer` (a one-row step's device share, `read`, where the host waits on an
-    /// event for the layer's routing).
-    pub(super) fn copy_experts_in(
-        &self,
-        il: usize,
-        experts: &[u32],
-    ) -> Result<(), cudarc::driver::DriverError> {
-        self.stream.wait(&self.free)?;
-        self.enqueue_expert_copies(il, experts)?;
-        self.ready.record(&self.stream)
-    }
-
-    /// Enqueues the copies of layer `il`'s host experts `experts` to their places in the
     /// buffer, then `signal` (resident.cu `handoff_signal`) setting the device-mapped `flag`
-    /// that the step's expert launches wait on (the same share in a step handed over through
-    /// mapped memory: handoff.rs). No event orders them after the buffer's last readers: the
-    /// layer's routing, which the host has seen before it calls this, comes out after the
-    /// previous layer's expert launches are done.
+    /// that the step's expert launches wait on (handoff.rs). No event orders them after the
+    /// buffer's last readers: the layer's routing, which the host has seen before it calls
+    /// this, comes out after the previous layer's expert launches are done.
     pub(super) fn copy_experts_in_then_signal(
         &self,
         il: usize,
         experts: &[u32],
         signal: &cudarc::driver::CudaFunction,
         flag: u64,
-    ) -> Result<(), cudarc::driver::DriverError> {
-        self.enqueue_expert_copies(il, experts)?;
-        let mut l = super::launch::Launch::new(signal);
-        l.arg(&flag);
-        let one = cudarc::driver::LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: handoff_signal writes one u32 at `flag`, in device-mapped page-locked memory
-        // the step's handoff keeps.
-        unsafe { l.launch(self.stream.cu_stream(), one, false) }
-    }
-
-    fn enqueue_expert_copies(
-        &self,
-        il: usize,
-        experts: &[u32],
     ) -> Result<(), cudarc::driver::DriverError> {
         let cu = self.stream.cu_stream();
         let per_expert = &self.expert_copies[il];
@@ -343,14 +378,23 @@ impl HostExperts {
         {
             // SAFETY: as in `copy_in`: the range lies in the model's tensors, which `_owner`
             // keeps mapped; the destination is the matrix's place in the buffer (inside its
-            // capacity), which no kernel reads before the copies are marked done, and whose
-            // previous readers are done (the callers').
+            // capacity), which no kernel reads before the signal, and whose previous readers
+            // are done (the routing the host has seen follows them).
             unsafe {
                 let src = std::slice::from_raw_parts(c.host as *const u8, c.len);
                 cudarc::driver::result::memcpy_htod_async(self.base + c.offset as u64, src, cu)?;
             }
         }
-        Ok(())
+        let mut l = super::launch::Launch::new(signal);
+        l.arg(&flag);
+        let one = cudarc::driver::LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: handoff_signal writes one u32 at `flag`, in device-mapped page-locked memory
+        // the step's handoff keeps.
+        unsafe { l.launch(cu, one, false) }
     }
 
     /// Makes `stream`'s next work wait for the last `copy_in`.

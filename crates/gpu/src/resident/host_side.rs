@@ -11,8 +11,9 @@ use super::{DevFfn, ResidentModel};
 
 impl ResidentModel {
     /// The layers whose host experts a step of `n` rows computes, in order (none when the
-    /// device holds every routed expert).
-    pub(super) fn host_layers(&self, n: usize) -> Vec<HostLayer<'_>> {
+    /// device holds every routed expert); in a one-row step the device takes `per_row` of
+    /// the row's host experts.
+    pub(super) fn host_layers(&self, n: usize, per_row: usize) -> Vec<HostLayer<'_>> {
         let Some(h) = &self.host_experts else {
             return Vec::new();
         };
@@ -27,7 +28,7 @@ impl ResidentModel {
                 // A one-row step's device takes the first of the row's host experts
                 // (moe_route's fast path: k ≤ 32).
                 let reading = if n == 1 && *k <= 32 {
-                    h.read.min(*k)
+                    per_row.min(*k)
                 } else {
                     0
                 };
@@ -77,6 +78,10 @@ impl ResidentModel {
         xchg.compute_host_share(cx, model, hl.il, hl.k, hl.slots, hl.mask, &share)?;
         hand.set_summed(hl.il);
         let took = t_host.elapsed();
+        if hl.slots == hl.k && hl.reading == 0 {
+            // A decode row's host experts, all on the CPU: what `--gpu-host-read auto` weighs.
+            h.record_cpu_layer(xchg.host_slots(hl.slots, hl.mask), took);
+        }
         self.dev
             .read_over_link
             .fetch_add(share.len() as u64, std::sync::atomic::Ordering::Relaxed);

@@ -26,10 +26,6 @@ pub(super) struct LaunchSwitches {
     /// waiting on the kernel ahead (tables the host copied in only), unless
     /// `MOESHARD_GPU_PREFETCH=0` (a decode step's device time went 4208–4226 -> 4062–4115 µs).
     pub(super) prefetch: bool,
-    /// Steps whose host computes experts hand each layer over through mapped memory and flags
-    /// (handoff.rs) instead of copies and an event (`MOESHARD_GPU_HANDOFF=1`; off until its
-    /// speed has been measured: it matched the CPU on an H100, docs/perf.md).
-    pub(super) handoff: bool,
 }
 
 impl LaunchSwitches {
@@ -40,7 +36,6 @@ impl LaunchSwitches {
             graphs: on("MOESHARD_CUDA_GRAPHS"),
             overlap,
             prefetch: overlap && on("MOESHARD_GPU_PREFETCH"),
-            handoff: std::env::var("MOESHARD_GPU_HANDOFF").is_ok_and(|v| v == "1"),
         }
     }
 }

@@ -144,6 +144,8 @@ struct GraphKey {
     host_out: usize,
     /// The exchange of a step whose host computes experts (its kernels name it and its flags).
     host_xchg: usize,
+    /// Of a decode row's host experts, how many the device computes (a kernel argument).
+    host_read: usize,
     input_len: usize,
     ctx_cap: usize,
     /// Keys and values rounded to f16 in the mirror (a kernel argument, as the cache's type).

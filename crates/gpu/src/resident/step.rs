@@ -64,6 +64,11 @@ impl model::LayerDevice for ResidentModel {
         // With routed experts on the host, steps large enough to pay for copying them in do
         // so; smaller ones compute them on the host (host_experts.rs).
         let host_compute = self.host_experts.as_ref().is_some_and(|h| n < h.min_rows);
+        // Of a decode row's host experts, how many the device computes (host_read.rs).
+        let host_read = match &self.host_experts {
+            Some(h) if host_compute && n == 1 => h.per_row(),
+            _ => 0,
+        };
         let kd = nkv * dk;
         let one_sequence = seqs.len() == 1;
         // Caches of the model's whole shape only.
@@ -83,7 +88,7 @@ impl model::LayerDevice for ResidentModel {
         let state = &mut *guard;
         // The streaming buffer is the device's: no expert FFN call may use it meanwhile.
         let _scratch = match &self.host_experts {
-            Some(h) if !host_compute || h.read > 0 => {
+            Some(_) if !host_compute || host_read > 0 => {
                 Some(self.dev.lock().map_err(model::ModelError::Matmul)?)
             }
             _ => None,
@@ -152,7 +157,7 @@ impl model::LayerDevice for ResidentModel {
         };
         // The layers whose host experts this step computes, in order.
         let host_layers = if host_compute {
-            self.host_layers(n)
+            self.host_layers(n, host_read)
         } else {
             Vec::new()
         };
@@ -198,9 +203,8 @@ impl model::LayerDevice for ResidentModel {
         // The host's share of the device part: its experts' time in a step that computes them.
         let host_time = std::cell::Cell::new(std::time::Duration::ZERO);
         // The host's side of a layer whose experts it computes (host_side.rs).
-        let handing_over = self.switches.handoff;
         let serve = |hl: &HostLayer| -> model::Result<()> {
-            if let Some(hand) = handoff.as_ref().filter(|_| handing_over) {
+            if let Some(hand) = &handoff {
                 let took = self.serve_host_layer(hand, hl, cx, model, cu)?;
                 host_time.set(host_time.get() + took);
             }
@@ -583,22 +587,8 @@ impl model::LayerDevice for ResidentModel {
                         // for max_jobs experts and n·k slots into the arena, sized for them.
                         unsafe { b.launch(cu, cfg((1, 1), 256, 0), overlap()) }
                             .map_err(|e| launch_err("moe_route", e))?;
-                        let hand_over = handoff.as_ref().filter(|_| handing_over);
-                        if let (Some((h, _)), Some(hand), None) = (on_host, &handoff, hand_over) {
-                            let mut xchg = hand.exchange();
-                            // SAFETY: the exchange is read only after the event below; the
-                            // arena holds n rows of d floats at o.hn and n·k slot experts and
-                            // weights at o.ids and o.wts (k ≤ max_k).
-                            unsafe {
-                                xchg.copy_routing_out(slots, [at(o.hn), at(o.ids), at(o.wts)], cu)
-                            }
-                            .map_err(|e| self.error("copying a layer's routing out", e))?;
-                            h.routed
-                                .record(&self.stream)
-                                .map_err(|e| self.error("marking a layer's routing", e))?;
-                            after_kernel.set(false);
-                        }
-                        if let Some(hand) = hand_over.filter(|_| on_host.is_some()) {
+                        let hand_over = handoff.as_ref().filter(|_| on_host.is_some());
+                        if let Some(hand) = hand_over {
                             let (xchg_at, flag) = hand.out_addresses(il);
                             let (hn_at, ids_at, wts_at, done) =
                                 (at(o.hn), at(o.ids), at(o.wts), at(o.handoff_done));
@@ -657,44 +647,7 @@ impl model::LayerDevice for ResidentModel {
                             h.release(&self.stream)
                                 .map_err(|e| self.error("marking the streaming buffer free", e))?;
                         }
-                        if let (Some((h, mask)), Some(hand), None) = (on_host, &handoff, hand_over)
-                        {
-                            // While the device runs its experts, the host runs its own.
-                            h.routed
-                                .synchronize()
-                                .map_err(|e| self.error("waiting for a layer's routing", e))?;
-                            let mut xchg = hand.exchange();
-                            let share = xchg.device_share(slots, mask, reading);
-                            if reading > 0 {
-                                h.copy_experts_in(il, &share).map_err(|e| {
-                                    self.error(&format!("copying layer {il}'s experts in"), e)
-                                })?;
-                                h.wait_for_layer(&self.stream).map_err(|e| {
-                                    self.error(&format!("waiting for layer {il}'s experts"), e)
-                                })?;
-                                after_kernel.set(false);
-                                launch_experts()?;
-                                h.release(&self.stream).map_err(|e| {
-                                    self.error("marking the streaming buffer free", e)
-                                })?;
-                            }
-                            let t_host = std::time::Instant::now();
-                            xchg.compute_host_share(cx, model, il, *k, slots, mask, &share)?;
-                            self.dev.read_over_link.fetch_add(
-                                share.len() as u64,
-                                std::sync::atomic::Ordering::Relaxed,
-                            );
-                            host_time.set(host_time.get() + t_host.elapsed());
-                            // SAFETY: the arena holds n rows of d floats at o.host_sums; the sums
-                            // are not written again before this copy has run (the next layer's
-                            // are written after its routing event, which follows this copy in
-                            // stream order).
-                            unsafe { xchg.copy_sums_in(at(o.host_sums), cu) }
-                                .map_err(|e| self.error("copying the host's expert sums in", e))?;
-                            // After a copy, no launch overlaps the kernel ahead of it.
-                            after_kernel.set(false);
-                        }
-                        if let Some(hand) = hand_over.filter(|_| on_host.is_some()) {
+                        if let Some(hand) = hand_over {
                             // While the device runs its experts, the host runs its own; the
                             // device's share of them waits for their copies.
                             let failed = hand.failed_address();
@@ -794,6 +747,7 @@ impl model::LayerDevice for ResidentModel {
             host_in: pin_in as usize,
             host_out: pin_out as usize,
             host_xchg: pin_xchg,
+            host_read,
             input_len: o.input_len,
             ctx_cap,
             round_f16: kv_type == KvType::F16,
@@ -803,9 +757,8 @@ impl model::LayerDevice for ResidentModel {
         if let Some(hand) = &handoff {
             hand.reset();
         }
-        // A step that copies host experts in spans two streams, one that copies a layer out
-        // and waits for it has the host in the middle: they run directly.
-        let graphable = self.host_experts.is_none() || (host_compute && handing_over);
+        // A step that copies host experts in spans two streams: it runs directly.
+        let graphable = self.host_experts.is_none() || host_compute;
         self.run_launches(state, key, graphable, |capturing| {
             let enqueued = enqueue(capturing, host_in, host_out);
             if let (Err(_), Some(hand)) = (&enqueued, &handoff) {
