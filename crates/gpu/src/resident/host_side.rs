@@ -9,6 +9,10 @@ use model::{Compute, Model};
 use super::handoff::{Handoff, HostLayer};
 use super::{DevFfn, ResidentModel};
 
+/// The most experts a token may pick for the device to take some of its host experts
+/// (`moe_route`'s one-row fast path keeps a slot a lane).
+const READ_MAX_K: usize = 32;
+
 impl ResidentModel {
     /// The layers whose host experts a step of `n` rows computes, in order (none when the
     /// device holds every routed expert); in a one-row step the device takes `per_row` of
@@ -27,7 +31,7 @@ impl ResidentModel {
                 let mask = h.on_host(il)?;
                 // A one-row step's device takes the first of the row's host experts
                 // (moe_route's fast path: k ≤ 32).
-                let reading = if n == 1 && *k <= 32 {
+                let reading = if n == 1 && *k <= READ_MAX_K {
                     per_row.min(*k)
                 } else {
                     0
@@ -78,7 +82,7 @@ impl ResidentModel {
         xchg.compute_host_share(cx, model, hl.il, hl.k, hl.slots, hl.mask, &share)?;
         hand.set_summed(hl.il);
         let took = t_host.elapsed();
-        if hl.slots == hl.k && hl.reading == 0 {
+        if hl.slots == hl.k && hl.reading == 0 && hl.k <= READ_MAX_K {
             // A decode row's host experts, all on the CPU: what `--gpu-host-read auto` weighs.
             h.record_cpu_layer(xchg.host_slots(hl.slots, hl.mask), took);
         }
