@@ -5,7 +5,7 @@
 # between the GPU's routing and its weighted sum) with the per-matrix path (`--gpu-piecewise`),
 # pp512 and tg64; then one decode run under MOESHARD_GPU_TIMING=1 (where a step's time goes;
 # TIMING=0 leaves it out). About 6 minutes. ROUNDS=N sets the rounds (1), MEMS the limits,
-# READS the --gpu-host-read values of whole steps (0), PIECEWISE=0 leaves the per-matrix runs out.
+# READS the --gpu-host-read values of whole steps (auto), PIECEWISE=0 leaves the per-matrix runs out.
 # VARIANTS="new:0 new:auto old+handoff:3 new+direct:0 ..." instead alternates binaries of the
 # pack (moeshard_new, moeshard_old) at a --gpu-host-read each (a count or auto; with
 # MOESHARD_LOG=info auto's choice is shown); +handoff runs with MOESHARD_GPU_HANDOFF=1 (for
@@ -33,7 +33,7 @@ ms() { # label, binary, then moeshard bench arguments
   local label=$1 bin=$2; shift 2
   echo "== $label: $(timeout 120 $bin bench -m $Q -t 16 --gpu "$@" 2>&1 | grep -E 'pp512|tg64|^GPU [0-9].*routed|whole layers|host-read auto' | tr '\n' ' ')"
 }
-VARIANTS=${VARIANTS:-$(for r in ${READS:-0}; do printf 'new:%s ' "$r"; done)}
+VARIANTS=${VARIANTS:-$(for r in ${READS:-auto}; do printf 'new:%s ' "$r"; done)}
 # variant → "env binary read" (env "-" for none, else VAR=V,VAR=V)
 unpack() {
   local name=${1%%:*} env=- part

@@ -10,7 +10,7 @@
 # With LLAMA=1, llama.cpp's CUDA backend is then built there from the sdist's source (after the
 # sweep: a build beside it takes the 16 cores the CPU side needs) and run at the `-ncmoe`
 # placements that use the same GPU memory, alternating with moeshard (pp512, tg64; GPU memory
-# the most `nvidia-smi` shows every 0.3 s), moeshard at each `--gpu-host-read` of READS (0).
+# the most `nvidia-smi` shows every 0.3 s), moeshard at each `--gpu-host-read` of READS (auto).
 # About 8.5 minutes.
 #
 # Prepare here as for tools/gpu/against_llama.sh (PACK/bins.tar.xz with moeshard_new,
@@ -65,7 +65,7 @@ for round in $(seq ${ROUNDS:-2}); do
     echo "== llama.cpp -ncmoe $nc, round $round"
     peak /var/tmp/mem_ll timeout 100 $L -m $Q -ngl 99 -ncmoe $nc -t 16 -p 512 -n 64 -r 2 2>&1 | grep -E "pp512|tg64|GPU MiB"
     for mem in $mems; do
-      for read in ${READS:-0}; do
+      for read in ${READS:-auto}; do
         ms "--gpu-mem $mem, --gpu-host-read $read, round $round" --gpu-mem $mem --gpu-host-read $read -p 512 -n 64 -r 2
       done
     done
