@@ -130,6 +130,7 @@ impl ClusterArgs {
             chunk: self.dist_prefill_chunk.max(1),
             debug: self.debug,
             experts: None,
+            offload: None,
             balance_experts: self.tp_balance_experts,
             placement: self
                 .expert_placement

@@ -202,13 +202,9 @@ pub fn build_engine(
     let n_ctx = context_size(args, &model);
     let exec: Box<dyn engine::Executor> = match topology {
         Topology::TensorParallel { .. } => {
-            anyhow::ensure!(
-                args.gpu.gpu.is_none(),
-                "--gpu works on a single node and in pipeline stages, not yet in a \
-                 tensor-parallel group"
-            );
             let mut cfg = cluster.tp_config()?;
             cfg.experts = args.streaming.expert_factory(n_ctx, args.kv_type);
+            cfg.offload = crate::gpu_args::rank_offload(&args.gpu, args.streaming.ssd_streaming)?;
             Box::new(cluster::tp::TpExecutor::new(
                 model,
                 args.threads,

@@ -62,6 +62,78 @@ fn parse_gpu_mem(s: &str) -> Result<u64, String> {
     }
 }
 
+/// What `--gpu-mem` allows on the device `info` describes: the size given, if it is free, or
+/// the free memory less [`GPU_HEADROOM`].
+fn weight_budget(gpu_mem: Option<u64>, info: &gpu::DeviceInfo) -> anyhow::Result<u64> {
+    match gpu_mem {
+        Some(b) => {
+            anyhow::ensure!(
+                b <= info.free_bytes,
+                "--gpu-mem {:.2} GiB is more than the {:.2} GiB free on {info}",
+                b as f64 / (1u64 << 30) as f64,
+                info.free_bytes as f64 / (1u64 << 30) as f64
+            );
+            Ok(b)
+        }
+        None => Ok(info.free_bytes.saturating_sub(GPU_HEADROOM)),
+    }
+}
+
+/// A tensor-parallel rank's GPU under these flags (`None` without `--gpu`), made each time the
+/// rank joins a group: the routed experts the group gives the rank are copied to it (up to
+/// `--gpu-mem`) and run there, everything else runs on the rank's CPU
+/// (`cluster::tp::OffloadFactory` says why). Refused with `--ssd-streaming` (a rank's
+/// streamed experts are read into its cache, which the GPU does not hold) and with the flags
+/// of whole-layer and streamed GPU work, which a rank does not do.
+pub fn rank_offload(
+    args: &GpuArgs,
+    ssd_streaming: bool,
+) -> anyhow::Result<Option<cluster::tp::OffloadFactory>> {
+    let Some(ordinal) = args.gpu else {
+        return Ok(None);
+    };
+    anyhow::ensure!(
+        !ssd_streaming,
+        "--gpu on a tensor-parallel rank needs its experts resident, not --ssd-streaming"
+    );
+    anyhow::ensure!(
+        !args.gpu_piecewise && args.gpu_stream_mem.is_none(),
+        "--gpu-piecewise and --gpu-stream-mem do not apply to a tensor-parallel rank: only its \
+         routed experts run on its GPU, one matrix product at a time"
+    );
+    // Opened now, so that a missing or broken GPU stops this process at once rather than
+    // every attempt to form a group; the first group uses it, later ones open it again (a
+    // device's uploads are for one share).
+    let first = std::sync::Mutex::new(Some(
+        gpu::open(ordinal).with_context(|| format!("--gpu {ordinal}"))?,
+    ));
+    let gpu_mem = args.gpu_mem;
+    let make = move |model: &Arc<Model>, held: &dyn Fn(usize, usize) -> bool| {
+        let opened = first.lock().ok().and_then(|mut d| d.take());
+        let mut device = match opened {
+            Some(d) => d,
+            None => gpu::open(ordinal).with_context(|| format!("--gpu {ordinal}"))?,
+        };
+        let info = device.info()?;
+        let budget = weight_budget(gpu_mem, &info)?;
+        device.stream_experts(None, None);
+        let report = gpu::upload_held_experts(&mut device, model, budget, held)
+            .with_context(|| format!("copying experts to {info}"))?;
+        eprintln!(
+            "{info}: tensor-parallel rank {}: {report}",
+            model.shard().rank
+        );
+        let device: Arc<dyn kernels::Offload> = Arc::new(device);
+        anyhow::Ok(device)
+    };
+    Ok(Some(Arc::new(
+        move |model: &Arc<Model>, held: cluster::tp::HeldFn| {
+            // The whole chain of causes, which a boxed anyhow error's Display would drop.
+            make(model, &*held).map_err(|e| format!("{e:#}").into())
+        },
+    )))
+}
+
 /// `compute` with the GPU of these flags attached and `sel`'s weights copied to it, or
 /// `compute` unchanged without `--gpu`.
 pub fn attach(
@@ -76,18 +148,7 @@ pub fn attach(
     let t0 = std::time::Instant::now();
     let mut device = gpu::open(ordinal).with_context(|| format!("--gpu {ordinal}"))?;
     let info = device.info()?;
-    let budget = match args.gpu_mem {
-        Some(b) => {
-            anyhow::ensure!(
-                b <= info.free_bytes,
-                "--gpu-mem {:.2} GiB is more than the {:.2} GiB free on {info}",
-                b as f64 / (1u64 << 30) as f64,
-                info.free_bytes as f64 / (1u64 << 30) as f64
-            );
-            b
-        }
-        None => info.free_bytes.saturating_sub(GPU_HEADROOM),
-    };
+    let budget = weight_budget(args.gpu_mem, &info)?;
     let stream_from = (args.gpu_stream_min > 0).then_some(args.gpu_stream_min);
     let stream_mem = match args.gpu_stream_mem {
         Some(b) => Some(usize::try_from(b).unwrap_or(usize::MAX)),

@@ -93,11 +93,6 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     };
     let served = match topology {
         Topology::TensorParallel { .. } => {
-            anyhow::ensure!(
-                args.model.gpu.gpu.is_none(),
-                "--gpu works on a single node and in pipeline stages, not yet on a \
-                 tensor-parallel rank"
-            );
             let slice = model.slice();
             let held = slice.map(|s| HeldExperts {
                 first: s.experts.start as u32,
@@ -122,6 +117,10 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
                     .model
                     .streaming
                     .expert_factory(n_ctx, args.model.kv_type),
+                offload: crate::gpu_args::rank_offload(
+                    &args.model.gpu,
+                    args.model.streaming.ssd_streaming,
+                )?,
             };
             run_tp_worker(model.shared_files(), cfg)
         }

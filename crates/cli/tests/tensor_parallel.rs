@@ -184,6 +184,108 @@ fn two_and_three_ranks_match_single_node_on_every_fixture() {
     }
 }
 
+/// `--gpu` on a rank (the worker, and rank 0 through the coordinator's flags): its routed
+/// experts go to its GPU and run there, everything else on its CPU. Where a GPU opens, the
+/// group's logits are the single node's to GPU rounding and its greedy text the same; where
+/// none does (CI), the coordinator and the worker stop at once with an error that names the
+/// GPU and why. Flags a rank cannot use are refused before it connects.
+#[test]
+fn a_rank_with_a_gpu_runs_its_experts_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = fixture("qwen3moe", "model-f32.gguf");
+    let m = m.to_str().unwrap();
+    let toks = fixture_tokens("qwen3moe");
+    let single = logits_single(m, &toks, &dir.path().join("single.npy"));
+    let out = dir.path().join("group.npy");
+    let out_s = out.to_str().unwrap();
+    let logits = [
+        "logits", "-m", m, "--tokens", &toks, "--out", out_s, "--gpu",
+    ];
+    let no_gpu = |what: &str, ok: bool, err: &str| {
+        assert!(
+            !ok && err.contains("--gpu 0") && err.contains("no CUDA here"),
+            "{what} without a GPU: the error names the GPU:\n{err}"
+        );
+    };
+    // Whether this machine has a GPU: a single node's answer.
+    let (gpu_here, _, err) = Proc::spawn("single node", &logits).finish(T);
+    if gpu_here {
+        let (ok, _, err, _) = with_group(&logits, m, 2, &["--gpu"]);
+        assert!(ok, "2 ranks with GPUs: logits failed:\n{err}");
+        let d = read_npy_f32(&out)
+            .1
+            .iter()
+            .zip(&single)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!("2 ranks with GPUs: max |Δlogit| vs single node = {d:e}");
+        assert!(d <= 1e-3, "2 ranks with GPUs: logits differ by {d}");
+        let run = [
+            "run",
+            "-m",
+            m,
+            "-p",
+            "The",
+            "-n",
+            "32",
+            "--temp",
+            "0",
+            "--ignore-eos",
+        ];
+        let mut single_run = run.to_vec();
+        single_run.extend_from_slice(&["--kv-type", "f32", "--no-warm"]);
+        let greedy = run_ok(&single_run);
+        let mut gpu_run = run.to_vec();
+        gpu_run.push("--gpu");
+        let (ok, text, err, _) = with_group(&gpu_run, m, 2, &["--gpu"]);
+        assert!(ok, "2 ranks with GPUs: run failed:\n{err}");
+        assert_eq!(text, greedy, "2 ranks with GPUs: greedy tokens differ");
+    } else {
+        no_gpu("a single node", gpu_here, &err);
+        let mut coord = logits.to_vec();
+        coord.extend_from_slice(&[
+            "--tensor-parallel",
+            "--tp-size",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--insecure",
+        ]);
+        let (ok, _, err) = Proc::spawn("tp coordinator", &coord).finish(T);
+        no_gpu("rank 0", ok, &err);
+        let worker = [
+            "worker",
+            "--tensor-parallel",
+            "-m",
+            m,
+            "--coordinator",
+            "127.0.0.1:9",
+            "--insecure",
+            "--gpu",
+        ];
+        let (ok, _, err) = Proc::spawn("rank", &worker).finish(T);
+        no_gpu("a worker", ok, &err);
+    }
+    // Refused by name, before the rank connects anywhere.
+    for (flags, says) in [
+        (&["--gpu", "--ssd-streaming"][..], "--ssd-streaming"),
+        (&["--gpu", "--gpu-piecewise"][..], "--gpu-piecewise"),
+    ] {
+        let mut args = vec![
+            "worker",
+            "--tensor-parallel",
+            "-m",
+            m,
+            "--coordinator",
+            "127.0.0.1:9",
+            "--insecure",
+        ];
+        args.extend_from_slice(flags);
+        let (ok, _, err) = Proc::spawn("rank", &args).finish(T);
+        assert!(!ok && err.contains(says), "{flags:?}:\n{err}");
+    }
+}
+
 #[test]
 fn smollm2_and_its_upcycled_moe_with_uneven_expert_shares() {
     let dir = tempfile::tempdir().unwrap();

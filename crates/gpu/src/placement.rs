@@ -216,6 +216,82 @@ pub fn upload_model(
     Ok(report)
 }
 
+/// Uploads the routed experts `held` marks (layer, expert) of `model` to `device`, at most
+/// `budget` bytes, layer by layer and in expert order, each run of consecutive held experts of a
+/// stacked tensor in one piece: a tensor-parallel rank's share, whose partial sums the group
+/// adds up, so the rank's GPU changes no value any other rank must compute the same way (its
+/// attention, norms and routing stay on the CPU). Nothing else is uploaded and nothing is
+/// streamed: the rank's held experts that do not fit run on its CPU.
+pub fn upload_held_experts(
+    device: &mut CudaOffload,
+    model: &Arc<Model>,
+    budget: u64,
+    held: &dyn Fn(usize, usize) -> bool,
+) -> Result<OffloadReport, GpuError> {
+    let owner: Arc<dyn std::any::Any + Send + Sync> = model.clone();
+    let mut report = OffloadReport::default();
+    let mut stacks = Vec::new();
+    for t in model.files().tensors() {
+        let name = t.info.name.as_str();
+        let dims = t.info.shape.dims();
+        let layer = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok());
+        let (Some(layer), true, Some(&n_expert)) = (layer, name.contains("_exps."), dims.get(2))
+        else {
+            continue;
+        };
+        let n_expert = (n_expert as usize).max(1);
+        let per_expert = t.info.n_bytes as usize / n_expert;
+        let held_bytes = (0..n_expert).filter(|&e| held(layer, e)).count() * per_expert;
+        report.experts_total += held_bytes as u64;
+        if !supports(t.info.dtype) {
+            report.unsupported += held_bytes as u64;
+            continue;
+        }
+        stacks.push((layer, t.data(), n_expert));
+    }
+    stacks.sort_by_key(|s| s.0);
+    let mut left = budget;
+    'layers: for layer in stacks.chunk_by(|a, b| a.0 == b.0) {
+        let il = layer[0].0;
+        let n_expert = layer.iter().map(|s| s.2).min().unwrap_or(1);
+        let per_expert: u64 = layer.iter().map(|s| (s.1.len() / s.2) as u64).sum();
+        for run in held_runs(n_expert, |e| held(il, e)) {
+            // As many of the run's experts as fit, all their matrices.
+            let fit = (left / per_expert.max(1)).min(run.len() as u64) as usize;
+            if fit > 0 {
+                for (_, bytes, n) in layer {
+                    let len = bytes.len() / n;
+                    device.upload(
+                        owner.clone(),
+                        &bytes[run.start * len..(run.start + fit) * len],
+                    )?;
+                }
+                report.experts_on_gpu += per_expert * fit as u64;
+                left -= per_expert * fit as u64;
+            }
+            if fit < run.len() {
+                break 'layers;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The runs of consecutive experts of `0..n_expert` that `held` marks.
+fn held_runs(n_expert: usize, held: impl Fn(usize) -> bool) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for e in (0..n_expert).filter(|&e| held(e)) {
+        match runs.last_mut() {
+            Some(r) if r.end == e => r.end += 1,
+            _ => runs.push(e..e + 1),
+        }
+    }
+    runs
+}
+
 /// The streaming buffer when one layer's experts do not fit it or whole layers cannot run.
 const DEFAULT_STREAMING_BUFFER: u64 = 256 << 20;
 
@@ -306,6 +382,17 @@ mod tests {
             bytes,
             n_expert: Some(n_expert),
         }
+    }
+
+    #[test]
+    fn held_experts_go_up_in_runs() {
+        assert_eq!(held_runs(8, |e| e < 4), vec![0..4]);
+        assert_eq!(held_runs(8, |e| e % 3 != 1), vec![0..1, 2..4, 5..7]);
+        assert_eq!(
+            held_runs(4, |_| false),
+            Vec::<std::ops::Range<usize>>::new()
+        );
+        assert_eq!(held_runs(5, |_| true), vec![0..5]);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::expert_plan::ExpertPlacement;
 use super::group::{Group, JoinSpec};
 use super::placement::{Share, needed_experts, shares};
 use super::protocol::{TpCommand, TpReply, reply_of};
-use super::{BALANCE_NEEDS_RESIDENT, ExpertFactory, snapshot};
+use super::{BALANCE_NEEDS_RESIDENT, ExpertFactory, OffloadFactory, snapshot};
 use crate::error::{ClusterError, bind};
 use crate::registry::Registry;
 use crate::transcripts::Transcripts;
@@ -43,6 +43,8 @@ pub struct TpConfig {
     pub debug: bool,
     /// Builds an expert source for the owned experts (SSD streaming); resident when `None`.
     pub experts: Option<ExpertFactory>,
+    /// Builds rank 0's GPU for its held experts (`--gpu`); all on the CPU when `None`.
+    pub offload: Option<OffloadFactory>,
     /// Deal each step's routed experts out evenly instead of by fixed ownership (resident
     /// experts only; every rank then touches every expert).
     pub balance_experts: bool,
@@ -273,6 +275,7 @@ impl TpExecutor {
             kv_type: self.kv_type,
             n_ctx: self.info.n_ctx,
             experts: self.cfg.experts.as_ref(),
+            offload: self.cfg.offload.as_ref(),
         };
         let data = self.data_bound;
         let mesh_addr = |l: &RankLink| {

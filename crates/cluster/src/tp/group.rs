@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use engine::{LayerRange, Runner, SeqWork};
 use model::{Compute, KvType, Logits, Model, StageInput, StageOutput};
 
-use super::ExpertFactory;
 use super::admission::RankLink;
 use super::mesh::{Mesh, MeshHooks};
 use super::placement::Share;
 use super::protocol::{TpCommand, TpReply, reply_of, send_command};
+use super::{ExpertFactory, OffloadFactory};
 use crate::error::{ClusterError, Result};
 use crate::wire::{Frame, LinkConfig, f32_values};
 
@@ -35,6 +35,8 @@ pub struct JoinSpec<'a> {
     pub kv_type: KvType,
     pub n_ctx: usize,
     pub experts: Option<&'a ExpertFactory>,
+    /// The rank's GPU, its held experts uploaded (`--gpu`); all on the CPU when `None`.
+    pub offload: Option<&'a OffloadFactory>,
 }
 
 /// A rank inside a formed group: its mesh links and the runner of its share.
@@ -70,9 +72,15 @@ pub fn join(spec: JoinSpec) -> Result<RankState> {
         spec.link,
         spec.tp_timeout,
     )?;
+    let mut compute = Compute::new(spec.threads);
+    if let Some(make) = spec.offload {
+        let device = make(spec.model, spec.share.held(rank))
+            .map_err(|e| ClusterError::Formation(format!("rank {rank}'s GPU: {e}")))?;
+        compute = compute.with_offload(device);
+    }
     let runner = Runner::new(
         Arc::clone(spec.model),
-        Compute::new(spec.threads),
+        compute,
         LayerRange::whole(spec.model.n_layer()),
         spec.kv_type,
         spec.n_ctx,

@@ -37,4 +37,14 @@ pub type HeldFn = Arc<dyn Fn(usize, usize) -> bool + Send + Sync>;
 pub type ExpertFactory =
     Arc<dyn Fn(&Arc<Model>, HeldFn) -> Result<SharedExperts, crate::error::BoxError> + Send + Sync>;
 
+/// Makes a rank's offload device (a GPU) from its model and the experts it holds, with those
+/// experts' weights on it. Only a rank's routed experts may leave its CPU: their partial sums
+/// are added up across the group in one order, while attention inputs, norms and routing are
+/// computed by every rank alike and must come out the same bits everywhere.
+pub type OffloadFactory = Arc<
+    dyn Fn(&Arc<Model>, HeldFn) -> Result<Arc<dyn kernels::Offload>, crate::error::BoxError>
+        + Send
+        + Sync,
+>;
+
 pub(crate) const BALANCE_NEEDS_RESIDENT: &str = "--tp-balance-experts needs resident experts: with --ssd-streaming each rank streams only the experts it owns";

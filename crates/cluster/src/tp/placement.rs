@@ -74,6 +74,22 @@ impl Share {
         }
     }
 
+    /// Whether rank `rank` with this share may compute expert `.1` of layer `.0`: its owned
+    /// experts, every expert when they are dealt out per step, or those a placement gives it.
+    pub fn held(&self, rank: usize) -> super::HeldFn {
+        match self {
+            Share::Owned(owned) => {
+                let owned = owned.clone();
+                Arc::new(move |_, e| owned.get(e).copied().unwrap_or(false))
+            }
+            Share::Balanced(_) => Arc::new(|_, _| true),
+            Share::Placed(p) => {
+                let p = p.clone();
+                Arc::new(move |l, e| p.holds(rank, l, e))
+            }
+        }
+    }
+
     /// The expert source of rank `rank` with this share: streamed through `factory` when
     /// there is one, else the model's resident tensors.
     pub fn source(

@@ -9,9 +9,9 @@ use std::time::Duration;
 use gguf::GgufModel;
 use model::{KvType, Model};
 
-use super::ExpertFactory;
 use super::group::{JoinSpec, RankState, join};
 use super::protocol::{TpCommand, TpReply, send_reply};
+use super::{ExpertFactory, OffloadFactory};
 use crate::error::{ClusterError, Result, bind};
 use crate::membership::{Ended, Membership, PANIC_EXIT, panic_message};
 use crate::wire::{Connection, ConnectionReader, HeldExperts, Kind, Role, f32_bytes, unpack};
@@ -30,6 +30,8 @@ pub struct TpWorkerConfig {
     pub n_ctx: usize,
     /// Builds an expert source for the owned experts (SSD streaming); resident when `None`.
     pub experts: Option<ExpertFactory>,
+    /// Builds the rank's GPU for its held experts (`--gpu`); all on the CPU when `None`.
+    pub offload: Option<OffloadFactory>,
 }
 
 /// Runs a rank of the model in `files` until the coordinator says shut down. The files are
@@ -124,6 +126,7 @@ fn serve(
                     kv_type: cfg.kv_type,
                     n_ctx: cfg.n_ctx,
                     experts: cfg.experts.as_ref(),
+                    offload: cfg.offload.as_ref(),
                 };
                 let reply = match join(spec) {
                     Ok(state) => {
