@@ -207,6 +207,12 @@ fn a_rank_with_a_gpu_runs_its_experts_there() {
             "{what} without a GPU: the error names the GPU:\n{err}"
         );
     };
+    // A worker with `flags` and no coordinator to reach: whether it succeeded, its stderr.
+    let lone_worker = |flags: &[&str]| {
+        let extra: Vec<&str> = ["--insecure"].iter().chain(flags).copied().collect();
+        let (ok, _, err) = rank(m, "127.0.0.1:9", &extra).finish(T);
+        (ok, err)
+    };
     // Whether this machine has a GPU: a single node's answer.
     let (gpu_here, _, err) = Proc::spawn("single node", &logits).finish(T);
     if gpu_here {
@@ -253,17 +259,7 @@ fn a_rank_with_a_gpu_runs_its_experts_there() {
         ]);
         let (ok, _, err) = Proc::spawn("tp coordinator", &coord).finish(T);
         no_gpu("rank 0", ok, &err);
-        let worker = [
-            "worker",
-            "--tensor-parallel",
-            "-m",
-            m,
-            "--coordinator",
-            "127.0.0.1:9",
-            "--insecure",
-            "--gpu",
-        ];
-        let (ok, _, err) = Proc::spawn("rank", &worker).finish(T);
+        let (ok, err) = lone_worker(&["--gpu"]);
         no_gpu("a worker", ok, &err);
     }
     // Refused by name, before the rank connects anywhere.
@@ -271,17 +267,7 @@ fn a_rank_with_a_gpu_runs_its_experts_there() {
         (&["--gpu", "--ssd-streaming"][..], "--ssd-streaming"),
         (&["--gpu", "--gpu-piecewise"][..], "--gpu-piecewise"),
     ] {
-        let mut args = vec![
-            "worker",
-            "--tensor-parallel",
-            "-m",
-            m,
-            "--coordinator",
-            "127.0.0.1:9",
-            "--insecure",
-        ];
-        args.extend_from_slice(flags);
-        let (ok, _, err) = Proc::spawn("rank", &args).finish(T);
+        let (ok, err) = lone_worker(flags);
         assert!(!ok && err.contains(says), "{flags:?}:\n{err}");
     }
 }
