@@ -253,31 +253,49 @@ pub fn upload_held_experts(
         stacks.push((layer, t.data(), n_expert));
     }
     stacks.sort_by_key(|s| s.0);
+    let layers: Vec<_> = stacks
+        .chunk_by(|a, b| a.0 == b.0)
+        .map(|layer| {
+            let n_expert = layer.iter().map(|s| s.2).min().unwrap_or(1);
+            let per_expert: u64 = layer.iter().map(|s| (s.1.len() / s.2) as u64).sum();
+            (layer, n_expert, per_expert)
+        })
+        .collect();
+    let shape: Vec<_> = layers.iter().map(|l| (l.0[0].0, l.1, l.2)).collect();
+    for (i, run) in held_uploads(&shape, budget, held) {
+        let (layer, _, per_expert) = &layers[i];
+        for (_, bytes, n) in layer.iter() {
+            let len = bytes.len() / n;
+            device.upload(owner.clone(), &bytes[run.start * len..run.end * len])?;
+        }
+        report.experts_on_gpu += per_expert * run.len() as u64;
+    }
+    Ok(report)
+}
+
+/// Which experts go up, in `layers`' order ((layer, experts, bytes of one expert's matrices)
+/// each): each run of consecutive experts `held` marks, while `budget` lasts; the run where it
+/// runs out is cut there and nothing after it goes. Returns (index into `layers`, experts).
+fn held_uploads(
+    layers: &[(usize, usize, u64)],
+    budget: u64,
+    held: &dyn Fn(usize, usize) -> bool,
+) -> Vec<(usize, std::ops::Range<usize>)> {
     let mut left = budget;
-    'layers: for layer in stacks.chunk_by(|a, b| a.0 == b.0) {
-        let il = layer[0].0;
-        let n_expert = layer.iter().map(|s| s.2).min().unwrap_or(1);
-        let per_expert: u64 = layer.iter().map(|s| (s.1.len() / s.2) as u64).sum();
+    let mut out = Vec::new();
+    for (i, &(il, n_expert, per_expert)) in layers.iter().enumerate() {
         for run in held_runs(n_expert, |e| held(il, e)) {
-            // As many of the run's experts as fit, all their matrices.
             let fit = (left / per_expert.max(1)).min(run.len() as u64) as usize;
             if fit > 0 {
-                for (_, bytes, n) in layer {
-                    let len = bytes.len() / n;
-                    device.upload(
-                        owner.clone(),
-                        &bytes[run.start * len..(run.start + fit) * len],
-                    )?;
-                }
-                report.experts_on_gpu += per_expert * fit as u64;
+                out.push((i, run.start..run.start + fit));
                 left -= per_expert * fit as u64;
             }
             if fit < run.len() {
-                break 'layers;
+                return out;
             }
         }
     }
-    Ok(report)
+    out
 }
 
 /// The runs of consecutive experts of `0..n_expert` that `held` marks.
@@ -382,6 +400,30 @@ mod tests {
             bytes,
             n_expert: Some(n_expert),
         }
+    }
+
+    #[test]
+    fn held_experts_go_up_layer_by_layer_while_the_budget_lasts() {
+        // Two layers of 8 experts of 10 bytes; the rank holds experts 0-2 and 5 of each.
+        let layers = [(0, 8, 10), (1, 8, 10)];
+        let held = |_: usize, e: usize| e < 3 || e == 5;
+        assert_eq!(
+            held_uploads(&layers, 1000, &held),
+            vec![(0, 0..3), (0, 5..6), (1, 0..3), (1, 5..6)]
+        );
+        // 55 bytes: layer 0's four, then one of layer 1's first run, and nothing after it.
+        assert_eq!(
+            held_uploads(&layers, 55, &held),
+            vec![(0, 0..3), (0, 5..6), (1, 0..1)]
+        );
+        // Too little for one expert.
+        assert!(held_uploads(&layers, 9, &held).is_empty());
+        // Placements differ per layer.
+        let placed = |l: usize, e: usize| if l == 0 { e == 7 } else { e.is_multiple_of(2) };
+        assert_eq!(
+            held_uploads(&layers, 1000, &placed),
+            vec![(0, 7..8), (1, 0..1), (1, 2..3), (1, 4..5), (1, 6..7)]
+        );
     }
 
     #[test]
