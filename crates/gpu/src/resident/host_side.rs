@@ -6,7 +6,7 @@ use std::time::Duration;
 use cudarc::driver::sys::CUstream;
 use model::{Compute, Model};
 
-use super::handoff::{Handoff, HostLayer};
+use super::handoff::{Handoff, HandoffLayout, HostLayer};
 use super::{DevFfn, ResidentModel};
 
 /// The most experts a token may pick for the device to take some of its host experts
@@ -14,6 +14,65 @@ use super::{DevFfn, ResidentModel};
 const READ_MAX_K: usize = 32;
 
 impl ResidentModel {
+    /// The exchange of a step of `n` rows whose host computes experts, in `pinned` (grown as
+    /// needed): per layer, its n normed rows, then its slots' experts and weights (n·max_k
+    /// each) come out, and the host's n sums go in after them, each half announced by a flag
+    /// (handoff.rs). Sized by this step's rows, not the arena's (a decode step after a long
+    /// prompt).
+    pub(super) fn step_handoff(
+        &self,
+        pinned: &mut Option<cudarc::driver::PinnedHostSlice<f32>>,
+        n: usize,
+        n_layers: usize,
+    ) -> model::Result<Handoff> {
+        let layout = HandoffLayout::new(n, self.d, self.max_k, n_layers);
+        let pin = crate::cuda::ensure_pinned_with_flags(
+            &self.dev.ctx,
+            pinned,
+            layout.floats(),
+            cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP,
+        )
+        .map_err(|e| self.error("allocating page-locked memory", e))?;
+        // SAFETY: pin holds the layout's floats, allocated device-mapped above; only this
+        // step (under the state lock) uses it, and it ends by synchronizing the stream.
+        unsafe { Handoff::new(pin, layout) }.map_err(|e| self.error("mapping the exchange", e))
+    }
+
+    /// After a step's launches and the host's side of the layers served after them (`rest`):
+    /// everything drained (also on an error, so that nothing still reads or writes the
+    /// exchange or the streaming buffer), and the device's give-up reported.
+    pub(super) fn finish_launches(
+        &self,
+        handoff: Option<&Handoff>,
+        rest: model::Result<()>,
+        host_compute: bool,
+    ) -> model::Result<()> {
+        if let (Err(_), Some(hand)) = (&rest, handoff) {
+            hand.release_all();
+            let _ = self.stream.synchronize();
+            if let Some(h) = &self.host_experts {
+                let _ = h.synchronize();
+            }
+        }
+        rest?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.error("waiting for the GPU", e))?;
+        if let Some(h) = self.host_experts.as_ref().filter(|_| host_compute) {
+            // The device's share's copies are done before its kernels read them; their
+            // stream's signals may still be finishing.
+            h.synchronize()
+                .map_err(|e| self.error("waiting for the expert copies", e))?;
+        }
+        if handoff.is_some_and(Handoff::failed) {
+            return Err(self.error(
+                "a step whose host computes experts",
+                "the GPU gave up waiting for the host's expert sums",
+            ));
+        }
+        Ok(())
+    }
+
     /// The layers whose host experts a step of `n` rows computes, in order (none when the
     /// device holds every routed expert); in a one-row step the device takes `per_row` of
     /// the row's host experts.

@@ -6,11 +6,11 @@ use cudarc::driver::{DevicePtr, LaunchConfig};
 use kernels::ActKind;
 use model::{DeviceStep, KvType, Model};
 
-use super::handoff::{Handoff, HandoffLayout, HostLayer};
+use super::handoff::{Handoff, HostLayer};
 use super::launch::Launch;
 use super::step_input::{StepInput, StepRows};
 use super::{DevFfn, DevMat, GraphKey, ResidentModel};
-use crate::cuda::{ensure_pinned, ensure_pinned_with_flags};
+use crate::cuda::ensure_pinned;
 use crate::matmul_table::{
     Grids, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE, step_mma_min,
 };
@@ -124,25 +124,8 @@ impl model::LayerDevice for ResidentModel {
             .map_err(|e| self.error("allocating page-locked memory", e))?;
         let pin_out = ensure_pinned(&self.dev.ctx, &mut b.host_out, out_floats.max(1))
             .map_err(|e| self.error("allocating page-locked memory", e))?;
-        // A step that computes host experts: per layer, its n normed rows, then its slots'
-        // experts and weights (n·max_k each) come out, and the host's n sums go in after them,
-        // each half announced by a flag (handoff.rs). Sized by this step's rows, not the
-        // arena's (a decode step after a long prompt).
-        let xchg_layout = HandoffLayout::new(n, d, self.max_k, n_layers);
         let handoff = if host_compute {
-            let pin = ensure_pinned_with_flags(
-                &self.dev.ctx,
-                &mut b.host_xchg,
-                xchg_layout.floats(),
-                cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP,
-            )
-            .map_err(|e| self.error("allocating page-locked memory", e))?;
-            // SAFETY: pin holds the layout's floats, allocated device-mapped above; only this
-            // step (under the state lock) uses it, and it ends by synchronizing the stream.
-            Some(
-                unsafe { Handoff::new(pin, xchg_layout) }
-                    .map_err(|e| self.error("mapping the exchange", e))?,
-            )
+            Some(self.step_handoff(&mut b.host_xchg, n, n_layers)?)
         } else {
             None
         };
@@ -768,29 +751,7 @@ impl model::LayerDevice for ResidentModel {
             enqueued
         })?;
         let rest = host_layers[served.get()..].iter().try_for_each(&serve);
-        if let (Err(_), Some(hand)) = (&rest, &handoff) {
-            hand.release_all();
-            let _ = self.stream.synchronize();
-            if let Some(h) = &self.host_experts {
-                let _ = h.synchronize();
-            }
-        }
-        rest?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.error("waiting for the GPU", e))?;
-        if let Some(h) = self.host_experts.as_ref().filter(|_| host_compute) {
-            // The device's share's copies are done before its kernels read them; their
-            // stream's signals may still be finishing.
-            h.synchronize()
-                .map_err(|e| self.error("waiting for the expert copies", e))?;
-        }
-        if handoff.as_ref().is_some_and(Handoff::failed) {
-            return Err(self.error(
-                "a step whose host computes experts",
-                "the GPU gave up waiting for the host's expert sums",
-            ));
-        }
+        self.finish_launches(handoff.as_ref(), rest, host_compute)?;
         let t_done = std::time::Instant::now();
         let logits = host_out[..logits_len].to_vec();
         // Per layer, the step's key rows then its value rows (resident.cu `qk_rope_store`).
