@@ -115,6 +115,12 @@ pub fn load_model(args: &ModelArgs, topology: &Topology) -> anyhow::Result<Arc<M
         !(args.streaming.ssd_streaming && source == ModelSource::BuiltIn),
         "--ssd-streaming reads experts from a file: give -m MODEL"
     );
+    anyhow::ensure!(
+        args.streaming.expert_profile.is_none()
+            || args.streaming.ssd_streaming
+            || args.gpu.gpu.is_some(),
+        "--expert-profile places routed experts for --ssd-streaming or --gpu: give one of them"
+    );
     let t0 = Instant::now();
     let files = Arc::new(source.open()?);
     let (rank, n_ranks) = topology.shard().unwrap_or((0, 1));
@@ -187,7 +193,13 @@ pub fn runner(
     };
     let experts = args.streaming.expert_source_for(&model, cx)?;
     let sel = topology.selection(&model, args.streaming.ssd_streaming)?;
-    let compute = crate::gpu_args::attach(&args.gpu, &model, &sel, Compute::new(args.threads))?;
+    let compute = crate::gpu_args::attach(
+        &args.gpu,
+        args.streaming.expert_profile.as_deref(),
+        &model,
+        &sel,
+        Compute::new(args.threads),
+    )?;
     Ok(Runner::new(model, compute, range, args.kv_type, n_ctx).with_experts(experts))
 }
 
@@ -204,7 +216,11 @@ pub fn build_engine(
         Topology::TensorParallel { .. } => {
             let mut cfg = cluster.tp_config()?;
             cfg.experts = args.streaming.expert_factory(n_ctx, args.kv_type);
-            cfg.offload = crate::gpu_args::rank_offload(&args.gpu, args.streaming.ssd_streaming)?;
+            cfg.offload = crate::gpu_args::rank_offload(
+                &args.gpu,
+                args.streaming.ssd_streaming,
+                args.streaming.expert_profile.as_deref(),
+            )?;
             Box::new(cluster::tp::TpExecutor::new(
                 model,
                 args.threads,

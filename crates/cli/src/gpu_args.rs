@@ -3,6 +3,7 @@
 //! rest, at the same time within a step, except a prompt's experts that serve enough rows
 //! (`--gpu-stream-min`), which are copied in and run on the GPU too.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -88,6 +89,7 @@ fn weight_budget(gpu_mem: Option<u64>, info: &gpu::DeviceInfo) -> anyhow::Result
 pub fn rank_offload(
     args: &GpuArgs,
     ssd_streaming: bool,
+    expert_profile: Option<&Path>,
 ) -> anyhow::Result<Option<cluster::tp::OffloadFactory>> {
     let Some(ordinal) = args.gpu else {
         return Ok(None);
@@ -108,7 +110,12 @@ pub fn rank_offload(
         gpu::open(ordinal).with_context(|| format!("--gpu {ordinal}"))?,
     ));
     let gpu_mem = args.gpu_mem;
+    let expert_profile = expert_profile.map(Path::to_path_buf);
     let make = move |model: &Arc<Model>, held: &dyn Fn(usize, usize) -> bool| {
+        let profile = expert_profile
+            .as_deref()
+            .map(|p| routing_profile(p, model))
+            .transpose()?;
         let opened = first.lock().ok().and_then(|mut d| d.take());
         let mut device = match opened {
             Some(d) => d,
@@ -117,7 +124,11 @@ pub fn rank_offload(
         let info = device.info()?;
         let budget = weight_budget(gpu_mem, &info)?;
         device.stream_experts(None, None);
-        let report = gpu::upload_held_experts(&mut device, model, budget, held)
+        let hot = profile
+            .as_ref()
+            .map(|p| move |l: usize, e: usize| p.count(l, e));
+        let hot = hot.as_ref().map(|h| h as gpu::Hotness);
+        let report = gpu::upload_held_experts(&mut device, model, budget, held, hot)
             .with_context(|| format!("copying experts to {info}"))?;
         eprintln!(
             "{info}: tensor-parallel rank {}: {report}",
@@ -134,10 +145,29 @@ pub fn rank_offload(
     )))
 }
 
+/// The routing profile at `path` (`--expert-profile`), checked to be of `model`'s file and
+/// shape, so that its counts name this model's (layer, expert) pairs.
+fn routing_profile(path: &Path, model: &Model) -> anyhow::Result<experts::Profile> {
+    let fingerprint = model.files().fingerprint().to_string();
+    let profile = experts::Profile::load(path, &fingerprint)
+        .with_context(|| format!("--expert-profile {}", path.display()))?;
+    let n_expert = model.hp.moe.as_ref().map_or(0, |m| m.n_expert);
+    anyhow::ensure!(
+        profile.n_layer == model.n_layer() && profile.n_expert == n_expert,
+        "--expert-profile {}: shape {} × {}, the model has {} layers × {n_expert} routed experts",
+        path.display(),
+        profile.n_layer,
+        profile.n_expert,
+        model.n_layer()
+    );
+    Ok(profile)
+}
+
 /// `compute` with the GPU of these flags attached and `sel`'s weights copied to it, or
 /// `compute` unchanged without `--gpu`.
 pub fn attach(
     args: &GpuArgs,
+    expert_profile: Option<&Path>,
     model: &Arc<Model>,
     sel: &WeightSelection,
     compute: Compute,
@@ -145,6 +175,9 @@ pub fn attach(
     let Some(ordinal) = args.gpu else {
         return Ok(compute);
     };
+    let profile = expert_profile
+        .map(|p| routing_profile(p, model))
+        .transpose()?;
     let t0 = std::time::Instant::now();
     let mut device = gpu::open(ordinal).with_context(|| format!("--gpu {ordinal}"))?;
     let info = device.info()?;
@@ -157,7 +190,11 @@ pub fn attach(
     };
     device.stream_experts(stream_from, stream_mem);
     device.read_host_experts(args.gpu_host_read);
-    let report = gpu::upload_model(&mut device, model, sel, budget)
+    let hot = profile
+        .as_ref()
+        .map(|p| move |l: usize, e: usize| p.count(l, e));
+    let hot = hot.as_ref().map(|h| h as gpu::Hotness);
+    let report = gpu::upload_model(&mut device, model, sel, budget, hot)
         .with_context(|| format!("copying weights to {info}"))?;
     tracing::info!("{info}: {report} in {:.2?}", t0.elapsed());
     eprintln!("{info}: {report}");

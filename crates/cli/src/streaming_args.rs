@@ -39,8 +39,10 @@ pub struct StreamingArgs {
         requires = "ssd_streaming"
     )]
     pub resident_layers: usize,
-    /// A routing profile saved by --save-expert-profile: preload order and initial hotness.
-    #[arg(long, value_name = "FILE", requires = "ssd_streaming")]
+    /// A routing profile saved by --save-expert-profile: with --ssd-streaming, preload order
+    /// and initial hotness; with --gpu, which routed experts the GPU holds (the hottest first,
+    /// instead of layer by layer).
+    #[arg(long, value_name = "FILE")]
     pub expert_profile: Option<PathBuf>,
     /// Save the routing counts of this run (added to --expert-profile's) at exit.
     #[arg(long, value_name = "FILE", requires = "ssd_streaming")]

@@ -120,6 +120,7 @@ pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
                 offload: crate::gpu_args::rank_offload(
                     &args.model.gpu,
                     args.model.streaming.ssd_streaming,
+                    args.model.streaming.expert_profile.as_deref(),
                 )?,
             };
             run_tp_worker(model.shared_files(), cfg)

@@ -247,6 +247,28 @@ fn bad_streaming_flags_are_refused_with_a_reason() {
         ],
         "--ssd-streaming",
     );
+    // A routing profile places experts for streaming or a GPU; read before the GPU opens,
+    // so a bad one is named even where no GPU is.
+    let profile_flags = |extra: &[&'static str]| {
+        let mut a = vec![
+            "logits",
+            "-m",
+            m,
+            "--tokens",
+            "1,2",
+            "--out",
+            "/dev/null",
+            "--expert-profile",
+            "/nonexistent/routing.profile",
+        ];
+        a.extend_from_slice(extra);
+        a
+    };
+    fails(&profile_flags(&[]), "--ssd-streaming or --gpu");
+    fails(
+        &profile_flags(&["--gpu"]),
+        "--expert-profile /nonexistent/routing.profile",
+    );
     let dense = fixture("llama", "model-q4_k.gguf");
     fails(
         &[

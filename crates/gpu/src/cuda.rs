@@ -215,39 +215,76 @@ impl CudaOffload {
         owner: Arc<dyn Any + Send + Sync>,
         host: &[u8],
     ) -> Result<(), GpuError> {
-        if host.is_empty() {
+        self.upload_pieces(owner, &[host])
+    }
+
+    /// Copies disjoint host ranges into one device allocation, each at a
+    /// [`crate::streaming::STREAM_ALIGN`]ed offset, as [`CudaOffload::upload`] would one by
+    /// one: a layer's experts chosen by hotness lie scattered in their stacks, and an
+    /// allocation each would round every piece up to the driver's granularity.
+    pub fn upload_pieces(
+        &mut self,
+        owner: Arc<dyn Any + Send + Sync>,
+        pieces: &[&[u8]],
+    ) -> Result<(), GpuError> {
+        let align = crate::streaming::STREAM_ALIGN;
+        let mut offsets = Vec::with_capacity(pieces.len());
+        let mut total = 0usize;
+        for host in pieces.iter().filter(|h| !h.is_empty()) {
+            let start = host.as_ptr() as usize;
+            let overlaps = self
+                .regions
+                .range(..start + host.len())
+                .next_back()
+                .is_some_and(|(&s, r)| s + r.len > start)
+                || offsets.iter().any(|(other, _): &(&[u8], usize)| {
+                    let o = other.as_ptr() as usize;
+                    o < start + host.len() && start < o + other.len()
+                });
+            if overlaps {
+                return Err(GpuError::Memory {
+                    ordinal: self.ordinal,
+                    detail: format!(
+                        "{} bytes at {start:#x} overlap an uploaded range",
+                        host.len()
+                    ),
+                });
+            }
+            offsets.push((*host, total));
+            total = (total + host.len()).next_multiple_of(align);
+        }
+        if offsets.is_empty() {
             return Ok(());
         }
-        let start = host.as_ptr() as usize;
-        let overlaps = self
-            .regions
-            .range(..start + host.len())
-            .next_back()
-            .is_some_and(|(&s, r)| s + r.len > start);
-        if overlaps {
-            return Err(GpuError::Memory {
-                ordinal: self.ordinal,
-                detail: format!(
-                    "{} bytes at {start:#x} overlap an uploaded range",
-                    host.len()
-                ),
-            });
-        }
-        let buf = self.stream.clone_htod(host).map_err(|e| GpuError::Memory {
+        let mem_err = |e: cudarc::driver::DriverError| GpuError::Memory {
             ordinal: self.ordinal,
-            detail: format!("copying {} bytes of weights: {e}", host.len()),
-        })?;
-        let (dev, _) = buf.device_ptr(&self.stream);
-        self.regions.insert(
-            start,
-            Region {
-                len: host.len(),
-                dev,
-            },
-        );
+            detail: format!("copying {total} bytes of weights: {e}"),
+        };
+        // SAFETY: every byte is written by the copies below before any kernel reads it; the
+        // padding between pieces is never read.
+        let buf = unsafe { self.stream.alloc::<u8>(total) }.map_err(mem_err)?;
+        let (base, _) = buf.device_ptr(&self.stream);
+        let cu = self.stream.cu_stream();
+        for &(host, offset) in &offsets {
+            // SAFETY: the piece lies inside the allocation (offsets counted above); the host
+            // range is the caller's, kept by `owner`; the stream is synchronized below, before
+            // the pieces can be released.
+            unsafe { cudarc::driver::result::memcpy_htod_async(base + offset as u64, host, cu) }
+                .map_err(mem_err)?;
+        }
+        self.stream.synchronize().map_err(mem_err)?;
+        for &(host, offset) in &offsets {
+            self.regions.insert(
+                host.as_ptr() as usize,
+                Region {
+                    len: host.len(),
+                    dev: base + offset as u64,
+                },
+            );
+            self.uploaded += host.len() as u64;
+        }
         self.buffers.push(buf);
         self.owners.push(owner);
-        self.uploaded += host.len() as u64;
         Ok(())
     }
 

@@ -14,7 +14,7 @@ mod host_read;
 mod lookup_tables;
 pub use host_read::{HostRead, HostReadPlan};
 mod placement;
-pub use placement::{OffloadReport, upload_held_experts, upload_model};
+pub use placement::{Hotness, OffloadReport, upload_held_experts, upload_model};
 mod streaming;
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]

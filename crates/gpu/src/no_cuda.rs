@@ -35,6 +35,14 @@ impl CudaOffload {
         match self.0 {}
     }
 
+    pub fn upload_pieces(
+        &mut self,
+        _owner: Arc<dyn Any + Send + Sync>,
+        _pieces: &[&[u8]],
+    ) -> Result<(), GpuError> {
+        match self.0 {}
+    }
+
     pub fn stream_experts(&mut self, _from: Option<usize>, _limit: Option<usize>) {
         match self.0 {}
     }

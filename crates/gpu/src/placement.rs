@@ -13,7 +13,7 @@ use model::{Model, WeightSelection};
 use crate::{CudaOffload, GpuError, supports};
 
 /// What [`upload_model`] put on the device.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct OffloadReport {
     /// Bytes of non-expert matrices on the device, and of those this process reads.
     pub dense_on_gpu: u64,
@@ -27,6 +27,9 @@ pub struct OffloadReport {
     /// experts page-locked for those copies.
     pub streaming_buffer: u64,
     pub host_locked: u64,
+    /// With a routing profile: the share of its routes that reach routed experts on the
+    /// device, as placed (hottest first) and as layer-by-layer placement would have placed them.
+    pub routes_on_gpu: Option<(f64, f64)>,
 }
 
 impl std::fmt::Display for OffloadReport {
@@ -45,6 +48,15 @@ impl std::fmt::Display for OffloadReport {
                 "; {} for experts copied in per prompt ({} of the host's page-locked)",
                 size(self.streaming_buffer),
                 size(self.host_locked)
+            )?;
+        }
+        if let Some((placed, layered)) = self.routes_on_gpu {
+            write!(
+                f,
+                "; placed hottest first by the routing profile: {:.1} % of its routes reach \
+                 experts on the GPU ({:.1} % layer by layer)",
+                100.0 * placed,
+                100.0 * layered
             )?;
         }
         if self.unsupported > 0 {
@@ -82,6 +94,7 @@ pub fn upload_model(
     model: &Arc<Model>,
     sel: &WeightSelection,
     budget: u64,
+    hot: Option<Hotness>,
 ) -> Result<OffloadReport, GpuError> {
     let owner: Arc<dyn std::any::Any + Send + Sync> = model.clone();
     let mut report = OffloadReport::default();
@@ -172,43 +185,33 @@ pub fn upload_model(
             left -= reserve;
         }
     }
-    let mut host_experts: Vec<&[u8]> = Vec::new();
     experts.sort_by_key(|c| c.layer);
-    let mut layers = experts.chunk_by(|a, b| a.layer == b.layer);
-    for layer in layers.by_ref() {
-        let whole: u64 = layer.iter().map(|c| c.bytes.len() as u64).sum();
-        if whole <= left {
-            for c in layer {
-                device.upload(owner.clone(), c.bytes)?;
-            }
-            report.experts_on_gpu += whole;
-            left -= whole;
-            continue;
-        }
-        // The limit falls inside this layer: as many whole experts (all their matrices) as fit.
-        let n_expert = layer.iter().filter_map(|c| c.n_expert).min().unwrap_or(1);
-        let per_expert: u64 = layer
-            .iter()
-            .map(|c| c.bytes.len() as u64 / n_expert as u64)
-            .sum();
-        let mut placed = 0;
-        while placed < n_expert && per_expert <= left {
-            for c in layer {
-                let len = c.bytes.len() / n_expert;
-                device.upload(owner.clone(), &c.bytes[placed * len..(placed + 1) * len])?;
-            }
-            report.experts_on_gpu += per_expert;
-            left -= per_expert;
-            placed += 1;
-        }
-        for c in layer {
-            let len = c.bytes.len() / n_expert;
-            host_experts.push(&c.bytes[placed * len..]);
-        }
-        break;
+    let layers: Vec<&[Candidate]> = experts.chunk_by(|a, b| a.layer == b.layer).collect();
+    let shape: Vec<(usize, usize, u64)> = layers
+        .iter()
+        .map(|layer| {
+            let n_expert = layer.iter().filter_map(|c| c.n_expert).min().unwrap_or(1);
+            let n_expert = n_expert.max(1);
+            let per_expert = layer.iter().map(|c| (c.bytes.len() / n_expert) as u64);
+            (layer[0].layer.unwrap_or(0), n_expert, per_expert.sum())
+        })
+        .collect();
+    let every = |_: usize, _: usize| true;
+    let uploads = chosen_uploads(&shape, left, &every, hot);
+    if let Some(hot) = hot {
+        let layered = chosen_uploads(&shape, left, &every, None);
+        report.routes_on_gpu = route_shares(&shape, &uploads, &layered, hot);
     }
-    for layer in layers {
-        host_experts.extend(layer.iter().map(|c| c.bytes));
+    let mut on_gpu = vec![Vec::new(); layers.len()];
+    for (i, run) in uploads {
+        on_gpu[i].push(run);
+    }
+    let mut host_experts: Vec<&[u8]> = Vec::new();
+    for ((layer, &(_, n_expert, per_expert)), runs) in layers.iter().zip(&shape).zip(&on_gpu) {
+        device.upload_pieces(owner.clone(), &stack_pieces(layer, n_expert, runs))?;
+        report.experts_on_gpu += per_expert * runs.iter().map(|r| r.len() as u64).sum::<u64>();
+        let host = held_runs(n_expert, |e| !runs.iter().any(|r| r.contains(&e)));
+        host_experts.extend(stack_pieces(layer, n_expert, &host));
     }
     if report.streaming_buffer > 0 {
         report.host_locked = lock_host_experts(device, &owner, &host_experts);
@@ -227,6 +230,7 @@ pub fn upload_held_experts(
     model: &Arc<Model>,
     budget: u64,
     held: &dyn Fn(usize, usize) -> bool,
+    hot: Option<Hotness>,
 ) -> Result<OffloadReport, GpuError> {
     let owner: Arc<dyn std::any::Any + Send + Sync> = model.clone();
     let mut report = OffloadReport::default();
@@ -250,52 +254,140 @@ pub fn upload_held_experts(
             report.unsupported += held_bytes as u64;
             continue;
         }
-        stacks.push((layer, t.data(), n_expert));
+        stacks.push(Candidate {
+            layer: Some(layer),
+            bytes: t.data(),
+            n_expert: Some(n_expert),
+        });
     }
-    stacks.sort_by_key(|s| s.0);
-    let layers: Vec<_> = stacks
-        .chunk_by(|a, b| a.0 == b.0)
+    stacks.sort_by_key(|c| c.layer);
+    let layers: Vec<&[Candidate]> = stacks.chunk_by(|a, b| a.layer == b.layer).collect();
+    let shape: Vec<(usize, usize, u64)> = layers
+        .iter()
         .map(|layer| {
-            let n_expert = layer.iter().map(|s| s.2).min().unwrap_or(1);
-            let per_expert: u64 = layer.iter().map(|s| (s.1.len() / s.2) as u64).sum();
-            (layer, n_expert, per_expert)
+            let n_expert = layer.iter().filter_map(|c| c.n_expert).min().unwrap_or(1);
+            let per_expert = layer.iter().map(|c| (c.bytes.len() / n_expert) as u64);
+            (layer[0].layer.unwrap_or(0), n_expert, per_expert.sum())
         })
         .collect();
-    let shape: Vec<_> = layers.iter().map(|l| (l.0[0].0, l.1, l.2)).collect();
-    for (i, run) in held_uploads(&shape, budget, held) {
-        let (layer, _, per_expert) = &layers[i];
-        for (_, bytes, n) in layer.iter() {
-            let len = bytes.len() / n;
-            device.upload(owner.clone(), &bytes[run.start * len..run.end * len])?;
-        }
-        report.experts_on_gpu += per_expert * run.len() as u64;
+    let uploads = chosen_uploads(&shape, budget, held, hot);
+    if let Some(hot) = hot {
+        let layered = chosen_uploads(&shape, budget, held, None);
+        report.routes_on_gpu = route_shares(&shape, &uploads, &layered, hot);
+    }
+    let mut on_gpu = vec![Vec::new(); layers.len()];
+    for (i, run) in uploads {
+        on_gpu[i].push(run);
+    }
+    for ((layer, &(_, n_expert, per_expert)), runs) in layers.iter().zip(&shape).zip(&on_gpu) {
+        device.upload_pieces(owner.clone(), &stack_pieces(layer, n_expert, runs))?;
+        report.experts_on_gpu += per_expert * runs.iter().map(|r| r.len() as u64).sum::<u64>();
     }
     Ok(report)
 }
 
-/// Which experts go up, in `layers`' order ((layer, experts, bytes of one expert's matrices)
-/// each): each run of consecutive experts `held` marks, while `budget` lasts; the run where it
-/// runs out is cut there and nothing after it goes. Returns (index into `layers`, experts).
-fn held_uploads(
+/// How often the routing profile saw each (layer, expert) routed (`--expert-profile`).
+pub type Hotness<'a> = &'a dyn Fn(usize, usize) -> u64;
+
+/// Which experts `candidate` marks go up within `budget`, as runs per entry of `layers`
+/// ((layer, experts, bytes of one expert's matrices) each). Without `hot`, layer by layer in
+/// expert order: the run where the budget runs out is cut there and nothing after it goes
+/// (whole layers then keep every expert on the device, and need no host at all in decode).
+/// With `hot`, the hottest first wherever they lie (ties by layer, then expert; an expert too
+/// big for what is left is passed over for a smaller one after it). Returns (index into
+/// `layers`, experts), by layer and expert.
+fn chosen_uploads(
     layers: &[(usize, usize, u64)],
     budget: u64,
-    held: &dyn Fn(usize, usize) -> bool,
+    candidate: &dyn Fn(usize, usize) -> bool,
+    hot: Option<Hotness>,
 ) -> Vec<(usize, std::ops::Range<usize>)> {
     let mut left = budget;
     let mut out = Vec::new();
-    for (i, &(il, n_expert, per_expert)) in layers.iter().enumerate() {
-        for run in held_runs(n_expert, |e| held(il, e)) {
-            let fit = (left / per_expert.max(1)).min(run.len() as u64) as usize;
-            if fit > 0 {
-                out.push((i, run.start..run.start + fit));
-                left -= per_expert * fit as u64;
-            }
-            if fit < run.len() {
-                return out;
+    let Some(hot) = hot else {
+        for (i, &(il, n_expert, per_expert)) in layers.iter().enumerate() {
+            for run in held_runs(n_expert, |e| candidate(il, e)) {
+                let fit = (left / per_expert.max(1)).min(run.len() as u64) as usize;
+                if fit > 0 {
+                    out.push((i, run.start..run.start + fit));
+                    left -= per_expert * fit as u64;
+                }
+                if fit < run.len() {
+                    return out;
+                }
             }
         }
+        return out;
+    };
+    let mut order: Vec<(u64, usize, usize)> = layers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &(il, n_expert, _))| {
+            (0..n_expert)
+                .filter(move |&e| candidate(il, e))
+                .map(move |e| (hot(il, e), i, e))
+        })
+        .collect();
+    order.sort_by_key(|&(count, i, e)| (std::cmp::Reverse(count), i, e));
+    let mut chosen: Vec<Vec<bool>> = layers.iter().map(|l| vec![false; l.1]).collect();
+    for (_, i, e) in order {
+        let per_expert = layers[i].2;
+        if per_expert <= left {
+            chosen[i][e] = true;
+            left -= per_expert;
+        }
+    }
+    for (i, c) in chosen.iter().enumerate() {
+        out.extend(held_runs(c.len(), |e| c[e]).into_iter().map(|r| (i, r)));
     }
     out
+}
+
+/// The pieces of a layer's expert stacks that hold the experts of `runs`: each stack whole
+/// when one run is all of its experts.
+fn stack_pieces<'m>(
+    layer: &[Candidate<'m>],
+    n_expert: usize,
+    runs: &[std::ops::Range<usize>],
+) -> Vec<&'m [u8]> {
+    let mut pieces = Vec::new();
+    for c in layer {
+        for run in runs {
+            if run.start == 0 && run.end >= n_expert {
+                pieces.push(c.bytes);
+                continue;
+            }
+            let len = c.bytes.len() / n_expert.max(1);
+            pieces.push(&c.bytes[run.start * len..run.end * len]);
+        }
+    }
+    pieces
+}
+
+/// The share of the profile's routes (over `layers`) that reach experts `uploads` put on the
+/// device, and that the layer-by-layer order's `layered` would have; `None` for a profile
+/// without routes there.
+fn route_shares(
+    layers: &[(usize, usize, u64)],
+    uploads: &[(usize, std::ops::Range<usize>)],
+    layered: &[(usize, std::ops::Range<usize>)],
+    hot: Hotness,
+) -> Option<(f64, f64)> {
+    let routes = |runs: &[(usize, std::ops::Range<usize>)]| -> u64 {
+        runs.iter()
+            .flat_map(|(i, r)| r.clone().map(move |e| hot(layers[*i].0, e)))
+            .sum()
+    };
+    let total: u64 = layers
+        .iter()
+        .flat_map(|&(il, n, _)| (0..n).map(move |e| hot(il, e)))
+        .sum();
+    (total > 0).then(|| {
+        (
+            routes(uploads) as f64 / total as f64,
+            routes(layered) as f64 / total as f64,
+        )
+    })
 }
 
 /// The runs of consecutive experts of `0..n_expert` that `held` marks.
@@ -408,22 +500,91 @@ mod tests {
         let layers = [(0, 8, 10), (1, 8, 10)];
         let held = |_: usize, e: usize| e < 3 || e == 5;
         assert_eq!(
-            held_uploads(&layers, 1000, &held),
+            chosen_uploads(&layers, 1000, &held, None),
             vec![(0, 0..3), (0, 5..6), (1, 0..3), (1, 5..6)]
         );
         // 55 bytes: layer 0's four, then one of layer 1's first run, and nothing after it.
         assert_eq!(
-            held_uploads(&layers, 55, &held),
+            chosen_uploads(&layers, 55, &held, None),
             vec![(0, 0..3), (0, 5..6), (1, 0..1)]
         );
         // Too little for one expert.
-        assert!(held_uploads(&layers, 9, &held).is_empty());
+        assert!(chosen_uploads(&layers, 9, &held, None).is_empty());
         // Placements differ per layer.
         let placed = |l: usize, e: usize| if l == 0 { e == 7 } else { e.is_multiple_of(2) };
         assert_eq!(
-            held_uploads(&layers, 1000, &placed),
+            chosen_uploads(&layers, 1000, &placed, None),
             vec![(0, 7..8), (1, 0..1), (1, 2..3), (1, 4..5), (1, 6..7)]
         );
+    }
+
+    #[test]
+    fn with_a_profile_the_hottest_experts_go_up_first_wherever_they_lie() {
+        // Three layers of 4 experts of 10 bytes; layer 1's expert 2 is the hottest, then
+        // layer 2's 0 and 3, then layer 0's 1; the rest were never routed.
+        let layers = [(0, 4, 10), (1, 4, 10), (2, 4, 10)];
+        let counts = |l: usize, e: usize| match (l, e) {
+            (1, 2) => 50,
+            (2, 0) | (2, 3) => 20,
+            (0, 1) => 5,
+            _ => 0,
+        };
+        let every = |_: usize, _: usize| true;
+        assert_eq!(
+            chosen_uploads(&layers, 35, &every, Some(&counts)),
+            vec![(1, 2..3), (2, 0..1), (2, 3..4)]
+        );
+        // Past the routed ones, the cold in layer and expert order; runs merge.
+        assert_eq!(
+            chosen_uploads(&layers, 60, &every, Some(&counts)),
+            vec![(0, 0..3), (1, 2..3), (2, 0..1), (2, 3..4)]
+        );
+        // Without a profile, the same budget fills layer 0 and half of layer 1.
+        assert_eq!(
+            chosen_uploads(&layers, 60, &every, None),
+            vec![(0, 0..4), (1, 0..2)]
+        );
+        // A rank's held experts only, hottest first.
+        let held = |_: usize, e: usize| e.is_multiple_of(2);
+        assert_eq!(
+            chosen_uploads(&layers, 20, &held, Some(&counts)),
+            vec![(1, 2..3), (2, 0..1)]
+        );
+        // An expert too big for what is left is passed over for a smaller one.
+        let mixed = [(0, 2, 30), (1, 2, 10)];
+        let hot_first = |l: usize, e: usize| if l == 0 { 9 - e as u64 } else { 1 };
+        assert_eq!(
+            chosen_uploads(&mixed, 45, &every, Some(&hot_first)),
+            vec![(0, 0..1), (1, 0..1)]
+        );
+    }
+
+    #[test]
+    fn route_shares_count_the_profile_s_routes_on_the_device() {
+        let layers = [(0, 4, 10), (1, 4, 10)];
+        let counts = |l: usize, e: usize| if l == 1 && e == 3 { 60 } else { 5 };
+        let every = |_: usize, _: usize| true;
+        let placed = chosen_uploads(&layers, 40, &every, Some(&counts));
+        let layered = chosen_uploads(&layers, 40, &every, None);
+        // 95 routes: 60 on (1, 3), 5 on each other; placed takes (1, 3) and three of the
+        // fives, layered takes layer 0's four.
+        let (p, l) = route_shares(&layers, &placed, &layered, &counts).unwrap();
+        assert!((p - 75.0 / 95.0).abs() < 1e-12, "{p}");
+        assert!((l - 20.0 / 95.0).abs() < 1e-12, "{l}");
+        assert_eq!(route_shares(&layers, &placed, &layered, &|_, _| 0), None);
+    }
+
+    #[test]
+    fn a_layer_s_pieces_are_its_runs_in_every_stack() {
+        let gate: Vec<u8> = (0..40).collect();
+        let down: Vec<u8> = (100..140).collect();
+        let layer = [stack(0, &gate, 4), stack(0, &down, 4)];
+        let pieces = stack_pieces(&layer, 4, &[0..1, 2..4]);
+        let want: [&[u8]; 4] = [&gate[0..10], &gate[20..40], &down[0..10], &down[20..40]];
+        assert_eq!(pieces, want);
+        let whole = stack_pieces(&layer, 4, std::slice::from_ref(&(0..4)));
+        assert_eq!(whole, [&gate[..], &down[..]]);
+        assert!(stack_pieces(&layer, 4, &[]).is_empty());
     }
 
     #[test]

@@ -214,7 +214,8 @@ fn gpu_logits_and_greedy_tokens_match_the_cpu() {
     }
     let ran = for_each_fixture(|r| {
         let mut dev = gpu::open(0).unwrap();
-        let report = gpu::upload_model(&mut dev, &r.model, &whole(&r.model), u64::MAX).unwrap();
+        let report =
+            gpu::upload_model(&mut dev, &r.model, &whole(&r.model), u64::MAX, None).unwrap();
         let on_gpu = Compute::new(2).with_offload(Arc::new(dev));
         let (got, got_tokens) = run(&r.model, &on_gpu, &r.tokens);
         let (how, stepped) = check_close(&got, &r.want, r.n_vocab, &r.what, r.noise);
@@ -239,7 +240,7 @@ fn hybrid_placement_matches_the_cpu() {
     // What the whole model takes on the device (that device is released at the block's end).
     let full = {
         let mut probe = gpu::open(0).unwrap();
-        gpu::upload_model(&mut probe, &model, &sel, u64::MAX).unwrap()
+        gpu::upload_model(&mut probe, &model, &sel, u64::MAX, None).unwrap()
     };
     // A third of the experts (the first layers whole), and a few of layer 0's only: there the
     // very first step already splits between the GPU and the CPU.
@@ -250,7 +251,7 @@ fn hybrid_placement_matches_the_cpu() {
     ] {
         let mut dev = gpu::open(0).unwrap();
         dev.stream_experts(None, None);
-        let report = gpu::upload_model(&mut dev, &model, &sel, budget).unwrap();
+        let report = gpu::upload_model(&mut dev, &model, &sel, budget, None).unwrap();
         assert!(
             report.experts_on_gpu > 0 && report.experts_on_gpu < full.experts_on_gpu,
             "{report}"
@@ -275,7 +276,7 @@ fn hybrid_placement_matches_the_cpu() {
         let mut dev = gpu::open(0).unwrap();
         dev.stream_experts(Some(1), Some(limit));
         let budget = full.dense_on_gpu + full.experts_on_gpu / 3;
-        let report = gpu::upload_model(&mut dev, &model, &sel, budget).unwrap();
+        let report = gpu::upload_model(&mut dev, &model, &sel, budget, None).unwrap();
         assert!(
             report.streaming_buffer > 0 && report.experts_on_gpu < full.experts_on_gpu,
             "{report}"
@@ -314,7 +315,7 @@ fn hybrid_whole_steps_match_the_cpu() {
         let sel = whole(model);
         let full = {
             let mut probe = gpu::open(0).unwrap();
-            gpu::upload_model(&mut probe, model, &sel, u64::MAX).unwrap()
+            gpu::upload_model(&mut probe, model, &sel, u64::MAX, None).unwrap()
         };
         if full.experts_total == 0 {
             return;
@@ -322,9 +323,16 @@ fn hybrid_whole_steps_match_the_cpu() {
         let n_layer = model.n_layer() as u64;
         let per_layer = full.experts_on_gpu / n_layer;
         let mut long_noise: Option<f32> = None;
-        for budget in [
-            full.dense_on_gpu + full.experts_on_gpu / 2,
-            full.dense_on_gpu + per_layer + per_layer / 4,
+        // A routing profile that scatters the device's experts over every layer (each layer
+        // then has some on the device and some on the host), as `--expert-profile` may.
+        let scattered = |l: usize, e: usize| ((l * 7 + e * 13) % 17) as u64;
+        for (budget, hot) in [
+            (full.dense_on_gpu + full.experts_on_gpu / 2, None),
+            (full.dense_on_gpu + per_layer + per_layer / 4, None),
+            (
+                full.dense_on_gpu + full.experts_on_gpu / 2,
+                Some(&scattered as gpu::Hotness),
+            ),
         ] {
             // Prompts copying; every step computing host experts on the host; and the same
             // with decode's device reading two of a row's host experts over the link.
@@ -332,9 +340,14 @@ fn hybrid_whole_steps_match_the_cpu() {
                 let mut dev = gpu::open(0).unwrap();
                 dev.stream_experts(Some(copy_from), None);
                 dev.read_host_experts(gpu::HostRead::Fixed(read));
-                let report = gpu::upload_model(&mut dev, model, &sel, budget).unwrap();
+                let report = gpu::upload_model(&mut dev, model, &sel, budget, hot).unwrap();
                 assert!(
                     report.streaming_buffer > 0 && report.experts_on_gpu < full.experts_on_gpu,
+                    "{what}: {report}"
+                );
+                assert_eq!(
+                    report.routes_on_gpu.is_some(),
+                    hot.is_some(),
                     "{what}: {report}"
                 );
                 let dev = Arc::new(dev);
@@ -455,7 +468,7 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
         let (what, model, tokens, cpu, noise, n_vocab) =
             (&r.what, &r.model, &r.tokens, &r.cpu, r.noise, r.n_vocab);
         let mut dev = gpu::open(0).unwrap();
-        gpu::upload_model(&mut dev, model, &whole(model), u64::MAX).unwrap();
+        gpu::upload_model(&mut dev, model, &whole(model), u64::MAX, None).unwrap();
         let dev = Arc::new(dev);
         let whole_dev = match gpu::whole_model(dev.clone(), model) {
             Ok(w) => w,
