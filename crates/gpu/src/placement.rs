@@ -200,7 +200,7 @@ pub fn upload_model(
     let uploads = chosen_uploads(&shape, left, &every, hot);
     if let Some(hot) = hot {
         let layered = chosen_uploads(&shape, left, &every, None);
-        report.routes_on_gpu = route_shares(&shape, &uploads, &layered, hot);
+        report.routes_on_gpu = route_shares(&shape, &every, &uploads, &layered, hot);
     }
     let mut on_gpu = vec![Vec::new(); layers.len()];
     for (i, run) in uploads {
@@ -273,7 +273,7 @@ pub fn upload_held_experts(
     let uploads = chosen_uploads(&shape, budget, held, hot);
     if let Some(hot) = hot {
         let layered = chosen_uploads(&shape, budget, held, None);
-        report.routes_on_gpu = route_shares(&shape, &uploads, &layered, hot);
+        report.routes_on_gpu = route_shares(&shape, held, &uploads, &layered, hot);
     }
     let mut on_gpu = vec![Vec::new(); layers.len()];
     for (i, run) in uploads {
@@ -364,11 +364,12 @@ fn stack_pieces<'m>(
     pieces
 }
 
-/// The share of the profile's routes (over `layers`) that reach experts `uploads` put on the
-/// device, and that the layer-by-layer order's `layered` would have; `None` for a profile
-/// without routes there.
+/// The share of the profile's routes to `candidate` experts (of `layers`) that reach experts
+/// `uploads` put on the device, and that the layer-by-layer order's `layered` would have;
+/// `None` for a profile without such routes.
 fn route_shares(
     layers: &[(usize, usize, u64)],
+    candidate: &dyn Fn(usize, usize) -> bool,
     uploads: &[(usize, std::ops::Range<usize>)],
     layered: &[(usize, std::ops::Range<usize>)],
     hot: Hotness,
@@ -380,7 +381,11 @@ fn route_shares(
     };
     let total: u64 = layers
         .iter()
-        .flat_map(|&(il, n, _)| (0..n).map(move |e| hot(il, e)))
+        .flat_map(|&(il, n, _)| {
+            (0..n)
+                .filter(move |&e| candidate(il, e))
+                .map(move |e| hot(il, e))
+        })
         .sum();
     (total > 0).then(|| {
         (
@@ -568,10 +573,21 @@ mod tests {
         let layered = chosen_uploads(&layers, 40, &every, None);
         // 95 routes: 60 on (1, 3), 5 on each other; placed takes (1, 3) and three of the
         // fives, layered takes layer 0's four.
-        let (p, l) = route_shares(&layers, &placed, &layered, &counts).unwrap();
+        let (p, l) = route_shares(&layers, &every, &placed, &layered, &counts).unwrap();
         assert!((p - 75.0 / 95.0).abs() < 1e-12, "{p}");
         assert!((l - 20.0 / 95.0).abs() < 1e-12, "{l}");
-        assert_eq!(route_shares(&layers, &placed, &layered, &|_, _| 0), None);
+        assert_eq!(
+            route_shares(&layers, &every, &placed, &layered, &|_, _| 0),
+            None
+        );
+        // A rank's share counts the routes to the experts it holds only: of layer 1's odd
+        // experts (5 + 60), (1, 3) is on the device.
+        let odd_of_1 = |l: usize, e: usize| l == 1 && e % 2 == 1;
+        let placed = chosen_uploads(&layers, 10, &odd_of_1, Some(&counts));
+        let layered = chosen_uploads(&layers, 10, &odd_of_1, None);
+        let (p, l) = route_shares(&layers, &odd_of_1, &placed, &layered, &counts).unwrap();
+        assert!((p - 60.0 / 65.0).abs() < 1e-12, "{p}");
+        assert!((l - 5.0 / 65.0).abs() < 1e-12, "{l}");
     }
 
     #[test]
