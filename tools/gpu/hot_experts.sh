@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Routed experts placed on the GPU by a routing profile (`--expert-profile`, hottest first)
 # against layer by layer, on the device host, one call. qwen3-30b-a3b synth: a profile recorded
-# on tools/bench/code_edit_prompt.txt plus 64 generated tokens (the CPU, streaming), then
-# `bench -p 512 -n 64 -r 2` with --gpu at each of MEMS (5GiB 9.9GiB), layered and profiled
-# alternating for ROUNDS rounds (2), --gpu-host-read auto; each run's GPU line says which share
-# of the profile's routes reach GPU experts either way. SUITE=1 runs the GPU suite first.
+# on tools/bench/code_edit_prompt.txt plus 64 generated tokens (the CPU, streaming; PACK/q30.profile
+# if the pack has one), then
+# at each of MEMS (3GiB 9.9GiB), layered and profiled alternating for ROUNDS rounds (2),
+# --gpu-host-read auto: `run` decoding 128 tokens of another text (PACK/eval_prompt.txt, or the
+# profile's own), whose GPU line says which share of the profile's routes reach GPU experts
+# either way, and `bench -p 512 -n 64 -r 2` (random tokens). SUITE=1 runs the GPU suite first.
 #
 # Prepare here as for tools/gpu/hybrid_decode.sh (PACK/bins.tar.xz with moeshard_new, and
 # gpu_kernels and gpu_model for SUITE=1; PACK/fixtures.tar.xz). Run there:
@@ -20,19 +22,30 @@ if [ "${SUITE:-0}" = 1 ]; then
     grep -E "test result|panicked|FAILED|hottest" | cut -c1-300
 fi
 wait; date +%T
-rm -f $PROFILE
-timeout 200 $N run -m $Q -t 16 --ssd-streaming --save-expert-profile $PROFILE \
-  -p "$(cat "$R/tools/bench/code_edit_prompt.txt")" -n 64 --temp 0 > /dev/null 2> /var/tmp/profile.err ||
-  tail -3 /var/tmp/profile.err
+# The profile recorded elsewhere on the same synth file (synth is deterministic) when the pack
+# has one, else here.
+if [ -s "$P/q30.profile" ]; then
+  cp "$P/q30.profile" $PROFILE
+else
+  rm -f $PROFILE
+  timeout 200 $N run -m $Q -t 16 --ssd-streaming --save-expert-profile $PROFILE \
+    -p "$(cat "$R/tools/bench/code_edit_prompt.txt")" -n 64 --temp 0 > /dev/null 2> /var/tmp/profile.err ||
+    tail -3 /var/tmp/profile.err
+fi
 echo "== profile: $(sed -n 4p $PROFILE), $(($(wc -l < $PROFILE) - 4)) (layer, expert) pairs routed"
 date +%T
+# Decode of a text the profile was not recorded on (PACK/eval_prompt.txt when the pack has one:
+# the profile then comes from PACK/profile_prompt.txt), and bench's pp512/tg64.
+EVAL="$R/tools/bench/code_edit_prompt.txt"; [ -s "$P/eval_prompt.txt" ] && EVAL="$P/eval_prompt.txt"
 for round in $(seq ${ROUNDS:-2}); do
-  for mem in ${MEMS:-5GiB 9.9GiB}; do
+  for mem in ${MEMS:-3GiB 9.9GiB}; do
     for how in layered profiled; do
       extra=; [ $how = profiled ] && extra="--expert-profile $PROFILE"
-      echo "== $how, --gpu-mem $mem, round $round: $(timeout 150 $N bench -m $Q -t 16 --gpu \
-        --gpu-mem $mem $extra -p 512 -n 64 -r 2 2>&1 |
-        grep -E 'pp512|tg64|^GPU [0-9].*routed' | sed 's/.*routed experts/routed experts/' | tr '\n' ' ')"
+      echo "== $how, --gpu-mem $mem, round $round: $(timeout 150 $N run -m $Q -t 16 --gpu \
+        --gpu-mem $mem $extra -p "$(cat "$EVAL")" -n 128 --temp 0 --ignore-eos 2>&1 > /dev/null |
+        grep -E '^GPU [0-9].*routed|generation:' | sed 's/.*routed experts/routed experts/' | tr '\n' ' ')"
+      echo "   bench: $(timeout 150 $N bench -m $Q -t 16 --gpu --gpu-mem $mem $extra -p 512 -n 64 \
+        -r 2 2>&1 | grep -E 'pp512|tg64' | tr '\n' ' ')"
     done
   done
 done
