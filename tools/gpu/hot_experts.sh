@@ -6,7 +6,8 @@
 # at each of MEMS (3GiB 9.9GiB), layered and profiled alternating for ROUNDS rounds (2),
 # --gpu-host-read auto: `run` decoding 128 tokens of another text (PACK/eval_prompt.txt, or the
 # profile's own), whose GPU line says which share of the profile's routes reach GPU experts
-# either way, and `bench -p 512 -n 64 -r 2` (random tokens). SUITE=1 runs the GPU suite first.
+# either way, and `bench -p 512 -n 64 -r 2` (random tokens). SUITE=1 runs the GPU suite first
+# (SUITE_FILTER=NAME: gpu_model's tests of that name only).
 #
 # Prepare here as for tools/gpu/hybrid_decode.sh (PACK/bins.tar.xz with moeshard_new, and
 # gpu_kernels and gpu_model for SUITE=1; PACK/fixtures.tar.xz). Run there:
@@ -17,8 +18,9 @@ N=/var/tmp/b/moeshard_new Q=/tmp/q30.gguf PROFILE=/tmp/q30.profile
 ( [ -s $Q ] || timeout 300 $N synth --preset qwen3-30b-a3b $Q > /dev/null; cat $Q > /dev/null ) &
 if [ "${SUITE:-0}" = 1 ]; then
   echo "== suite"
-  timeout 120 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
-  timeout 300 /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 |
+  [ -z "$SUITE_FILTER" ] &&
+    timeout 120 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
+  timeout 300 /var/tmp/b/gpu_model --nocapture --test-threads 1 $SUITE_FILTER 2>&1 |
     grep -E "test result|panicked|FAILED|hottest" | cut -c1-300
 fi
 wait; date +%T
