@@ -20,7 +20,7 @@ if [ "${SUITE:-0}" = 1 ]; then
   echo "== suite"
   [ -z "$SUITE_FILTER" ] &&
     timeout 120 /var/tmp/b/gpu_kernels --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
-  timeout 300 /var/tmp/b/gpu_model --nocapture --test-threads 1 $SUITE_FILTER 2>&1 |
+  timeout ${SUITE_TIMEOUT:-300} /var/tmp/b/gpu_model --nocapture --test-threads 1 $SUITE_FILTER 2>&1 |
     grep -E "test result|panicked|FAILED|hottest" | cut -c1-300
 fi
 wait; date +%T
