@@ -3,7 +3,7 @@
 # with one-row steps at positions 650-659 against the CPU), then qwen3-30b-a3b synth fully on
 # the GPU, moeshard_old against moeshard_new for ROUNDS rounds (1): `run` decoding 128 tokens
 # after PACK/eval_prompt.txt (2843 tokens) with MOESHARD_GPU_TIMING=1, and `bench -p 0 -n 128`
-# (decode from position 0).
+# (decode from position 0). SUITE_FILTER=NAME runs only gpu_model tests of that name.
 #
 # Prepare here as for tools/gpu/hybrid_decode.sh (PACK/bins.tar.xz with moeshard_new,
 # moeshard_old, gpu_model; PACK/fixtures.tar.xz; PACK/eval_prompt.txt). Run there:
@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; dat
 Q=/tmp/q30.gguf
 ( [ -s $Q ] || timeout 300 /var/tmp/b/moeshard_new synth --preset qwen3-30b-a3b $Q > /dev/null; cat $Q > /dev/null ) &
 echo "== gpu_model"
-timeout ${SUITE_TIMEOUT:-200} /var/tmp/b/gpu_model --nocapture --test-threads 1 2>&1 |
+timeout ${SUITE_TIMEOUT:-200} /var/tmp/b/gpu_model --nocapture --test-threads 1 $SUITE_FILTER 2>&1 |
   grep -E "test result|panicked|FAILED|positions 650" | cut -c1-300
 wait; date +%T
 for round in $(seq ${ROUNDS:-1}); do
