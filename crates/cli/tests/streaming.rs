@@ -190,11 +190,15 @@ fn a_saved_profile_preloads_and_generation_matches() {
 
 #[test]
 fn bad_streaming_flags_are_refused_with_a_reason() {
-    let m = fixture("olmoe", "model-q4_k.gguf");
-    let m = m.to_str().unwrap();
-    let fails = |args: &[&str], needle: &str| {
+    let olmoe = fixture("olmoe", "model-q4_k.gguf");
+    let dense = fixture("llama", "model-q4_k.gguf");
+    // `logits` of two tokens on `model` with `flags`: fails, saying `needle`.
+    let fails = |model: &std::path::Path, flags: &[&str], needle: &str| {
+        let m = model.to_str().unwrap();
+        let mut args = vec!["logits", "-m", m, "--tokens", "1,2", "--out", "/dev/null"];
+        args.extend_from_slice(flags);
         let out = std::process::Command::new(bin())
-            .args(args)
+            .args(&args)
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -203,84 +207,26 @@ fn bad_streaming_flags_are_refused_with_a_reason() {
             "{args:?}: {err}"
         );
     };
+    let streaming = ["--ssd-streaming", "--expert-cache"];
     fails(
-        &[
-            "logits",
-            "-m",
-            m,
-            "--tokens",
-            "1,2",
-            "--out",
-            "/dev/null",
-            "--ssd-streaming",
-            "--expert-cache",
-            "0",
-        ],
+        &olmoe,
+        &[&streaming[..], &["0"]].concat(),
         "at least one slot",
     );
     fails(
-        &[
-            "logits",
-            "-m",
-            m,
-            "--tokens",
-            "1,2",
-            "--out",
-            "/dev/null",
-            "--ssd-streaming",
-            "--expert-cache",
-            "5 parsecs",
-        ],
+        &olmoe,
+        &[&streaming[..], &["5 parsecs"]].concat(),
         "bad size",
     );
-    fails(
-        &[
-            "logits",
-            "-m",
-            m,
-            "--tokens",
-            "1,2",
-            "--out",
-            "/dev/null",
-            "--expert-cache",
-            "4",
-        ],
-        "--ssd-streaming",
-    );
+    fails(&olmoe, &["--expert-cache", "4"], "--ssd-streaming");
     // A routing profile places experts for streaming or a GPU; read before the GPU opens,
     // so a bad one is named even where no GPU is.
-    let profile_flags = |extra: &[&'static str]| {
-        let mut a = vec![
-            "logits",
-            "-m",
-            m,
-            "--tokens",
-            "1,2",
-            "--out",
-            "/dev/null",
-            "--expert-profile",
-            "/nonexistent/routing.profile",
-        ];
-        a.extend_from_slice(extra);
-        a
-    };
-    fails(&profile_flags(&[]), "--ssd-streaming or --gpu");
+    let profile = ["--expert-profile", "/nonexistent/routing.profile"];
+    fails(&olmoe, &profile, "--ssd-streaming or --gpu");
     fails(
-        &profile_flags(&["--gpu"]),
+        &olmoe,
+        &[&profile[..], &["--gpu"]].concat(),
         "--expert-profile /nonexistent/routing.profile",
     );
-    let dense = fixture("llama", "model-q4_k.gguf");
-    fails(
-        &[
-            "logits",
-            "-m",
-            dense.to_str().unwrap(),
-            "--tokens",
-            "1,2",
-            "--out",
-            "/dev/null",
-            "--ssd-streaming",
-        ],
-        "no routed experts",
-    );
+    fails(&dense, &["--ssd-streaming"], "no routed experts");
 }
