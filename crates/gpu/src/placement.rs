@@ -185,34 +185,8 @@ pub fn upload_model(
             left -= reserve;
         }
     }
-    experts.sort_by_key(|c| c.layer);
-    let layers: Vec<&[Candidate]> = experts.chunk_by(|a, b| a.layer == b.layer).collect();
-    let shape: Vec<(usize, usize, u64)> = layers
-        .iter()
-        .map(|layer| {
-            let n_expert = layer.iter().filter_map(|c| c.n_expert).min().unwrap_or(1);
-            let n_expert = n_expert.max(1);
-            let per_expert = layer.iter().map(|c| (c.bytes.len() / n_expert) as u64);
-            (layer[0].layer.unwrap_or(0), n_expert, per_expert.sum())
-        })
-        .collect();
     let every = |_: usize, _: usize| true;
-    let uploads = chosen_uploads(&shape, left, &every, hot);
-    if let Some(hot) = hot {
-        let layered = chosen_uploads(&shape, left, &every, None);
-        report.routes_on_gpu = route_shares(&shape, &every, &uploads, &layered, hot);
-    }
-    let mut on_gpu = vec![Vec::new(); layers.len()];
-    for (i, run) in uploads {
-        on_gpu[i].push(run);
-    }
-    let mut host_experts: Vec<&[u8]> = Vec::new();
-    for ((layer, &(_, n_expert, per_expert)), runs) in layers.iter().zip(&shape).zip(&on_gpu) {
-        device.upload_pieces(owner.clone(), &stack_pieces(layer, n_expert, runs))?;
-        report.experts_on_gpu += per_expert * runs.iter().map(|r| r.len() as u64).sum::<u64>();
-        let host = held_runs(n_expert, |e| !runs.iter().any(|r| r.contains(&e)));
-        host_experts.extend(stack_pieces(layer, n_expert, &host));
-    }
+    let host_experts = upload_routed(device, &owner, &mut experts, left, &every, hot, &mut report)?;
     if report.streaming_buffer > 0 {
         report.host_locked = lock_host_experts(device, &owner, &host_experts);
     }
@@ -260,30 +234,53 @@ pub fn upload_held_experts(
             n_expert: Some(n_expert),
         });
     }
+    upload_routed(device, &owner, &mut stacks, budget, held, hot, &mut report)?;
+    Ok(report)
+}
+
+/// Uploads the routed expert stacks' experts that `candidate` marks, within `budget`, in
+/// [`chosen_uploads`]' order, one device allocation per layer; counts them (and, with `hot`,
+/// the profile's share of routes on the device) in `report`. Returns the pieces of the stacks
+/// left on the host.
+fn upload_routed<'m>(
+    device: &mut CudaOffload,
+    owner: &Arc<dyn std::any::Any + Send + Sync>,
+    stacks: &mut [Candidate<'m>],
+    budget: u64,
+    candidate: &dyn Fn(usize, usize) -> bool,
+    hot: Option<Hotness>,
+    report: &mut OffloadReport,
+) -> Result<Vec<&'m [u8]>, GpuError> {
     stacks.sort_by_key(|c| c.layer);
-    let layers: Vec<&[Candidate]> = stacks.chunk_by(|a, b| a.layer == b.layer).collect();
+    let layers: Vec<&[Candidate<'m>]> = stacks.chunk_by(|a, b| a.layer == b.layer).collect();
     let shape: Vec<(usize, usize, u64)> = layers
         .iter()
         .map(|layer| {
             let n_expert = layer.iter().filter_map(|c| c.n_expert).min().unwrap_or(1);
+            let n_expert = n_expert.max(1);
             let per_expert = layer.iter().map(|c| (c.bytes.len() / n_expert) as u64);
             (layer[0].layer.unwrap_or(0), n_expert, per_expert.sum())
         })
         .collect();
-    let uploads = chosen_uploads(&shape, budget, held, hot);
+    let uploads = chosen_uploads(&shape, budget, candidate, hot);
     if let Some(hot) = hot {
-        let layered = chosen_uploads(&shape, budget, held, None);
-        report.routes_on_gpu = route_shares(&shape, held, &uploads, &layered, hot);
+        let layered = chosen_uploads(&shape, budget, candidate, None);
+        report.routes_on_gpu = route_shares(&shape, candidate, &uploads, &layered, hot);
     }
     let mut on_gpu = vec![Vec::new(); layers.len()];
     for (i, run) in uploads {
         on_gpu[i].push(run);
     }
-    for ((layer, &(_, n_expert, per_expert)), runs) in layers.iter().zip(&shape).zip(&on_gpu) {
+    let mut host = Vec::new();
+    for ((layer, &(il, n_expert, per_expert)), runs) in layers.iter().zip(&shape).zip(&on_gpu) {
         device.upload_pieces(owner.clone(), &stack_pieces(layer, n_expert, runs))?;
         report.experts_on_gpu += per_expert * runs.iter().map(|r| r.len() as u64).sum::<u64>();
+        let left = held_runs(n_expert, |e| {
+            candidate(il, e) && !runs.iter().any(|r| r.contains(&e))
+        });
+        host.extend(stack_pieces(layer, n_expert, &left));
     }
-    Ok(report)
+    Ok(host)
 }
 
 /// How often the routing profile saw each (layer, expert) routed (`--expert-profile`).
