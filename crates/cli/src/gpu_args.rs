@@ -114,7 +114,7 @@ pub fn rank_offload(
     let make = move |model: &Arc<Model>, held: &dyn Fn(usize, usize) -> bool| {
         let profile = expert_profile
             .as_deref()
-            .map(|p| routing_profile(p, model))
+            .map(|p| crate::streaming_args::routing_profile(p, model))
             .transpose()?;
         let opened = first.lock().ok().and_then(|mut d| d.take());
         let mut device = match opened {
@@ -145,24 +145,6 @@ pub fn rank_offload(
     )))
 }
 
-/// The routing profile at `path` (`--expert-profile`), checked to be of `model`'s file and
-/// shape, so that its counts name this model's (layer, expert) pairs.
-fn routing_profile(path: &Path, model: &Model) -> anyhow::Result<experts::Profile> {
-    let fingerprint = model.files().fingerprint().to_string();
-    let profile = experts::Profile::load(path, &fingerprint)
-        .with_context(|| format!("--expert-profile {}", path.display()))?;
-    let n_expert = model.hp.moe.as_ref().map_or(0, |m| m.n_expert);
-    anyhow::ensure!(
-        profile.n_layer == model.n_layer() && profile.n_expert == n_expert,
-        "--expert-profile {}: shape {} × {}, the model has {} layers × {n_expert} routed experts",
-        path.display(),
-        profile.n_layer,
-        profile.n_expert,
-        model.n_layer()
-    );
-    Ok(profile)
-}
-
 /// `compute` with the GPU of these flags attached and `sel`'s weights copied to it, or
 /// `compute` unchanged without `--gpu`.
 pub fn attach(
@@ -176,7 +158,7 @@ pub fn attach(
         return Ok(compute);
     };
     let profile = expert_profile
-        .map(|p| routing_profile(p, model))
+        .map(|p| crate::streaming_args::routing_profile(p, model))
         .transpose()?;
     let t0 = std::time::Instant::now();
     let mut device = gpu::open(ordinal).with_context(|| format!("--gpu {ordinal}"))?;

@@ -83,16 +83,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         cluster::tp::expert_plan::MAX_PLACED_RANKS
     );
     let fingerprint = files.fingerprint().to_string();
-    let profile = experts::Profile::load(&args.expert_profile, &fingerprint)
-        .with_context(|| format!("--expert-profile {}", args.expert_profile.display()))?;
-    ensure!(
-        profile.n_layer == model.n_layer() && profile.n_expert == n_expert,
-        "--expert-profile {}: shape {} × {}, the model has {} layers × {n_expert} experts",
-        args.expert_profile.display(),
-        profile.n_layer,
-        profile.n_expert,
-        model.n_layer()
-    );
+    let profile = crate::streaming_args::routing_profile(&args.expert_profile, &model)?;
     // Bytes of one expert per routed layer (0 for dense layers).
     let expert_bytes: Vec<u64> = (0..model.n_layer())
         .map(|l| match model.layer(l).map(|l| &l.ffn) {

@@ -1,10 +1,11 @@
-//! SSD expert streaming flags (`--ssd-streaming`, cache size, preload, profiles) and the
-//! streamed expert source they build.
+//! SSD expert streaming flags (`--ssd-streaming`, cache size, preload, profiles), the
+//! streamed expert source they build, and the routing profiles `--gpu` and `plan` place by.
 
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use anyhow::Context;
 use experts::{CacheSize, StreamedExperts, StreamingOptions};
 use model::experts::ExpertSink;
 use model::{ExpertSource, KvType, Model};
@@ -183,4 +184,22 @@ impl Drop for ReportAtExit {
             eprintln!("  {k}: {v:.4}");
         }
     }
+}
+
+/// The routing profile at `path` (`--expert-profile`), checked to be of `model`'s file and
+/// shape, so that its counts name this model's (layer, expert) pairs.
+pub fn routing_profile(path: &std::path::Path, model: &Model) -> anyhow::Result<experts::Profile> {
+    let fingerprint = model.files().fingerprint().to_string();
+    let profile = experts::Profile::load(path, &fingerprint)
+        .with_context(|| format!("--expert-profile {}", path.display()))?;
+    let n_expert = model.hp.moe.as_ref().map_or(0, |m| m.n_expert);
+    anyhow::ensure!(
+        profile.n_layer == model.n_layer() && profile.n_expert == n_expert,
+        "--expert-profile {}: shape {} × {}, the model has {} layers × {n_expert} routed experts",
+        path.display(),
+        profile.n_layer,
+        profile.n_expert,
+        model.n_layer()
+    );
+    Ok(profile)
 }
