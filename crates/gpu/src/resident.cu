@@ -187,59 +187,88 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
     }
 }
 
-// Causal attention of row t's query head h over positions 0..=row_pos[t] of its mirror:
-// scores (scaled dot products) into `scores` (ctx_cap floats per row and head), softmax, the
-// weighted sum of values. Grid (heads, rows); block 256 threads, a warp per position.
-extern "C" __global__ void attention(const float* __restrict__ q, float* __restrict__ out,
-                                     const u64* __restrict__ row_k,
-                                     const u64* __restrict__ row_v,
-                                     const u64* __restrict__ row_stride,
-                                     const unsigned int* __restrict__ row_pos, int layer, int nh,
-                                     int nkv, int dk, int dv, float scale,
-                                     float* __restrict__ scores, long long ctx_cap) {
+// Positions of a row's sequence that one block of `attention` takes.
+#define SPLIT_POSITIONS 128
+
+// Causal attention of row t's query head h over positions 0..=row_pos[t] of its mirror, split
+// over the sequence (flash-decoding): block (h, split s) of row t takes positions
+// [s·SPLIT_POSITIONS, (s+1)·SPLIT_POSITIONS), a warp per position, and writes its scores' max m,
+// the sum l of exp(score − m) and the unnormalized weighted sum of values to `parts` (per row,
+// head and split: 2 + dv floats); the last block of the row and head to finish (a counter per
+// row and head, reset by that block) combines the splits. One block per head over the whole
+// sequence made a decode step a chain of position after position: 22.4 ms for qwen3-30b-a3b at
+// 2843 positions on an H100 against 3.7 ms at 16. Splits past the row's position do nothing.
+// Grid (heads × splits, rows); block 256 threads.
+extern "C" __global__ void __launch_bounds__(256) attention(
+    const float* __restrict__ q, float* __restrict__ out, const u64* __restrict__ row_k,
+    const u64* __restrict__ row_v, const u64* __restrict__ row_stride,
+    const unsigned int* __restrict__ row_pos, int layer, int nh, int nkv, int dk, int dv,
+    float scale, float* __restrict__ parts, unsigned int* __restrict__ counts, int splits) {
     __shared__ float partial[32];
+    __shared__ float sc[SPLIT_POSITIONS];
     __shared__ float acc_w[8][MAX_DV];
-    const int h = blockIdx.x, t = blockIdx.y;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    __shared__ bool last;
+    const int h = blockIdx.x / splits, s = blockIdx.x % splits, t = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kh = h / (nh / nkv);
     const int kd = nkv * dk, vd = nkv * dv;
     // The row's position and cache addresses came in with the step: read before the wait,
     // they are not one more memory latency before the first key.
     const long long n_pos = (long long)row_pos[t] + 1;
+    const int active = (int)((n_pos + SPLIT_POSITIONS - 1) / SPLIT_POSITIONS);
     const float* kbase = (const float*)row_k[t] + (long long)layer * row_stride[t] * kd + kh * dk;
     const float* vbase = (const float*)row_v[t] + (long long)layer * row_stride[t] * vd + kh * dv;
     pdl_wait_then_release();
+    if (s >= active) return;
+    const long long p0 = (long long)s * SPLIT_POSITIONS;
+    const int here = n_pos - p0 < SPLIT_POSITIONS ? (int)(n_pos - p0) : SPLIT_POSITIONS;
     const float* qh = q + ((long long)t * nh + h) * dk;
-    float* sc = scores + ((long long)t * nh + h) * ctx_cap;
-    float m = -INFINITY;
-    for (long long p = warp; p < n_pos; p += warps) {
-        const float* kr = kbase + p * kd;
-        float dot = 0.0f;
-        for (int c = lane; c < dk; c += 32) dot += qh[c] * kr[c];
+    float qv[MAX_DV / 32];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        dot *= scale;
-        if (lane == 0) sc[p] = dot;
-        m = fmaxf(m, dot);
+    for (int j = 0; j < MAX_DV / 32; j++) {
+        const int c = lane + 32 * j;
+        qv[j] = c < dk ? qh[c] : 0.0f;
+    }
+    // A warp's positions are independent: unrolled, their loads are in flight together.
+    float m = -INFINITY;
+#pragma unroll 4
+    for (int i = warp; i < SPLIT_POSITIONS; i += 8) {
+        if (i < here) {
+            const float* kr = kbase + (p0 + i) * kd;
+            float dot = 0.0f;
+#pragma unroll
+            for (int j = 0; j < MAX_DV / 32; j++) {
+                const int c = lane + 32 * j;
+                if (c < dk) dot += qv[j] * kr[c];
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            dot *= scale;
+            if (lane == 0) sc[i] = dot;
+            m = fmaxf(m, dot);
+        }
     }
     m = block_max(m, partial);
-    float sum = 0.0f;
-    for (long long p = threadIdx.x; p < n_pos; p += blockDim.x) {
-        const float e = expf(sc[p] - m);
-        sc[p] = e;
-        sum += e;
+    float e_sum = 0.0f;
+    for (int i = threadIdx.x; i < here; i += blockDim.x) {
+        const float e = expf(sc[i] - m);
+        sc[i] = e;
+        e_sum += e;
     }
-    sum = block_sum(sum, partial);
+    const float l = block_sum(e_sum, partial);
     float acc[MAX_DV / 32];
 #pragma unroll
     for (int j = 0; j < MAX_DV / 32; j++) acc[j] = 0.0f;
-    for (long long p = warp; p < n_pos; p += warps) {
-        const float e = sc[p];
-        const float* vr = vbase + p * vd;
+#pragma unroll 4
+    for (int i = warp; i < SPLIT_POSITIONS; i += 8) {
+        if (i < here) {
+            const float e = sc[i];
+            const float* vr = vbase + (p0 + i) * vd;
 #pragma unroll
-        for (int j = 0; j < MAX_DV / 32; j++) {
-            const int c = lane + 32 * j;
-            if (c < dv) acc[j] += e * vr[c];
+            for (int j = 0; j < MAX_DV / 32; j++) {
+                const int c = lane + 32 * j;
+                if (c < dv) acc[j] += e * vr[c];
+            }
         }
     }
 #pragma unroll
@@ -248,10 +277,44 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
         if (c < dv) acc_w[warp][c] = acc[j];
     }
     __syncthreads();
+    const long long head = (long long)t * nh + h;
+    float* part = parts + (head * splits + s) * (2 + dv);
     for (int c = threadIdx.x; c < dv; c += blockDim.x) {
         float total = 0.0f;
-        for (int w = 0; w < warps; w++) total += acc_w[w][c];
-        out[((long long)t * nh + h) * dv + c] = total / sum;
+#pragma unroll
+        for (int w = 0; w < 8; w++) total += acc_w[w][c];
+        part[2 + c] = total;
+    }
+    if (threadIdx.x == 0) {
+        part[0] = m;
+        part[1] = l;
+    }
+    // Every thread's writes are out before the block counts itself done.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned int before = atomicAdd(counts + head, 1u);
+        last = before + 1 == (unsigned int)active;
+        if (last) counts[head] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float* first = parts + head * splits * (2 + dv);
+    float mx = -INFINITY;
+    for (int j = 0; j < active; j++) mx = fmaxf(mx, __ldcg(first + j * (2 + dv)));
+    float denom = 0.0f;
+    for (int j = 0; j < active; j++) {
+        const float* pj = first + j * (2 + dv);
+        denom += __ldcg(pj + 1) * expf(__ldcg(pj) - mx);
+    }
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+        float total = 0.0f;
+        for (int j = 0; j < active; j++) {
+            const float* pj = first + j * (2 + dv);
+            total += __ldcg(pj + 2 + c) * expf(__ldcg(pj) - mx);
+        }
+        out[head * dv + c] = total / denom;
     }
 }
 

@@ -523,6 +523,31 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
             let long_what = format!("{what} (660 tokens in 2 steps)");
             let (how, _) = check_close(&got, &want, n_vocab, &long_what, noise);
             eprintln!("{long_what}: {how}");
+            // Decode after them: one-row steps whose attention splits the sequence (128
+            // positions a block: six splits, the last partly filled, and idle ones past it).
+            let decode = |cx: &Compute| {
+                let last = model.n_layer() - 1;
+                let kv_layout = model.kv_layout(model::KvType::F32, 0..=last, 1024);
+                let mut kv = model::KvCache::new(kv_layout);
+                common::forward_logits(model, cx, &mut kv, &long[..330]);
+                common::forward_logits(model, cx, &mut kv, &long[330..650]);
+                let mut out = Vec::new();
+                for t in &long[650..660] {
+                    out.extend(common::forward_logits(model, cx, &mut kv, &[*t]));
+                }
+                out
+            };
+            let before = whole_dev.steps();
+            let got = decode(&on_gpu);
+            assert_eq!(
+                whole_dev.steps() - before,
+                12,
+                "{what}: steps that ran whole"
+            );
+            let want = decode(cpu);
+            let decode_what = format!("{what} (one-row steps at positions 650-659)");
+            let (how, _) = check_close(&got, &want, n_vocab, &decode_what, noise);
+            eprintln!("{decode_what}: {how}");
         }
         ran += 1;
     });

@@ -20,6 +20,14 @@ use crate::supports;
 const DESC_FIELDS: usize = 18;
 /// As in resident.cu: the most routed experts of a layer.
 const MAX_EXPERTS: usize = 512;
+
+/// Positions one block of the `attention` kernel takes (resident.cu `SPLIT_POSITIONS`).
+const SPLIT_POSITIONS: usize = 128;
+
+/// The splits of `attention` over a mirror of `ctx` positions.
+pub(super) fn attention_splits(ctx: usize) -> usize {
+    ctx.div_ceil(SPLIT_POSITIONS).max(1)
+}
 /// Sequences whose caches stay mirrored on the device.
 const MIRRORS: usize = 8;
 
@@ -300,7 +308,12 @@ struct Offsets {
     att: usize,
     att_q8k: usize,
     att_q80: usize,
+    /// A row's attention scores per head (the grouped kernel), or its splits' partial sums
+    /// (`attention`: per head and split, the scores' max, the sum of their exponentials and
+    /// dk weighted values).
     scores: usize,
+    /// Per row and head, the splits of `attention` done so far (zero between steps).
+    split_counts: usize,
     router_logits: usize,
     slot_row: usize,
     gather: usize,
@@ -383,9 +396,9 @@ impl ResidentModel {
             attn_scale: scale,
             n_vocab,
         } = plan;
-        if d * 4 > 48 * 1024 || nh * dk * 4 > 48 * 1024 || dk > 1024 || nkv == 0 || nh % nkv != 0 {
+        if d * 4 > 48 * 1024 || nh * dk * 4 > 48 * 1024 || dk > 512 || nkv == 0 || nh % nkv != 0 {
             return Err(format!(
-                "{d} wide rows of {nh} heads of {dk} (at most 12288 values a row, 1024 a head)"
+                "{d} wide rows of {nh} heads of {dk} (at most 12288 values a row, 512 a head)"
             ));
         }
         let mut constants: Vec<CudaSlice<u8>> = Vec::new();
@@ -700,7 +713,8 @@ impl ResidentModel {
             att: a.take(4 * n * nh * dk),
             att_q8k: a.take(n * q8k(nh * dk)),
             att_q80: a.take(n * q80(nh * dk)),
-            scores: a.take(4 * scored * nh * ctx),
+            scores: a.take(4 * scored * nh * ctx.max(attention_splits(ctx) * (2 + dk))),
+            split_counts: a.take(4 * scored * nh),
             router_logits: a.take(4 * n * self.max_expert.max(1)),
             slot_row: a.take(4 * slots),
             gather: a.take(4 * slots),

@@ -356,6 +356,8 @@ impl model::LayerDevice for ResidentModel {
                 }
                 {
                     let (q_at, att_at, sc_at) = (at(o.q), at(o.att), at(o.scores));
+                    let splits = super::attention_splits(ctx_cap);
+                    let (counts_at, splits_i) = (at(o.split_counts), splits as i32);
                     let cap = ctx_cap as i64;
                     let scale = self.scale;
                     // Heads that share a kv head (up to 8, head dim up to 256) read its keys
@@ -377,7 +379,7 @@ impl model::LayerDevice for ResidentModel {
                     } else if grouped {
                         (&self.f.attention_grouped, (nkv as u32, n as u32))
                     } else {
-                        (&self.f.attention, (self.nh as u32, n as u32))
+                        (&self.f.attention, ((self.nh * splits) as u32, n as u32))
                     };
                     let n_i = n as i32;
                     let mut b = Launch::new(f);
@@ -394,7 +396,7 @@ impl model::LayerDevice for ResidentModel {
                             .arg(&nkv_i)
                             .arg(&dk_i)
                             .arg(&scale);
-                    } else {
+                    } else if grouped {
                         b.arg(&il_i)
                             .arg(&nh_i)
                             .arg(&nkv_i)
@@ -403,16 +405,33 @@ impl model::LayerDevice for ResidentModel {
                             .arg(&scale)
                             .arg(&sc_at)
                             .arg(&cap);
+                    } else {
+                        b.arg(&il_i)
+                            .arg(&nh_i)
+                            .arg(&nkv_i)
+                            .arg(&dk_i)
+                            .arg(&dk_i)
+                            .arg(&scale)
+                            .arg(&sc_at)
+                            .arg(&counts_at)
+                            .arg(&splits_i);
                     }
                     // SAFETY: attention_tile: one block per (kv head, tile of rows of the one
                     // sequence); each reads its rows' q (n × nh × dk floats in the arena) and
                     // the sequence's mirror up to the tile's last position (< capacity), and
                     // writes dk floats of `att` per row and head; dk ≤ AT_DK and a multiple of
-                    // 4, so its 16-byte loads stay aligned (256-byte aligned bases). The others:
-                    // one block per (head or kv head, row); each reads its row's mirror up to
-                    // its position (< capacity) and writes dk floats of `att` per head and at
-                    // most ctx_cap scores per head (every position ≤ ctx_needed ≤ ctx_cap); the
-                    // grouped kernel's shared arrays hold 8 heads of 256 floats.
+                    // 4, so its 16-byte loads stay aligned (256-byte aligned bases).
+                    // attention_grouped: one block per (kv head, row); it reads its row's mirror
+                    // up to its position (< capacity) and writes dk floats of `att` per head and
+                    // at most ctx_cap scores per head (every position ≤ ctx_needed ≤ ctx_cap);
+                    // its shared arrays hold 8 heads of 256 floats. attention: one block per
+                    // (head and split of ctx_cap, row), splits · SPLIT_POSITIONS ≥ ctx_cap; it
+                    // reads its split's positions of the row's mirror (below its position,
+                    // < capacity), writes 2 + dk floats of partial sums in the scores region
+                    // (sized for n rows × heads × splits of them) and counts itself in the
+                    // row's and head's counter (n × heads u32, zeroed with the arena and by
+                    // each last block); the last writes dk floats of `att` (dk ≤ MAX_DV,
+                    // checked when the model was built).
                     unsafe { b.launch(cu, cfg(grid, 256, 0), overlap()) }
                         .map_err(|e| launch_err("attention", e))?;
                 }
