@@ -190,6 +190,45 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
 // Positions of a row's sequence that one block of `attention` takes.
 #define SPLIT_POSITIONS 128
 
+// Whether this block is the last of `active` split blocks to finish its share (after writing
+// its partial sums, which every thread has done): a counter per row and head (or kv head),
+// which the last block resets for the next step. Uniform across the block.
+__device__ __forceinline__ bool last_split_done(unsigned int* count, int active, bool* last) {
+    // Every thread's writes are out before the block counts itself done.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned int before = atomicAdd(count, 1u);
+        *last = before + 1 == (unsigned int)active;
+        if (*last) *count = 0;
+    }
+    __syncthreads();
+    if (*last) __threadfence();
+    return *last;
+}
+
+// One head's output from its splits' partial sums (`active` records of 2 + dv floats from
+// `first`: the split's score maximum m, the sum l of exp(score - m), dv weighted values):
+// every split rescaled to the largest maximum. Read past L1 (another block wrote them).
+__device__ __forceinline__ void combine_splits(const float* first, int active, int dv,
+                                               float* out) {
+    float mx = -INFINITY;
+    for (int j = 0; j < active; j++) mx = fmaxf(mx, __ldcg(first + j * (2 + dv)));
+    float denom = 0.0f;
+    for (int j = 0; j < active; j++) {
+        const float* pj = first + j * (2 + dv);
+        denom += __ldcg(pj + 1) * expf(__ldcg(pj) - mx);
+    }
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+        float total = 0.0f;
+        for (int j = 0; j < active; j++) {
+            const float* pj = first + j * (2 + dv);
+            total += __ldcg(pj + 2 + c) * expf(__ldcg(pj) - mx);
+        }
+        out[c] = total / denom;
+    }
+}
+
 // Causal attention of row t's query head h over positions 0..=row_pos[t] of its mirror, split
 // over the sequence (flash-decoding): block (h, split s) of row t takes positions
 // [s·SPLIT_POSITIONS, (s+1)·SPLIT_POSITIONS), a warp per position, and writes its scores' max m,
@@ -289,33 +328,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(
         part[0] = m;
         part[1] = l;
     }
-    // Every thread's writes are out before the block counts itself done.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned int before = atomicAdd(counts + head, 1u);
-        last = before + 1 == (unsigned int)active;
-        if (last) counts[head] = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const float* first = parts + head * splits * (2 + dv);
-    float mx = -INFINITY;
-    for (int j = 0; j < active; j++) mx = fmaxf(mx, __ldcg(first + j * (2 + dv)));
-    float denom = 0.0f;
-    for (int j = 0; j < active; j++) {
-        const float* pj = first + j * (2 + dv);
-        denom += __ldcg(pj + 1) * expf(__ldcg(pj) - mx);
-    }
-    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
-        float total = 0.0f;
-        for (int j = 0; j < active; j++) {
-            const float* pj = first + j * (2 + dv);
-            total += __ldcg(pj + 2 + c) * expf(__ldcg(pj) - mx);
-        }
-        out[head * dv + c] = total / denom;
-    }
+    if (last_split_done(counts + head, active, &last))
+        combine_splits(parts + head * splits * (2 + dv), active, dv, out + head * dv);
 }
 
 // Exclusive prefix sums across a full warp of two per-lane counts, in place; returns the
@@ -350,70 +364,79 @@ __device__ __forceinline__ void lane_columns(const float* row, int d, int lane,
     }
 }
 
-// The same attention for all the query heads that share kv head kh (grouped-query attention:
-// nh / nkv ≤ MAX_GROUP of them, dk = dv ≤ GROUP_DK): each key and value row is read once for
-// the group instead of once per head. Grid (kv heads, rows); block 256 threads, a warp per
-// position; the same scores buffer and output layout as `attention`.
-extern "C" __global__ void attention_grouped(const float* __restrict__ q, float* __restrict__ out,
-                                             const u64* __restrict__ row_k,
-                                             const u64* __restrict__ row_v,
-                                             const u64* __restrict__ row_stride,
-                                             const unsigned int* __restrict__ row_pos, int layer,
-                                             int nh, int nkv, int dk, int dv, float scale,
-                                             float* __restrict__ scores, long long ctx_cap) {
-    pdl_wait_then_release();
+// The same split attention for all the query heads that share kv head kh (grouped-query
+// attention: nh / nkv ≤ MAX_GROUP of them, dk = dv ≤ GROUP_DK): each key and value row is read
+// once for the group instead of once per head. Block (kv head, split s) of row t takes the
+// positions of split s as `attention` does, and writes each of its heads' partial sums to the
+// same places; the last block of the row and kv head to finish (its counter: that of the
+// group's first head) combines them for every head of the group. Grid (kv heads × splits,
+// rows); block 256 threads, a warp per position.
+extern "C" __global__ void __launch_bounds__(256) attention_grouped(
+    const float* __restrict__ q, float* __restrict__ out, const u64* __restrict__ row_k,
+    const u64* __restrict__ row_v, const u64* __restrict__ row_stride,
+    const unsigned int* __restrict__ row_pos, int layer, int nh, int nkv, int dk, int dv,
+    float scale, float* __restrict__ parts, unsigned int* __restrict__ counts, int splits) {
     __shared__ float partial[32];
     __shared__ float qs[MAX_GROUP][GROUP_DK];
     __shared__ float red[8][GROUP_DK];
-    __shared__ float sums[MAX_GROUP];
-    const int kh = blockIdx.x, t = blockIdx.y;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    __shared__ float sc[MAX_GROUP][SPLIT_POSITIONS];
+    __shared__ float stats[MAX_GROUP][2];
+    __shared__ bool last;
+    const int kh = blockIdx.x / splits, s = blockIdx.x % splits, t = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int group = nh / nkv;
     const int kd = nkv * dk, vd = nkv * dv;
     const long long n_pos = (long long)row_pos[t] + 1;
+    const int active = (int)((n_pos + SPLIT_POSITIONS - 1) / SPLIT_POSITIONS);
     const float* kbase = (const float*)row_k[t] + (long long)layer * row_stride[t] * kd + kh * dk;
     const float* vbase = (const float*)row_v[t] + (long long)layer * row_stride[t] * vd + kh * dv;
+    pdl_wait_then_release();
+    if (s >= active) return;
+    const long long p0 = (long long)s * SPLIT_POSITIONS;
+    const int here = n_pos - p0 < SPLIT_POSITIONS ? (int)(n_pos - p0) : SPLIT_POSITIONS;
     const long long h0 = (long long)t * nh + (long long)kh * group;
     for (int i = threadIdx.x; i < group * dk; i += blockDim.x)
         qs[i / dk][i % dk] = q[h0 * dk + i];
     __syncthreads();
-    float* sc = scores + h0 * ctx_cap;
     float m[MAX_GROUP];
 #pragma unroll
     for (int j = 0; j < MAX_GROUP; j++) m[j] = -INFINITY;
-    for (long long p = warp; p < n_pos; p += warps) {
+    for (int i = warp; i < here; i += 8) {
         float k[GROUP_DK / 32];
-        lane_columns(kbase + p * kd, dk, lane, k);
+        lane_columns(kbase + (p0 + i) * kd, dk, lane, k);
 #pragma unroll
         for (int j = 0; j < MAX_GROUP; j++) {
             if (j < group) {
                 float dot = 0.0f;
 #pragma unroll
-                for (int i = 0; i < GROUP_DK / 32; i++) {
-                    const int c = lane + 32 * i;
-                    if (c < dk) dot += qs[j][c] * k[i];
+                for (int c8 = 0; c8 < GROUP_DK / 32; c8++) {
+                    const int c = lane + 32 * c8;
+                    if (c < dk) dot += qs[j][c] * k[c8];
                 }
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
                 dot *= scale;
-                if (lane == 0) sc[j * ctx_cap + p] = dot;
+                if (lane == 0) sc[j][i] = dot;
                 m[j] = fmaxf(m[j], dot);
             }
         }
     }
-    // Per head: the block's maximum, then exp(score - max) in place and its sum.
+    // Per head: the split's maximum, then exp(score - max) in place and its sum.
 #pragma unroll
     for (int j = 0; j < MAX_GROUP; j++) {
         if (j < group) {
             const float mj = block_max(m[j], partial);
-            float sum = 0.0f;
-            for (long long p = threadIdx.x; p < n_pos; p += blockDim.x) {
-                const float e = expf(sc[j * ctx_cap + p] - mj);
-                sc[j * ctx_cap + p] = e;
-                sum += e;
+            float e_sum = 0.0f;
+            for (int i = threadIdx.x; i < here; i += blockDim.x) {
+                const float e = expf(sc[j][i] - mj);
+                sc[j][i] = e;
+                e_sum += e;
             }
-            sum = block_sum(sum, partial);
-            if (threadIdx.x == 0) sums[j] = sum;
+            e_sum = block_sum(e_sum, partial);
+            if (threadIdx.x == 0) {
+                stats[j][0] = mj;
+                stats[j][1] = e_sum;
+            }
         }
     }
     __syncthreads();
@@ -421,16 +444,16 @@ extern "C" __global__ void attention_grouped(const float* __restrict__ q, float*
 #pragma unroll
     for (int j = 0; j < MAX_GROUP; j++)
 #pragma unroll
-        for (int i = 0; i < GROUP_DK / 32; i++) acc[j][i] = 0.0f;
-    for (long long p = warp; p < n_pos; p += warps) {
+        for (int c8 = 0; c8 < GROUP_DK / 32; c8++) acc[j][c8] = 0.0f;
+    for (int i = warp; i < here; i += 8) {
         float v[GROUP_DK / 32];
-        lane_columns(vbase + p * vd, dv, lane, v);
+        lane_columns(vbase + (p0 + i) * vd, dv, lane, v);
 #pragma unroll
         for (int j = 0; j < MAX_GROUP; j++) {
             if (j < group) {
-                const float e = sc[j * ctx_cap + p];
+                const float e = sc[j][i];
 #pragma unroll
-                for (int i = 0; i < GROUP_DK / 32; i++) acc[j][i] += e * v[i];
+                for (int c8 = 0; c8 < GROUP_DK / 32; c8++) acc[j][c8] += e * v[c8];
             }
         }
     }
@@ -438,19 +461,28 @@ extern "C" __global__ void attention_grouped(const float* __restrict__ q, float*
     for (int j = 0; j < MAX_GROUP; j++) {
         if (j < group) {
 #pragma unroll
-            for (int i = 0; i < GROUP_DK / 32; i++) {
-                const int c = lane + 32 * i;
-                if (c < dv) red[warp][c] = acc[j][i];
+            for (int c8 = 0; c8 < GROUP_DK / 32; c8++) {
+                const int c = lane + 32 * c8;
+                if (c < dv) red[warp][c] = acc[j][c8];
             }
             __syncthreads();
+            float* part = parts + ((h0 + j) * splits + s) * (2 + dv);
             for (int c = threadIdx.x; c < dv; c += blockDim.x) {
                 float total = 0.0f;
-                for (int w = 0; w < warps; w++) total += red[w][c];
-                out[(h0 + j) * dv + c] = total / sums[j];
+#pragma unroll
+                for (int w = 0; w < 8; w++) total += red[w][c];
+                part[2 + c] = total;
+            }
+            if (threadIdx.x == 0) {
+                part[0] = stats[j][0];
+                part[1] = stats[j][1];
             }
             __syncthreads();
         }
     }
+    if (!last_split_done(counts + h0, active, &last)) return;
+    for (int j = 0; j < group; j++)
+        combine_splits(parts + (h0 + j) * splits * (2 + dv), active, dv, out + (h0 + j) * dv);
 }
 
 // Causal attention of a tile of rows of one sequence (the rows share the first row's mirror)

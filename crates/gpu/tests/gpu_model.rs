@@ -548,6 +548,52 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
             let decode_what = format!("{what} (one-row steps at positions 650-659)");
             let (how, _) = check_close(&got, &want, n_vocab, &decode_what, noise);
             eprintln!("{decode_what}: {how}");
+            // Several sequences at once, as `serve --parallel` steps them: three caches of
+            // 300, 170 and 40 positions, then one step of 8 + 6 + 4 rows (18 rows of several
+            // sequences: a block per kv head, split and row where heads share kv heads) and
+            // one of a row each (a block per head, split and row).
+            let batched = |cx: &Compute| {
+                let last = model.n_layer() - 1;
+                let mut caches: Vec<model::KvCache> = [300, 170, 40]
+                    .iter()
+                    .map(|&len| {
+                        let layout = model.kv_layout(model::KvType::F32, 0..=last, 1024);
+                        let mut kv = model::KvCache::new(layout);
+                        common::forward_logits(model, cx, &mut kv, &long[..len]);
+                        kv
+                    })
+                    .collect();
+                let mut out = Vec::new();
+                for sizes in [[8, 6, 4], [1, 1, 1]] {
+                    let mut batch = Vec::new();
+                    let mut seqs: Vec<model::SeqInput> = caches
+                        .iter_mut()
+                        .zip(sizes)
+                        .map(|(kv, n_tokens)| {
+                            let at = kv.len();
+                            batch.extend_from_slice(&long[at..at + n_tokens]);
+                            model::SeqInput {
+                                kv,
+                                n_tokens,
+                                logits: model::LogitsWanted::All,
+                            }
+                        })
+                        .collect();
+                    out.extend(common::forward_batch(model, cx, &batch, &mut seqs).data);
+                }
+                out
+            };
+            let before = whole_dev.steps();
+            let got = batched(&on_gpu);
+            assert_eq!(
+                whole_dev.steps() - before,
+                5,
+                "{what}: batched steps that ran whole"
+            );
+            let want = batched(cpu);
+            let batched_what = format!("{what} (3 sequences at 300, 170 and 40 positions)");
+            let (how, _) = check_close(&got, &want, n_vocab, &batched_what, noise);
+            eprintln!("{batched_what}: {how}");
         }
         ran += 1;
     });

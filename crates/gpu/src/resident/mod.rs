@@ -115,7 +115,7 @@ struct Buffers {
     rows: usize,
     ctx: usize,
     /// Rows of logits (a prompt's step needs one, not one per row), and rows of attention
-    /// scores (none for the tiled attention of a prompt's step).
+    /// splits' partial sums (none for the tiled attention of a prompt's step).
     logit_rows: usize,
     score_rows: usize,
     /// Bytes of a key or value element the new rows come back in (the arena's last region).
@@ -308,11 +308,10 @@ struct Offsets {
     att: usize,
     att_q8k: usize,
     att_q80: usize,
-    /// A row's attention scores per head (the grouped kernel), or its splits' partial sums
-    /// (`attention`: per head and split, the scores' max, the sum of their exponentials and
-    /// dk weighted values).
+    /// A row's attention splits' partial sums (`attention`, `attention_grouped`: per head
+    /// and split, the scores' max, the sum of their exponentials and dk weighted values).
     scores: usize,
-    /// Per row and head, the splits of `attention` done so far (zero between steps).
+    /// Per row and head, the splits of the attention done so far (zero between steps).
     split_counts: usize,
     router_logits: usize,
     slot_row: usize,
@@ -713,7 +712,7 @@ impl ResidentModel {
             att: a.take(4 * n * nh * dk),
             att_q8k: a.take(n * q8k(nh * dk)),
             att_q80: a.take(n * q80(nh * dk)),
-            scores: a.take(4 * scored * nh * ctx.max(attention_splits(ctx) * (2 + dk))),
+            scores: a.take(4 * scored * nh * attention_splits(ctx) * (2 + dk)),
             split_counts: a.take(4 * scored * nh),
             router_logits: a.take(4 * n * self.max_expert.max(1)),
             slot_row: a.take(4 * slots),

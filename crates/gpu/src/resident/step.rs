@@ -108,7 +108,7 @@ impl model::LayerDevice for ResidentModel {
         let b = &mut state.buffers;
         let m_rows = logit_rows.len();
         let tiled = self.tiled_attention(n, one_sequence);
-        // Rows whose attention keeps its scores in the arena (a row, head and position each).
+        // Rows whose attention keeps partial sums in the arena (a row, head and split each).
         let score_rows = if tiled { 0 } else { n };
         self.fit_buffers(b, n, ctx_needed, m_rows, score_rows, kv_type.bytes())?;
         let o = self.offsets(b.rows, b.ctx, b.logit_rows, b.score_rows);
@@ -358,7 +358,6 @@ impl model::LayerDevice for ResidentModel {
                     let (q_at, att_at, sc_at) = (at(o.q), at(o.att), at(o.scores));
                     let splits = super::attention_splits(ctx_cap);
                     let (counts_at, splits_i) = (at(o.split_counts), splits as i32);
-                    let cap = ctx_cap as i64;
                     let scale = self.scale;
                     // Heads that share a kv head (up to 8, head dim up to 256) read its keys
                     // and values once per row, in one block. Only in steps of many rows: a
@@ -377,7 +376,7 @@ impl model::LayerDevice for ResidentModel {
                             (nkv as u32, n.div_ceil(tile_rows) as u32),
                         )
                     } else if grouped {
-                        (&self.f.attention_grouped, (nkv as u32, n as u32))
+                        (&self.f.attention_grouped, ((nkv * splits) as u32, n as u32))
                     } else {
                         (&self.f.attention, ((self.nh * splits) as u32, n as u32))
                     };
@@ -396,15 +395,6 @@ impl model::LayerDevice for ResidentModel {
                             .arg(&nkv_i)
                             .arg(&dk_i)
                             .arg(&scale);
-                    } else if grouped {
-                        b.arg(&il_i)
-                            .arg(&nh_i)
-                            .arg(&nkv_i)
-                            .arg(&dk_i)
-                            .arg(&dk_i)
-                            .arg(&scale)
-                            .arg(&sc_at)
-                            .arg(&cap);
                     } else {
                         b.arg(&il_i)
                             .arg(&nh_i)
@@ -421,16 +411,15 @@ impl model::LayerDevice for ResidentModel {
                     // the sequence's mirror up to the tile's last position (< capacity), and
                     // writes dk floats of `att` per row and head; dk ≤ AT_DK and a multiple of
                     // 4, so its 16-byte loads stay aligned (256-byte aligned bases).
-                    // attention_grouped: one block per (kv head, row); it reads its row's mirror
-                    // up to its position (< capacity) and writes dk floats of `att` per head and
-                    // at most ctx_cap scores per head (every position ≤ ctx_needed ≤ ctx_cap);
-                    // its shared arrays hold 8 heads of 256 floats. attention: one block per
-                    // (head and split of ctx_cap, row), splits · SPLIT_POSITIONS ≥ ctx_cap; it
-                    // reads its split's positions of the row's mirror (below its position,
-                    // < capacity), writes 2 + dk floats of partial sums in the scores region
-                    // (sized for n rows × heads × splits of them) and counts itself in the
-                    // row's and head's counter (n × heads u32, zeroed with the arena and by
-                    // each last block); the last writes dk floats of `att` (dk ≤ MAX_DV,
+                    // attention: one block per (head and split of ctx_cap, row);
+                    // attention_grouped: one per (kv head and split, row), its group's heads
+                    // (≤ 8 of dk ≤ 256) in its shared arrays. splits · SPLIT_POSITIONS ≥
+                    // ctx_cap; a block reads its split's positions of the row's mirror (below
+                    // its position, < capacity), writes 2 + dk floats of partial sums per head
+                    // in the scores region (sized for n rows × heads × splits of them) and
+                    // counts itself in the row's and head's counter (n × heads u32, zeroed with
+                    // the arena and by each last block; the grouped kernel's is its group's
+                    // first head's); the last writes dk floats of `att` per head (dk ≤ MAX_DV,
                     // checked when the model was built).
                     unsafe { b.launch(cu, cfg(grid, 256, 0), overlap()) }
                         .map_err(|e| launch_err("attention", e))?;
