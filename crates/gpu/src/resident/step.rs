@@ -360,15 +360,18 @@ impl model::LayerDevice for ResidentModel {
                     let (counts_at, splits_i) = (at(o.split_counts), splits as i32);
                     let scale = self.scale;
                     // Heads that share a kv head (up to 8, head dim up to 256) read its keys
-                    // and values once per row, in one block. Only in steps of many rows: a
-                    // decode row would be nkv blocks (4 on qwen3-30b-a3b), too few for the
-                    // device: its one-row step took 6.72 ms with them against 6.07 ms with a
-                    // block per head (docs/perf.md, "Tensor-core prefill").
+                    // and values once per row and split, in one block. Before the splits, a
+                    // decode row was nkv blocks (4 on qwen3-30b-a3b), too few for the device:
+                    // its one-row step took 6.72 ms with them against 6.07 ms with a block per
+                    // head (docs/perf.md, "Tensor-core prefill").
                     let group = self.nh / nkv;
                     // A prompt's rows (one sequence, so one mirror) read each key and value row
                     // once per tile of rows: a 512-row layer's attention took 715 µs on the
                     // H100 with a block per kv head and row (docs/perf.md).
-                    let grouped = (2..=8).contains(&group) && dk <= 256 && n >= GROUPED_MIN_ROWS;
+                    let grouped = (2..=8).contains(&group)
+                        && dk <= 256
+                        && dk.is_multiple_of(4)
+                        && (n >= GROUPED_MIN_ROWS || self.switches.grouped_decode);
                     let (f, grid) = if tiled {
                         let tile_rows = TILE_VECTORS / group;
                         (
@@ -413,7 +416,8 @@ impl model::LayerDevice for ResidentModel {
                     // 4, so its 16-byte loads stay aligned (256-byte aligned bases).
                     // attention: one block per (head and split of ctx_cap, row);
                     // attention_grouped: one per (kv head and split, row), its group's heads
-                    // (≤ 8 of dk ≤ 256) in its shared arrays. splits · SPLIT_POSITIONS ≥
+                    // (≤ 8 of dk ≤ 256, a multiple of 4: its 16-byte loads of q and of the
+                    // mirror's rows stay aligned) in its shared arrays. splits · SPLIT_POSITIONS ≥
                     // ctx_cap; a block reads its split's positions of the row's mirror (below
                     // its position, < capacity), writes 2 + dk floats of partial sums per head
                     // in the scores region (sized for n rows × heads × splits of them) and
