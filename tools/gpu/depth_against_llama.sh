@@ -11,6 +11,7 @@
 # Prepare here: PACK/bins.tar.xz with moeshard_* binaries (and gpu_model for SUITE=1),
 # PACK/fixtures.tar.xz (may be an empty tar without SUITE=1), PACK/llama-src.tar.xz (as
 # tools/gpu/build_llama.sh says).
+# LLAMA=0 leaves llama.cpp out (no build, no llama-src.tar.xz needed).
 # Run there (about 7 minutes with the build, 2 once llama-bench is built on a warm machine):
 #   bash tools/gpu/depth_against_llama.sh PACK ["MOESHARD_GPU_GROUPED_DECODE=0" ...] > $OUT/run.txt 2>&1
 source "$(dirname "$0")/unpack_pack.sh" "$1"
@@ -23,7 +24,7 @@ DEPTHS=$(seq -s, 0 $STEP $MAX)
 VARIANTS=()
 for b in "${BINS[@]}"; do VARIANTS+=("|$b"); done
 for e in "$@"; do VARIANTS+=("$e|${BINS[0]}"); done
-bash "$R/tools/gpu/build_llama.sh" "$P" &
+[ "${LLAMA:-1}" = 0 ] || bash "$R/tools/gpu/build_llama.sh" "$P" &
 [ -s $Q ] || timeout 300 ${BINS[0]} synth --preset qwen3-30b-a3b $Q > /dev/null
 cat $Q > /dev/null
 if [ "${SUITE:-0}" = 1 ]; then
@@ -36,8 +37,10 @@ if [ "${SUITE:-0}" = 1 ]; then
 fi
 wait; date +%T
 for round in $(seq ${ROUNDS:-2}); do
-  echo "== llama.cpp, round $round (depths $DEPTHS)"
-  timeout 150 $L -m $Q -ngl 99 -p 0 -n 64 -d $DEPTHS -r 2 2>&1 | grep -E "tg64"
+  if [ "${LLAMA:-1}" != 0 ]; then
+    echo "== llama.cpp, round $round (depths $DEPTHS)"
+    timeout 150 $L -m $Q -ngl 99 -p 0 -n 64 -d $DEPTHS -r 2 2>&1 | grep -E "tg64"
+  fi
   for x in "${VARIANTS[@]}"; do
     IFS='|' read -r envs bin <<< "$x"
     echo "== $(basename $bin) [$envs], round $round (depth,prefilled,pp t/s,generated,tg t/s,KV bytes)"

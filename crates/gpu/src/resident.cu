@@ -189,6 +189,8 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
 
 // Positions of a row's sequence that one block of `attention` takes.
 #define SPLIT_POSITIONS 128
+// The most query heads that share a kv head in `attention_grouped`.
+#define MAX_GROUP 8
 
 // Whether this block is the last of `active` split blocks to finish its share (after writing
 // its partial sums, which every thread has done): a counter per row and head (or kv head),
@@ -207,25 +209,50 @@ __device__ __forceinline__ bool last_split_done(unsigned int* count, int active,
     return *last;
 }
 
-// One head's output from its splits' partial sums (`active` records of 2 + dv floats from
-// `first`: the split's score maximum m, the sum l of exp(score - m), dv weighted values):
-// every split rescaled to the largest maximum. Read past L1 (another block wrote them).
-__device__ __forceinline__ void combine_splits(const float* first, int active, int dv,
-                                               float* out) {
-    float mx = -INFINITY;
-    for (int j = 0; j < active; j++) mx = fmaxf(mx, __ldcg(first + j * (2 + dv)));
-    float denom = 0.0f;
-    for (int j = 0; j < active; j++) {
-        const float* pj = first + j * (2 + dv);
-        denom += __ldcg(pj + 1) * expf(__ldcg(pj) - mx);
+// The outputs of `heads` consecutive heads (≤ 8, one warp each for the statistics) from their
+// splits' partial sums (per head `active` records of 2 + dv floats from `first`, a head's
+// records `splits` records after the previous head's: the split's score maximum m, the sum l
+// of exp(score - m), dv weighted values), every split rescaled to the head's largest maximum.
+// The splits' records are read in parallel (warp h: head h's maxima and sums, a lane per
+// split; then every thread a (head, column), its loads unrolled): a serial loop over the splits
+// made the last block a chain of L2 round trips, 78 µs a layer at 4096 positions on an H100
+// (docs/perf.md). Read past L1 (other blocks wrote them). `stats` is 2 × 8 floats of shared
+// memory.
+__device__ __forceinline__ void combine_splits(const float* first, int heads, int splits,
+                                               int active, int dv, float* out,
+                                               float (*stats)[2]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long rec = 2 + dv, head_stride = (long long)splits * rec;
+    if (warp < heads) {
+        const float* h = first + warp * head_stride;
+        float mx = -INFINITY;
+        for (int j = lane; j < active; j += 32) mx = fmaxf(mx, __ldcg(h + j * rec));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float denom = 0.0f;
+        for (int j = lane; j < active; j += 32) {
+            const float* pj = h + j * rec;
+            denom += __ldcg(pj + 1) * expf(__ldcg(pj) - mx);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) denom += __shfl_xor_sync(0xffffffffu, denom, o);
+        if (lane == 0) {
+            stats[warp][0] = mx;
+            stats[warp][1] = denom;
+        }
     }
-    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < heads * dv; i += blockDim.x) {
+        const int hh = i / dv, c = i - hh * dv;
+        const float* h = first + hh * head_stride;
+        const float mx = stats[hh][0];
         float total = 0.0f;
+#pragma unroll 8
         for (int j = 0; j < active; j++) {
-            const float* pj = first + j * (2 + dv);
+            const float* pj = h + j * rec;
             total += __ldcg(pj + 2 + c) * expf(__ldcg(pj) - mx);
         }
-        out[c] = total / denom;
+        out[hh * dv + c] = total / stats[hh][1];
     }
 }
 
@@ -246,6 +273,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(
     __shared__ float partial[32];
     __shared__ float sc[SPLIT_POSITIONS];
     __shared__ float acc_w[8][MAX_DV];
+    __shared__ float stats[MAX_GROUP][2];
     __shared__ bool last;
     const int h = blockIdx.x / splits, s = blockIdx.x % splits, t = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -329,7 +357,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(
         part[1] = l;
     }
     if (last_split_done(counts + head, active, &last))
-        combine_splits(parts + head * splits * (2 + dv), active, dv, out + head * dv);
+        combine_splits(parts + head * splits * (2 + dv), 1, splits, active, dv, out + head * dv,
+                       stats);
 }
 
 // Exclusive prefix sums across a full warp of two per-lane counts, in place; returns the
@@ -352,7 +381,6 @@ __device__ __forceinline__ uint2 warp_exclusive_scan2(unsigned int& a, unsigned 
     return totals;
 }
 
-#define MAX_GROUP 8
 #define GROUP_DK 256
 // Positions of the key tile `attention_grouped` stages in shared memory, and its row stride
 // (4 floats of padding: the lanes of a warp read rows 132 floats apart, conflict-free).
@@ -492,9 +520,9 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
             }
         }
     }
-    if (!last_split_done(counts + h0, active, &last)) return;
-    for (int j = 0; j < group; j++)
-        combine_splits(parts + (h0 + j) * splits * (2 + dv), active, dv, out + (h0 + j) * dv);
+    if (last_split_done(counts + h0, active, &last))
+        combine_splits(parts + h0 * splits * (2 + dv), group, splits, active, dv, out + h0 * dv,
+                       stats);
 }
 
 // Causal attention of a tile of rows of one sequence (the rows share the first row's mirror)
