@@ -26,10 +26,11 @@ pub(super) struct LaunchSwitches {
     /// waiting on the kernel ahead (tables the host copied in only), unless
     /// `MOESHARD_GPU_PREFETCH=0` (a decode step's device time went 4208–4226 -> 4062–4115 µs).
     pub(super) prefetch: bool,
-    /// Decode rows take the grouped attention (a block per kv head and split, its keys and
-    /// values read once for the heads that share them), unless `MOESHARD_GPU_GROUPED_DECODE=0`
-    /// (a block per head and split, as before it).
-    pub(super) grouped_decode: bool,
+    /// Whether decode rows take the grouped attention (a block per kv head and split, its
+    /// keys and values read once for the heads that share them) whatever the context:
+    /// `MOESHARD_GPU_GROUPED_DECODE=1` always, `=0` never (a block per head and split); unset,
+    /// by the step's context (step.rs `GROUPED_DECODE_MIN_CTX`).
+    pub(super) grouped_decode: Option<bool>,
 }
 
 impl LaunchSwitches {
@@ -40,7 +41,9 @@ impl LaunchSwitches {
             graphs: on("MOESHARD_CUDA_GRAPHS"),
             overlap,
             prefetch: overlap && on("MOESHARD_GPU_PREFETCH"),
-            grouped_decode: on("MOESHARD_GPU_GROUPED_DECODE"),
+            grouped_decode: std::env::var("MOESHARD_GPU_GROUPED_DECODE")
+                .ok()
+                .map(|v| v != "0"),
         }
     }
 }

@@ -19,6 +19,11 @@ use crate::matmul_table::{
 /// together) instead of a block per head and row; with one sequence, a block per kv head and
 /// tile of rows.
 const GROUPED_MIN_ROWS: usize = 16;
+/// The arena's context (positions, a multiple of 1024) above which decode rows take the grouped
+/// attention too. One H100's one-row steps of qwen3-30b-a3b (device µs, grouped against a block
+/// per head): 3943 / 3789 at position 0, 4868 / 4446 at 1024, 5048 / 5275 at 2048, 5337 / 6127
+/// at 4096, 5702 / 8201 at 8192 (docs/perf.md, "Decode attention split over the sequence").
+const GROUPED_DECODE_MIN_CTX: usize = 2048;
 /// The widest head the tiled attention holds (resident.cu `AT_DK`) and the query vectors of
 /// its tiles (`AT_VEC`).
 const TILE_MAX_DK: usize = 128;
@@ -360,10 +365,9 @@ impl model::LayerDevice for ResidentModel {
                     let (counts_at, splits_i) = (at(o.split_counts), splits as i32);
                     let scale = self.scale;
                     // Heads that share a kv head (up to 8, head dim up to 256) read its keys
-                    // and values once per row and split, in one block. Before the splits, a
-                    // decode row was nkv blocks (4 on qwen3-30b-a3b), too few for the device:
-                    // its one-row step took 6.72 ms with them against 6.07 ms with a block per
-                    // head (docs/perf.md, "Tensor-core prefill").
+                    // and values once per row and split, in one block: in steps of many rows,
+                    // and in decode once the context is long. Near the start of a sequence a
+                    // decode row's few blocks of it (nkv per split) lose to a block per head.
                     let group = self.nh / nkv;
                     // A prompt's rows (one sequence, so one mirror) read each key and value row
                     // once per tile of rows: a 512-row layer's attention took 715 µs on the
@@ -371,7 +375,11 @@ impl model::LayerDevice for ResidentModel {
                     let grouped = (2..=8).contains(&group)
                         && dk <= 256
                         && dk.is_multiple_of(4)
-                        && (n >= GROUPED_MIN_ROWS || self.switches.grouped_decode);
+                        && (n >= GROUPED_MIN_ROWS
+                            || self
+                                .switches
+                                .grouped_decode
+                                .unwrap_or(ctx_cap > GROUPED_DECODE_MIN_CTX));
                     let (f, grid) = if tiled {
                         let tile_rows = TILE_VECTORS / group;
                         (
