@@ -59,18 +59,35 @@ impl ResidentModel {
     ) -> model::Result<Vec<usize>> {
         let (n_layers, kd, clock) = (self.layers.len(), self.nkv * self.dk, state.clock);
         let ids: Vec<u64> = seqs.iter().map(|s| s.kv.content_version().0).collect();
-        let fits = |m: &Mirror, seq: usize| m.capacity >= pos0[seq] + seqs[seq].n_tokens;
-        // Removals first, so that the indices handed out below stay put. A sequence's mirror
-        // that is too short goes; when any sequence needs a new one, the least recently used
-        // beyond the cap go too. With routed experts on the host, decode runs on the CPU path
-        // and leaves a mirror stale after its prompt: then every mirror this step does not use
-        // goes (a finished prompt's would otherwise hold device memory outside --gpu-mem until
-        // seven more came).
-        state.mirrors.retain(|m| {
-            ids.iter()
-                .position(|&id| id == m.version.0)
-                .is_none_or(|seq| fits(m, seq))
-        });
+        // A sequence's mirror that is too short grows in place (its rows copied on the device,
+        // at least doubling): refilling it from the host at every 1024 positions made decode at
+        // depth stall for the whole cache's conversion and upload (about 0.6 s a growth at
+        // 4096 positions of qwen3-30b-a3b on an H100), each longer than the last.
+        for m in state.mirrors.iter_mut() {
+            let Some(seq) = ids.iter().position(|&id| id == m.version.0) else {
+                continue;
+            };
+            let need = pos0[seq] + seqs[seq].n_tokens;
+            if m.capacity < need {
+                let n_ctx = seqs[seq].kv.layout().n_ctx;
+                let capacity = need
+                    .next_multiple_of(1024)
+                    .max(2 * m.capacity)
+                    .min(n_ctx)
+                    .max(need);
+                // Without room for both copies, the old one goes and a new one is filled
+                // from the host below, as before.
+                if self.grow_mirror(m, capacity, n_layers, kd).is_err() {
+                    m.capacity = 0;
+                }
+            }
+        }
+        state.mirrors.retain(|m| m.capacity > 0);
+        // Removals first, so that the indices handed out below stay put. When any sequence
+        // needs a new mirror, the least recently used beyond the cap go. With routed experts on
+        // the host, decode runs on the CPU path and leaves a mirror stale after its prompt:
+        // then every mirror this step does not use goes (a finished prompt's would otherwise
+        // hold device memory outside --gpu-mem until seven more came).
         let new = (0..seqs.len())
             .filter(|&seq| !state.mirrors.iter().any(|m| m.version.0 == ids[seq]))
             .count();
@@ -138,6 +155,37 @@ impl ResidentModel {
             mirror_of.push(i);
         }
         Ok(mirror_of)
+    }
+
+    /// Reallocates `m` for `capacity` positions, its valid rows copied layer by layer on the
+    /// device (a layer's rows are `capacity` positions apart).
+    fn grow_mirror(
+        &self,
+        m: &mut Mirror,
+        capacity: usize,
+        n_layers: usize,
+        kd: usize,
+    ) -> model::Result<()> {
+        let len = n_layers * capacity * kd;
+        let rows = m.valid.min(m.capacity) * kd;
+        for old in [&mut m.k, &mut m.v] {
+            let mut grown = self
+                .stream
+                .alloc_zeros::<f32>(len)
+                .map_err(|e| self.error("allocating a KV mirror", e))?;
+            if rows > 0 {
+                for il in 0..n_layers {
+                    let src = old.slice(il * m.capacity * kd..il * m.capacity * kd + rows);
+                    let mut dst = grown.slice_mut(il * capacity * kd..il * capacity * kd + rows);
+                    self.stream
+                        .memcpy_dtod(&src, &mut dst)
+                        .map_err(|e| self.error("copying a KV mirror into a larger one", e))?;
+                }
+            }
+            *old = grown;
+        }
+        m.capacity = capacity;
+        Ok(())
     }
 
     /// Stores a step's new keys and values (`fresh`: per layer, the step's key rows then its
