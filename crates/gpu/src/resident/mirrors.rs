@@ -61,8 +61,8 @@ impl ResidentModel {
         let ids: Vec<u64> = seqs.iter().map(|s| s.kv.content_version().0).collect();
         // A sequence's mirror that is too short grows in place (its rows copied on the device,
         // at least doubling): refilling it from the host at every 1024 positions made decode at
-        // depth stall for the whole cache's conversion and upload (about 0.6 s a growth at
-        // 4096 positions of qwen3-30b-a3b on an H100), each longer than the last.
+        // depth stall for the whole cache's conversion and upload (0.5 s of host time for the
+        // steps at depth 4096 of qwen3-30b-a3b on an H100), each longer than the last.
         for m in state.mirrors.iter_mut() {
             let Some(seq) = ids.iter().position(|&id| id == m.version.0) else {
                 continue;
