@@ -594,17 +594,19 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
             let batched_what = format!("{what} (3 sequences at 300, 170 and 40 positions)");
             let (how, _) = check_close(&got, &want, n_vocab, &batched_what, noise);
             eprintln!("{batched_what}: {how}");
-            // Decode across 1024 positions in a cache of 2048: the device's mirror (1024
-            // positions) grows on the device, its rows copied there.
-            let longer: Vec<u32> = tokens.iter().copied().cycle().take(1040).collect();
+            // Decode across 2048 positions in a cache of 4096: the device's mirror grows on
+            // the device (1024 -> 2048 positions in the second prompt step, 2048 -> 4096 at
+            // position 2048), and the decode rows' attention goes from a block per head and
+            // split to the grouped kernel once the step's context passes 2048 positions.
+            let longer: Vec<u32> = tokens.iter().copied().cycle().take(2064).collect();
             let across = |cx: &Compute| {
                 let last = model.n_layer() - 1;
-                let kv_layout = model.kv_layout(model::KvType::F32, 0..=last, 2048);
+                let kv_layout = model.kv_layout(model::KvType::F32, 0..=last, 4096);
                 let mut kv = model::KvCache::new(kv_layout);
-                common::forward_logits(model, cx, &mut kv, &longer[..500]);
-                common::forward_logits(model, cx, &mut kv, &longer[500..1016]);
+                common::forward_logits(model, cx, &mut kv, &longer[..1020]);
+                common::forward_logits(model, cx, &mut kv, &longer[1020..2040]);
                 let mut out = Vec::new();
-                for t in &longer[1016..1040] {
+                for t in &longer[2040..2064] {
                     out.extend(common::forward_logits(model, cx, &mut kv, &[*t]));
                 }
                 out
@@ -614,10 +616,10 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
             assert_eq!(
                 whole_dev.steps() - before,
                 26,
-                "{what}: steps across 1024 positions that ran whole"
+                "{what}: steps across 2048 positions that ran whole"
             );
             let want = across(cpu);
-            let across_what = format!("{what} (one-row steps at positions 1016-1039)");
+            let across_what = format!("{what} (one-row steps at positions 2040-2063)");
             let (how, _) = check_close(&got, &want, n_vocab, &across_what, noise);
             eprintln!("{across_what}: {how}");
         }
