@@ -523,31 +523,6 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
             let long_what = format!("{what} (660 tokens in 2 steps)");
             let (how, _) = check_close(&got, &want, n_vocab, &long_what, noise);
             eprintln!("{long_what}: {how}");
-            // Decode after them: one-row steps whose attention splits the sequence (128
-            // positions a block: six splits, the last partly filled, and idle ones past it).
-            let decode = |cx: &Compute| {
-                let last = model.n_layer() - 1;
-                let kv_layout = model.kv_layout(model::KvType::F32, 0..=last, 1024);
-                let mut kv = model::KvCache::new(kv_layout);
-                common::forward_logits(model, cx, &mut kv, &long[..330]);
-                common::forward_logits(model, cx, &mut kv, &long[330..650]);
-                let mut out = Vec::new();
-                for t in &long[650..660] {
-                    out.extend(common::forward_logits(model, cx, &mut kv, &[*t]));
-                }
-                out
-            };
-            let before = whole_dev.steps();
-            let got = decode(&on_gpu);
-            assert_eq!(
-                whole_dev.steps() - before,
-                12,
-                "{what}: steps that ran whole"
-            );
-            let want = decode(cpu);
-            let decode_what = format!("{what} (one-row steps at positions 650-659)");
-            let (how, _) = check_close(&got, &want, n_vocab, &decode_what, noise);
-            eprintln!("{decode_what}: {how}");
             // Several sequences at once, as `serve --parallel` steps them: three caches of
             // 300, 170 and 40 positions, then one step of 8 + 6 + 4 rows (18 rows of several
             // sequences: a block per kv head, split and row where heads share kv heads) and
@@ -594,34 +569,43 @@ fn whole_steps_on_the_gpu_match_the_cpu() {
             let batched_what = format!("{what} (3 sequences at 300, 170 and 40 positions)");
             let (how, _) = check_close(&got, &want, n_vocab, &batched_what, noise);
             eprintln!("{batched_what}: {how}");
-            // Decode across 2048 positions in a cache of 4096: the device's mirror grows on
-            // the device (1024 -> 2048 positions in the second prompt step, 2048 -> 4096 at
-            // position 2048), and the decode rows' attention goes from a block per head and
-            // split to the grouped kernel once the step's context passes 2048 positions.
-            let longer: Vec<u32> = tokens.iter().copied().cycle().take(2064).collect();
-            let across = |cx: &Compute| {
-                let last = model.n_layer() - 1;
-                let kv_layout = model.kv_layout(model::KvType::F32, 0..=last, 4096);
-                let mut kv = model::KvCache::new(kv_layout);
-                common::forward_logits(model, cx, &mut kv, &longer[..1020]);
-                common::forward_logits(model, cx, &mut kv, &longer[1020..2040]);
-                let mut out = Vec::new();
-                for t in &longer[2040..2064] {
-                    out.extend(common::forward_logits(model, cx, &mut kv, &[*t]));
-                }
-                out
-            };
-            let before = whole_dev.steps();
-            let got = across(&on_gpu);
-            assert_eq!(
-                whole_dev.steps() - before,
-                26,
-                "{what}: steps across 2048 positions that ran whole"
-            );
-            let want = across(cpu);
-            let across_what = format!("{what} (one-row steps at positions 2040-2063)");
-            let (how, _) = check_close(&got, &want, n_vocab, &across_what, noise);
-            eprintln!("{across_what}: {how}");
+            // One-row steps after a prompt of two steps, against the CPU's. At 650-659 in a
+            // cache of 1024: the attention splits the sequence (128 positions a block: six
+            // splits, the last partly filled, and idle ones past it). At 2040-2063 in a cache of
+            // 4096: the device's mirror grows on the device (1024 -> 2048 positions in the
+            // second prompt step, 2048 -> 4096 at position 2048), and the decode rows'
+            // attention goes from a block per head and split to the grouped kernel once the
+            // step's context passes 2048 positions.
+            for (split, decode, n_ctx) in [(330, 650..660, 1024), (1020, 2040..2064, 4096)] {
+                let tokens: Vec<u32> = tokens.iter().copied().cycle().take(decode.end).collect();
+                let run = |cx: &Compute| {
+                    let last = model.n_layer() - 1;
+                    let kv_layout = model.kv_layout(model::KvType::F32, 0..=last, n_ctx);
+                    let mut kv = model::KvCache::new(kv_layout);
+                    common::forward_logits(model, cx, &mut kv, &tokens[..split]);
+                    common::forward_logits(model, cx, &mut kv, &tokens[split..decode.start]);
+                    let mut out = Vec::new();
+                    for t in &tokens[decode.clone()] {
+                        out.extend(common::forward_logits(model, cx, &mut kv, &[*t]));
+                    }
+                    out
+                };
+                let before = whole_dev.steps();
+                let got = run(&on_gpu);
+                let decode_what = format!(
+                    "{what} (one-row steps at positions {}-{})",
+                    decode.start,
+                    decode.end - 1
+                );
+                assert_eq!(
+                    whole_dev.steps() - before,
+                    2 + decode.len() as u64,
+                    "{decode_what}: steps that ran whole"
+                );
+                let want = run(cpu);
+                let (how, _) = check_close(&got, &want, n_vocab, &decode_what, noise);
+                eprintln!("{decode_what}: {how}");
+            }
         }
         ran += 1;
     });
