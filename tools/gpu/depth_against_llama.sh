@@ -6,7 +6,8 @@
 # its default, auto) and each variant's `bench --ctx-start 0 --ctx-max MAX --step STEP
 # --sweep-gen 64` (the same depths: a sweep prefills to each depth and decodes 64 tokens
 # there), with MOESHARD_GPU_TIMING=1's lines for one-row steps. The variants are every
-# moeshard_* binary of the pack, and ENVS (extra arguments) run the first with those variables.
+# moeshard_* binary of the pack, and ENVS (extra arguments) run the first with those variables
+# ("VARS@NAME": moeshard_NAME with VARS).
 #
 # Prepare here: PACK/bins.tar.xz with moeshard_* binaries (and gpu_model for SUITE=1),
 # PACK/fixtures.tar.xz (may be an empty tar without SUITE=1), PACK/llama-src.tar.xz (as
@@ -23,7 +24,11 @@ Q=/tmp/q30.gguf STEP=${STEP:-1024} MAX=${MAX:-4096}
 DEPTHS=$(seq -s, 0 $STEP $MAX)
 VARIANTS=()
 for b in "${BINS[@]}"; do VARIANTS+=("|$b"); done
-for e in "$@"; do VARIANTS+=("$e|${BINS[0]}"); done
+# An ENVS entry "VARS@NAME" runs the binary moeshard_NAME with VARS instead of the first.
+for e in "$@"; do
+  if [[ $e == *@* ]]; then VARIANTS+=("${e%@*}|/var/tmp/b/moeshard_${e##*@}")
+  else VARIANTS+=("$e|${BINS[0]}"); fi
+done
 [ "${LLAMA:-1}" = 0 ] || bash "$R/tools/gpu/build_llama.sh" "$P" &
 [ -s $Q ] || timeout 300 ${BINS[0]} synth --preset qwen3-30b-a3b $Q > /dev/null
 cat $Q > /dev/null
