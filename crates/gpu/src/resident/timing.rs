@@ -102,6 +102,11 @@ mod tests {
         [us(host_us), us(device_us), us(0), us(10)]
     }
 
+    /// The line a report would print now for steps of `rows` rows.
+    fn report_now(timing: &StepTiming, rows: usize) -> String {
+        StepTiming::report(rows, &timing.sums.lock().unwrap()[&rows])
+    }
+
     #[test]
     fn a_report_gives_the_steps_since_the_last_one_apart() {
         let timing = StepTiming::default();
@@ -109,7 +114,7 @@ mod tests {
             timing.record(1, step(10, 100));
         }
         // The 64th step reported (on stderr) and started the recent sums again.
-        let line = StepTiming::report(1, &timing.sums.lock().unwrap()[&1]);
+        let line = report_now(&timing, 1);
         assert!(
             line.contains("64 steps of 1 row: host 10 µs, device 100 µs"),
             "{line}"
@@ -118,7 +123,7 @@ mod tests {
         for _ in 0..63 {
             timing.record(1, step(30, 300));
         }
-        let line = StepTiming::report(1, &timing.sums.lock().unwrap()[&1]);
+        let line = report_now(&timing, 1);
         assert!(
             line.contains("127 steps of 1 row: host 20 µs, device 199 µs"),
             "{line}"
@@ -129,7 +134,7 @@ mod tests {
         );
         // Shapes keep their own sums.
         timing.record(512, step(1000, 90000));
-        let line = StepTiming::report(512, &timing.sums.lock().unwrap()[&512]);
+        let line = report_now(&timing, 512);
         assert!(
             line.contains("1 steps of 512 rows: host 1000 µs, device 90000 µs"),
             "{line}"
