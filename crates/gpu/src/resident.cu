@@ -411,7 +411,7 @@ __device__ __forceinline__ void load_key_tile(const float* kbase, long long p0, 
 // each key and value row of them once for the whole group. Keys go through shared memory a
 // tile of GROUP_TILE positions at a time; warp h scores head h against the tile, a lane per
 // position (no shuffles); then a warp per head takes the split's softmax, and each thread sums
-// the values of one column for some of the heads. Partial sums go where `attention` puts them;
+// four columns of the values over a share of the split's positions for every head. Partial sums go where `attention` puts them;
 // the last block of the row and kv head to finish (its counter: that of the group's first
 // head) combines them for every head of the group. One block per head read the kv head's keys
 // and values once per head (eight times on qwen3-30b-a3b): 18 µs a layer per 1024 positions
@@ -489,35 +489,48 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
         }
     }
     __syncthreads();
-    // Thread: column c of the values for heads set·per, set·per + 1, ... (sets of threads
-    // cover the group), reading each value row straight from the cache (consecutive threads,
-    // consecutive columns).
-    const int sets = blockDim.x / dv;
-    const int per = (group + sets - 1) / sets;
-    const int set = threadIdx.x / dv, c = threadIdx.x - set * dv;
-    if (set < sets) {
-        float acc[MAX_GROUP];
+    // Values: thread (position group g, 4 columns c4) sums positions g, g + groups, ... of
+    // columns 4·c4.. for every head of the group (16-byte loads, a warp reading whole rows), so
+    // each thread has few positions and their loads in flight together; the groups' sums meet
+    // in the key tile's shared memory (groups × heads × dv ≤ 8 × 1024 floats).
+    const int dv4 = dv / 4, groups = blockDim.x / dv4;
+    const int g = threadIdx.x / dv4, c4 = threadIdx.x - g * dv4;
+    float4 acc[MAX_GROUP];
 #pragma unroll
-        for (int u = 0; u < MAX_GROUP; u++) acc[u] = 0.0f;
-        const int hfirst = set * per;
+    for (int j = 0; j < MAX_GROUP; j++) acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (g < groups) {
 #pragma unroll 4
-        for (int p = 0; p < here; p++) {
-            const float v = vbase[(p0 + p) * vd + c];
+        for (int p = g; p < here; p += groups) {
+            const float4 v = *(const float4*)(vbase + (p0 + p) * vd + 4 * c4);
 #pragma unroll
-            for (int u = 0; u < MAX_GROUP; u++)
-                if (u < per && hfirst + u < group) acc[u] += sc[hfirst + u][p] * v;
-        }
-#pragma unroll
-        for (int u = 0; u < MAX_GROUP; u++) {
-            const int j = hfirst + u;
-            if (u < per && j < group) {
-                float* part = parts + ((h0 + j) * splits + s) * (2 + dv);
-                part[2 + c] = acc[u];
-                if (c == 0) {
-                    part[0] = stats[j][0];
-                    part[1] = stats[j][1];
+            for (int j = 0; j < MAX_GROUP; j++) {
+                if (j < group) {
+                    const float e = sc[j][p];
+                    acc[j].x += e * v.x;
+                    acc[j].y += e * v.y;
+                    acc[j].z += e * v.z;
+                    acc[j].w += e * v.w;
                 }
             }
+        }
+    }
+    __syncthreads();
+    float* red = kt;
+    if (g < groups) {
+#pragma unroll
+        for (int j = 0; j < MAX_GROUP; j++)
+            if (j < group) *(float4*)(red + (g * group + j) * dv + 4 * c4) = acc[j];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * dv; i += blockDim.x) {
+        const int j = i / dv, c = i - j * dv;
+        float total = 0.0f;
+        for (int w = 0; w < groups; w++) total += red[(w * group + j) * dv + c];
+        float* part = parts + ((h0 + j) * splits + s) * (2 + dv);
+        part[2 + c] = total;
+        if (c == 0) {
+            part[0] = stats[j][0];
+            part[1] = stats[j][1];
         }
     }
     if (last_split_done(counts + h0, active, &last))
