@@ -345,6 +345,18 @@ extern "C" __global__ void __launch_bounds__(256) attention(
     }
     __syncthreads();
     const long long head = (long long)t * nh + h;
+    // A row within the first split (every decode row near the start of a sequence) has one
+    // block per head: it writes the head's output itself, with no partial sums, counter or
+    // combine on the step's critical path.
+    if (active == 1) {
+        for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+            float total = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 8; w++) total += acc_w[w][c];
+            out[head * dv + c] = total / l;
+        }
+        return;
+    }
     float* part = parts + (head * splits + s) * (2 + dv);
     for (int c = threadIdx.x; c < dv; c += blockDim.x) {
         float total = 0.0f;
@@ -526,6 +538,11 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
         const int j = i / dv, c = i - j * dv;
         float total = 0.0f;
         for (int w = 0; w < groups; w++) total += red[(w * group + j) * dv + c];
+        if (active == 1) {
+            // One split (a row within the first 128 positions): no partials, no combine.
+            out[(h0 + j) * dv + c] = total / stats[j][1];
+            continue;
+        }
         float* part = parts + ((h0 + j) * splits + s) * (2 + dv);
         part[2 + c] = total;
         if (c == 0) {
@@ -533,7 +550,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
             part[1] = stats[j][1];
         }
     }
-    if (last_split_done(counts + h0, active, &last))
+    if (active > 1 && last_split_done(counts + h0, active, &last))
         combine_splits(parts + h0 * splits * (2 + dv), group, splits, active, dv, out + h0 * dv,
                        stats);
 }
