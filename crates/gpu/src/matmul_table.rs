@@ -56,6 +56,21 @@ pub(crate) fn step_mma_min(rows: usize) -> usize {
 /// default 4), of `matmul_one` (`MOESHARD_GPU_ONE_BLOCKS`, 1–16, default 9) and of
 /// `matmul_grouped` (`MOESHARD_GPU_GROUPED_BLOCKS`, 1–16, default 6), which set their register
 /// budgets.
+/// Positions of a sequence that one block of the decode attention kernels takes (resident.cu
+/// `SPLIT_POSITIONS`): 128, or `MOESHARD_GPU_SPLIT_POSITIONS` at 32 or 64 (256 overflows
+/// `attention_grouped`'s shared memory), to measure how many blocks a deep context wants. Read
+/// once: the kernels are compiled with it and the splits' buffers sized by it.
+pub(crate) fn attention_split_positions() -> usize {
+    static SPLIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SPLIT.get_or_init(|| {
+        std::env::var("MOESHARD_GPU_SPLIT_POSITIONS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|v| [32, 64, 128].contains(v))
+            .unwrap_or(128)
+    })
+}
+
 pub(crate) fn kernel_compile_options() -> Vec<String> {
     let number = |var: &str, range: std::ops::RangeInclusive<usize>, default: usize| {
         std::env::var(var)
@@ -77,6 +92,7 @@ pub(crate) fn kernel_compile_options() -> Vec<String> {
             "-DGROUPED_MIN_BLOCKS={}",
             number("MOESHARD_GPU_GROUPED_BLOCKS", 1..=16, 6)
         ),
+        format!("-DSPLIT_POSITIONS={}", attention_split_positions()),
     ]
 }
 

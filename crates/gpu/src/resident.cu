@@ -187,8 +187,11 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
     }
 }
 
-// Positions of a row's sequence that one block of `attention` takes.
+// Positions of a row's sequence that one block of `attention` takes (resident/mod.rs
+// `split_positions`, which passes it when it is not 128).
+#ifndef SPLIT_POSITIONS
 #define SPLIT_POSITIONS 128
+#endif
 // The most query heads that share a kv head in `attention_grouped`.
 #define MAX_GROUP 8
 

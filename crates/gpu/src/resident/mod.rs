@@ -21,12 +21,10 @@ const DESC_FIELDS: usize = 18;
 /// As in resident.cu: the most routed experts of a layer.
 const MAX_EXPERTS: usize = 512;
 
-/// Positions one block of the `attention` kernel takes (resident.cu `SPLIT_POSITIONS`).
-const SPLIT_POSITIONS: usize = 128;
-
 /// The splits of `attention` over a mirror of `ctx` positions.
 pub(super) fn attention_splits(ctx: usize) -> usize {
-    ctx.div_ceil(SPLIT_POSITIONS).max(1)
+    ctx.div_ceil(crate::matmul_table::attention_split_positions())
+        .max(1)
 }
 /// Sequences whose caches stay mirrored on the device.
 const MIRRORS: usize = 8;
