@@ -741,10 +741,20 @@ __device__ __forceinline__ bool mma_path(u64 type, u64 n, int mma_min) {
     return n >= (u64)mma_min && (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K);
 }
 
+// Whether a job is one token against float weights, which a block takes a row at a time
+// (float_row_block; matmul_table.rs `float_row_blocks` passes 0 to turn it off).
+#ifndef FLOAT_ROW_BLOCKS
+#define FLOAT_ROW_BLOCKS 1
+#endif
+__device__ __forceinline__ bool float_row_job(u64 type, u64 n) {
+    return FLOAT_ROW_BLOCKS && n == 1 && (type == T_F32 || type == T_F16 || type == T_BF16);
+}
+
 // Blocks of one job (host: matmul_table.rs `job_blocks`, which must agree).
 __device__ __forceinline__ u64 job_blocks(u64 rows, u64 n, u64 type, int mma_min) {
     if (mma_path(type, n, mma_min))
         return ((rows + MMA_ROWS - 1) / MMA_ROWS) * ((n + MMA_TOKENS - 1) / MMA_TOKENS);
+    if (float_row_job(type, n)) return rows;
     return ((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK) * ((n + TT - 1) / TT);
 }
 
@@ -1045,9 +1055,72 @@ __device__ void mma_block(const u64* job, long long local, MmaStages* st) {
 // The weight row this thread's warp takes in block `local` of a dp4a-path job (tiles of
 // tokens outer), and in `tile` that tile.
 __device__ __forceinline__ long long dp4a_row(const u64* job, long long local, long long* tile) {
+    if (float_row_job(job[8], job[7])) {
+        *tile = 0;
+        return local;
+    }
     const long long rb = ((long long)job[5] + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
     *tile = local / rb;
     return (local % rb) * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+}
+
+// One token against one float row, the block's threads splitting its columns (four
+// consecutive ones a thread, in one 16- or 8-byte load where the row and the activations are
+// aligned). A decode router is a few rows (128 of 2048 f32 columns): a warp a row put them on
+// 32 SMs, whose loads in flight per SM bounded the launch (7 µs under ncu on an H100, where
+// 128 blocks read its 1 MB in about 3).
+template <int TYPE>
+__device__ __noinline__ void float_row_block(const u64* job, long long row) {
+    __shared__ float warp_sums[ROWS_PER_BLOCK];
+    const int cols = (int)job[6];
+    const u8* w = (const u8*)job[0] + row * (long long)job[3];
+    const unsigned int* gather = (const unsigned int*)job[10];
+    const float* a = (const float*)((const u8*)job[1] +
+                                    (long long)(gather ? gather[0] : 0u) * (long long)job[4]);
+    const int elem = TYPE == T_F32 ? 4 : 2;
+    float s = 0.0f;
+    if ((cols & 3) == 0 && (((unsigned long long)w & (4 * elem - 1)) | ((unsigned long long)a & 15)) == 0) {
+#pragma unroll 4
+        for (int c4 = threadIdx.x; c4 < cols / 4; c4 += blockDim.x) {
+            const float4 y = ((const float4*)a)[c4];
+            float4 x;
+            if (TYPE == T_F32) {
+                x = ((const float4*)w)[c4];
+            } else {
+                const uint2 h = ((const uint2*)w)[c4];
+                const float lo0 = TYPE == T_F16 ? f16_to_f32((u16)h.x) : bf16_to_f32((u16)h.x);
+                const float hi0 = TYPE == T_F16 ? f16_to_f32((u16)(h.x >> 16)) : bf16_to_f32((u16)(h.x >> 16));
+                const float lo1 = TYPE == T_F16 ? f16_to_f32((u16)h.y) : bf16_to_f32((u16)h.y);
+                const float hi1 = TYPE == T_F16 ? f16_to_f32((u16)(h.y >> 16)) : bf16_to_f32((u16)(h.y >> 16));
+                x = make_float4(lo0, hi0, lo1, hi1);
+            }
+            s += x.x * y.x;
+            s += x.y * y.y;
+            s += x.z * y.z;
+            s += x.w * y.w;
+        }
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+            float v;
+            if (TYPE == T_F32) v = ((const float*)w)[c];
+            else if (TYPE == T_F16) v = f16_to_f32(((const u16*)w)[c]);
+            else v = bf16_to_f32(((const u16*)w)[c]);
+            s += v * a[c];
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ROWS_PER_BLOCK; i++) total += warp_sums[i];
+        float* o = (float*)job[2] + row;
+        *o = (job[11] & 1) ? *o + total : total;
+    }
+    // The next block of the grid-stride loop writes warp_sums again.
+    __syncthreads();
 }
 
 // Block `local` of a job on the dp4a path: each warp one weight row against up to TT tokens.
@@ -1110,6 +1183,13 @@ __device__ __noinline__ void dp4a_block_other(const u64* job, long long local) {
 
 template <int NT>
 __device__ __forceinline__ void dp4a_block(const u64* job, long long local) {
+    if (float_row_job(job[8], job[7])) {
+        if (local >= (long long)job[5]) return;
+        if (job[8] == T_F32) float_row_block<T_F32>(job, local);
+        else if (job[8] == T_F16) float_row_block<T_F16>(job, local);
+        else float_row_block<T_BF16>(job, local);
+        return;
+    }
     if (other_format((int)job[8])) dp4a_block_other<NT>(job, local);
     else dp4a_rows<NT, false>(job, local, 0);
 }

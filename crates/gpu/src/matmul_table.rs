@@ -93,6 +93,7 @@ pub(crate) fn kernel_compile_options() -> Vec<String> {
             number("MOESHARD_GPU_GROUPED_BLOCKS", 1..=16, 6)
         ),
         format!("-DSPLIT_POSITIONS={}", attention_split_positions()),
+        format!("-DFLOAT_ROW_BLOCKS={}", u8::from(float_row_blocks())),
     ]
 }
 
@@ -105,10 +106,24 @@ pub(crate) fn mma_path(dtype: u64, n: usize, mma_min: usize) -> bool {
             .any(|&t| t as u64 == dtype)
 }
 
+/// Whether one-token jobs against float weights (F32, F16, BF16: routers) take a block per
+/// row (matmul.cu `float_row_block`), unless `MOESHARD_GPU_FLOAT_ROW_BLOCKS=0` (a warp per row,
+/// four rows a block, as the quantized formats). Read once: the kernels are compiled with it.
+pub(crate) fn float_row_blocks() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MOESHARD_GPU_FLOAT_ROW_BLOCKS").map_or(true, |v| v != "0"))
+}
+
 /// A job's blocks, as matmul.cu's `job_blocks` numbers them.
 pub(crate) fn job_blocks(rows: usize, n: usize, dtype: u64, mma_min: usize) -> usize {
+    use gguf::GgmlType;
+    let float = [GgmlType::F32, GgmlType::F16, GgmlType::Bf16]
+        .iter()
+        .any(|&t| t as u64 == dtype);
     if mma_path(dtype, n, mma_min) {
         rows.div_ceil(MMA_ROWS) * n.div_ceil(MMA_TOKENS)
+    } else if n == 1 && float && float_row_blocks() {
+        rows
     } else {
         rows.div_ceil(ROWS_PER_BLOCK) * n.div_ceil(TOKENS_PER_TILE)
     }
