@@ -94,6 +94,16 @@ pub(crate) fn kernel_compile_options() -> Vec<String> {
         ),
         format!("-DSPLIT_POSITIONS={}", attention_split_positions()),
         format!("-DFLOAT_ROW_BLOCKS={}", u8::from(float_row_blocks())),
+        // Q6_K rows of one token with lanes across each superblock (matmul.cu q6k_row_lanes),
+        // up to 1024 columns, under MOESHARD_GPU_Q6K_LANES=1.
+        format!(
+            "-DQ6K_LANE_COLS={}",
+            if std::env::var("MOESHARD_GPU_Q6K_LANES").is_ok_and(|v| v == "1") {
+                1024
+            } else {
+                0
+            }
+        ),
     ]
 }
 
