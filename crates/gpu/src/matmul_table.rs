@@ -94,6 +94,12 @@ pub(crate) fn kernel_compile_options() -> Vec<String> {
         ),
         format!("-DSPLIT_POSITIONS={}", attention_split_positions()),
         format!("-DFLOAT_ROW_BLOCKS={}", u8::from(float_row_blocks())),
+        // The split attention's combine weighs each split once in shared memory (resident.cu
+        // combine_splits), unless MOESHARD_GPU_COMBINE_WEIGHTS=0.
+        format!(
+            "-DCOMBINE_WEIGHTS={}",
+            u8::from(std::env::var("MOESHARD_GPU_COMBINE_WEIGHTS").map_or(true, |v| v != "0"))
+        ),
         // Q6_K rows of one token with lanes across each superblock (matmul.cu q6k_row_lanes),
         // up to 1024 columns, under MOESHARD_GPU_Q6K_LANES=1.
         format!(
