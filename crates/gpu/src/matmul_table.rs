@@ -227,3 +227,27 @@ pub(crate) fn write_matmul_table(
         mma: if any_mma { grid } else { 0 },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gguf::GgmlType;
+
+    #[test]
+    fn one_token_float_jobs_take_a_block_per_row_and_the_rest_four_rows() {
+        let f32 = GgmlType::F32 as u64;
+        let q4k = GgmlType::Q4K as u64;
+        // A decode router: 128 f32 rows of one token.
+        let router = job_blocks(128, 1, f32, 16);
+        assert_eq!(
+            router,
+            if float_row_blocks() { 128 } else { 32 },
+            "MOESHARD_GPU_FLOAT_ROW_BLOCKS decides"
+        );
+        // Two tokens, or a quantized matrix: a warp a row, four rows a block, tiles of eight.
+        assert_eq!(job_blocks(128, 2, f32, 16), 32);
+        assert_eq!(job_blocks(130, 9, q4k, 16), 33 * 2);
+        // The tensor-core path from mma_min tokens.
+        assert_eq!(job_blocks(128, 16, q4k, 16), 2);
+    }
+}
