@@ -187,8 +187,8 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
     }
 }
 
-// Positions of a row's sequence that one block of `attention` takes (resident/mod.rs
-// `split_positions`, which passes it when it is not 128).
+// Positions of a row's sequence that one block of `attention` takes (matmul_table.rs
+// `attention_split_positions` passes it).
 #ifndef SPLIT_POSITIONS
 #define SPLIT_POSITIONS 128
 #endif
@@ -450,8 +450,8 @@ __device__ __forceinline__ void load_key_tile(const float* kbase, long long p0, 
 // each key and value row of them once for the whole group. Keys go through shared memory a
 // tile of GROUP_TILE positions at a time; warp h scores head h against the tile, a lane per
 // position (no shuffles); then a warp per head takes the split's softmax, and each thread sums
-// four columns of the values over a share of the split's positions for every head. Partial sums go where `attention` puts them;
-// the last block of the row and kv head to finish (its counter: that of the group's first
+// four columns of the values over a share of the split's positions for every head. Partial
+// sums go where `attention` puts them; the last block of the row and kv head to finish (its counter: that of the group's first
 // head) combines them for every head of the group. One block per head read the kv head's keys
 // and values once per head (eight times on qwen3-30b-a3b): 18 µs a layer per 1024 positions
 // on an H100 (docs/perf.md, "Decode attention split over the sequence"). Grid (kv heads ×
