@@ -263,44 +263,6 @@ __device__ __forceinline__ void seg_q6_k(const u8* w, int s, const u8* const* ar
     }
 }
 
-// One token against a whole Q6_K row of at most Q6K_LANE_COLS columns (a decode step's expert
-// down projections, 768 columns in qwen3-30b-a3b), lanes across each superblock: lane l takes
-// ql's word l (values 4(l % 16) + 128(l / 16)..+3 of sub-blocks 4(l / 16) + (l % 16 ≥ 8) and
-// two further, in its low and high nibbles) and the matching qh word, so a warp's loads of a
-// superblock read its bytes once and in order, where a lane per 32-value segment read each
-// ql and qh word again for the other nibbles and spread one load over as many lines as lanes.
-// Called, not inlined: matmul_one's other loops then keep their 56 registers unspilled. 0 (the
-// default) leaves it off:
-// `MOESHARD_GPU_Q6K_LANES=1` (matmul_table.rs) turns it on at 1024.
-#ifndef Q6K_LANE_COLS
-#define Q6K_LANE_COLS 0
-#endif
-__device__ __noinline__ float q6k_row_lanes(const u8* w, int cols, int lane, const u8* a) {
-    const int half = lane >> 4, jb = 4 * (lane & 15);
-    const int part = jb >> 5, i = jb & 31;
-    const int sub_lo = 4 * half + part, sub_hi = sub_lo + 2;
-    float total = 0.0f;
-#pragma unroll 4
-    for (int b = 0; b < cols / 256; b++) {
-        const u8* wb = w + b * 210;
-        const u8* ab = a + b * Q8K_BYTES;
-        const u32 l = ld_u32_a2(wb + jb + 64 * half);
-        const u32 h = ld_u32_a2(wb + 128 + 32 * half + i);
-        const signed char* sc = (const signed char*)(wb + 192) + 8 * half + 2 * part + (i >> 4);
-        const int sc_lo = sc[0], sc_hi = sc[4];
-        const float d = f16_to_f32(*(const u16*)(wb + 208));
-        const int a_lo = *(const int*)(ab + 4 + 32 * sub_lo + i);
-        const int a_hi = *(const int*)(ab + 4 + 32 * sub_hi + i);
-        const float ad = *(const float*)ab;
-        const u32 q_lo = (l & 0x0F0F0F0Fu) | (((h >> (2 * part)) & 0x03030303u) << 4);
-        const u32 q_hi = ((l >> 4) & 0x0F0F0F0Fu) | (((h >> (2 * part + 4)) & 0x03030303u) << 4);
-        const int s_lo = __dp4a((int)__vsub4(q_lo, 0x20202020u), a_lo, 0);
-        const int s_hi = __dp4a((int)__vsub4(q_hi, 0x20202020u), a_hi, 0);
-        total += ad * d * (float)(sc_lo * s_lo + sc_hi * s_hi);
-    }
-    return total;
-}
-
 // The 32-value formats, one block per segment, against Q8_0 activations.
 // Q4_0: d f16, qs[16] (low nibbles values 0..15, high 16..31); value = d * (q - 8).
 // Q4_1: d, m f16, qs[16]; value = d * q + m.  Q8_0: d f16, qs[32] i8.
@@ -741,12 +703,7 @@ __device__ __forceinline__ void row_dot(int type, const u8* w, int cols, int lan
     switch (type) {
     case T_Q4_K: SEGMENTS(seg_q4_k);
     case T_Q5_K: SEGMENTS(seg_q5_k);
-    case T_Q6_K:
-        if (NT == 1 && cols <= Q6K_LANE_COLS && cols % 256 == 0) {
-            acc[0] += q6k_row_lanes(w, cols, lane, arow[0]);
-            break;
-        }
-        SEGMENTS(seg_q6_k);
+    case T_Q6_K: SEGMENTS(seg_q6_k);
     case T_Q4_0: LEGACY(T_Q4_0);
     case T_Q4_1: LEGACY(T_Q4_1);
     case T_Q8_0: LEGACY(T_Q8_0);

@@ -100,16 +100,6 @@ pub(crate) fn kernel_compile_options() -> Vec<String> {
             "-DCOMBINE_WEIGHTS={}",
             u8::from(std::env::var("MOESHARD_GPU_COMBINE_WEIGHTS").map_or(true, |v| v != "0"))
         ),
-        // Q6_K rows of one token with lanes across each superblock (matmul.cu q6k_row_lanes),
-        // up to 1024 columns, under MOESHARD_GPU_Q6K_LANES=1.
-        format!(
-            "-DQ6K_LANE_COLS={}",
-            if std::env::var("MOESHARD_GPU_Q6K_LANES").is_ok_and(|v| v == "1") {
-                1024
-            } else {
-                0
-            }
-        ),
     ]
 }
 
