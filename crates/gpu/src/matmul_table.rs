@@ -94,12 +94,6 @@ pub(crate) fn kernel_compile_options() -> Vec<String> {
         ),
         format!("-DSPLIT_POSITIONS={}", attention_split_positions()),
         format!("-DFLOAT_ROW_BLOCKS={}", u8::from(float_row_blocks())),
-        // The split attention's combine weighs each split once in shared memory (resident.cu
-        // combine_splits), unless MOESHARD_GPU_COMBINE_WEIGHTS=0.
-        format!(
-            "-DCOMBINE_WEIGHTS={}",
-            u8::from(std::env::var("MOESHARD_GPU_COMBINE_WEIGHTS").map_or(true, |v| v != "0"))
-        ),
     ]
 }
 

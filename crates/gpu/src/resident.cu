@@ -220,16 +220,10 @@ __device__ __forceinline__ bool last_split_done(unsigned int* count, int active,
 // split; then every thread a (head, column), its loads unrolled): a serial loop over the splits
 // made the last block a chain of L2 round trips, 78 µs a layer at 4096 positions on an H100
 // (docs/perf.md). Read past L1 (other blocks wrote them). `stats` is 2 × 8 floats of shared
-// memory; `scratch` is `scratch_len` floats of shared memory the block no longer needs: where
-// every (head, split) fits, each split's weight exp(m - max) / sum is computed there once,
-// not again for every column (COMBINE_WEIGHTS 0 turns that off).
-#ifndef COMBINE_WEIGHTS
-#define COMBINE_WEIGHTS 1
-#endif
+// memory.
 __device__ __forceinline__ void combine_splits(const float* first, int heads, int splits,
                                                int active, int dv, float* out,
-                                               float (*stats)[2], float* scratch,
-                                               int scratch_len) {
+                                               float (*stats)[2]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long rec = 2 + dv, head_stride = (long long)splits * rec;
     if (warp < heads) {
@@ -251,24 +245,6 @@ __device__ __forceinline__ void combine_splits(const float* first, int heads, in
         }
     }
     __syncthreads();
-    if (COMBINE_WEIGHTS && heads * active <= scratch_len) {
-        for (int i = threadIdx.x; i < heads * active; i += blockDim.x) {
-            const int hh = i / active, j = i - hh * active;
-            scratch[i] = expf(__ldcg(first + hh * head_stride + j * rec) - stats[hh][0]) /
-                         stats[hh][1];
-        }
-        __syncthreads();
-        for (int i = threadIdx.x; i < heads * dv; i += blockDim.x) {
-            const int hh = i / dv, c = i - hh * dv;
-            const float* h = first + hh * head_stride + 2 + c;
-            const float* wh = scratch + hh * active;
-            float total = 0.0f;
-#pragma unroll 8
-            for (int j = 0; j < active; j++) total += __ldcg(h + j * rec) * wh[j];
-            out[hh * dv + c] = total;
-        }
-        return;
-    }
     for (int i = threadIdx.x; i < heads * dv; i += blockDim.x) {
         const int hh = i / dv, c = i - hh * dv;
         const float* h = first + hh * head_stride;
@@ -397,7 +373,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(
     }
     if (last_split_done(counts + head, active, &last))
         combine_splits(parts + head * splits * (2 + dv), 1, splits, active, dv, out + head * dv,
-                       stats, &acc_w[0][0], 8 * MAX_DV);
+                       stats);
 }
 
 // Exclusive prefix sums across a full warp of two per-lane counts, in place; returns the
@@ -579,7 +555,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
     }
     if (active > 1 && last_split_done(counts + h0, active, &last))
         combine_splits(parts + h0 * splits * (2 + dv), group, splits, active, dv, out + h0 * dv,
-                       stats, kt, GROUP_TILE * GROUP_STRIDE);
+                       stats);
 }
 
 // Causal attention of a tile of rows of one sequence (the rows share the first row's mirror)
