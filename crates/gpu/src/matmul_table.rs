@@ -57,9 +57,11 @@ pub(crate) fn step_mma_min(rows: usize) -> usize {
 /// `matmul_grouped` (`MOESHARD_GPU_GROUPED_BLOCKS`, 1–16, default 6), which set their register
 /// budgets.
 /// Positions of a sequence that one block of the decode attention kernels takes (resident.cu
-/// `SPLIT_POSITIONS`): 128, or `MOESHARD_GPU_SPLIT_POSITIONS` at 32 or 64 (256 overflows
-/// `attention_grouped`'s shared memory), to measure how many blocks a deep context wants. Read
-/// once: the kernels are compiled with it and the splits' buffers sized by it.
+/// `SPLIT_POSITIONS`): 64, or `MOESHARD_GPU_SPLIT_POSITIONS` at 32 or 128 (256 overflows
+/// `attention_grouped`'s shared memory). 64 was the fastest on an H100 at every depth measured
+/// (tg64 at 0 / 2048 / 4096 positions: 267.64 / 213.47 / 202.67 t/s, against 266.84 / 209.70 /
+/// 198.44 at 128 and 261.89 / 209.57 / 177.09 at 32). Read once: the kernels are compiled with
+/// it and the splits' buffers sized by it.
 pub(crate) fn attention_split_positions() -> usize {
     static SPLIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *SPLIT.get_or_init(|| {
@@ -67,7 +69,7 @@ pub(crate) fn attention_split_positions() -> usize {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|v| [32, 64, 128].contains(v))
-            .unwrap_or(128)
+            .unwrap_or(64)
     })
 }
 

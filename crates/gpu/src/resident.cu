@@ -190,7 +190,7 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
 // Positions of a row's sequence that one block of `attention` takes (matmul_table.rs
 // `attention_split_positions` passes it).
 #ifndef SPLIT_POSITIONS
-#define SPLIT_POSITIONS 128
+#define SPLIT_POSITIONS 64
 #endif
 // The most query heads that share a kv head in `attention_grouped`.
 #define MAX_GROUP 8
@@ -542,7 +542,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
         float total = 0.0f;
         for (int w = 0; w < groups; w++) total += red[(w * group + j) * dv + c];
         if (active == 1) {
-            // One split (a row within the first 128 positions): no partials, no combine.
+            // One split (a row within its first SPLIT_POSITIONS positions): no partials, no combine.
             out[(h0 + j) * dv + c] = total / stats[j][1];
             continue;
         }
