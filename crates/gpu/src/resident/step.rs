@@ -12,7 +12,7 @@ use super::step_input::{StepInput, StepRows};
 use super::{DevFfn, DevMat, GraphKey, ResidentModel};
 use crate::cuda::ensure_pinned;
 use crate::matmul_table::{
-    Grids, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE, step_mma_min,
+    Grids, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE, float_row_blocks, step_mma_min,
 };
 
 /// Rows from which a step's attention runs a block per kv head and row (its query heads
@@ -620,10 +620,19 @@ impl model::LayerDevice for ResidentModel {
                         // mma_min+ rows can give an expert that many tokens (counting
                         // slots instead launched an idle tensor-core grid per expert matmul in
                         // decode under MOESHARD_GPU_MMA=8: tg64 236 -> 197 t/s on an H100).
+                        // One-token jobs against float experts (any step's experts with one
+                        // token) take a block per row (matmul.cu float_row_job), the others
+                        // ROWS_PER_BLOCK rows a block; the grids stride, so a bound too large
+                        // only adds blocks that find no job.
                         let tiles = slots.div_ceil(TOKENS_PER_TILE) + max_jobs;
                         let mma = n >= mma_min;
+                        let rows_per_block = if *gate_act == ActKind::F32 && float_row_blocks() {
+                            1
+                        } else {
+                            ROWS_PER_BLOCK
+                        };
                         let grids =
-                            |rows: usize| Grids::bound(rows.div_ceil(ROWS_PER_BLOCK) * tiles, mma);
+                            |rows: usize| Grids::bound(rows.div_ceil(rows_per_block) * tiles, mma);
                         if let Some(h) = copies {
                             h.wait_for_layer(&self.stream).map_err(|e| {
                                 self.error(&format!("waiting for layer {il}'s host experts"), e)
