@@ -66,6 +66,8 @@ def main():
     ap.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
                     help="a compile-time choice, as `--gpu` passes them (matmul_table.rs "
                          "kernel_compile_options), e.g. -D ONE_MIN_BLOCKS=8")
+    ap.add_argument("--cubin", metavar="PATH",
+                    help="keep the assembled cubin there (for nvdisasm/cuobjdump -sass)")
     args = ap.parse_args()
     import nvidia.cuda_nvcc
 
@@ -82,6 +84,8 @@ def main():
         sys.stderr.write(r.stdout + r.stderr)
         if r.returncode:
             sys.exit(f"ptxas failed ({r.returncode})")
+        if args.cubin:
+            pathlib.Path(args.cubin).write_bytes(path.with_suffix(".cubin").read_bytes())
     print(f"ok: {len(ptx)} bytes of PTX assemble for {args.arch}")
 
 
