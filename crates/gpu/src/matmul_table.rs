@@ -51,11 +51,6 @@ pub(crate) fn step_mma_min(rows: usize) -> usize {
     }
 }
 
-/// The kernels' compile-time choices, as NVRTC options, for measuring them on other devices:
-/// the blocks an SM must hold of the tensor-core kernel (`MOESHARD_GPU_MMA_BLOCKS`, 1–8,
-/// default 4), of `matmul_one` (`MOESHARD_GPU_ONE_BLOCKS`, 1–16, default 9) and of
-/// `matmul_grouped` (`MOESHARD_GPU_GROUPED_BLOCKS`, 1–16, default 6), which set their register
-/// budgets.
 /// Positions of a sequence that one block of the decode attention kernels takes (resident.cu
 /// `SPLIT_POSITIONS`): 64, or `MOESHARD_GPU_SPLIT_POSITIONS` at 32 or 128 (256 overflows
 /// `attention_grouped`'s shared memory). 64 was the fastest on an H100 at every depth measured
@@ -73,6 +68,12 @@ pub(crate) fn attention_split_positions() -> usize {
     })
 }
 
+/// The kernels' compile-time choices, as NVRTC options, for measuring them on other devices:
+/// the blocks an SM must hold of the tensor-core kernel (`MOESHARD_GPU_MMA_BLOCKS`, 1–8,
+/// default 4), of `matmul_one` (`MOESHARD_GPU_ONE_BLOCKS`, 1–16, default 9) and of
+/// `matmul_grouped` (`MOESHARD_GPU_GROUPED_BLOCKS`, 1–16, default 6), which set their register
+/// budgets; the decode attention's positions a block (`attention_split_positions`) and whether
+/// float rows of one token take a block each (`float_row_blocks`).
 pub(crate) fn kernel_compile_options() -> Vec<String> {
     let number = |var: &str, range: std::ops::RangeInclusive<usize>, default: usize| {
         std::env::var(var)
