@@ -115,7 +115,27 @@ fn cpu_id() -> Option<CpuId> {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn decode_prefetch(n: usize) -> StreamPrefetch {
-    if n == 1 { stream_prefetch() } else { OFF }
+    single_pass_prefetch(n, 1)
+}
+
+/// [`decode_prefetch`] for a register-tiled panel whose token tiles take up to `max_tokens`
+/// tokens: a call of that many or fewer (a batched decode step's, a few sessions' tokens) also
+/// streams each row once, in one pass over the rows, so it prefetches as decode does.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn single_pass_prefetch(n: usize, max_tokens: usize) -> StreamPrefetch {
+    if n == 1 || (n <= max_tokens && small_batch_prefetch()) {
+        stream_prefetch()
+    } else {
+        OFF
+    }
+}
+
+/// Whether panels of a few tokens prefetch (unless `MOESHARD_BATCH_PREFETCH=0`).
+#[cfg(target_arch = "x86_64")]
+fn small_batch_prefetch() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MOESHARD_BATCH_PREFETCH").map_or(true, |v| v != "0"))
 }
 
 /// Asks for the cache lines of `bytes` bytes from `start` into L1. Addresses need not be

@@ -148,8 +148,9 @@ macro_rules! panel_kernel {
             use $crate::x86::tiles::{rows, store};
             const MAX_T: usize = { let mut m = 1; $(if $t > m { m = $t; })+ m };
             let nb = p.k / $block;
-            // Decode streams each row once: ask for the bytes ahead (`crate::prefetch`).
-            let ahead = $crate::prefetch::decode_prefetch(p.n);
+            // Decode, and a call of at most MAX_T tokens (one pass over the rows), streams each
+            // row once: ask for the bytes ahead (`crate::prefetch`).
+            let ahead = $crate::prefetch::single_pass_prefetch(p.n, MAX_T);
             let mut t0 = 0;
             while t0 < p.n {
                 let tn = (p.n - t0).min(MAX_T);
@@ -186,6 +187,7 @@ macro_rules! panel_kernel {
                         $(
                             // SAFETY: see above the `match`; R = $rows ≤ left, T = tn.
                             $t if left >= $rows => unsafe {
+                                $crate::prefetch::panel_rows_ahead(p, r0, $rows, ahead);
                                 let v = $tile::<$rows, $t>(
                                     nb,
                                     rows(p.w, p.w_stride, r0),
@@ -196,6 +198,7 @@ macro_rules! panel_kernel {
                             },
                             // SAFETY: see above the `match`; R = 1 ≤ left, T = tn.
                             $t => unsafe {
+                                $crate::prefetch::panel_rows_ahead(p, r0, 1, ahead);
                                 let v = $tile::<1, $t>(
                                     nb,
                                     rows(p.w, p.w_stride, r0),
