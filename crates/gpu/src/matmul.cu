@@ -636,16 +636,25 @@ __device__ __forceinline__ void seg_iq1_m(const u8* w, int s, const u8* const* a
     }
 }
 
+// A 16-bit float of TYPE (f16 or bf16) as f32.
+template <int TYPE>
+__device__ __forceinline__ float half_to_f32(u16 h) {
+    return TYPE == T_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+// Element c of a float row of TYPE (f32, f16 or bf16) as f32.
+template <int TYPE>
+__device__ __forceinline__ float float_weight(const u8* w, long long c) {
+    return TYPE == T_F32 ? ((const float*)w)[c] : half_to_f32<TYPE>(((const u16*)w)[c]);
+}
+
 // Float weights (f32, f16, bf16) against f32 activations: lane l takes columns l, l + 32, ...
 // of the whole row, so a warp's loads of weights and activations are contiguous.
 template <int TYPE, int NT>
 __device__ __forceinline__ void row_float(const u8* w, int cols, int lane,
                                           const u8* const* arow, int nt, float* acc) {
     for (int c = lane; c < cols; c += 32) {
-        float v;
-        if (TYPE == T_F32) v = ((const float*)w)[c];
-        else if (TYPE == T_F16) v = f16_to_f32(((const u16*)w)[c]);
-        else v = bf16_to_f32(((const u16*)w)[c]);
+        const float v = float_weight<TYPE>(w, c);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t < nt) acc[t] += v * ((const float*)arow[t])[c];
@@ -1088,11 +1097,8 @@ __device__ __noinline__ void float_row_block(const u64* job, long long row) {
                 x = ((const float4*)w)[c4];
             } else {
                 const uint2 h = ((const uint2*)w)[c4];
-                const float lo0 = TYPE == T_F16 ? f16_to_f32((u16)h.x) : bf16_to_f32((u16)h.x);
-                const float hi0 = TYPE == T_F16 ? f16_to_f32((u16)(h.x >> 16)) : bf16_to_f32((u16)(h.x >> 16));
-                const float lo1 = TYPE == T_F16 ? f16_to_f32((u16)h.y) : bf16_to_f32((u16)h.y);
-                const float hi1 = TYPE == T_F16 ? f16_to_f32((u16)(h.y >> 16)) : bf16_to_f32((u16)(h.y >> 16));
-                x = make_float4(lo0, hi0, lo1, hi1);
+                x = make_float4(half_to_f32<TYPE>((u16)h.x), half_to_f32<TYPE>((u16)(h.x >> 16)),
+                                half_to_f32<TYPE>((u16)h.y), half_to_f32<TYPE>((u16)(h.y >> 16)));
             }
             s += x.x * y.x;
             s += x.y * y.y;
@@ -1100,13 +1106,7 @@ __device__ __noinline__ void float_row_block(const u64* job, long long row) {
             s += x.w * y.w;
         }
     } else {
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-            float v;
-            if (TYPE == T_F32) v = ((const float*)w)[c];
-            else if (TYPE == T_F16) v = f16_to_f32(((const u16*)w)[c]);
-            else v = bf16_to_f32(((const u16*)w)[c]);
-            s += v * a[c];
-        }
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) s += float_weight<TYPE>(w, c) * a[c];
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);

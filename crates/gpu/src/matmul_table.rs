@@ -117,15 +117,19 @@ pub(crate) fn float_row_blocks() -> bool {
     *ON.get_or_init(|| std::env::var("MOESHARD_GPU_FLOAT_ROW_BLOCKS").map_or(true, |v| v != "0"))
 }
 
+/// Whether `dtype` (a ggml type id) is F32, F16 or BF16 (matmul.cu `float_row_job`'s types).
+fn is_float(dtype: u64) -> bool {
+    use gguf::GgmlType;
+    [GgmlType::F32, GgmlType::F16, GgmlType::Bf16]
+        .iter()
+        .any(|&t| t as u64 == dtype)
+}
+
 /// A job's blocks, as matmul.cu's `job_blocks` numbers them.
 pub(crate) fn job_blocks(rows: usize, n: usize, dtype: u64, mma_min: usize) -> usize {
-    use gguf::GgmlType;
-    let float = [GgmlType::F32, GgmlType::F16, GgmlType::Bf16]
-        .iter()
-        .any(|&t| t as u64 == dtype);
     if mma_path(dtype, n, mma_min) {
         rows.div_ceil(MMA_ROWS) * n.div_ceil(MMA_TOKENS)
-    } else if n == 1 && float && float_row_blocks() {
+    } else if n == 1 && is_float(dtype) && float_row_blocks() {
         rows
     } else {
         rows.div_ceil(ROWS_PER_BLOCK) * n.div_ceil(TOKENS_PER_TILE)
