@@ -1068,6 +1068,12 @@ __device__ __forceinline__ long long dp4a_row(const u64* job, long long local, l
         *tile = 0;
         return local;
     }
+    // A job of one tile (decode's, and most of a prompt's experts) has one block per row group:
+    // no 64-bit division.
+    if (job[7] <= (u64)TT) {
+        *tile = 0;
+        return local * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    }
     const long long rb = ((long long)job[5] + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
     *tile = local / rb;
     return (local % rb) * ROWS_PER_BLOCK + (threadIdx.x >> 5);
@@ -1247,16 +1253,30 @@ __device__ __forceinline__ void prefetch_first_rows(const u64* table, int n_jobs
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// `uniform` > 0: job j's blocks are [j · uniform, (j + 1) · uniform) (a one-row step's expert
+// tables, which moe_route's fast path lays out so), and a block finds its job by division
+// instead of reading the last record for the total and searching the first blocks: two fewer
+// steps in the chain of dependent loads ahead of the weights.
 template <int NT>
 __device__ __forceinline__ void matmul_dp4a(const u64* __restrict__ table, int n_jobs,
-                                            int mma_min, int early) {
+                                            int mma_min, int early, int uniform) {
     if (early && n_jobs > 0) prefetch_first_rows(table, n_jobs, mma_min);
     pdl_wait_then_release();
     if (n_jobs <= 0) return;
-    const long long total = table_blocks(table, n_jobs, mma_min);
+    const long long total =
+        uniform > 0 ? (long long)n_jobs * uniform : table_blocks(table, n_jobs, mma_min);
     for (long long b = blockIdx.x; b < total; b += gridDim.x) {
         long long local;
-        const u64* job = find_job(table, n_jobs, b, &local, mma_min);
+        const u64* job;
+        if (uniform > 0) {
+            const int j = (int)b / uniform;
+            local = b - (long long)j * uniform;
+            job = table + (long long)j * JOB_FIELDS;
+            // A job of no tokens (a host expert's) has no blocks: its blocks skip it.
+            if (local >= (long long)job_blocks(job[5], job[7], job[8], mma_min)) job = nullptr;
+        } else {
+            job = find_job(table, n_jobs, b, &local, mma_min);
+        }
         if (job && !mma_path(job[8], job[7], mma_min)) dp4a_block<NT>(job, local);
     }
 }
@@ -1274,14 +1294,14 @@ __device__ __forceinline__ void matmul_dp4a(const u64* __restrict__ table, int n
 // was copied in before the step's first kernel (prefetch_first_rows).
 extern "C" __global__ void __launch_bounds__(128, GROUPED_MIN_BLOCKS)
     matmul_grouped(const u64* __restrict__ table, int n_jobs, int mma_min, int early) {
-    matmul_dp4a<TT>(table, n_jobs, mma_min, early);
+    matmul_dp4a<TT>(table, n_jobs, mma_min, early, 0);
 }
 
 // The same for tables whose jobs have at most one token each (the host launches it for steps
-// of one row only).
+// of one row only), with `uniform` as matmul_dp4a's (0: search the table).
 extern "C" __global__ void __launch_bounds__(128, ONE_MIN_BLOCKS)
-    matmul_one(const u64* __restrict__ table, int n_jobs, int mma_min, int early) {
-    matmul_dp4a<1>(table, n_jobs, mma_min, early);
+    matmul_one(const u64* __restrict__ table, int n_jobs, int mma_min, int early, int uniform) {
+    matmul_dp4a<1>(table, n_jobs, mma_min, early, uniform);
 }
 
 // Arguments as matmul_grouped's (the tensor-core blocks fetch nothing ahead).

@@ -849,18 +849,22 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
     pdl_wait_then_release();
     // A gate, up and down job record and the activation record of active expert j (expert e,
     // c rows from row f of the expert-ordered lists, its first gate/up and down blocks).
-    auto write_jobs = [&](int j, int e, u64 c, u64 f, u64 gu_first_j, u64 down_first_j) {
+    // `gathered`: the gate and up jobs read their activation rows through gather + f (null:
+    // the rows in order from acts, as for a one-row step's only row).
+    auto write_jobs = [&](int j, int e, u64 c, u64 f, u64 gu_first_j, u64 down_first_j,
+                          bool gathered) {
+        const u64 gather_at = gathered ? (u64)(gather + f) : 0;
         u64* g = gu + (2 * j) * JOB_FIELDS;
         u64* u = gu + (2 * j + 1) * JOB_FIELDS;
         u64* dn = down + j * JOB_FIELDS;
         u64* gl = glu + j * GLU_FIELDS;
         const u64 gate_fields[JOB_FIELDS] = {gate_w[e], (u64)acts, gate_out + 4 * f * n_ff,
                                              gate_stride, act_bytes, n_ff, n_embd, c,
-                                             gate_type, gu_first_j, (u64)(gather + f), 0};
+                                             gate_type, gu_first_j, gather_at, 0};
         const u64 up_fields[JOB_FIELDS] = {up_w[e], (u64)acts, up_out + 4 * f * n_ff,
                                            up_stride, act_bytes, n_ff, n_embd, c, up_type,
                                            gu_first_j + job_blocks(n_ff, c, gate_type, mma_min),
-                                           (u64)(gather + f), 0};
+                                           gather_at, 0};
         const u64 down_fields[JOB_FIELDS] = {down_w[e], hidden + f * hidden_bytes,
                                              down_out + 4 * f * n_embd, down_stride,
                                              hidden_bytes, n_embd, n_ff, c, down_type,
@@ -908,9 +912,10 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
         const unsigned int host_lanes = __ballot_sync(0xffffffffu, on_host);
         if (lane < k) {
             const u64 per_gu = job_blocks(n_ff, 1, gate_type, mma_min) + job_blocks(n_ff, 1, up_type, mma_min);
+            // The row is the step's only one: its gate and up jobs read acts' first row without
+            // a gather index (one dependent load fewer ahead of their weights).
             write_jobs((int)rank, (int)my_id, on_host ? 0 : 1, rank, rank * per_gu,
-                       rank * job_blocks(n_embd, 1, down_type, mma_min));
-            gather[rank] = 0;
+                       rank * job_blocks(n_embd, 1, down_type, mma_min), false);
             slot_row[lane] = rank;
             if (on_host) {
                 sum_rows[lane] = host_sums;
@@ -1024,7 +1029,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n,
             u64* gl = glu + j * GLU_FIELDS;
             if (j < n_active) {
                 const int e = active[j];
-                write_jobs(j, e, count[e], first[e], gu_first[j], down_first[j]);
+                write_jobs(j, e, count[e], first[e], gu_first[j], down_first[j], true);
             } else {
                 for (int i = 0; i < JOB_FIELDS; i++) {
                     g[i] = 0;

@@ -31,6 +31,9 @@ pub(super) struct LaunchSwitches {
     /// `MOESHARD_GPU_GROUPED_DECODE=1` always, `=0` never (a block per head and split); unset,
     /// by the step's context (step.rs `GROUPED_DECODE_MIN_CTX`).
     pub(super) grouped_decode: Option<bool>,
+    /// A one-row step's expert matmuls find each block's job by division (matmul.cu
+    /// `matmul_dp4a`'s `uniform`), unless `MOESHARD_GPU_UNIFORM_JOBS=0` (they search the table).
+    pub(super) uniform_jobs: bool,
 }
 
 impl LaunchSwitches {
@@ -44,6 +47,7 @@ impl LaunchSwitches {
             grouped_decode: std::env::var("MOESHARD_GPU_GROUPED_DECODE")
                 .ok()
                 .map(|v| v != "0"),
+            uniform_jobs: on("MOESHARD_GPU_UNIFORM_JOBS"),
         }
     }
 }

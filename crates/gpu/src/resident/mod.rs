@@ -53,6 +53,8 @@ enum DevFfn {
         k: usize,
         n_ff: usize,
         gate_act: ActKind,
+        /// The experts' gate, up and down ggml types.
+        expert_types: [u64; 3],
         /// The experts the host holds (a u32 flag per expert on the device; 0 for none), and
         /// how many the device holds.
         host_mask: u64,
@@ -520,6 +522,7 @@ impl ResidentModel {
                         k: *k,
                         n_ff,
                         gate_act: g.act,
+                        expert_types: [g.key.3, u.key.3, dn.key.3],
                         host_mask,
                         device_experts,
                     }

@@ -12,7 +12,8 @@ use super::step_input::{StepInput, StepRows};
 use super::{DevFfn, DevMat, GraphKey, ResidentModel};
 use crate::cuda::ensure_pinned;
 use crate::matmul_table::{
-    Grids, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE, float_row_blocks, step_mma_min,
+    Grids, ROWS_PER_BLOCK, THREADS_PER_BLOCK, TOKENS_PER_TILE, float_row_blocks, job_blocks,
+    step_mma_min,
 };
 
 /// Rows from which a step's attention runs a block per kv head and row (its query heads
@@ -224,35 +225,45 @@ impl model::LayerDevice for ResidentModel {
             };
             // `copied_in`: the table came in with the step's input (not built by a kernel), so
             // a block may read it before waiting on the kernel ahead and fetch its weights.
-            let matmul =
-                |table: u64, n_jobs: usize, grids: Grids, copied_in: bool| -> model::Result<()> {
-                    let (n_jobs, mma_min) = (n_jobs as i32, mma_min as i32);
-                    let early = i32::from(copied_in && prefetch);
-                    // A one-row step's jobs have one token at most.
-                    let dp4a = if n == 1 {
-                        &self.f.matmul_one
-                    } else {
-                        &self.f.matmul
-                    };
-                    for (f, grid, name) in [
-                        (dp4a, grids.dp4a, "matmul"),
-                        (&self.f.matmul_mma, grids.mma, "matmul_mma"),
-                    ] {
-                        if grid == 0 {
-                            continue;
-                        }
-                        let mut l = Launch::new(f);
-                        l.arg(&table).arg(&n_jobs).arg(&mma_min).arg(&early);
-                        // SAFETY: matmul_grouped / matmul_mma read n_jobs records of a table in the
-                        // arena (copied in or written by moe_route, in stream order); their weights
-                        // lie in uploaded regions (checked when this model was built) and
-                        // activations and outputs in the arena, sized by `offsets` for these rows;
-                        // the blocks stride over the jobs' blocks.
-                        unsafe { l.launch(cu, cfg((grid, 1), THREADS_PER_BLOCK, 0), overlap()) }
-                            .map_err(|e| launch_err(name, e))?;
-                    }
-                    Ok(())
+            // `uniform`: every job of the table has that many blocks, numbered in job order
+            // (matmul_one's `uniform`; 0: not known to be so).
+            let matmul = |table: u64,
+                          n_jobs: usize,
+                          grids: Grids,
+                          copied_in: bool,
+                          uniform: usize|
+             -> model::Result<()> {
+                let (n_jobs, mma_min, uniform) = (n_jobs as i32, mma_min as i32, uniform as i32);
+                let early = i32::from(copied_in && prefetch);
+                // A one-row step's jobs have one token at most: matmul_one, which also takes
+                // `uniform`.
+                let (dp4a, one) = if n == 1 {
+                    (&self.f.matmul_one, true)
+                } else {
+                    (&self.f.matmul, false)
                 };
+                for (f, grid, name, takes_uniform) in [
+                    (dp4a, grids.dp4a, "matmul", one),
+                    (&self.f.matmul_mma, grids.mma, "matmul_mma", false),
+                ] {
+                    if grid == 0 {
+                        continue;
+                    }
+                    let mut l = Launch::new(f);
+                    l.arg(&table).arg(&n_jobs).arg(&mma_min).arg(&early);
+                    if takes_uniform {
+                        l.arg(&uniform);
+                    }
+                    // SAFETY: matmul_grouped / matmul_one / matmul_mma read n_jobs records of a table in the
+                    // arena (copied in or written by moe_route, in stream order); their weights
+                    // lie in uploaded regions (checked when this model was built) and
+                    // activations and outputs in the arena, sized by `offsets` for these rows;
+                    // the blocks stride over the jobs' blocks.
+                    unsafe { l.launch(cu, cfg((grid, 1), THREADS_PER_BLOCK, 0), overlap()) }
+                        .map_err(|e| launch_err(name, e))?;
+                }
+                Ok(())
+            };
             let null = 0u64;
             let form = |act_needed: bool, off: usize| if act_needed { at(off) } else { null };
             let (eps, d_i) = (self.eps, d as i32);
@@ -317,7 +328,7 @@ impl model::LayerDevice for ResidentModel {
                     form(needs(&qkv, ActKind::Q8K), o.hq8k),
                     form(needs(&qkv, ActKind::Q8_0), o.hq80),
                 )?;
-                matmul(input(t.qkv.0), 3, t.qkv.1, true)?;
+                matmul(input(t.qkv.0), 3, t.qkv.1, true, 0)?;
                 {
                     let (qn, kn) = l.qk_norm.unwrap_or((0, 0));
                     let (q_at, k_at, v_at, fresh) = (at(o.q), at(o.k), at(o.v), at(o.fresh));
@@ -451,7 +462,7 @@ impl model::LayerDevice for ResidentModel {
                     unsafe { b.launch(cu, cfg((n as u32, chunks), 256, 0), overlap()) }
                         .map_err(|e| launch_err("quantize_rows", e))?;
                 }
-                matmul(input(t.o.0), 1, t.o.1, true)?;
+                matmul(input(t.o.0), 1, t.o.1, true, 0)?;
                 match &l.ffn {
                     DevFfn::Dense { gate, up, .. } => {
                         let gu: [&DevMat; 2] = [gate, up];
@@ -464,7 +475,7 @@ impl model::LayerDevice for ResidentModel {
                             form(needs(&gu, ActKind::Q8K), o.hq8k),
                             form(needs(&gu, ActKind::Q8_0), o.hq80),
                         )?;
-                        matmul(input(t.first.0), 2, t.first.1, true)?;
+                        matmul(input(t.first.0), 2, t.first.1, true, 0)?;
                         let (table, one) = (input(t.glu), 1i32);
                         let mut b = Launch::new(&self.f.glu);
                         b.arg(&table).arg(&one);
@@ -472,7 +483,7 @@ impl model::LayerDevice for ResidentModel {
                         // the arena (sized for the widest FFN).
                         unsafe { b.launch(cu, cfg((n as u32, 1), 256, 0), overlap()) }
                             .map_err(|e| launch_err("glu_quantize", e))?;
-                        matmul(input(t.down.0), 1, t.down.1, true)?;
+                        matmul(input(t.down.0), 1, t.down.1, true, 0)?;
                     }
                     DevFfn::Moe {
                         router,
@@ -481,6 +492,7 @@ impl model::LayerDevice for ResidentModel {
                         k,
                         n_ff,
                         gate_act,
+                        expert_types,
                         host_mask,
                         device_experts,
                     } => {
@@ -498,7 +510,7 @@ impl model::LayerDevice for ResidentModel {
                             form(kind_of(ActKind::Q8K, ActKind::Q8K), o.hq8k),
                             form(kind_of(ActKind::Q8_0, ActKind::Q8_0), o.hq80),
                         )?;
-                        matmul(input(t.first.0), 1, t.first.1, true)?;
+                        matmul(input(t.first.0), 1, t.first.1, true, 0)?;
                         let slots = n * k;
                         let max_jobs = slots.min(*n_expert);
                         let acts = match gate_act {
@@ -633,6 +645,21 @@ impl model::LayerDevice for ResidentModel {
                         };
                         let grids =
                             |rows: usize| Grids::bound(rows.div_ceil(rows_per_block) * tiles, mma);
+                        // moe_route's one-row path (one row, k ≤ 32 distinct experts, a job
+                        // each) numbers job j's blocks from j times a job's blocks: the gate and
+                        // up table is uniform where gate and up take as many blocks, the down
+                        // table always.
+                        let uniform =
+                            if n == 1 && *k <= 32 && max_jobs == *k && self.switches.uniform_jobs {
+                                let blocks = |rows: usize, t: u64| job_blocks(rows, 1, t, mma_min);
+                                let (g, u) = (
+                                    blocks(*n_ff, expert_types[0]),
+                                    blocks(*n_ff, expert_types[1]),
+                                );
+                                (if g == u { g } else { 0 }, blocks(d, expert_types[2]))
+                            } else {
+                                (0, 0)
+                            };
                         if let Some(h) = copies {
                             h.wait_for_layer(&self.stream).map_err(|e| {
                                 self.error(&format!("waiting for layer {il}'s host experts"), e)
@@ -642,7 +669,13 @@ impl model::LayerDevice for ResidentModel {
                             after_kernel.set(false);
                         }
                         let launch_experts = || -> model::Result<()> {
-                            matmul(at(o.gu_table), 2 * max_jobs, grids(2 * *n_ff), false)?;
+                            matmul(
+                                at(o.gu_table),
+                                2 * max_jobs,
+                                grids(2 * *n_ff),
+                                false,
+                                uniform.0,
+                            )?;
                             let (glu_at, mj) = (at(o.glu_table), max_jobs as i32);
                             let mut b = Launch::new(&self.f.glu);
                             b.arg(&glu_at).arg(&mj);
@@ -650,7 +683,7 @@ impl model::LayerDevice for ResidentModel {
                             // names gate/up/hidden rows in the arena.
                             unsafe { b.launch(cu, cfg((slots as u32, 1), 256, 0), overlap()) }
                                 .map_err(|e| launch_err("glu_quantize", e))?;
-                            matmul(at(o.down_table), max_jobs, grids(d), false)
+                            matmul(at(o.down_table), max_jobs, grids(d), false, uniform.1)
                         };
                         if reading == 0 && (on_host.is_none() || *device_experts > 0) {
                             launch_experts()?;
@@ -732,7 +765,7 @@ impl model::LayerDevice for ResidentModel {
                     form(needs(&out, ActKind::Q8K), o.hq8k),
                     form(needs(&out, ActKind::Q8_0), o.hq80),
                 )?;
-                matmul(input(head_table.0), 1, head_table.1, true)?;
+                matmul(input(head_table.0), 1, head_table.1, true, 0)?;
             }
             // SAFETY: host_out is page-locked and read only after the synchronize; the arena
             // holds logits_len floats at o.logits and fresh_len at o.fresh.
