@@ -72,8 +72,10 @@ pub(crate) fn attention_split_positions() -> usize {
 /// the blocks an SM must hold of the tensor-core kernel (`MOESHARD_GPU_MMA_BLOCKS`, 1–8,
 /// default 4), of `matmul_one` (`MOESHARD_GPU_ONE_BLOCKS`, 1–16, default 9) and of
 /// `matmul_grouped` (`MOESHARD_GPU_GROUPED_BLOCKS`, 1–16, default 6), which set their register
-/// budgets; the decode attention's positions a block (`attention_split_positions`) and whether
-/// float rows of one token take a block each (`float_row_blocks`).
+/// budgets; the decode attention's positions a block (`attention_split_positions`), whether
+/// float rows of one token take a block each (`float_row_blocks`), and whether the split
+/// attention batches its key and value loads and fences once a block
+/// (`MOESHARD_GPU_ATTN_BATCHED`, default 1).
 pub(crate) fn kernel_compile_options() -> Vec<String> {
     let number = |var: &str, range: std::ops::RangeInclusive<usize>, default: usize| {
         std::env::var(var)
@@ -97,6 +99,10 @@ pub(crate) fn kernel_compile_options() -> Vec<String> {
         ),
         format!("-DSPLIT_POSITIONS={}", attention_split_positions()),
         format!("-DFLOAT_ROW_BLOCKS={}", u8::from(float_row_blocks())),
+        format!(
+            "-DATTN_BATCHED={}",
+            u8::from(std::env::var("MOESHARD_GPU_ATTN_BATCHED").map_or(true, |v| v != "0"))
+        ),
     ]
 }
 

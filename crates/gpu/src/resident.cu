@@ -198,7 +198,27 @@ extern "C" __global__ void qk_rope_store(float* __restrict__ q, float* __restric
 // Whether this block is the last of `active` split blocks to finish its share (after writing
 // its partial sums, which every thread has done): a counter per row and head (or kv head),
 // which the last block resets for the next step. Uniform across the block.
+// With ATTN_BATCHED, one thread fences for the block (the barrier orders the others' writes
+// before its fence, and a PTX fence is cumulative: the pattern of CUTLASS's semaphores), with
+// release-acquire strength: every thread's sequentially consistent fence (`__threadfence`)
+// sat on each split block's path, twice on the last one's.
+#ifndef ATTN_BATCHED
+#define ATTN_BATCHED 1
+#endif
 __device__ __forceinline__ bool last_split_done(unsigned int* count, int active, bool* last) {
+#if ATTN_BATCHED
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        const unsigned int before = atomicAdd(count, 1u);
+        *last = before + 1 == (unsigned int)active;
+        if (*last) {
+            *count = 0;
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        }
+    }
+    __syncthreads();
+#else
     // Every thread's writes are out before the block counts itself done.
     __threadfence();
     __syncthreads();
@@ -209,7 +229,19 @@ __device__ __forceinline__ bool last_split_done(unsigned int* count, int active,
     }
     __syncthreads();
     if (*last) __threadfence();
+#endif
     return *last;
+}
+
+// Four floats of a mirror's key or value row. With ATTN_BATCHED through L2 only
+// (ld.global.cg): global loads, which the compiler need not order behind shared-memory stores
+// as it must generic ones; the rows are read once.
+__device__ __forceinline__ float4 ld_kv4(const float* p) {
+#if ATTN_BATCHED
+    return __ldcg((const float4*)p);
+#else
+    return *(const float4*)p;
+#endif
 }
 
 // The outputs of `heads` consecutive heads (≤ 8, one warp each for the statistics) from their
@@ -414,9 +446,25 @@ __device__ __forceinline__ void load_key_tile(const float* kbase, long long p0, 
         const int i = threadIdx.x + 256 * u;
         const int r = i / dk4, c4 = i - r * dk4;
         float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < GROUP_TILE && tile0 + r < here)
-            x = *(const float4*)(kbase + (p0 + tile0 + r) * kd + 4 * c4);
+        if (r < GROUP_TILE && tile0 + r < here) x = ld_kv4(kbase + (p0 + tile0 + r) * kd + 4 * c4);
         pre[u] = x;
+    }
+}
+
+// Positions of a split whose value rows a thread of `attention_grouped` loads at once.
+#define V_BATCH 8
+
+// Thread (position group g of `groups`, columns 4·c4..) of `attention_grouped`: its value
+// rows of batch b, positions g + groups·(V_BATCH·b + i) of the split (zeros past `here`), all
+// loads issued before any is used.
+__device__ __forceinline__ void load_value_batch(const float* vbase, long long p0, int g,
+                                                 int groups, int b, int here, int vd, int c4,
+                                                 float4* vb) {
+#pragma unroll
+    for (int i = 0; i < V_BATCH; i++) {
+        const int p = g + groups * (V_BATCH * b + i);
+        vb[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (g < groups && p < here) vb[i] = ld_kv4(vbase + (p0 + p) * vd + 4 * c4);
     }
 }
 
@@ -486,6 +534,17 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
             m = fmaxf(m, dot);
         }
     }
+    // Values: thread (position group g, 4 columns c4) sums positions g, g + groups, ... of
+    // columns 4·c4.. for every head of the group (16-byte loads, a warp reading whole rows).
+    // The first batch of its value rows is in flight during the softmax below, and a batch's
+    // loads are all issued before the first is used: one at a time, a 64-position split was a
+    // chain of eight memory latencies per thread.
+    const int dv4 = dv / 4, groups = blockDim.x / dv4;
+    const int g = threadIdx.x / dv4, c4 = threadIdx.x - g * dv4;
+#if ATTN_BATCHED
+    float4 vb[V_BATCH];
+    load_value_batch(vbase, p0, g, groups, 0, here, vd, c4, vb);
+#endif
     // Warp h: head h's maximum over the split, exp(score - max) in place, and their sum.
     if (warp < group) {
 #pragma unroll
@@ -504,15 +563,32 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
         }
     }
     __syncthreads();
-    // Values: thread (position group g, 4 columns c4) sums positions g, g + groups, ... of
-    // columns 4·c4.. for every head of the group (16-byte loads, a warp reading whole rows), so
-    // each thread has few positions and their loads in flight together; the groups' sums meet
-    // in the key tile's shared memory (groups × heads × dv ≤ 8 × 1024 floats).
-    const int dv4 = dv / 4, groups = blockDim.x / dv4;
-    const int g = threadIdx.x / dv4, c4 = threadIdx.x - g * dv4;
+    // The groups' sums meet in the key tile's shared memory (groups × heads × dv ≤ 8 × 1024
+    // floats).
     float4 acc[MAX_GROUP];
 #pragma unroll
     for (int j = 0; j < MAX_GROUP; j++) acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#if ATTN_BATCHED
+    for (int b = 0; g < groups && g + groups * V_BATCH * b < here; b++) {
+        if (b > 0) load_value_batch(vbase, p0, g, groups, b, here, vd, c4, vb);
+#pragma unroll
+        for (int i = 0; i < V_BATCH; i++) {
+            const int p = g + groups * (V_BATCH * b + i);
+            if (p >= here) break;
+            const float4 v = vb[i];
+#pragma unroll
+            for (int j = 0; j < MAX_GROUP; j++) {
+                if (j < group) {
+                    const float e = sc[j][p];
+                    acc[j].x += e * v.x;
+                    acc[j].y += e * v.y;
+                    acc[j].z += e * v.z;
+                    acc[j].w += e * v.w;
+                }
+            }
+        }
+    }
+#else
     if (g < groups) {
 #pragma unroll 4
         for (int p = g; p < here; p += groups) {
@@ -529,6 +605,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
             }
         }
     }
+#endif
     __syncthreads();
     float* red = kt;
     if (g < groups) {
