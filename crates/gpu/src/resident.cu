@@ -436,18 +436,16 @@ __device__ __forceinline__ uint2 warp_exclusive_scan2(unsigned int& a, unsigned 
 // The most 16-byte pieces of a key tile one thread loads (GROUP_TILE · GROUP_DK / 4 / 256).
 #define GROUP_PIECES (GROUP_TILE * GROUP_DK / 4 / 256)
 
-// Thread's share of the key tile of positions [tile0, tile0 + GROUP_TILE) of a split (zeros
-// past `here`), into registers: the next tile's loads are in flight while the current one is
-// multiplied.
-__device__ __forceinline__ void load_key_tile(const float* kbase, long long p0, int tile0,
-                                              int here, int kd, int dk4, float4* pre) {
+// Thread's share of the key tile of positions [tile0, tile0 + GROUP_TILE) of a split: of its
+// rows, those at split positions [lo, hi), into registers (the others keep what they hold):
+// the next tile's loads are in flight while the current one is multiplied.
+__device__ __forceinline__ void load_key_tile(const float* kbase, long long p0, int tile0, int lo,
+                                              int hi, int kd, int dk4, float4* pre) {
 #pragma unroll
     for (int u = 0; u < GROUP_PIECES; u++) {
         const int i = threadIdx.x + 256 * u;
-        const int r = i / dk4, c4 = i - r * dk4;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < GROUP_TILE && tile0 + r < here) x = ld_kv4(kbase + (p0 + tile0 + r) * kd + 4 * c4);
-        pre[u] = x;
+        const int r = i / dk4, c4 = i - r * dk4, p = tile0 + r;
+        if (r < GROUP_TILE && p >= lo && p < hi) pre[u] = ld_kv4(kbase + (p0 + p) * kd + 4 * c4);
     }
 }
 
@@ -455,16 +453,15 @@ __device__ __forceinline__ void load_key_tile(const float* kbase, long long p0, 
 #define V_BATCH 8
 
 // Thread (position group g of `groups`, columns 4·c4..) of `attention_grouped`: its value
-// rows of batch b, positions g + groups·(V_BATCH·b + i) of the split (zeros past `here`), all
-// loads issued before any is used.
+// rows of batch b, positions g + groups·(V_BATCH·b + i) of the split, those in [lo, hi), all
+// loads issued before any is used (the others keep what they hold).
 __device__ __forceinline__ void load_value_batch(const float* vbase, long long p0, int g,
-                                                 int groups, int b, int here, int vd, int c4,
-                                                 float4* vb) {
+                                                 int groups, int b, int lo, int hi, int vd,
+                                                 int c4, float4* vb) {
 #pragma unroll
     for (int i = 0; i < V_BATCH; i++) {
         const int p = g + groups * (V_BATCH * b + i);
-        vb[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (g < groups && p < here) vb[i] = ld_kv4(vbase + (p0 + p) * vd + 4 * c4);
+        if (g < groups && p >= lo && p < hi) vb[i] = ld_kv4(vbase + (p0 + p) * vd + 4 * c4);
     }
 }
 
@@ -479,8 +476,9 @@ __device__ __forceinline__ void load_value_batch(const float* vbase, long long p
 // head) combines them for every head of the group. One block per head read the kv head's keys
 // and values once per head (eight times on qwen3-30b-a3b): 18 µs a layer per 1024 positions
 // on an H100 (docs/perf.md, "Decode attention split over the sequence"). Grid (kv heads ×
-// splits, rows); block 256 threads.
-extern "C" __global__ void __launch_bounds__(256) attention_grouped(
+// splits, rows); block 256 threads, two blocks an SM (128 registers: a decode step at depth
+// 2048 has 128 blocks of it on the device's 132 SMs, at 4096 256).
+extern "C" __global__ void __launch_bounds__(256, 2) attention_grouped(
     const float* __restrict__ q, float* __restrict__ out, const u64* __restrict__ row_k,
     const u64* __restrict__ row_v, const u64* __restrict__ row_stride,
     const unsigned int* __restrict__ row_pos, int layer, int nh, int nkv, int dk, int dv,
@@ -498,13 +496,37 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
     const int active = (int)((n_pos + SPLIT_POSITIONS - 1) / SPLIT_POSITIONS);
     const float* kbase = (const float*)row_k[t] + (long long)layer * row_stride[t] * kd + kh * dk;
     const float* vbase = (const float*)row_v[t] + (long long)layer * row_stride[t] * vd + kh * dv;
-    pdl_wait_then_release();
     if (s >= active) return;
     const long long p0 = (long long)s * SPLIT_POSITIONS;
     const int here = n_pos - p0 < SPLIT_POSITIONS ? (int)(n_pos - p0) : SPLIT_POSITIONS;
     const long long h0 = (long long)t * nh + (long long)kh * group;
+    // Values: thread (position group g, 4 columns c4) sums positions g, g + groups, ... of
+    // columns 4·c4.. for every head of the group (16-byte loads, a warp reading whole rows).
+    const int dv4 = dv / 4, groups = blockDim.x / dv4;
+    const int g = threadIdx.x / dv4, c4 = threadIdx.x - g * dv4;
     float4 pre[GROUP_PIECES];
-    load_key_tile(kbase, p0, 0, here, kd, dk4, pre);
+#pragma unroll
+    for (int u = 0; u < GROUP_PIECES; u++) pre[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#if ATTN_BATCHED
+    // A step of one row (decode) writes only that row's key and value rows (qk_rope_store, the
+    // kernel ahead); the rows before it came from earlier steps, whose kernels have all
+    // finished. So the split's first key tile and first batch of value rows, but for the new
+    // row, are loaded before waiting on the kernel ahead, their latency behind it; a batch's
+    // loads all go out before any is used (one at a time, a 64-position split was a chain of
+    // eight memory latencies per thread).
+    const int early = gridDim.y == 1 ? min(here, (int)(n_pos - 1 - p0)) : 0;
+    float4 vb[V_BATCH];
+#pragma unroll
+    for (int i = 0; i < V_BATCH; i++) vb[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    load_key_tile(kbase, p0, 0, 0, early, kd, dk4, pre);
+    load_value_batch(vbase, p0, g, groups, 0, 0, early, vd, c4, vb);
+    pdl_wait_then_release();
+    load_key_tile(kbase, p0, 0, early, here, kd, dk4, pre);
+    load_value_batch(vbase, p0, g, groups, 0, early, here, vd, c4, vb);
+#else
+    pdl_wait_then_release();
+    load_key_tile(kbase, p0, 0, 0, here, kd, dk4, pre);
+#endif
     // The group's query rows are contiguous: group · dk floats from head h0.
     for (int i = threadIdx.x; i < group * dk4; i += blockDim.x)
         *(float4*)(qs + 4 * i) = *(const float4*)(q + h0 * dk + 4 * i);
@@ -519,7 +541,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
         }
         __syncthreads();
         if (tile0 + GROUP_TILE < here)
-            load_key_tile(kbase, p0, tile0 + GROUP_TILE, here, kd, dk4, pre);
+            load_key_tile(kbase, p0, tile0 + GROUP_TILE, 0, here, kd, dk4, pre);
         const int p = tile0 + lane;
         if (warp < group && p < here) {
             const float4* qh = (const float4*)(qs + warp * dk);
@@ -534,17 +556,6 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
             m = fmaxf(m, dot);
         }
     }
-    // Values: thread (position group g, 4 columns c4) sums positions g, g + groups, ... of
-    // columns 4·c4.. for every head of the group (16-byte loads, a warp reading whole rows).
-    // The first batch of its value rows is in flight during the softmax below, and a batch's
-    // loads are all issued before the first is used: one at a time, a 64-position split was a
-    // chain of eight memory latencies per thread.
-    const int dv4 = dv / 4, groups = blockDim.x / dv4;
-    const int g = threadIdx.x / dv4, c4 = threadIdx.x - g * dv4;
-#if ATTN_BATCHED
-    float4 vb[V_BATCH];
-    load_value_batch(vbase, p0, g, groups, 0, here, vd, c4, vb);
-#endif
     // Warp h: head h's maximum over the split, exp(score - max) in place, and their sum.
     if (warp < group) {
 #pragma unroll
@@ -570,7 +581,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_grouped(
     for (int j = 0; j < MAX_GROUP; j++) acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #if ATTN_BATCHED
     for (int b = 0; g < groups && g + groups * V_BATCH * b < here; b++) {
-        if (b > 0) load_value_batch(vbase, p0, g, groups, b, here, vd, c4, vb);
+        if (b > 0) load_value_batch(vbase, p0, g, groups, b, 0, here, vd, c4, vb);
 #pragma unroll
         for (int i = 0; i < V_BATCH; i++) {
             const int p = g + groups * (V_BATCH * b + i);
