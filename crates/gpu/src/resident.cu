@@ -465,6 +465,23 @@ __device__ __forceinline__ void load_value_batch(const float* vbase, long long p
     }
 }
 
+// Value row v of split position p into the group's sums, weighted by each head's
+// exp(score - max) in sc.
+__device__ __forceinline__ void add_weighted_value(float4* acc,
+                                                   const float (*sc)[SPLIT_POSITIONS], int p,
+                                                   float4 v, int group) {
+#pragma unroll
+    for (int j = 0; j < MAX_GROUP; j++) {
+        if (j < group) {
+            const float e = sc[j][p];
+            acc[j].x += e * v.x;
+            acc[j].y += e * v.y;
+            acc[j].z += e * v.z;
+            acc[j].w += e * v.w;
+        }
+    }
+}
+
 // The attention of the query heads that share kv head kh (grouped-query attention: nh / nkv ≤
 // MAX_GROUP of them, dk = dv ≤ GROUP_DK, a multiple of 4), split over the sequence as
 // `attention` is: block (kv head, split s) of row t takes the positions of split s and reads
@@ -587,16 +604,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) attention_grouped(
             const int p = g + groups * (V_BATCH * b + i);
             if (p >= here) break;
             const float4 v = vb[i];
-#pragma unroll
-            for (int j = 0; j < MAX_GROUP; j++) {
-                if (j < group) {
-                    const float e = sc[j][p];
-                    acc[j].x += e * v.x;
-                    acc[j].y += e * v.y;
-                    acc[j].z += e * v.z;
-                    acc[j].w += e * v.w;
-                }
-            }
+            add_weighted_value(acc, sc, p, v, group);
         }
     }
 #else
@@ -604,16 +612,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) attention_grouped(
 #pragma unroll 4
         for (int p = g; p < here; p += groups) {
             const float4 v = *(const float4*)(vbase + (p0 + p) * vd + 4 * c4);
-#pragma unroll
-            for (int j = 0; j < MAX_GROUP; j++) {
-                if (j < group) {
-                    const float e = sc[j][p];
-                    acc[j].x += e * v.x;
-                    acc[j].y += e * v.y;
-                    acc[j].z += e * v.z;
-                    acc[j].w += e * v.w;
-                }
-            }
+            add_weighted_value(acc, sc, p, v, group);
         }
     }
 #endif
