@@ -254,11 +254,12 @@ impl model::LayerDevice for ResidentModel {
                     if takes_uniform {
                         l.arg(&uniform);
                     }
-                    // SAFETY: matmul_grouped / matmul_one / matmul_mma read n_jobs records of a table in the
-                    // arena (copied in or written by moe_route, in stream order); their weights
-                    // lie in uploaded regions (checked when this model was built) and
-                    // activations and outputs in the arena, sized by `offsets` for these rows;
-                    // the blocks stride over the jobs' blocks.
+                    // SAFETY: matmul_grouped / matmul_one / matmul_mma read n_jobs records of a
+                    // table in the arena (copied in or written by moe_route, in stream order);
+                    // their weights lie in uploaded regions (checked when this model was built)
+                    // and activations and outputs in the arena, sized by `offsets` for these
+                    // rows; the blocks stride over the jobs' blocks (with `uniform`, n_jobs ·
+                    // uniform of them, as moe_route numbered them).
                     unsafe { l.launch(cu, cfg((grid, 1), THREADS_PER_BLOCK, 0), overlap()) }
                         .map_err(|e| launch_err(name, e))?;
                 }
